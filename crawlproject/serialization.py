@@ -1,0 +1,212 @@
+"""Data-only (JSON) encoding of Scrapy requests for storage in Redis.
+
+Nothing read from Redis is ever unpickled or used to import arbitrary code:
+whoever can write to Redis must not be able to run code on every node.
+
+* Callbacks and errbacks travel by name and are resolved with ``getattr`` on
+  the running spider (a name the spider lacks is an error, never an import).
+* ``meta`` and ``cb_kwargs`` must hold JSON data (str, int, float, bool, None,
+  lists, dicts with str keys), ``bytes``, or scrapy-playwright ``PageMethod``
+  objects; anything else raises :class:`RequestEncodeError` naming the key.
+* The request class is kept only if it is one of :data:`ALLOWED_CLASSES`.
+
+The module also offers ``dumps``/``loads`` with the dict-level signature that
+scrapy-redis expects from ``SCHEDULER_SERIALIZER``, so scrapy-redis' own
+scheduler can be kept pickle-free with ``SCHEDULER_SERIALIZER =
+"crawlproject.serialization"``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+from scrapy import Request, Spider
+from scrapy.http import FormRequest, JsonRequest
+from scrapy.utils.request import request_from_dict as _scrapy_request_from_dict
+
+FORMAT_VERSION = 1
+
+#: Request classes a stored payload may name in ``_class``.
+ALLOWED_CLASSES: dict[str, type[Request]] = {
+    "scrapy.http.request.Request": Request,
+    "scrapy.http.request.form.FormRequest": FormRequest,
+    "scrapy.http.request.json_request.JsonRequest": JsonRequest,
+}
+
+#: meta keys that only make sense inside one process; they are dropped.
+TRANSIENT_META_KEYS = frozenset(
+    {"playwright_page", "download_latency", "_crawlproject_lease"}
+)
+
+_TAG = "__t__"
+
+
+class RequestEncodeError(ValueError):
+    """A request holds data that cannot be stored as JSON."""
+
+
+class RequestDecodeError(ValueError):
+    """A stored payload is not a valid request."""
+
+
+def encode_value(value: Any, path: str) -> Any:
+    """Return a JSON-safe form of *value*; *path* names it in errors."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [encode_value(v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        return _encode_dict(value, path)
+    if isinstance(value, bytes):
+        return {_TAG: "bytes", "b64": base64.b64encode(value).decode("ascii")}
+    if _is_page_method(value):
+        return _encode_page_method(value, path)
+    raise RequestEncodeError(
+        f"{path} holds a {type(value).__module__}.{type(value).__qualname__}, "
+        "which cannot be stored in Redis as JSON; keep only JSON data "
+        "(str, numbers, bool, None, lists, dicts), bytes or PageMethod there"
+    )
+
+
+def _encode_dict(value: dict, path: str) -> dict:
+    out = {}
+    for key, item in value.items():
+        if not isinstance(key, str):
+            raise RequestEncodeError(f"{path} has a non-string key {key!r}")
+        out[key] = encode_value(item, f"{path}[{key!r}]")
+    if _TAG in out:  # a user dict that looks like one of our tags
+        return {_TAG: "dict", "items": out}
+    return out
+
+
+def _is_page_method(value: Any) -> bool:
+    cls = type(value)
+    return cls.__name__ == "PageMethod" and cls.__module__.startswith(
+        "scrapy_playwright"
+    )
+
+
+def _encode_page_method(value: Any, path: str) -> dict:
+    if not isinstance(value.method, str):
+        raise RequestEncodeError(
+            f"{path} is a PageMethod with a callable; only method names "
+            "(e.g. 'wait_for_selector') can be stored"
+        )
+    return {
+        _TAG: "PageMethod",
+        "method": value.method,
+        "args": encode_value(list(value.args), f"{path}.args"),
+        "kwargs": encode_value(value.kwargs, f"{path}.kwargs"),
+    }
+
+
+def decode_value(value: Any) -> Any:
+    """Inverse of :func:`encode_value`."""
+    if isinstance(value, list):
+        return [decode_value(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    tag = value.get(_TAG)
+    if tag is None:
+        return {k: decode_value(v) for k, v in value.items()}
+    if tag == "bytes":
+        return base64.b64decode(value["b64"])
+    if tag == "dict":
+        return {k: decode_value(v) for k, v in value["items"].items()}
+    if tag == "PageMethod":
+        from scrapy_playwright.page import PageMethod
+
+        return PageMethod(
+            value["method"], *decode_value(value["args"]), **decode_value(value["kwargs"])
+        )
+    raise RequestDecodeError(f"unknown value tag {tag!r}")
+
+
+def encode_request_dict(d: dict[str, Any]) -> dict[str, Any]:
+    """Make a ``Request.to_dict()`` result JSON-safe."""
+    out = dict(d)
+    out["v"] = FORMAT_VERSION
+    out["body"] = base64.b64encode(d.get("body") or b"").decode("ascii")
+    out["headers"] = {
+        _latin1(k): [_latin1(v) for v in (vs if isinstance(vs, list) else [vs])]
+        for k, vs in (d.get("headers") or {}).items()
+    }
+    meta = {k: v for k, v in (d.get("meta") or {}).items() if k not in TRANSIENT_META_KEYS}
+    out["meta"] = encode_value(meta, "meta")
+    out["cb_kwargs"] = encode_value(d.get("cb_kwargs") or {}, "cb_kwargs")
+    for key in ("callback", "errback"):
+        if out.get(key) is not None and not isinstance(out[key], str):
+            raise RequestEncodeError(f"{key} must be a spider method, got {out[key]!r}")
+    try:
+        json.dumps(out)
+    except (TypeError, ValueError) as exc:
+        raise RequestEncodeError(f"request is not JSON-serialisable: {exc}") from exc
+    return out
+
+
+def decode_request_dict(d: Any) -> dict[str, Any]:
+    """Validate and decode a stored payload into ``request_from_dict`` input."""
+    if not isinstance(d, dict) or not isinstance(d.get("url"), str):
+        raise RequestDecodeError("payload is not an object with a string 'url'")
+    if "_class" in d and d["_class"] not in ALLOWED_CLASSES:
+        raise RequestDecodeError(f"request class {d['_class']!r} is not allowed")
+    for key in ("callback", "errback"):
+        if d.get(key) is not None and not _is_identifier(d[key]):
+            raise RequestDecodeError(f"{key} {d[key]!r} is not a method name")
+    try:
+        out = dict(d)
+        out.pop("v", None)
+        out["body"] = base64.b64decode(d.get("body") or "")
+        out["headers"] = {
+            k.encode("latin-1"): [v.encode("latin-1") for v in vs]
+            for k, vs in (d.get("headers") or {}).items()
+        }
+        out["meta"] = decode_value(d.get("meta") or {})
+        out["cb_kwargs"] = decode_value(d.get("cb_kwargs") or {})
+    except (ValueError, TypeError, AttributeError, KeyError) as exc:
+        raise RequestDecodeError(f"malformed payload: {exc}") from exc
+    return out
+
+
+def request_to_json(request: Request, spider: Spider | None) -> str:
+    """Encode *request* (callbacks must be methods of *spider*)."""
+    try:
+        d = request.to_dict(spider=spider)
+    except ValueError as exc:  # callback is not a spider method
+        raise RequestEncodeError(str(exc)) from exc
+    return json.dumps(encode_request_dict(d), separators=(",", ":"))
+
+
+def request_from_json(data: bytes | str, spider: Spider | None) -> Request:
+    """Decode a payload written by :func:`request_to_json`."""
+    try:
+        d = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RequestDecodeError(f"payload is not JSON: {exc}") from exc
+    try:
+        return _scrapy_request_from_dict(decode_request_dict(d), spider=spider)
+    except RequestDecodeError:
+        raise
+    except (ValueError, TypeError) as exc:
+        raise RequestDecodeError(str(exc)) from exc
+
+
+# scrapy-redis SCHEDULER_SERIALIZER interface (dict in, dict out).
+def dumps(obj: dict[str, Any]) -> str:
+    """Serialise a ``Request.to_dict()`` result (scrapy-redis interface)."""
+    return json.dumps(encode_request_dict(obj), separators=(",", ":"))
+
+
+def loads(data: bytes | str) -> dict[str, Any]:
+    """Deserialise data from :func:`dumps` (scrapy-redis interface)."""
+    return decode_request_dict(json.loads(data))
+
+
+def _latin1(value: Any) -> str:
+    return value.decode("latin-1") if isinstance(value, bytes) else str(value)
+
+
+def _is_identifier(name: Any) -> bool:
+    return isinstance(name, str) and name.isidentifier()

@@ -1,0 +1,88 @@
+"""Scrapy settings of the crawlproject example project.
+
+Connection settings read environment variables, with local defaults that the
+embedded services (``python -m crawlproject.services up``) listen on. The
+README lists every setting the project adds.
+"""
+
+import os
+import shutil
+
+from crawlproject.connection import (
+    DEFAULT_MONGO_DATABASE,
+    DEFAULT_MONGO_URI,
+    DEFAULT_REDIS_URL,
+    env_default,
+)
+
+BOT_NAME = "crawlproject"
+SPIDER_MODULES = ["crawlproject.spiders"]
+NEWSPIDER_MODULE = "crawlproject.spiders"
+
+ROBOTSTXT_OBEY = True
+CONCURRENT_REQUESTS = 32
+CONCURRENT_REQUESTS_PER_DOMAIN = 16
+DOWNLOAD_TIMEOUT = 30
+REMOTE_CONTROL_ENABLED = False
+TELNETCONSOLE_ENABLED = False
+TWISTED_REACTOR = "twisted.internet.asyncioreactor.AsyncioSelectorReactor"
+FEED_EXPORT_ENCODING = "utf-8"
+LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO")
+
+# --- Redis: one shared frontier for every node -------------------------------
+REDIS_URL = env_default("REDIS_URL", DEFAULT_REDIS_URL)
+REDIS_CLUSTER = env_default("REDIS_CLUSTER", "false").lower() in ("1", "true", "yes")
+
+# Scheduler and dupefilter shared by all nodes. Requests are stored as JSON
+# (crawlproject.serialization), never pickled.
+SCHEDULER = "scrapy_redis.scheduler.Scheduler"
+DUPEFILTER_CLASS = "scrapy_redis.dupefilter.RFPDupeFilter"
+SCHEDULER_SERIALIZER = "crawlproject.serialization"
+SCHEDULER_QUEUE_CLASS = "scrapy_redis.queue.PriorityQueue"
+# One node closing must never delete the shared queue and filter.
+SCHEDULER_PERSIST = True
+
+# Seeds (see crawlproject.spiders.seeded.RedisSpider)
+REDIS_START_URLS_KEY = "%(name)s:start_urls"
+REDIS_START_URLS_BATCH_SIZE = 100
+SEEDS_POLL_INTERVAL = 1.0
+MAX_IDLE_TIME_BEFORE_CLOSE = int(env_default("MAX_IDLE_TIME_BEFORE_CLOSE", "0"))
+
+# --- MongoDB -------------------------------------------------------------------
+MONGO_URI = env_default("MONGO_URI", DEFAULT_MONGO_URI)
+MONGO_DATABASE = env_default("MONGO_DATABASE", DEFAULT_MONGO_DATABASE)
+MONGO_COLLECTION = "%(spider)s"
+MONGO_UNIQUE_KEY = "url"
+
+ITEM_PIPELINES = {
+    "crawlproject.pipelines.mongo.MongoPipeline": 800,
+}
+
+# --- JavaScript rendering (only requests with meta["playwright"] = True) -------
+DOWNLOAD_HANDLERS = {
+    "http": "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler",
+    "https": "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler",
+}
+PLAYWRIGHT_BROWSER_TYPE = "chromium"
+
+
+def _chromium_path():
+    explicit = os.environ.get("CHROMIUM_PATH")
+    if explicit:
+        return explicit
+    for candidate in ("/usr/lib/chromium/chromium", "/usr/bin/chromium"):
+        if os.path.exists(candidate):
+            return candidate
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+PLAYWRIGHT_LAUNCH_OPTIONS = {
+    "headless": True,
+    "args": [
+        "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
+        "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync",
+    ],
+}
+if _chromium_path():
+    PLAYWRIGHT_LAUNCH_OPTIONS["executable_path"] = _chromium_path()

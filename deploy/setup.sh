@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Set up a fresh machine for crawlproject: a virtualenv in .venv with the pinned
+# requirements, and Chromium (for the JavaScript-rendered pages) when missing.
+# Usage: bash deploy/setup.sh [dev]      (dev: also test/benchmark requirements)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+REQS=requirements.txt
+[ "${1:-}" = "dev" ] && REQS=requirements-dev.txt
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else return 1; fi; }
+apt_install() {
+  command -v apt-get >/dev/null || return 1
+  [ -n "$(ls -A /var/lib/apt/lists 2>/dev/null | grep -v lock)" ] || as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv 2>/dev/null || { apt_install python3-venv && "$PYTHON" -m venv .venv; }
+fi
+STAMP=".venv/.installed-$(cat requirements.txt "$REQS" | sha1sum | cut -c1-12)"
+if [ ! -e "$STAMP" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -r "$REQS"
+  touch "$STAMP"
+fi
+# Playwright cannot download its own browsers here: use the distribution's Chromium.
+if ! command -v chromium >/dev/null && [ ! -x /usr/lib/chromium/chromium ]; then
+  apt_install chromium || echo "WARNING: Chromium is not installed; JavaScript pages will fail (apt-get install chromium)" >&2
+fi
