@@ -37,6 +37,7 @@ import importlib.util
 import json
 import logging
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -52,6 +53,8 @@ from urllib.parse import quote
 import pymongo
 import pymongo.errors
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 __all__ = [
     "ServiceError",
@@ -264,6 +267,8 @@ class ManagedServer:
         ready_timeout: float = 15.0,
         stop_timeout: float = 15.0,
     ):
+        if port is not None and not 0 < port < 65536:
+            raise ValueError(f"port must be 1-65535, or None to pick a free one; got {port}")
         self.executable = str(executable)
         self.host = host
         self.port = port
@@ -359,7 +364,7 @@ class ManagedServer:
 
     def _spawn(self) -> None:
         argv = self.command()
-        log.info("starting %s: %s", self.name, " ".join(argv))
+        log.info("starting %s: %s", self.name, shlex.join(argv))
         with open(self.log_path, "ab") as log_file:
             self._log_offset = log_file.tell()
             try:
@@ -537,14 +542,20 @@ class RedisServer(ManagedServer):
 
     def ping(self) -> bool:
         """True when PING answers."""
-        client = redis.Redis(host=self.host, port=self.port, password=self.password,
-                             socket_connect_timeout=0.5, socket_timeout=0.5)
+        client = _probe_client(self.host, self.port, self.password)
         try:
             return bool(client.ping())
         except redis.RedisError:
             return False
         finally:
             client.close()
+
+
+def _probe_client(host: str, port: int, password: str | None = None) -> redis.Redis:
+    """A client that fails at once: redis-py's default retries take seconds."""
+    return redis.Redis(host=host, port=port, password=password,
+                       socket_connect_timeout=0.5, socket_timeout=1.0,
+                       retry=Retry(NoBackoff(), 0))
 
 
 class _RedisClusterNode(RedisServer):
@@ -593,6 +604,7 @@ class RedisCluster:
             raise ValueError("Redis Cluster needs at least 3 masters")
         self.host = host
         self.ready_timeout = ready_timeout
+        self._created = False
         self._owns_data_dir = data_dir is None
         if data_dir is None:
             data_dir = tempfile.mkdtemp(prefix="crawlproject-redis-cluster-")
@@ -621,11 +633,17 @@ class RedisCluster:
         return all(node.running for node in self.nodes)
 
     def start(self) -> "RedisCluster":
-        """Start the nodes, create the cluster and wait for ``cluster_state:ok``."""
+        """Start the nodes, create the cluster and wait for ``cluster_state:ok``.
+
+        After :meth:`stop`, starting again brings the same nodes back on the
+        same ports; they rejoin from their ``nodes.conf``.
+        """
         try:
             for node in self.nodes:
                 node.start()
-            self._create()
+            if not self._created:
+                self._create()
+                self._created = True
             self._wait_ok()
         except BaseException:
             self.stop()
@@ -637,7 +655,7 @@ class RedisCluster:
         argv = [self.redis_cli, "--cluster", "create",
                 *[f"{host}:{port}" for host, port in self.startup_nodes],
                 "--cluster-replicas", "0", "--cluster-yes"]
-        log.info("creating cluster: %s", " ".join(argv))
+        log.info("creating cluster: %s", shlex.join(argv))
         try:
             result = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
                                     text=True, timeout=self.ready_timeout)
@@ -691,7 +709,7 @@ def _cli_next_to(server_executable: str) -> str:
 
 
 def _cluster_state_ok(node: RedisServer) -> bool:
-    client = redis.Redis(host=node.host, port=node.port, socket_timeout=1)
+    client = _probe_client(node.host, node.port)
     try:
         info = client.execute_command("CLUSTER", "INFO")
     except redis.RedisError:
@@ -887,6 +905,13 @@ ENV_NAMES = {"redis": "REDIS_URL", "mongo": "MONGO_URI"}
 STATE_FILE = "state.json"
 
 
+def _tcp_port(text: str) -> int:
+    port = int(text)
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"{port} is not a TCP port (1-65535)")
+    return port
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m crawlproject.services",
@@ -895,8 +920,8 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("command", choices=("up", "down", "status"))
     parser.add_argument("--dir", default=".services", type=Path,
                         help="folder for data, logs and state.json (default: .services)")
-    parser.add_argument("--redis-port", type=int, default=6379)
-    parser.add_argument("--mongo-port", type=int, default=27017)
+    parser.add_argument("--redis-port", type=_tcp_port, default=6379)
+    parser.add_argument("--mongo-port", type=_tcp_port, default=27017)
     parser.add_argument("--no-redis", action="store_true", help="leave Redis alone")
     parser.add_argument("--no-mongo", action="store_true", help="leave MongoDB alone")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
@@ -978,7 +1003,6 @@ def _start_services(names: list[str], base: Path, args) -> list[ManagedServer]:
 
 def _cmd_up(args: argparse.Namespace) -> int:
     base = args.dir.absolute()
-    base.mkdir(parents=True, exist_ok=True)
     state = _load_state(base)
     to_start = []
     for name in _wanted(args):
@@ -996,6 +1020,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         state[name] = _entry_for(server)
         _say(f"{name}: started (pid {server.pid}) at {state[name]['url']}, "
              f"log {server.log_path}")
+    base.mkdir(parents=True, exist_ok=True)
     _save_state(base, state)
     for name in _wanted(args):
         print(f"{ENV_NAMES[name]}={state[name]['url']}")

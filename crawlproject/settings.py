@@ -33,14 +33,21 @@ LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO")
 REDIS_URL = env_default("REDIS_URL", DEFAULT_REDIS_URL)
 REDIS_CLUSTER = env_default("REDIS_CLUSTER", "false").lower() in ("1", "true", "yes")
 
-# Scheduler and dupefilter shared by all nodes. Requests are stored as JSON
-# (crawlproject.serialization), never pickled.
-SCHEDULER = "scrapy_redis.scheduler.Scheduler"
-DUPEFILTER_CLASS = "scrapy_redis.dupefilter.RFPDupeFilter"
-SCHEDULER_SERIALIZER = "crawlproject.serialization"
-SCHEDULER_QUEUE_CLASS = "scrapy_redis.queue.PriorityQueue"
-# One node closing must never delete the shared queue and filter.
-SCHEDULER_PERSIST = True
+# The shared frontier (crawlproject.scheduler): leased at-least-once delivery,
+# Bloom-filter dedupe in the same atomic call as the enqueue, JSON payloads.
+SCHEDULER = "crawlproject.scheduler.RedisScheduler"
+SCHEDULER_LEASE_TTL = 60
+SCHEDULER_BATCH_SIZE = 100
+SCHEDULER_FLUSH_INTERVAL = 0.05
+DUPEFILTER_CAPACITY = 10_000_000
+DUPEFILTER_ERROR_RATE = 0.001
+CALLBACK_RETRY_TIMES = 2
+RETRY_BACKOFF_BASE = 1.0
+RETRY_BACKOFF_MAX = 60.0
+DOWNLOADER_MIDDLEWARES = {
+    "scrapy.downloadermiddlewares.retry.RetryMiddleware": None,
+    "crawlproject.middlewares.retry.BackoffRetryMiddleware": 550,
+}
 
 # Seeds (see crawlproject.spiders.seeded.RedisSpider)
 REDIS_START_URLS_KEY = "%(name)s:start_urls"

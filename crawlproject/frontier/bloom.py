@@ -1,0 +1,142 @@
+"""Scalable, sharded Bloom filter in Redis: sizing, estimates, standalone use.
+
+The bits live in ``{spider}:bloom:<layer>:<shard>`` strings and the layer table
+in the ``{spider}:bloom`` hash (see :mod:`crawlproject.keys`). All reads and
+writes happen inside Lua (:mod:`crawlproject.frontier.scripts`): checking and
+adding a whole batch of fingerprints is one call, and the scheduler's call
+also enqueues the new requests in the same atomic step.
+
+Sizing follows Almeida et al., "Scalable Bloom Filters" (2007): layer 0 holds
+``capacity`` fingerprints at error rate ``p0 = error_rate * (1 - r)``; when a
+layer is full a new one is added with ``growth`` times the capacity and
+error rate ``p_i = p0 * r^i`` (``r`` = tightening), so the compound rate stays
+below ``p0 / (1 - r) = error_rate`` however far the crawl outgrows its plan.
+A layer is split into shards of at most ``shard_bits`` bits (one fingerprint's
+bits all fall in one shard), so no Redis string nears its 512 MB limit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Iterable
+
+from crawlproject.frontier.scripts import BLOOM_ADD
+
+MAX_SHARD_BITS = 2**32 - 1  # a Redis string holds at most 512 MB
+
+
+@dataclass(frozen=True)
+class BloomConfig:
+    """Planned capacity and error rate, and how the filter grows and shards."""
+
+    capacity: int = 10_000_000
+    error_rate: float = 0.001
+    growth: float = 2.0
+    tightening: float = 0.5
+    shard_bits: int = 2**28  # 32 MB per key
+
+    def __post_init__(self):
+        if self.capacity < 1:
+            raise ValueError("Bloom capacity must be at least 1")
+        if not 0 < self.error_rate < 1:
+            raise ValueError("Bloom error rate must be between 0 and 1")
+        if self.growth < 1 or not 0 < self.tightening < 1:
+            raise ValueError("Bloom growth must be >= 1 and tightening in (0, 1)")
+        if not 64 <= self.shard_bits <= MAX_SHARD_BITS:
+            raise ValueError(f"Bloom shard bits must be in [64, {MAX_SHARD_BITS}]")
+
+    @classmethod
+    def from_settings(cls, settings) -> "BloomConfig":
+        return cls(
+            capacity=int(settings.getfloat("DUPEFILTER_CAPACITY", cls.capacity)),
+            error_rate=settings.getfloat("DUPEFILTER_ERROR_RATE", cls.error_rate),
+            growth=settings.getfloat("DUPEFILTER_GROWTH", cls.growth),
+            tightening=settings.getfloat("DUPEFILTER_TIGHTENING", cls.tightening),
+            shard_bits=int(settings.getfloat("DUPEFILTER_SHARD_BITS", cls.shard_bits)),
+        )
+
+    def args(self) -> list:
+        """The ARGV the Lua scripts expect for the filter's parameters."""
+        return [self.capacity, repr(self.error_rate), repr(self.growth),
+                repr(self.tightening), self.shard_bits]
+
+
+def fingerprint_hex(fp: bytes | str) -> str:
+    """The 40-hex form the scripts hash (SHA1 of other fingerprint sizes)."""
+    if isinstance(fp, str):
+        fp = fp.encode()
+    if len(fp) == 20:
+        return fp.hex()
+    return hashlib.sha1(fp).hexdigest()
+
+
+def layer_estimates(meta: dict) -> list[dict]:
+    """Per-layer fill ratio and false-positive estimates from the layer table."""
+    meta = {_s(k): _s(v) for k, v in meta.items()}
+    layers = []
+    for i in range(int(meta.get("layers", 0))):
+        n, cap = int(meta[f"n{i}"]), float(meta[f"cap{i}"])
+        k = int(meta[f"k{i}"])
+        bits = int(meta[f"bits{i}"]) * int(meta[f"shards{i}"])
+        fill = 1 - math.exp(-k * n / bits) if bits else 0.0
+        layers.append({"layer": i, "count": n, "capacity": cap, "k": k, "bits": bits,
+                       "shards": int(meta[f"shards{i}"]), "fill_ratio": fill,
+                       "fp_rate": fill**k})
+    return layers
+
+
+def filter_estimates(meta: dict) -> dict:
+    """Totals over all layers: items, bits, fill ratio, estimated FP rate."""
+    layers = layer_estimates(meta)
+    miss = 1.0
+    for layer in layers:
+        miss *= 1 - layer["fp_rate"]
+    bits = sum(layer["bits"] for layer in layers)
+    count = sum(layer["count"] for layer in layers)
+    fill = sum(layer["fill_ratio"] * layer["bits"] for layer in layers) / bits if bits else 0.0
+    return {"layers": len(layers), "count": count, "bits": bits, "fill_ratio": fill,
+            "est_fp_rate": 1 - miss, "bytes_per_item": bits / 8 / count if count else 0.0}
+
+
+class BloomFilter:
+    """A Redis Bloom filter used directly (sync redis-py client, or cluster)."""
+
+    def __init__(self, client, meta_key: str, config: BloomConfig | None = None):
+        self.client = client
+        self.meta_key = meta_key
+        self.config = config or BloomConfig()
+        self._script = client.register_script(BLOOM_ADD)
+
+    def add_many(self, fingerprints: Iterable[bytes | str]) -> list[bool]:
+        """Check-and-add; True for each fingerprint that was not seen before."""
+        fps = [fingerprint_hex(fp) for fp in fingerprints]
+        if not fps:
+            return []
+        out = self._script(keys=[self.meta_key],
+                           args=[self.meta_key, *self.config.args(), *fps])
+        return [bool(x) for x in out]
+
+    def add(self, fingerprint: bytes | str) -> bool:
+        """Check-and-add one fingerprint; True when it is new."""
+        return self.add_many([fingerprint])[0]
+
+    def meta(self) -> dict:
+        return {_s(k): _s(v) for k, v in self.client.hgetall(self.meta_key).items()}
+
+    def estimates(self) -> dict:
+        return filter_estimates(self.meta())
+
+    def clear(self) -> None:
+        """Delete the layer table and every shard."""
+        meta = self.meta()
+        keys = [self.meta_key]
+        for i in range(int(meta.get("layers", 0))):
+            keys += [f"{self.meta_key}:{i}:{s}" for s in range(int(meta[f"shards{i}"]))]
+        for key in keys:
+            self.client.delete(key)
+
+
+def _s(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

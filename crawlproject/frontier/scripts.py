@@ -1,0 +1,353 @@
+"""Lua scripts of the frontier, each with its KEYS/ARGV/return contract.
+
+Every state change of the shared frontier is one atomic script call. Numbers
+that may exceed 14 significant digits are formatted with ``%.0f`` before they
+are handed to Redis (Lua's default number formatting would round them).
+
+Entry members are ``"<priority>:<seq>"``; the queue score is
+``-priority * 2^40 + seq`` so ``ZPOPMIN`` yields the highest priority first and
+FIFO among equal priorities. The member carries its priority so that any
+script can put an entry back in its place without another lookup.
+"""
+
+# Shared Lua helpers: scoring and the sharded, scalable Bloom filter.
+_LIB = r"""
+local TWO32 = 4294967296
+local SHIFT = 1099511627776
+
+local function fmt(x) return string.format('%.0f', x) end
+
+local function score(member)
+  local p, s = string.match(member, '^(-?%d+):(%d+)$')
+  return fmt(-tonumber(p) * SHIFT + tonumber(s))
+end
+
+local function server_now(arg)
+  if arg ~= nil and arg ~= '' then return tonumber(arg) end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function call_chunked(cmd, key, args, width)
+  -- Run CMD key args... in chunks of whole WIDTH-sized groups (unpack limits).
+  local out = {}
+  local step = width * 600
+  for i = 1, #args, step do
+    local last = math.min(i + step - 1, #args)
+    local res = redis.call(cmd, key, unpack(args, i, last))
+    if type(res) == 'table' then
+      for _, v in ipairs(res) do out[#out + 1] = v end
+    end
+  end
+  return out
+end
+
+local function bloom_meta(key)
+  local raw = redis.call('HGETALL', key)
+  local m = {}
+  for i = 1, #raw, 2 do m[raw[i]] = raw[i + 1] end
+  return m
+end
+
+local function bloom_add_layer(key, m, layer, cap, p, shard_bits)
+  local ln2 = math.log(2)
+  local bits = math.ceil(-cap * math.log(p) / (ln2 * ln2))
+  local k = math.max(1, math.floor(bits / cap * ln2 + 0.5))
+  local shards = math.ceil(bits / shard_bits)
+  local per = math.max(64, math.ceil(bits / shards))
+  local L = tostring(layer)
+  redis.call('HSET', key, 'layers', layer + 1, 'cap' .. L, fmt(cap), 'p' .. L, tostring(p),
+             'k' .. L, k, 'shards' .. L, shards, 'bits' .. L, fmt(per), 'n' .. L, 0)
+  m['layers'] = tostring(layer + 1)
+  m['cap' .. L] = fmt(cap); m['p' .. L] = tostring(p); m['k' .. L] = tostring(k)
+  m['shards' .. L] = tostring(shards); m['bits' .. L] = fmt(per); m['n' .. L] = '0'
+end
+
+local function bloom_open(key, cap, p, growth, tight, shard_bits)
+  local m = bloom_meta(key)
+  if m['layers'] == nil then
+    redis.call('HSET', key, 'capacity', fmt(cap), 'error_rate', tostring(p),
+               'growth', tostring(growth), 'tightening', tostring(tight),
+               'shard_bits', fmt(shard_bits))
+    m['capacity'] = fmt(cap); m['error_rate'] = tostring(p); m['growth'] = tostring(growth)
+    m['tightening'] = tostring(tight); m['shard_bits'] = fmt(shard_bits)
+    bloom_add_layer(key, m, 0, cap, p * (1 - tight), shard_bits)
+  end
+  return m
+end
+
+local function fp_words(fp)
+  return tonumber(string.sub(fp, 1, 8), 16), tonumber(string.sub(fp, 9, 16), 16),
+         tonumber(string.sub(fp, 17, 24), 16), tonumber(string.sub(fp, 25, 32), 16),
+         tonumber(string.sub(fp, 33, 40), 16)
+end
+
+local function bloom_positions(fp, m, layer)
+  -- Double hashing inside one shard of LAYER; returns shard, {bit offsets}.
+  local L = tostring(layer)
+  local k, shards, per = tonumber(m['k' .. L]), tonumber(m['shards' .. L]), tonumber(m['bits' .. L])
+  local a, b, c, d, e = fp_words(fp)
+  local h1 = (a + layer * c) % TWO32
+  local h2 = (b + layer * d) % TWO32 % (per - 1) + 1
+  local shard = (e + layer * a) % shards
+  local pos = {}
+  for j = 0, k - 1 do pos[#pos + 1] = fmt((h1 + j * h2) % per) end
+  return shard, pos
+end
+
+local function bloom_check_add(prefix, key, m, fps)
+  -- FPS: {index -> 40-hex fingerprint}. Returns {index -> true} for new ones
+  -- (added to the newest layer), and the number of new ones.
+  local layers = tonumber(m['layers'])
+  local present = {}
+  for layer = 0, layers - 1 do
+    local ops, owners = {}, {}
+    for i, fp in pairs(fps) do
+      if not present[i] then
+        local shard, pos = bloom_positions(fp, m, layer)
+        ops[shard] = ops[shard] or {}
+        owners[shard] = owners[shard] or {}
+        for _, p in ipairs(pos) do
+          local o = ops[shard]; o[#o + 1] = 'GET'; o[#o + 1] = 'u1'; o[#o + 1] = p
+        end
+        owners[shard][#owners[shard] + 1] = i
+      end
+    end
+    local k = tonumber(m['k' .. tostring(layer)])
+    for shard, args in pairs(ops) do
+      local bits = call_chunked('BITFIELD', prefix .. ':' .. layer .. ':' .. shard, args, 3)
+      for n, i in ipairs(owners[shard]) do
+        local all = true
+        for j = 1, k do
+          if bits[(n - 1) * k + j] == 0 then all = false; break end
+        end
+        if all then present[i] = true end
+      end
+    end
+  end
+  local last = layers - 1
+  local new, seen, count, ops = {}, {}, 0, {}
+  for i, fp in pairs(fps) do
+    if not present[i] and not seen[fp] then
+      seen[fp] = true; new[i] = true; count = count + 1
+      local shard, pos = bloom_positions(fp, m, last)
+      ops[shard] = ops[shard] or {}
+      for _, p in ipairs(pos) do
+        local o = ops[shard]; o[#o + 1] = 'SET'; o[#o + 1] = 'u1'; o[#o + 1] = p; o[#o + 1] = 1
+      end
+    end
+  end
+  for shard, args in pairs(ops) do
+    call_chunked('BITFIELD', prefix .. ':' .. last .. ':' .. shard, args, 4)
+  end
+  if count > 0 then
+    local L = tostring(last)
+    local n = redis.call('HINCRBY', key, 'n' .. L, count)
+    if n >= tonumber(m['cap' .. L]) then
+      local growth, tight = tonumber(m['growth']), tonumber(m['tightening'])
+      bloom_add_layer(key, m, last + 1, tonumber(m['cap' .. L]) * growth,
+                      tonumber(m['p' .. L]) * tight, tonumber(m['shard_bits']))
+    end
+  end
+  return new, count
+end
+"""
+
+SYNC = _LIB + r"""
+-- SYNC: one round trip of a node with the frontier.
+-- KEYS[1] queue (zset)      KEYS[2] payloads (hash)   KEYS[3] inflight (hash member->node)
+-- KEYS[4] nodes (zset node->lease deadline ms)        KEYS[5] delayed (zset member->due ms)
+-- KEYS[6] dead (list)       KEYS[7] invalid (list)    KEYS[8] seq (string)
+-- KEYS[9] bloom meta (hash) KEYS[10] stats (hash)
+-- ARGV[1] now in ms, or '' for Redis server time      ARGV[2] node id
+-- ARGV[3] lease ttl ms (0 = this node leaves: drop its heartbeat)
+-- ARGV[4] how many entries to take                    ARGV[5] bloom key prefix
+-- ARGV[6..10] bloom capacity, error rate, growth, tightening, shard bits
+-- then four sections, each a count followed by its items:
+--   add:  n x (fingerprint hex or '' for no dedupe, priority, payload, delay ms or 0)
+--   ack:  n x member                     (done: forget it)
+--   fail: n x (member, 'dead'|'invalid', record)   (forget it, keep record)
+--   nack: n x member                     (not started: back to the queue)
+-- Returns {taken = {member, payload, ...}, added, duplicates, queue length,
+--          delayed length, inflight length, reclaimed, now}
+local now = server_now(ARGV[1])
+local node, ttl, take_n = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local pos = 11
+local stats = {}
+local function stat(name, n) if n > 0 then stats[name] = (stats[name] or 0) + n end end
+
+-- add
+local n_add = tonumber(ARGV[pos]); pos = pos + 1
+local entries, fps = {}, {}
+for i = 1, n_add do
+  entries[i] = {ARGV[pos], tonumber(ARGV[pos + 1]), ARGV[pos + 2], tonumber(ARGV[pos + 3])}
+  if ARGV[pos] ~= '' then fps[i] = ARGV[pos] end
+  pos = pos + 4
+end
+local added, dups = 0, 0
+if n_add > 0 then
+  local new = {}
+  if next(fps) ~= nil then
+    local m = bloom_open(KEYS[9], tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]),
+                         tonumber(ARGV[9]), tonumber(ARGV[10]))
+    new = bloom_check_add(ARGV[5], KEYS[9], m, fps)
+  end
+  local keep = {}
+  for i = 1, n_add do
+    if entries[i][1] == '' or new[i] then keep[#keep + 1] = entries[i] end
+  end
+  added, dups = #keep, n_add - #keep
+  if added > 0 then
+    local seq = redis.call('INCRBY', KEYS[8], added) - added
+    local qargs, dargs, pargs = {}, {}, {}
+    for j, e in ipairs(keep) do
+      local member = tostring(e[2]) .. ':' .. fmt(seq + j)
+      pargs[#pargs + 1] = member; pargs[#pargs + 1] = e[3]
+      if e[4] > 0 then
+        dargs[#dargs + 1] = fmt(now + e[4]); dargs[#dargs + 1] = member
+      else
+        qargs[#qargs + 1] = score(member); qargs[#qargs + 1] = member
+      end
+    end
+    call_chunked('HSET', KEYS[2], pargs, 2)
+    if #qargs > 0 then call_chunked('ZADD', KEYS[1], qargs, 2) end
+    if #dargs > 0 then call_chunked('ZADD', KEYS[5], dargs, 2) end
+  end
+  stat('added', added); stat('duplicates', dups)
+end
+
+-- ack
+local n = tonumber(ARGV[pos]); pos = pos + 1
+if n > 0 then
+  local members = {}
+  for i = 1, n do members[i] = ARGV[pos + i - 1] end
+  pos = pos + n
+  call_chunked('HDEL', KEYS[3], members, 1)
+  call_chunked('HDEL', KEYS[2], members, 1)
+  call_chunked('ZREM', KEYS[1], members, 1)
+  stat('acked', n)
+end
+
+-- fail
+n = tonumber(ARGV[pos]); pos = pos + 1
+for i = 1, n do
+  local member, kind, record = ARGV[pos], ARGV[pos + 1], ARGV[pos + 2]
+  pos = pos + 3
+  redis.call('HDEL', KEYS[3], member)
+  redis.call('HDEL', KEYS[2], member)
+  redis.call('ZREM', KEYS[1], member)
+  redis.call('LPUSH', kind == 'invalid' and KEYS[7] or KEYS[6], record)
+  stat(kind, 1)
+end
+
+-- nack
+n = tonumber(ARGV[pos]); pos = pos + 1
+for i = 1, n do
+  local member = ARGV[pos]; pos = pos + 1
+  if redis.call('HDEL', KEYS[3], member) == 1 then
+    redis.call('ZADD', KEYS[1], score(member), member)
+    stat('returned', 1)
+  end
+end
+
+-- heartbeat, then reclaim the leases of nodes whose heartbeat expired
+if ttl > 0 then
+  redis.call('ZADD', KEYS[4], fmt(now + ttl), node)
+else
+  redis.call('ZREM', KEYS[4], node)
+end
+local reclaimed = 0
+local expired = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', fmt(now))
+if #expired > 0 then
+  local dead_nodes = {}
+  for _, nd in ipairs(expired) do dead_nodes[nd] = true end
+  local flat = redis.call('HGETALL', KEYS[3])
+  local back, drop = {}, {}
+  for i = 1, #flat, 2 do
+    if dead_nodes[flat[i + 1]] then
+      back[#back + 1] = score(flat[i]); back[#back + 1] = flat[i]
+      drop[#drop + 1] = flat[i]
+    end
+  end
+  if #drop > 0 then
+    call_chunked('HDEL', KEYS[3], drop, 1)
+    call_chunked('ZADD', KEYS[1], back, 2)
+  end
+  call_chunked('ZREM', KEYS[4], expired, 1)
+  reclaimed = #drop
+  stat('reclaimed', reclaimed)
+end
+
+-- delayed entries whose time has come go back to the queue
+local due = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', fmt(now), 'LIMIT', 0, 1000)
+if #due > 0 then
+  local qargs = {}
+  for _, member in ipairs(due) do qargs[#qargs + 1] = score(member); qargs[#qargs + 1] = member end
+  call_chunked('ZADD', KEYS[1], qargs, 2)
+  call_chunked('ZREM', KEYS[5], due, 1)
+end
+
+-- take
+local taken = {}
+if take_n > 0 then
+  local popped = redis.call('ZPOPMIN', KEYS[1], take_n)
+  if #popped > 0 then
+    local members = {}
+    for i = 1, #popped, 2 do members[#members + 1] = popped[i] end
+    local payloads = redis.call('HMGET', KEYS[2], unpack(members))
+    local owned = {}
+    for i, member in ipairs(members) do
+      if payloads[i] then
+        taken[#taken + 1] = member; taken[#taken + 1] = payloads[i]
+        owned[#owned + 1] = member; owned[#owned + 1] = node
+      end
+    end
+    if #owned > 0 then call_chunked('HSET', KEYS[3], owned, 2) end
+    stat('taken', #owned / 2)
+  end
+end
+
+for name, value in pairs(stats) do redis.call('HINCRBY', KEYS[10], name, value) end
+return {taken, added, dups, redis.call('ZCARD', KEYS[1]), redis.call('ZCARD', KEYS[5]),
+        redis.call('HLEN', KEYS[3]), reclaimed, fmt(now)}
+"""
+
+BLOOM_ADD = _LIB + r"""
+-- BLOOM_ADD: check-and-add fingerprints (the standalone dupefilter).
+-- KEYS[1] bloom meta (hash)
+-- ARGV[1] bloom key prefix; ARGV[2..6] capacity, error rate, growth, tightening, shard bits
+-- ARGV[7..] 40-hex fingerprints
+-- Returns one integer per fingerprint: 1 = new (now added), 0 = seen before.
+local m = bloom_open(KEYS[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]),
+                     tonumber(ARGV[5]), tonumber(ARGV[6]))
+local fps = {}
+for i = 7, #ARGV do fps[i - 6] = ARGV[i] end
+local new = bloom_check_add(ARGV[1], KEYS[1], m, fps)
+local out = {}
+for i = 1, #ARGV - 6 do out[i] = new[i] and 1 or 0 end
+return out
+"""
+
+REPLAY_DEAD = _LIB + r"""
+-- REPLAY_DEAD: move dead letters back into the queue, oldest first.
+-- KEYS[1] dead (list)  KEYS[2] queue (zset)  KEYS[3] payloads (hash)  KEYS[4] seq
+-- ARGV[1] how many at most
+-- Returns the number replayed. Records that are not valid JSON with a string
+-- 'payload' stay in the dead list (moved to its head).
+local replayed = 0
+for i = 1, tonumber(ARGV[1]) do
+  local record = redis.call('RPOP', KEYS[1])
+  if not record then break end
+  local ok, obj = pcall(cjson.decode, record)
+  if not ok or type(obj) ~= 'table' or type(obj['payload']) ~= 'string' then
+    redis.call('LPUSH', KEYS[1], record)
+  else
+    local prio = math.max(-4095, math.min(4095, math.floor(tonumber(obj['priority']) or 0)))
+    local member = tostring(prio) .. ':' .. fmt(redis.call('INCR', KEYS[4]))
+    redis.call('HSET', KEYS[3], member, obj['payload'])
+    redis.call('ZADD', KEYS[2], score(member), member)
+    replayed = replayed + 1
+  end
+end
+return replayed
+"""

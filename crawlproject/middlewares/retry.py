@@ -1,0 +1,41 @@
+"""BackoffRetryMiddleware: Scrapy's retries, waiting out an exponential backoff.
+
+A drop-in replacement for ``scrapy.downloadermiddlewares.retry.RetryMiddleware``
+(same settings: ``RETRY_TIMES``, ``RETRY_HTTP_CODES``, ``RETRY_EXCEPTIONS``,
+``meta["dont_retry"]``...). With :class:`~crawlproject.scheduler.RedisScheduler`
+the retry waits ``RETRY_BACKOFF_BASE * 2^(n-1)`` seconds (with jitter, at most
+``RETRY_BACKOFF_MAX``) in the frontier's delayed set in Redis, not in node
+memory, so any node may pick it up; when retries are exhausted the request is
+dead-lettered with its reason and attempt count.
+"""
+
+from __future__ import annotations
+
+from scrapy import Request
+from scrapy.downloadermiddlewares.retry import RetryMiddleware
+
+from crawlproject.scheduler import RETRY_DELAY_META, RedisScheduler, backoff_delay
+
+
+class BackoffRetryMiddleware(RetryMiddleware):
+    """Retry with backoff through the shared frontier; dead-letter when exhausted."""
+
+    @classmethod
+    def from_crawler(cls, crawler):
+        mw = super().from_crawler(crawler)
+        mw.backoff_base = crawler.settings.getfloat("RETRY_BACKOFF_BASE", 1.0)
+        mw.backoff_max = crawler.settings.getfloat("RETRY_BACKOFF_MAX", 60.0)
+        return mw
+
+    def _retry(self, request: Request, reason) -> Request | None:
+        new = super()._retry(request, reason)
+        scheduler = getattr(self.crawler.engine, "scheduler", None)
+        if not isinstance(scheduler, RedisScheduler):
+            return new
+        if new is None:
+            text = reason if isinstance(reason, str) else f"{type(reason).__name__}: {reason}"
+            scheduler.mark_failed(request, text, kind="download")
+            return None
+        new.meta[RETRY_DELAY_META] = backoff_delay(
+            new.meta.get("retry_times", 1), self.backoff_base, self.backoff_max)
+        return new

@@ -1,0 +1,373 @@
+"""RedisScheduler: Scrapy's scheduler over the shared Redis frontier.
+
+A thin adapter over :class:`crawlproject.frontier.queue.AsyncFrontier`:
+
+* ``next_request()`` returns from a local prefetch buffer, never waiting on
+  Redis; a background task refills it, sends new requests (deduplicated and
+  enqueued in the same atomic call, in batches), acknowledges finished ones
+  and renews this node's lease: one round trip per batch.
+* A request is acknowledged only when it has left the engine: downloaded, its
+  callback's output consumed, its new requests handed to this scheduler (and
+  sent in the same call as the ack) and its items through the pipelines.
+  A node killed at any moment loses nothing: its leased requests are put
+  back by any other node once its lease (``SCHEDULER_LEASE_TTL``) expires.
+* Downloads that keep failing are retried with exponential backoff through
+  Redis (see :mod:`crawlproject.middlewares.retry`), then dead-lettered; a
+  callback that keeps crashing is retried ``CALLBACK_RETRY_TIMES`` times,
+  then dead-lettered too (``python -m crawlproject.cli dead`` / ``replay``).
+* Requests travel as JSON (:mod:`crawlproject.serialization`); a request that
+  cannot be serialised is refused at enqueue time with the offending key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import socket
+import time
+import uuid
+from collections import deque
+
+from scrapy import Request, signals
+from scrapy.core.scheduler import BaseScheduler
+from scrapy.utils.defer import deferred_from_coro
+
+from crawlproject.connection import redact_url, redis_from_settings
+from crawlproject.frontier.bloom import BloomConfig
+from crawlproject.frontier.queue import AsyncFrontier, Batch
+from crawlproject.serialization import (
+    RequestDecodeError,
+    RequestEncodeError,
+    request_from_json,
+    request_to_json,
+)
+
+logger = logging.getLogger(__name__)
+
+LEASE_META = "_crawlproject_lease"
+RETRY_DELAY_META = "_crawlproject_retry_delay"
+CALLBACK_ATTEMPTS_META = "crawlproject_callback_attempts"
+
+
+def backoff_delay(attempt: int, base: float, cap: float) -> float:
+    """Exponential backoff with jitter: ~base*2^(attempt-1), at most *cap*."""
+    delay = min(cap, base * 2 ** max(0, attempt - 1))
+    return delay * random.uniform(0.5, 1.0) + random.uniform(0, base / 2)
+
+
+class RedisScheduler(BaseScheduler):
+    """Scheduler shared by every node through Redis (see module docstring)."""
+
+    def __init__(self, crawler, *, prefetch: int, batch_size: int, flush_interval: float,
+                 idle_poll: float, lease_ttl: float, bloom: BloomConfig,
+                 callback_retry_times: int, backoff_base: float, backoff_max: float,
+                 node_id: str):
+        self.crawler = crawler
+        self.stats = crawler.stats
+        self.fingerprinter = crawler.request_fingerprinter
+        self.prefetch = prefetch
+        self.batch_size = batch_size
+        self.flush_interval = flush_interval
+        self.idle_poll = idle_poll
+        self.lease_ttl = lease_ttl
+        self.bloom = bloom
+        self.callback_retry_times = callback_retry_times
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self.node_base = node_id
+        self._incarnation = 0
+        self.spider = None
+        self.frontier: AsyncFrontier | None = None
+        self._buffer: deque[tuple[str, Request]] = deque()
+        self._held: dict[str, Request] = {}
+        self._scraping: set[str] = set()
+        self._replaced: set[str] = set()
+        self._failed: dict[str, tuple[str, str]] = {}
+        self._outbox = Batch()
+        self._remote_pending = 0
+        self._remote_queued = 0
+        self._last_sync = 0.0
+        self._last_empty_take = 0.0
+        self._closing = False
+        self._wake = asyncio.Event()
+        self._task: asyncio.Future | None = None
+
+    @classmethod
+    def from_crawler(cls, crawler):
+        s = crawler.settings
+        concurrency = s.getint("CONCURRENT_REQUESTS")
+        return cls(
+            crawler,
+            prefetch=s.getint("SCHEDULER_PREFETCH") or concurrency,
+            batch_size=s.getint("SCHEDULER_BATCH_SIZE", 100),
+            flush_interval=s.getfloat("SCHEDULER_FLUSH_INTERVAL", 0.05),
+            idle_poll=s.getfloat("SCHEDULER_IDLE_POLL", 0.5),
+            lease_ttl=s.getfloat("SCHEDULER_LEASE_TTL", 60.0),
+            bloom=BloomConfig.from_settings(s),
+            callback_retry_times=s.getint("CALLBACK_RETRY_TIMES", 2),
+            backoff_base=s.getfloat("RETRY_BACKOFF_BASE", 1.0),
+            backoff_max=s.getfloat("RETRY_BACKOFF_MAX", 60.0),
+            node_id=s.get("NODE_ID") or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}",
+        )
+
+    # -- Scrapy scheduler interface ------------------------------------------
+    def open(self, spider):
+        self.spider = spider
+        client = redis_from_settings(self.crawler.settings, asyncio=True)
+        self.frontier = AsyncFrontier(client, spider.name, self._node_id(),
+                                      lease_ttl=self.lease_ttl, bloom=self.bloom)
+        self.crawler.signals.connect(self._on_response, signal=signals.response_received)
+        self.crawler.signals.connect(self._on_spider_error, signal=signals.spider_error)
+        logger.info("Shared frontier for %r on %s as node %s (prefetch %d, lease %ss)",
+                    spider.name, redact_url(self.crawler.settings.get("REDIS_URL")),
+                    self.frontier.node, self.prefetch, self.lease_ttl,
+                    extra={"spider": spider})
+        self._task = asyncio.ensure_future(self._run())
+        return None
+
+    def close(self, reason: str):
+        return deferred_from_coro(self._close(reason))
+
+    def has_pending_requests(self) -> bool:
+        return bool(self._buffer or self._outbox.adds or self._remote_pending > 0)
+
+    def enqueue_request(self, request: Request) -> bool:
+        member = request.meta.pop(LEASE_META, None)
+        delay = request.meta.pop(RETRY_DELAY_META, 0)
+        try:
+            payload = request_to_json(request, self.spider)
+        except RequestEncodeError as exc:
+            logger.error("Cannot enqueue %s: %s", request, exc, extra={"spider": self.spider})
+            self.stats.inc_value("scheduler/unserialisable")
+            return False
+        if member is not None and member in self._held and member not in self._scraping:
+            # A downloader middleware (redirect, retry) replaced a leased request:
+            # the old entry is done once the new one is in, in the same call.
+            self._replaced.add(member)
+            self._outbox.acks.append(member)
+        fp = None if request.dont_filter else self.fingerprinter.fingerprint(request)
+        self._outbox.add(payload, fp, request.priority, int(delay * 1000))
+        self.stats.inc_value("scheduler/enqueued/redis")
+        if len(self._outbox.adds) >= self.batch_size:
+            self._wake.set()
+        return True
+
+    def next_request(self) -> Request | None:
+        if not self._buffer:
+            self._wake.set()
+            return None
+        member, request = self._buffer.popleft()
+        self._held[member] = request
+        self.stats.inc_value("scheduler/dequeued/redis")
+        if len(self._buffer) <= self.prefetch // 2:
+            self._wake.set()
+        return request
+
+    def __len__(self) -> int:
+        return len(self._buffer) + len(self._outbox.adds) + self._remote_queued
+
+    # -- failures reported by middlewares and signals --------------------------
+    def mark_failed(self, request: Request, reason: str, kind: str = "download") -> None:
+        """Dead-letter *request* when it leaves the engine (retries exhausted)."""
+        member = request.meta.get(LEASE_META)
+        if member in self._held:
+            self._failed[member] = (kind, reason)
+
+    def _on_response(self, response, request, spider):
+        member = request.meta.get(LEASE_META)
+        if member is not None:
+            self._scraping.add(member)
+
+    def _on_spider_error(self, failure, response, spider):
+        request = getattr(response, "request", None)
+        member = request.meta.get(LEASE_META) if request is not None else None
+        if member in self._held:
+            exc = failure.value
+            self._failed[member] = ("callback", f"{type(exc).__name__}: {exc}")
+
+    # -- background loop ---------------------------------------------------------
+    async def _run(self) -> None:
+        errors = 0
+        while not self._closing:
+            try:
+                await self._tick()
+                errors = 0
+            except Exception as exc:  # Redis unreachable: keep everything, retry
+                errors += 1
+                self.stats.inc_value("scheduler/redis_errors")
+                logger.error("Frontier call failed (%s: %s); retrying", type(exc).__name__, exc,
+                             extra={"spider": self.spider})
+                await asyncio.sleep(min(5.0, 0.2 * 2**errors))
+                continue
+            await self._wait()
+
+    async def _wait(self) -> None:
+        busy = self._held or self._outbox or len(self._buffer) <= self.prefetch // 2
+        timeout = self.flush_interval if busy else self.idle_poll
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+        self._wake.clear()
+
+    async def _tick(self) -> None:
+        self._collect_done()
+        now = time.monotonic()
+        want = self.prefetch - len(self._buffer) if len(self._buffer) <= self.prefetch // 2 else 0
+        if want and self._remote_queued == 0 and now - self._last_empty_take < self.idle_poll:
+            want = 0  # the queue was empty a moment ago: poll it at idle pace
+        heartbeat_due = now - self._last_sync >= self.lease_ttl / 3
+        if not (self._outbox or want or heartbeat_due):
+            return
+        batch, self._outbox = self._outbox, Batch()
+        batch.take = max(0, want)
+        try:
+            result = await self.frontier.sync(batch)
+        except Exception:
+            self._requeue_batch(batch)
+            raise
+        self._last_sync = now
+        self._apply(result, asked=batch.take)
+
+    def _requeue_batch(self, batch: Batch) -> None:
+        """Keep the unsent work, and change identity: entries a lost reply may
+        have leased to the old identity are reclaimed when its lease expires."""
+        batch.take = 0
+        batch.adds += self._outbox.adds
+        batch.acks += self._outbox.acks
+        batch.fails += self._outbox.fails
+        batch.nacks += self._outbox.nacks
+        self._outbox = batch
+        self._incarnation += 1
+        self.frontier.node = self._node_id()
+
+    def _apply(self, result, asked: int) -> None:
+        self._remote_queued = result.queued
+        self._remote_pending = result.queued + result.delayed + max(0, result.inflight - len(self._held))
+        if result.duplicates:
+            self.stats.inc_value("dupefilter/filtered", result.duplicates)
+        if result.reclaimed:
+            self.stats.inc_value("scheduler/reclaimed", result.reclaimed)
+            logger.warning("Reclaimed %d requests leased by nodes that stopped answering",
+                           result.reclaimed, extra={"spider": self.spider})
+        if asked and not result.taken:
+            self._last_empty_take = time.monotonic()
+        for member, payload in result.taken:
+            self._accept(member, payload)
+        if result.taken:
+            self._nudge_engine()
+
+    def _accept(self, member: str, payload: bytes) -> None:
+        try:
+            request = request_from_json(payload, self.spider)
+        except RequestDecodeError as exc:
+            logger.error("Invalid payload %s moved aside: %s", member, exc,
+                         extra={"spider": self.spider})
+            self.stats.inc_value("scheduler/invalid")
+            self._outbox.fail(member, "invalid", {
+                "member": member, "payload": payload.decode("utf-8", "replace"),
+                "reason": str(exc), "node": self.frontier.node, "at": time.time()})
+            return
+        request.meta[LEASE_META] = member
+        self._buffer.append((member, request))
+
+    def _nudge_engine(self) -> None:
+        # The engine polls next_request() only every few seconds when it got
+        # None; tell it new requests are here.
+        slot = getattr(self.crawler.engine, "_slot", None)
+        if slot is not None:
+            slot.nextcall.schedule()
+
+    def _inprogress(self) -> set:
+        slot = getattr(self.crawler.engine, "_slot", None)
+        return slot.inprogress if slot is not None else set()
+
+    def _collect_done(self) -> None:
+        """Acknowledge (or retry / dead-letter) requests that left the engine."""
+        inprogress = self._inprogress()
+        for member, request in list(self._held.items()):
+            if request in inprogress:
+                continue
+            del self._held[member]
+            self._scraping.discard(member)
+            if member in self._replaced:
+                self._replaced.discard(member)
+                continue
+            failure = self._failed.pop(member, None)
+            if failure is None:
+                self._outbox.acks.append(member)
+                self.stats.inc_value("scheduler/acked")
+            else:
+                self._handle_failure(member, request, *failure)
+
+    def _handle_failure(self, member: str, request: Request, kind: str, reason: str) -> None:
+        attempts = request.meta.get(CALLBACK_ATTEMPTS_META, 0) + 1
+        if kind == "callback" and attempts <= self.callback_retry_times:
+            retry = request.replace(dont_filter=True)
+            retry.meta.pop(LEASE_META, None)
+            retry.meta[CALLBACK_ATTEMPTS_META] = attempts
+            delay = backoff_delay(attempts, self.backoff_base, self.backoff_max)
+            self._outbox.add(request_to_json(retry, self.spider), None, retry.priority,
+                             int(delay * 1000))
+            self._outbox.acks.append(member)
+            self.stats.inc_value("scheduler/callback_retries")
+            return
+        request.meta.pop(LEASE_META, None)
+        retries = request.meta.get("retry_times", 0)
+        record = {"member": member, "payload": request_to_json(request, self.spider),
+                  "priority": request.priority, "url": request.url, "kind": kind,
+                  "reason": reason, "attempts": (attempts if kind == "callback" else retries + 1),
+                  "node": self.frontier.node, "at": time.time()}
+        self._outbox.fail(member, "dead", record)
+        self.stats.inc_value("scheduler/dead")
+        self.stats.inc_value(f"scheduler/dead/{kind}")
+        logger.error("Dead-lettered %s after %s attempt(s): %s", request, record["attempts"],
+                     reason, extra={"spider": self.spider})
+
+    async def _close(self, reason: str) -> None:
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            try:
+                await self._task
+            except Exception:
+                logger.exception("Frontier loop failed", extra={"spider": self.spider})
+        self._collect_done()
+        unstarted = [m for m, _ in self._buffer] + list(self._held)
+        batch, self._outbox = self._outbox, Batch()
+        batch.nacks += unstarted
+        await self._final_sync(batch)
+        await self._record_bloom_stats()
+        await self.frontier.client.aclose()
+
+    async def _final_sync(self, batch: Batch) -> None:
+        for attempt in range(3):
+            try:
+                result = await self.frontier.sync(batch, leaving=True)
+                self._apply(result, asked=0)
+                logger.info("Left the frontier: returned %d unstarted requests", len(batch.nacks),
+                            extra={"spider": self.spider})
+                return
+            except Exception as exc:
+                logger.error("Cannot reach Redis at close (%s); attempt %d/3", exc, attempt + 1,
+                             extra={"spider": self.spider})
+                await asyncio.sleep(1.0)
+        logger.error("Gave up: %d new requests not sent; %d leased requests come back when "
+                     "this node's lease expires", len(batch.adds), len(batch.nacks),
+                     extra={"spider": self.spider})
+
+    async def _record_bloom_stats(self) -> None:
+        try:
+            est = await self.frontier.bloom_estimates()
+        except Exception:
+            return
+        if est["layers"]:
+            self.stats.set_value("bloom/layers", est["layers"])
+            self.stats.set_value("bloom/items", est["count"])
+            self.stats.set_value("bloom/fill_ratio", round(est["fill_ratio"], 6))
+            self.stats.set_value("bloom/est_fp_rate", est["est_fp_rate"])
+
+    def _node_id(self) -> str:
+        return self.node_base if not self._incarnation else f"{self.node_base}~{self._incarnation}"
