@@ -111,11 +111,18 @@ class BloomFilter:
 
     def add_many(self, fingerprints: Iterable[bytes | str]) -> list[bool]:
         """Check-and-add; True for each fingerprint that was not seen before."""
+        return self._call("add", fingerprints)
+
+    def check_many(self, fingerprints: Iterable[bytes | str]) -> list[bool]:
+        """Read-only check; True for each fingerprint that is probably present."""
+        return [not new for new in self._call("check", fingerprints)]
+
+    def _call(self, mode: str, fingerprints) -> list[bool]:
         fps = [fingerprint_hex(fp) for fp in fingerprints]
         if not fps:
             return []
         out = self._script(keys=[self.meta_key],
-                           args=[self.meta_key, *self.config.args(), *fps])
+                           args=[self.meta_key, *self.config.args(), mode, *fps])
         return [bool(x) for x in out]
 
     def add(self, fingerprint: bytes | str) -> bool:

@@ -49,12 +49,28 @@ local function bloom_meta(key)
   return m
 end
 
+local function next_prime(n)
+  -- Double hashing cycles early when the step shares a factor with the
+  -- table size: a prime size makes every step visit distinct bits.
+  if n % 2 == 0 then n = n + 1 end
+  while true do
+    local prime, d = true, 3
+    while d * d <= n do
+      if n % d == 0 then prime = false; break end
+      d = d + 2
+    end
+    if prime then return n end
+    n = n + 2
+  end
+end
+
 local function bloom_add_layer(key, m, layer, cap, p, shard_bits)
   local ln2 = math.log(2)
   local bits = math.ceil(-cap * math.log(p) / (ln2 * ln2))
   local k = math.max(1, math.floor(bits / cap * ln2 + 0.5))
   local shards = math.ceil(bits / shard_bits)
-  local per = math.max(64, math.ceil(bits / shards))
+  local per = math.max(67, math.ceil(bits / shards))
+  if per < shard_bits then per = next_prime(per) end
   local L = tostring(layer)
   redis.call('HSET', key, 'layers', layer + 1, 'cap' .. L, fmt(cap), 'p' .. L, tostring(p),
              'k' .. L, k, 'shards' .. L, shards, 'bits' .. L, fmt(per), 'n' .. L, 0)
@@ -84,6 +100,7 @@ end
 
 local function bloom_positions(fp, m, layer)
   -- Double hashing inside one shard of LAYER; returns shard, {bit offsets}.
+  -- (Offsets are below 2^32, so Lua's number formatting keeps them exact.)
   local L = tostring(layer)
   local k, shards, per = tonumber(m['k' .. L]), tonumber(m['shards' .. L]), tonumber(m['bits' .. L])
   local a, b, c, d, e = fp_words(fp)
@@ -91,65 +108,86 @@ local function bloom_positions(fp, m, layer)
   local h2 = (b + layer * d) % TWO32 % (per - 1) + 1
   local shard = (e + layer * a) % shards
   local pos = {}
-  for j = 0, k - 1 do pos[#pos + 1] = fmt((h1 + j * h2) % per) end
+  for j = 0, k - 1 do pos[j + 1] = (h1 + j * h2) % per end
   return shard, pos
 end
 
-local function bloom_check_add(prefix, key, m, fps)
-  -- FPS: {index -> 40-hex fingerprint}. Returns {index -> true} for new ones
-  -- (added to the newest layer), and the number of new ones.
-  local layers = tonumber(m['layers'])
-  local present = {}
-  for layer = 0, layers - 1 do
-    local ops, owners = {}, {}
-    for i, fp in pairs(fps) do
-      if not present[i] then
-        local shard, pos = bloom_positions(fp, m, layer)
-        ops[shard] = ops[shard] or {}
-        owners[shard] = owners[shard] or {}
-        for _, p in ipairs(pos) do
-          local o = ops[shard]; o[#o + 1] = 'GET'; o[#o + 1] = 'u1'; o[#o + 1] = p
-        end
-        owners[shard][#owners[shard] + 1] = i
-      end
+local function bloom_bits(prefix, m, layer, fps, indices, op)
+  -- One BITFIELD per shard over the bits of FPS[INDICES] in LAYER.
+  -- OP 'GET' reads; 'SET' sets to 1 and returns the old bits. Returns
+  -- {index -> true} for fingerprints whose k bits were all 1.
+  local ops, owners = {}, {}
+  for _, i in ipairs(indices) do
+    local shard, pos = bloom_positions(fps[i], m, layer)
+    local o = ops[shard]
+    if not o then o = {}; ops[shard] = o; owners[shard] = {} end
+    for _, p in ipairs(pos) do
+      o[#o + 1] = op; o[#o + 1] = 'u1'; o[#o + 1] = p
+      if op == 'SET' then o[#o + 1] = 1 end
     end
-    local k = tonumber(m['k' .. tostring(layer)])
-    for shard, args in pairs(ops) do
-      local bits = call_chunked('BITFIELD', prefix .. ':' .. layer .. ':' .. shard, args, 3)
-      for n, i in ipairs(owners[shard]) do
-        local all = true
-        for j = 1, k do
-          if bits[(n - 1) * k + j] == 0 then all = false; break end
-        end
-        if all then present[i] = true end
-      end
-    end
+    owners[shard][#owners[shard] + 1] = i
   end
-  local last = layers - 1
-  local new, seen, count, ops = {}, {}, 0, {}
-  for i, fp in pairs(fps) do
-    if not present[i] and not seen[fp] then
-      seen[fp] = true; new[i] = true; count = count + 1
-      local shard, pos = bloom_positions(fp, m, last)
-      ops[shard] = ops[shard] or {}
-      for _, p in ipairs(pos) do
-        local o = ops[shard]; o[#o + 1] = 'SET'; o[#o + 1] = 'u1'; o[#o + 1] = p; o[#o + 1] = 1
-      end
-    end
-  end
+  local k = tonumber(m['k' .. tostring(layer)])
+  local full = {}
   for shard, args in pairs(ops) do
-    call_chunked('BITFIELD', prefix .. ':' .. last .. ':' .. shard, args, 4)
-  end
-  if count > 0 then
-    local L = tostring(last)
-    local n = redis.call('HINCRBY', key, 'n' .. L, count)
-    if n >= tonumber(m['cap' .. L]) then
-      local growth, tight = tonumber(m['growth']), tonumber(m['tightening'])
-      bloom_add_layer(key, m, last + 1, tonumber(m['cap' .. L]) * growth,
-                      tonumber(m['p' .. L]) * tight, tonumber(m['shard_bits']))
+    local bits = call_chunked('BITFIELD', prefix .. ':' .. layer .. ':' .. shard, args,
+                              op == 'SET' and 4 or 3)
+    for n, i in ipairs(owners[shard]) do
+      local all = true
+      for j = (n - 1) * k + 1, n * k do
+        if bits[j] == 0 then all = false; break end
+      end
+      if all then full[i] = true end
     end
   end
-  return new, count
+  return full
+end
+
+local function bloom_check_add(prefix, key, m, fps, dry)
+  -- FPS: {index -> 40-hex fingerprint}. Returns {index -> true} for the new
+  -- ones (added to the newest layer unless DRY), and how many were added.
+  local layers = tonumber(m['layers'])
+  local todo = {}
+  for i, _ in pairs(fps) do todo[#todo + 1] = i end
+  -- Older layers are full: only read them. The newest layer is read and
+  -- written in the same pass (BITFIELD SET returns the old bits).
+  for layer = 0, dry and layers - 1 or layers - 2 do
+    local full = bloom_bits(prefix, m, layer, fps, todo, 'GET')
+    local rest = {}
+    for _, i in ipairs(todo) do if not full[i] then rest[#rest + 1] = i end end
+    todo = rest
+  end
+  local new = {}
+  if dry then
+    for _, i in ipairs(todo) do new[i] = true end
+    return new, 0
+  end
+  -- When the newest layer fills, open the next one mid-batch, so that no
+  -- layer holds more than its capacity (that would raise its FP rate).
+  local idx, added = 1, 0
+  while idx <= #todo do
+    local last = tonumber(m['layers']) - 1
+    local L = tostring(last)
+    local cap, n = tonumber(m['cap' .. L]), tonumber(m['n' .. L])
+    if n >= cap then
+      bloom_add_layer(key, m, last + 1, cap * tonumber(m['growth']),
+                      tonumber(m['p' .. L]) * tonumber(m['tightening']), tonumber(m['shard_bits']))
+    else
+      local chunk = {}
+      for j = idx, math.min(#todo, idx + (cap - n) - 1) do chunk[#chunk + 1] = todo[j] end
+      idx = idx + #chunk
+      local full = bloom_bits(prefix, m, last, fps, chunk, 'SET')
+      local count = 0
+      for _, i in ipairs(chunk) do
+        if not full[i] then new[i] = true; count = count + 1 end
+      end
+      if count > 0 then
+        m['n' .. L] = tostring(redis.call('HINCRBY', key, 'n' .. L, count))
+        added = added + count
+      end
+    end
+  end
+  return new, added
 end
 """
 
@@ -316,15 +354,15 @@ BLOOM_ADD = _LIB + r"""
 -- BLOOM_ADD: check-and-add fingerprints (the standalone dupefilter).
 -- KEYS[1] bloom meta (hash)
 -- ARGV[1] bloom key prefix; ARGV[2..6] capacity, error rate, growth, tightening, shard bits
--- ARGV[7..] 40-hex fingerprints
--- Returns one integer per fingerprint: 1 = new (now added), 0 = seen before.
+-- ARGV[7] 'add' (check-and-add) or 'check' (read only); ARGV[8..] 40-hex fingerprints
+-- Returns one integer per fingerprint: 1 = new (added unless 'check'), 0 = seen before.
 local m = bloom_open(KEYS[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]),
                      tonumber(ARGV[5]), tonumber(ARGV[6]))
 local fps = {}
-for i = 7, #ARGV do fps[i - 6] = ARGV[i] end
-local new = bloom_check_add(ARGV[1], KEYS[1], m, fps)
+for i = 8, #ARGV do fps[i - 7] = ARGV[i] end
+local new = bloom_check_add(ARGV[1], KEYS[1], m, fps, ARGV[7] == 'check')
 local out = {}
-for i = 1, #ARGV - 6 do out[i] = new[i] and 1 or 0 end
+for i = 1, #ARGV - 7 do out[i] = new[i] and 1 or 0 end
 return out
 """
 

@@ -1,0 +1,201 @@
+"""The shared frontier over a real Redis, with an injected clock (no sleeping)."""
+
+import hashlib
+import json
+
+import pytest
+
+from crawlproject.frontier.bloom import BloomConfig
+from crawlproject.frontier.queue import Batch, Frontier
+
+
+class Clock:
+    def __init__(self, ms=1_000_000):
+        self.ms = ms
+
+    def __call__(self):
+        return self.ms
+
+    def advance(self, seconds):
+        self.ms += int(seconds * 1000)
+
+
+def fp(text):
+    return hashlib.sha1(text.encode()).digest()
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def node(redis, clock):
+    def make(name, ttl=10.0):
+        return Frontier(redis, "spider", name, lease_ttl=ttl, clock=clock,
+                        bloom=BloomConfig(capacity=10_000))
+    return make
+
+
+def add_all(frontier, items):
+    batch = Batch()
+    for payload, prio in items:
+        batch.add(payload, fp(payload), prio)
+    return frontier.sync(batch)
+
+
+def payloads(taken):
+    return [p.decode() for _, p in taken]
+
+
+def test_priority_first_then_fifo(node):
+    a = node("a")
+    add_all(a, [("low1", -1), ("mid1", 0), ("high1", 5), ("mid2", 0), ("high2", 5), ("low2", -1)])
+    assert payloads(a.take(10)) == ["high1", "high2", "mid1", "mid2", "low1", "low2"]
+
+
+def test_identical_dont_filter_requests_are_not_merged(node, redis):
+    a = node("a")
+    batch = Batch()
+    batch.add("same", None, 0)
+    batch.add("same", None, 0)
+    assert a.sync(batch).added == 2
+    assert payloads(a.take(10)) == ["same", "same"]
+
+
+def test_duplicates_filtered_atomically_with_enqueue(node):
+    a = node("a")
+    res = add_all(a, [("u1", 0), ("u2", 0), ("u1", 0)])
+    assert (res.added, res.duplicates, res.queued) == (2, 1, 2)
+    res = add_all(a, [("u2", 0), ("u3", 0)])
+    assert (res.added, res.duplicates) == (1, 1)
+
+
+def test_take_leases_and_ack_forgets(node, redis):
+    a = node("a")
+    add_all(a, [("x", 0), ("y", 0)])
+    taken = a.take(1)
+    assert payloads(taken) == ["x"]
+    assert redis.hget(a.keys.inflight, taken[0][0]) == b"a"
+    a.ack(taken[0][0])
+    assert a.counts()["inflight"] == 0 and redis.hlen(a.keys.payloads) == 1
+
+
+def test_expired_lease_is_reclaimed_by_another_node(node, clock):
+    a, b = node("a", ttl=10), node("b", ttl=10)
+    add_all(a, [("x", 0), ("y", 0)])
+    held = a.take(2)
+    assert len(held) == 2
+    clock.advance(9)
+    assert b.sync(Batch(take=5)).taken == []     # a's lease still valid
+    clock.advance(2)                             # a never renewed: expired
+    res = b.sync(Batch(take=5))
+    assert res.reclaimed == 2 and payloads(res.taken) == ["x", "y"]
+
+
+def test_heartbeat_extends_lease(node, clock):
+    a, b = node("a", ttl=10), node("b", ttl=10)
+    add_all(a, [("x", 0)])
+    a.take(1)
+    for _ in range(5):                           # 25 s in all, renewed every 5 s
+        clock.advance(5)
+        a.heartbeat()
+        assert b.sync(Batch(take=5)).taken == []
+    assert a.counts()["inflight"] == 1
+
+
+def test_nack_returns_entry_to_its_place(node):
+    a = node("a")
+    add_all(a, [("first", 0), ("second", 0)])
+    first = a.take(1)[0][0]
+    a.nack(first)
+    assert payloads(a.take(2)) == ["first", "second"]
+
+
+def test_leave_returns_unstarted_and_drops_heartbeat(node, redis):
+    a, b = node("a"), node("b")
+    add_all(a, [("x", 0)])
+    member = a.take(1)[0][0]
+    a.leave([member])
+    assert redis.zscore(a.keys.nodes, "a") is None
+    assert payloads(b.take(1)) == ["x"]
+
+
+def test_delayed_retry_waits_out_its_backoff(node, clock):
+    a = node("a")
+    batch = Batch()
+    batch.add("retry-me", None, 0, delay_ms=4000)
+    a.sync(batch)
+    assert a.take(1) == [] and a.counts()["delayed"] == 1
+    clock.advance(3.9)
+    assert a.take(1) == []
+    clock.advance(0.2)
+    assert payloads(a.take(1)) == ["retry-me"]
+
+
+def test_dead_letter_and_replay(node):
+    a = node("a")
+    add_all(a, [("doomed", 3)])
+    member = a.take(1)[0][0]
+    batch = Batch()
+    batch.fail(member, "dead", {"payload": "doomed", "priority": 3, "reason": "HTTP 503",
+                                "attempts": 3})
+    a.sync(batch)
+    assert a.counts()["inflight"] == 0
+    (record,) = a.dead_letters()
+    assert record["reason"] == "HTTP 503" and record["attempts"] == 3
+    assert a.replay_dead() == 1
+    assert payloads(a.take(1)) == ["doomed"] and a.dead_letters() == []
+
+
+def test_replay_skips_garbage_records(node, redis):
+    a = node("a")
+    redis.lpush(a.keys.dead, "not json")
+    redis.lpush(a.keys.dead, json.dumps({"payload": "ok", "priority": 0}))
+    assert a.replay_dead(10) == 1
+    assert redis.lrange(a.keys.dead, 0, -1) == [b"not json"]
+
+
+def test_invalid_payload_is_moved_aside(node):
+    a = node("a")
+    add_all(a, [("garbage", 0)])
+    member = a.take(1)[0][0]
+    batch = Batch()
+    batch.fail(member, "invalid", {"payload": "garbage", "reason": "not JSON"})
+    a.sync(batch)
+    assert a.invalid_entries()[0]["reason"] == "not JSON"
+    assert a.counts() == {"queued": 0, "delayed": 0, "inflight": 0, "dead": 0,
+                          "invalid": 1, "nodes": 1}
+
+
+def test_ack_after_reclaim_removes_the_requeued_copy(node, clock):
+    a, b = node("a"), node("b")
+    add_all(a, [("x", 0)])
+    member = a.take(1)[0][0]
+    clock.advance(11)
+    b.heartbeat()                                # reclaims x into the queue
+    assert a.counts()["queued"] == 1
+    a.ack(member)                                # a finished it after all
+    assert a.counts()["queued"] == 0
+
+
+def test_server_time_is_used_without_a_clock(redis):
+    a = Frontier(redis, "spider", "a", lease_ttl=30)
+    res = a.heartbeat()
+    deadline = redis.zscore(a.keys.nodes, "a")
+    assert deadline == res.now_ms + 30_000
+    server = redis.time()
+    assert abs(res.now_ms - (server[0] * 1000 + server[1] // 1000)) < 5000
+
+
+def test_one_round_trip_per_batch(node, redis):
+    a = node("a")
+    redis.config_resetstat()
+    batch = Batch(take=50)
+    for i in range(200):
+        batch.add(f"p{i}", fp(f"p{i}"), 0)
+    a.sync(batch)
+    stats = redis.info("commandstats")
+    assert stats["cmdstat_evalsha"]["calls"] + stats.get("cmdstat_eval", {}).get("calls", 0) == 1
+    total = sum(v["calls"] for v in stats.values())
+    assert total < 40                            # commands inside the script, for 200 adds
