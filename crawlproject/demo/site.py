@@ -57,6 +57,7 @@ import math
 import os
 import queue
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -550,6 +551,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--latency-ms", type=_non_negative, default=0)
     parser.add_argument("--no-faults", dest="faults", action="store_false",
                         help="disable the 503-once responses")
+    parser.add_argument("--exit-on-stdin-eof", action="store_true",
+                        help="stop when stdin closes (used by DemoSite so no orphan survives)")
     return parser.parse_args(argv)
 
 
@@ -566,8 +569,26 @@ def main(argv: list[str] | None = None) -> int:
     port = reactor.listenTCP(args.port, build_site(config, reactor), backlog=1024,
                              interface=args.host)
     print(URL_PREFIX + _base_url(args.host, port.getHost().port), flush=True)
-    reactor.run()  # the default signal handlers stop the reactor on SIGTERM/SIGINT
+    _install_stop_triggers(reactor, args.exit_on_stdin_eof)
+    reactor.run(installSignalHandlers=False)
     return 0
+
+
+def _install_stop_triggers(reactor, watch_stdin: bool) -> None:
+    """Stop on SIGTERM/SIGINT (even if SIGINT was ignored by a shell) and optionally stdin EOF."""
+
+    def stop() -> None:
+        if reactor.running:
+            reactor.stop()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: reactor.callFromThread(stop))
+    if watch_stdin:
+        def wait_for_eof() -> None:
+            sys.stdin.buffer.read()
+            reactor.callFromThread(stop)
+
+        threading.Thread(target=wait_for_eof, daemon=True).start()
 
 
 # --------------------------------------------------------------------------- subprocess
@@ -596,7 +617,8 @@ class DemoSite:
         """The argv used to launch the subprocess."""
         cmd = [sys.executable, "-m", "crawlproject.demo.site", "--host", self.host,
                "--port", "0", "--products", str(self.products),
-               "--per-page", str(self.per_page), "--latency-ms", str(self.latency_ms)]
+               "--per-page", str(self.per_page), "--latency-ms", str(self.latency_ms),
+               "--exit-on-stdin-eof"]
         return cmd if self.faults else cmd + ["--no-faults"]
 
     def start(self) -> DemoSite:
@@ -605,7 +627,7 @@ class DemoSite:
             raise RuntimeError("DemoSite already started")
         self._stderr = tempfile.TemporaryFile()
         self._proc = subprocess.Popen(
-            self.command(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            self.command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=self._stderr, env=self._env(), text=True, encoding="utf-8")
         threading.Thread(target=self._pump, args=(self._proc.stdout,), daemon=True).start()
         try:
@@ -657,6 +679,7 @@ class DemoSite:
         except subprocess.TimeoutExpired:
             proc.kill()
             code = proc.wait()
+        proc.stdin.close()
         proc.stdout.close()
         self._stderr.close()
         return code

@@ -1,0 +1,94 @@
+"""Run real ``scrapy crawl`` nodes as subprocesses, as users do on each machine."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from decimal import Decimal
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Node:
+    """One ``scrapy crawl <spider>`` process with its own log file."""
+
+    def __init__(self, name: str, log_dir: Path, env: dict, spider: str = "products",
+                 settings: dict | None = None):
+        self.name = name
+        self.log = log_dir / f"{name}.log"
+        cmd = [sys.executable, "-m", "scrapy", "crawl", spider, "-s", f"LOG_FILE={self.log}",
+               "-s", f"NODE_ID={name}"]
+        for key, value in (settings or {}).items():
+            cmd += ["-s", f"{key}={value}"]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env},
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def wait_for_log(self, pattern: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if re.search(pattern, self.text()):
+                return
+            if self.proc.poll() is not None:
+                raise AssertionError(f"{self.name} exited early:\n{self.tail()}")
+            time.sleep(0.1)
+        raise AssertionError(f"{self.name}: {pattern!r} not logged in {timeout}s:\n{self.tail()}")
+
+    def wait(self, timeout: float = 180) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(30)
+            raise AssertionError(f"{self.name} did not finish in {timeout}s:\n{self.tail()}")
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stat(self, name: str) -> int:
+        match = re.search(rf"'{re.escape(name)}': (\d+)", self.text())
+        return int(match.group(1)) if match else 0
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.text().splitlines()[-lines:])
+
+    def errors(self) -> list[str]:
+        return [line for line in self.text().splitlines() if "] ERROR:" in line or "Traceback" in line]
+
+
+def node_env(redis_url: str, mongo_uri: str, database: str) -> dict:
+    return {"REDIS_URL": redis_url, "MONGO_URI": mongo_uri, "MONGO_DATABASE": database,
+            "PYTHONPATH": str(ROOT)}
+
+
+def stored_products(collection) -> dict[str, dict]:
+    docs = list(collection.find({}, {"_id": 0}))
+    urls = [d["url"] for d in docs]
+    assert len(urls) == len(set(urls)), "a product is stored twice"
+    return {d["url"]: d for d in docs}
+
+
+def assert_matches_catalog(stored: dict, expected: dict) -> None:
+    """Every expected product stored once, with the right clean fields."""
+    assert set(stored) == set(expected), (
+        f"missing {sorted(set(expected) - set(stored))[:5]}, extra {sorted(set(stored) - set(expected))[:5]}")
+    for url, want in expected.items():
+        doc = stored[url]
+        assert doc["title"] == want["title"], url
+        assert Decimal(str(doc["price"].to_decimal())) == want["price"], url
+        assert doc["currency"] == want["currency"], url
+        assert doc["published"] == want["published"], url
+        assert doc["first_seen"] <= doc["updated_at"]
