@@ -235,3 +235,11 @@ def test_large_catalog_without_faults():
 def test_start_failure_is_reported():
     with pytest.raises(RuntimeError, match="exited with code 2"):
         DemoSite(per_page=0).start()
+
+
+def test_server_exits_when_parent_closes_stdin():
+    demo = DemoSite(products=10).start()
+    proc = demo._proc  # white-box: simulate the parent dying without calling stop()
+    proc.stdin.close()
+    assert proc.wait(timeout=10) == 0
+    demo.stop()

@@ -38,7 +38,9 @@ Command line::
     python -m crawlproject.demo.site --host 127.0.0.1 --port 0 --products 60 \\
         --per-page 10 --latency-ms 0 [--no-faults]
 
-prints one line ``DEMO_SITE_URL=http://127.0.0.1:PORT/`` and serves until SIGTERM/SIGINT.
+prints one line ``DEMO_SITE_URL=http://127.0.0.1:PORT/`` and serves until SIGTERM/SIGINT
+(exit 0). ``--exit-on-stdin-eof`` (used by :class:`DemoSite`) also stops it when its stdin
+closes, so a crashed parent leaves no orphan server.
 
 Python API: :func:`product`, :func:`catalog`, :func:`expected_items`, :func:`clean_text`,
 :func:`build_site` (in-process twisted ``Site``) and :class:`DemoSite` (subprocess).
@@ -70,6 +72,10 @@ from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path
 from typing import Callable
+
+# twisted.web does not install a reactor; twisted.internet.reactor is imported lazily.
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET, Site
 
 DEAD_PRODUCT_ID = 999_999
 JS_PRODUCT_ID = 7
@@ -462,62 +468,67 @@ class SiteState:
         return True
 
 
-def build_site(config: SiteConfig, reactor=None):
-    """Return a ``twisted.web.server.Site`` serving the demo shop (for in-process use)."""
-    from twisted.web.resource import Resource
-    from twisted.web.server import NOT_DONE_YET, Site
+class DemoResource(Resource):
+    """twisted.web leaf resource serving every path of the demo shop."""
 
+    isLeaf = True
+
+    def __init__(self, config: SiteConfig, reactor) -> None:
+        super().__init__()
+        self.config, self.reactor = config, reactor
+        self.state = SiteState()
+
+    def render(self, request):
+        """Count the hit, pick the page, answer now or after the configured latency."""
+        path = request.path.decode("utf-8", "replace")
+        if path in CONTROL_PATHS:
+            return self._send(request, self._control(path))
+        self.state.hits[path] += 1
+        fail = self.state.should_fail(path, self.config)
+        page = UNAVAILABLE if fail else render_path(path, self.config)
+        if self.config.latency_ms <= 0:
+            return self._send(request, page)
+        self._delay(request, page)
+        return NOT_DONE_YET
+
+    def _control(self, path: str) -> Page:
+        if path == "/__reset":
+            self.state.reset()
+            data = {"reset": True}
+        else:
+            data = dict(sorted(self.state.hits.items()))
+        return Page(200, "application/json", json.dumps(data).encode("utf-8"))
+
+    @staticmethod
+    def _send(request, page: Page) -> bytes:
+        request.setResponseCode(page.status)
+        request.setHeader(b"content-type", page.content_type.encode("ascii"))
+        request.setHeader(b"content-length", str(len(page.body)).encode("ascii"))
+        return page.body
+
+    def _delay(self, request, page: Page) -> None:
+        call = self.reactor.callLater(self.config.latency_ms / 1000, self._finish, request, page)
+        request.notifyFinish().addErrback(lambda _: call.active() and call.cancel())
+
+    def _finish(self, request, page: Page) -> None:
+        request.write(self._send(request, page))
+        request.finish()
+
+
+class QuietSite(Site):
+    """``Site`` without the per-request access log (it costs time under benchmarks)."""
+
+    noisy = False
+
+    def log(self, request) -> None:
+        pass
+
+
+def build_site(config: SiteConfig, reactor=None) -> Site:
+    """Return a ``twisted.web.server.Site`` serving the demo shop (for in-process use)."""
     if reactor is None:
         from twisted.internet import reactor
-
-    class DemoResource(Resource):
-        isLeaf = True
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.state = SiteState()
-
-        def render(self, request):
-            path = request.path.decode("utf-8", "replace")
-            if path in CONTROL_PATHS:
-                return self._send(request, self._control(path))
-            self.state.hits[path] += 1
-            fail = self.state.should_fail(path, config)
-            page = UNAVAILABLE if fail else render_path(path, config)
-            if config.latency_ms <= 0:
-                return self._send(request, page)
-            self._delay(request, page)
-            return NOT_DONE_YET
-
-        def _control(self, path: str) -> Page:
-            if path == "/__reset":
-                self.state.reset()
-                data = {"reset": True}
-            else:
-                data = dict(sorted(self.state.hits.items()))
-            return Page(200, "application/json", json.dumps(data).encode("utf-8"))
-
-        def _send(self, request, page: Page) -> bytes:
-            request.setResponseCode(page.status)
-            request.setHeader(b"content-type", page.content_type.encode("ascii"))
-            request.setHeader(b"content-length", str(len(page.body)).encode("ascii"))
-            return page.body
-
-        def _delay(self, request, page: Page) -> None:
-            call = reactor.callLater(config.latency_ms / 1000, self._finish, request, page)
-            request.notifyFinish().addErrback(lambda _: call.active() and call.cancel())
-
-        def _finish(self, request, page: Page) -> None:
-            request.write(self._send(request, page))
-            request.finish()
-
-    class QuietSite(Site):
-        noisy = False
-
-        def log(self, request) -> None:  # no access log: it costs time under benchmarks
-            pass
-
-    return QuietSite(DemoResource())
+    return QuietSite(DemoResource(config, reactor))
 
 
 def _positive(value: str) -> int:
@@ -585,7 +596,10 @@ def _install_stop_triggers(reactor, watch_stdin: bool) -> None:
         signal.signal(signum, lambda *_: reactor.callFromThread(stop))
     if watch_stdin:
         def wait_for_eof() -> None:
-            sys.stdin.buffer.read()
+            # os.read, not sys.stdin: a daemon thread blocked in a buffered reader
+            # aborts the interpreter at shutdown.
+            while os.read(sys.stdin.fileno(), 4096):
+                pass
             reactor.callFromThread(stop)
 
         threading.Thread(target=wait_for_eof, daemon=True).start()

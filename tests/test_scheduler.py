@@ -1,0 +1,126 @@
+"""RedisScheduler in real crawls: retries with backoff, dead letters, invalid
+payloads moved aside, refusal of unserialisable requests, Redis Cluster."""
+
+import json
+import socket
+import uuid
+
+import pymongo
+import pytest
+import redis as redis_lib
+from scrapy import Request, Spider
+from scrapy.utils.test import get_crawler
+
+from crawlproject.demo.site import DemoSite, expected_items
+from crawlproject.frontier.queue import Frontier
+from crawlproject.keys import FrontierKeys
+from crawlproject.scheduler import RedisScheduler
+from tests.crawl_helpers import Node, assert_matches_catalog, node_env, stored_products
+
+
+@pytest.fixture
+def database(mongo_uri):
+    name = f"sched_{uuid.uuid4().hex[:8]}"
+    client = pymongo.MongoClient(mongo_uri, tz_aware=True)
+    yield client[name]
+    client.drop_database(name)
+    client.close()
+
+
+def closed_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MetaSpider(Spider):
+    name = "meta"
+
+    def parse(self, response):
+        pass
+
+
+def test_unserialisable_meta_is_refused_at_enqueue(redis_url):
+    crawler = get_crawler(MetaSpider, {"REDIS_URL": redis_url})
+    crawler.spider = MetaSpider.from_crawler(crawler)
+    scheduler = RedisScheduler.from_crawler(crawler)
+    scheduler.spider = crawler.spider
+    crawler.stats.open_spider()
+    assert scheduler.enqueue_request(Request("http://127.0.0.1/ok", meta={"n": 1}))
+    assert not scheduler.enqueue_request(Request("http://127.0.0.1/bad", meta={"conn": socket.socket}))
+    assert crawler.stats.get_value("scheduler/unserialisable") == 1
+    assert len(scheduler._outbox.adds) == 1
+
+
+@pytest.mark.slow
+def test_retries_backoff_and_dead_letters(redis, redis_url, mongo_uri, database, tmp_path):
+    dead_url = f"http://127.0.0.1:{closed_port()}/gone"
+    with DemoSite(products=20) as site:
+        settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": 2, "RETRY_TIMES": 2, "RETRY_BACKOFF_BASE": 0.3,
+                    "CALLBACK_RETRY_TIMES": 1,
+                    "SPIDER_MODULES": "crawlproject.spiders,tests.spiders"}
+        node = Node("n1", tmp_path, node_env(redis_url, mongo_uri, database.name),
+                    spider="crashy", settings=settings)
+        node.wait_for_log("Reading seeds from")
+        redis.lpush("crashy:start_urls", site.url, json.dumps({"url": dead_url, "priority": 3}))
+        assert node.wait(120) == 0, node.tail()
+        served = site.stats()
+    frontier = Frontier(redis, "crashy", "test")
+    dead = {d["kind"]: d for d in frontier.dead_letters()}
+    assert set(dead) == {"download", "callback"}
+    assert dead["download"]["url"] == dead_url and dead["download"]["attempts"] == 3
+    assert "ConnectionRefused" in dead["download"]["reason"]
+    assert dead["callback"]["url"].endswith("/product/3") and dead["callback"]["attempts"] == 2
+    assert "simulated parser bug" in dead["callback"]["reason"]
+    assert served["/product/3"] == 2                     # crashed once, retried once
+    assert served["/product/17"] == 2                    # 503 once, then retried via Redis
+    assert node.stat("retry/count") >= 3
+    stored = stored_products(database["crashy"])
+    assert len(stored) == 19 and f"{site.url}product/3" not in stored
+    counts = frontier.counts()
+    assert counts["queued"] == counts["inflight"] == counts["delayed"] == 0
+    # An operator replays the dead letters: they are back in the queue.
+    assert frontier.replay_dead() == 2 and frontier.counts()["queued"] == 2
+
+
+@pytest.mark.slow
+def test_invalid_payload_is_moved_aside_and_crawl_goes_on(redis, redis_url, mongo_uri, database, tmp_path):
+    keys = FrontierKeys("products")
+    redis.hset(keys.payloads, "9:1", b"\x80\x04\x95 a pickle, never loaded")
+    redis.zadd(keys.queue, {"9:1": -9 * 2**40 + 1})
+    redis.incr(keys.seq)
+    with DemoSite(products=10) as site:
+        node = Node("n1", tmp_path, node_env(redis_url, mongo_uri, database.name),
+                    settings={"MAX_IDLE_TIME_BEFORE_CLOSE": 2})
+        node.wait_for_log("Reading seeds from")
+        redis.lpush("products:start_urls", site.url)
+        assert node.wait(120) == 0, node.tail()
+    (record,) = Frontier(redis, "products", "test").invalid_entries()
+    assert record["member"] == "9:1" and "not JSON" in record["reason"]
+    assert node.stat("scheduler/invalid") == 1
+    assert len(stored_products(database["products"])) == 10
+
+
+@pytest.mark.slow
+def test_crawl_on_a_three_master_redis_cluster(redis_cluster, mongo_uri, database, tmp_path):
+    client = redis_cluster.client()
+    for key in ("products:start_urls", *FrontierKeys("products").sync_keys()):
+        client.delete(key)
+    products = 40
+    with DemoSite(products=products, latency_ms=10) as site:
+        env = {**node_env(redis_cluster.url, mongo_uri, database.name), "REDIS_CLUSTER": "true"}
+        nodes = [Node(f"c{i}", tmp_path, env, settings={"MAX_IDLE_TIME_BEFORE_CLOSE": 3})
+                 for i in (1, 2)]
+        try:
+            for node in nodes:
+                node.wait_for_log("Reading seeds from")
+            client.lpush("products:start_urls", site.url)
+            assert [n.wait(180) for n in nodes] == [0, 0], [n.tail() for n in nodes]
+        finally:
+            for node in nodes:
+                node.stop()
+    assert_matches_catalog(stored_products(database["products"]), expected_items(site.url, products))
+    assert not [e for n in nodes for e in n.errors()]
+    # The frontier keys share one slot; seeds live wherever their key hashes.
+    slots = {client.keyslot(k) for k in FrontierKeys("products").sync_keys()}
+    assert len(slots) == 1
