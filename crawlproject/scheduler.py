@@ -100,7 +100,7 @@ class RedisScheduler(BaseScheduler):
         concurrency = s.getint("CONCURRENT_REQUESTS")
         return cls(
             crawler,
-            prefetch=s.getint("SCHEDULER_PREFETCH") or concurrency,
+            prefetch=s.getint("SCHEDULER_PREFETCH") or max(4, concurrency // 4),
             batch_size=s.getint("SCHEDULER_BATCH_SIZE", 100),
             flush_interval=s.getfloat("SCHEDULER_FLUSH_INTERVAL", 0.05),
             idle_poll=s.getfloat("SCHEDULER_IDLE_POLL", 0.5),
