@@ -32,6 +32,7 @@ def start_nodes(count: int, env: dict, log_dir: Path, idle_close: int) -> list[s
     nodes = []
     for n in range(1, count + 1):
         log = log_dir / f"node-{n}.log"
+        log.unlink(missing_ok=True)  # Scrapy appends to LOG_FILE
         cmd = [sys.executable, "-m", "scrapy", "crawl", "products",
                "-s", f"MAX_IDLE_TIME_BEFORE_CLOSE={idle_close}",
                "-s", f"NODE_ID=node-{n}", "-s", f"LOG_FILE={log}"]
