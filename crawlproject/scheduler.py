@@ -51,6 +51,12 @@ RETRY_DELAY_META = "_crawlproject_retry_delay"
 CALLBACK_ATTEMPTS_META = "crawlproject_callback_attempts"
 
 
+def _resolve(waiters: list[asyncio.Future]) -> None:
+    for waiter in waiters:
+        if not waiter.done():
+            waiter.set_result(None)
+
+
 def backoff_delay(attempt: int, base: float, cap: float) -> float:
     """Exponential backoff with jitter: ~base*2^(attempt-1), at most *cap*."""
     delay = min(cap, base * 2 ** max(0, attempt - 1))
@@ -91,6 +97,7 @@ class RedisScheduler(BaseScheduler):
         self._last_sync = 0.0
         self._last_empty_take = 0.0
         self._closing = False
+        self._flush_waiters: list[asyncio.Future] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Future | None = None
 
@@ -168,6 +175,13 @@ class RedisScheduler(BaseScheduler):
     def __len__(self) -> int:
         return len(self._buffer) + len(self._outbox.adds) + self._remote_queued
 
+    def flushed(self) -> asyncio.Future:
+        """A future that resolves once everything enqueued so far is in Redis."""
+        future = asyncio.get_running_loop().create_future()
+        self._flush_waiters.append(future)
+        self._wake.set()
+        return future
+
     # -- failures reported by middlewares and signals --------------------------
     def mark_failed(self, request: Request, reason: str, kind: str = "download") -> None:
         """Dead-letter *request* when it leaves the engine (retries exhausted)."""
@@ -219,7 +233,9 @@ class RedisScheduler(BaseScheduler):
         if want and self._remote_queued == 0 and now - self._last_empty_take < self.idle_poll:
             want = 0  # the queue was empty a moment ago: poll it at idle pace
         heartbeat_due = now - self._last_sync >= self.lease_ttl / 3
+        waiters, self._flush_waiters = self._flush_waiters, []
         if not (self._outbox or want or heartbeat_due):
+            _resolve(waiters)
             return
         batch, self._outbox = self._outbox, Batch()
         batch.take = max(0, want)
@@ -227,8 +243,10 @@ class RedisScheduler(BaseScheduler):
             result = await self.frontier.sync(batch)
         except Exception:
             self._requeue_batch(batch)
+            self._flush_waiters[:0] = waiters
             raise
         self._last_sync = now
+        _resolve(waiters)
         self._apply(result, asked=batch.take)
 
     def _requeue_batch(self, batch: Batch) -> None:
@@ -339,6 +357,9 @@ class RedisScheduler(BaseScheduler):
         batch, self._outbox = self._outbox, Batch()
         batch.nacks += unstarted
         await self._final_sync(batch)
+        for waiter in self._flush_waiters:
+            if not waiter.done():
+                waiter.cancel()
         await self._record_bloom_stats()
         await self.frontier.client.aclose()
 

@@ -146,31 +146,105 @@ def invalid_record(raw: bytes | str, error: InvalidSeed, node: str = "") -> str:
     )
 
 
+CLAIM_SEEDS = r"""
+-- CLAIM_SEEDS: take seeds, keeping each as a claim until the requests made from
+-- it are safely in the frontier; expired claims (their node died) go back first.
+-- KEYS[1] seed key (list | set | zset)   KEYS[2] claims (hash id -> seed)
+-- KEYS[3] claim deadlines (zset id -> ms) KEYS[4] claim counter (string)
+-- (KEYS[2..4] are tagged {<seed key>}, so all four share the seed key's slot.)
+-- ARGV[1] 'list' | 'set' | 'zset'  ARGV[2] how many  ARGV[3] claim ttl ms
+-- ARGV[4] now in ms, or '' for Redis server time
+-- Returns {restored count, id1, seed1, id2, seed2, ...}
+local now
+if ARGV[4] ~= '' then now = tonumber(ARGV[4]) else
+  local t = redis.call('TIME'); now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local kind, count = ARGV[1], tonumber(ARGV[2])
+local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', string.format('%.0f', now), 'LIMIT', 0, 1000)
+for _, id in ipairs(expired) do
+  local seed = redis.call('HGET', KEYS[2], id)
+  if seed then
+    if kind == 'list' then redis.call('RPUSH', KEYS[1], seed)
+    elseif kind == 'set' then redis.call('SADD', KEYS[1], seed)
+    else
+      local score, raw = string.match(seed, '^([^\n]*)\n(.*)$')
+      redis.call('ZADD', KEYS[1], score, raw)
+    end
+  end
+  redis.call('HDEL', KEYS[2], id)
+  redis.call('ZREM', KEYS[3], id)
+end
+local got = {}
+if kind == 'list' then
+  got = redis.call('RPOP', KEYS[1], count) or {}
+elseif kind == 'set' then
+  got = redis.call('SPOP', KEYS[1], count) or {}
+else
+  local flat = redis.call('ZPOPMAX', KEYS[1], count)
+  for i = 1, #flat, 2 do got[#got + 1] = flat[i + 1] .. '\n' .. flat[i] end
+end
+local out = {#expired}
+if type(got) ~= 'table' or #got == 0 then return out end
+local last = redis.call('INCRBY', KEYS[4], #got)
+local deadline = string.format('%.0f', now + tonumber(ARGV[3]))
+for i, seed in ipairs(got) do
+  local id = tostring(last - #got + i)
+  redis.call('HSET', KEYS[2], id, seed)
+  redis.call('ZADD', KEYS[3], deadline, id)
+  out[#out + 1] = id
+  out[#out + 1] = seed
+end
+return out
+"""
+
+
 class SeedQueue:
     """The ``<spider>:start_urls`` key in Redis (list, set or sorted set).
 
     Knows Redis (an asyncio redis-py client), not Scrapy. Lists are consumed
     oldest first (users ``LPUSH``, we ``RPOP``), sorted sets highest score
-    first; every pop is one atomic command for a whole batch.
+    first. A batch is taken atomically and kept as *claims* until
+    :meth:`release` says the requests made from it are in the frontier; claims
+    of a node that died are put back by the next :meth:`claim` after
+    ``claim_ttl`` seconds, so no seed is lost between pop and enqueue.
     """
 
-    def __init__(self, client, key: str, kind: str = "list", invalid_key: str | None = None):
+    def __init__(self, client, key: str, kind: str = "list", invalid_key: str | None = None,
+                 claim_ttl: float = 60.0, clock=None):
         if kind not in ("list", "set", "zset"):
             raise ValueError(f"unknown seed key type {kind!r}")
         self.client = client
         self.key = key
         self.kind = kind
         self.invalid_key = invalid_key or f"{key}:invalid"
+        tag = f"{{{key}}}"
+        self.claims_key, self.deadlines_key, self.counter_key = (
+            f"{tag}:claims", f"{tag}:claims:due", f"{tag}:claims:seq")
+        self.claim_ttl_ms = int(claim_ttl * 1000)
+        self.clock = clock
+        self._claim = client.register_script(CLAIM_SEEDS)
 
-    async def pop(self, count: int) -> list[bytes]:
-        """Take up to *count* raw seeds."""
-        if self.kind == "list":
-            got = await self.client.rpop(self.key, count)
-        elif self.kind == "set":
-            got = await self.client.spop(self.key, count)
-        else:
-            got = [member for member, _score in await self.client.zpopmax(self.key, count)]
-        return list(got or [])
+    async def claim(self, count: int) -> tuple[int, list[tuple[str, bytes]]]:
+        """Take up to *count* seeds as claims: (restored, [(claim id, raw seed)])."""
+        out = await self._claim(
+            keys=[self.key, self.claims_key, self.deadlines_key, self.counter_key],
+            args=[self.kind, count, self.claim_ttl_ms, str(self.clock()) if self.clock else ""])
+        pairs = [(_s(out[i]), self._raw(out[i + 1])) for i in range(1, len(out), 2)]
+        return int(out[0]), pairs
+
+    def _raw(self, value) -> bytes:
+        value = value if isinstance(value, bytes) else str(value).encode()
+        if self.kind == "zset":
+            value = value.split(b"\n", 1)[1]
+        return value
+
+    async def release(self, ids: list[str]) -> None:
+        """Forget claims whose requests are safely stored."""
+        if ids:
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.hdel(self.claims_key, *ids)
+                pipe.zrem(self.deadlines_key, *ids)
+                await pipe.execute()
 
     async def reject(self, raw: bytes | str, error: InvalidSeed, node: str = "") -> None:
         """Keep a rejected seed, with its reason, in the invalid list."""
@@ -182,3 +256,7 @@ class SeedQueue:
         if self.kind == "set":
             return await self.client.scard(self.key)
         return await self.client.zcard(self.key)
+
+
+def _s(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

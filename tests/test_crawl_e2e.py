@@ -53,4 +53,5 @@ def test_two_nodes_crawl_every_product_exactly_once(redis, redis_url, mongo_uri,
     # The malformed seed was reported and kept aside, not lost.
     assert sum(n.stat("seeds/invalid") for n in nodes) == 1
     assert redis.llen("products:start_urls:invalid") == 1
+    assert redis.hlen("{products:start_urls}:claims") == 0      # seed claims released
     assert not [e for n in nodes for e in n.errors()]

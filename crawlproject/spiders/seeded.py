@@ -67,7 +67,8 @@ class RedisSpider(Spider):
         self.seed_encoding = s.get("REDIS_ENCODING", "utf-8")
         self.node_id = s.get("NODE_ID") or f"{socket.gethostname()}:{id(self):x}"
         client = redis_from_settings(s, asyncio=True)
-        self.seed_queue = SeedQueue(client, self.redis_key, kind)
+        self.seed_queue = SeedQueue(client, self.redis_key, kind,
+                                    claim_ttl=s.getfloat("SEEDS_CLAIM_TTL", 60.0))
         logger.info(
             "Reading seeds from %s key %r of %s (batch %d, idle close %ss)",
             kind, self.redis_key, redact_url(s.get("REDIS_URL")),
@@ -79,11 +80,13 @@ class RedisSpider(Spider):
         """Stream seeds from Redis until the node has been idle long enough."""
         idle_since: float | None = None
         while True:
-            batch = await self._next_seed_batch()
-            if batch:
+            batch, claims = await self._next_seed_batch()
+            if claims:
                 idle_since = None
                 for request in batch:
                     yield request
+                # Seeds stay claimed in Redis until their requests are stored.
+                await self._release_when_stored(claims)
                 continue
             if not self._node_is_idle():
                 idle_since = None
@@ -95,21 +98,34 @@ class RedisSpider(Spider):
                 return
             await asyncio.sleep(self.seed_poll_interval)
 
-    async def _next_seed_batch(self) -> list[Request]:
+    async def _next_seed_batch(self) -> tuple[list[Request], list[str]]:
         if self._scheduler_backlog() >= self.seed_max_pending:
-            return []
+            return [], []
         try:
-            raws = await self.seed_queue.pop(self.redis_batch_size)
+            restored, claimed = await self.seed_queue.claim(self.redis_batch_size)
         except Exception as exc:  # Redis down: keep the node alive, retry later
             logger.error("Cannot read seeds from Redis: %s", exc, extra={"spider": self})
             self.crawler.stats.inc_value("seeds/redis_errors")
-            return []
+            return [], []
+        if restored:
+            logger.warning("Put back %d seeds claimed by a node that died", restored,
+                           extra={"spider": self})
+            self.crawler.stats.inc_value("seeds/restored", restored)
         requests = []
-        for raw in raws:
+        for _claim_id, raw in claimed:
             request = await self._request_from_raw(raw)
             if request is not None:
                 requests.append(request)
-        return requests
+        return requests, [claim_id for claim_id, _ in claimed]
+
+    async def _release_when_stored(self, claims: list[str]) -> None:
+        flushed = getattr(self.crawler.engine.scheduler, "flushed", None)
+        try:
+            if flushed is not None:
+                await flushed()
+            await self.seed_queue.release(claims)
+        except Exception as exc:  # the claims expire and the seeds come back
+            logger.error("Cannot release seed claims: %s", exc, extra={"spider": self})
 
     async def _request_from_raw(self, raw: bytes) -> Request | None:
         stats = self.crawler.stats

@@ -1,0 +1,1 @@
+"""Benchmarks of the shared frontier (see BENCHMARKS.md; ``python -m bench.run_all``)."""

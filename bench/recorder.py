@@ -1,0 +1,74 @@
+"""A tiny extension that records when a node sent its first request and got
+its last response, and its progress every second, into ``BENCH_RECORD_FILE``.
+
+Timing from the first request that reached the downloader to the last
+response received excludes process start-up and the idle wait before the
+node closes, for every system alike.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from scrapy import signals
+
+STATS_KEPT = ("elapsed_time_seconds", "item_scraped_count", "response_received_count",
+              "dupefilter/filtered", "finish_reason", "downloader/request_count",
+              "scheduler/enqueued/redis", "scheduler/dequeued/redis", "seeds/read",
+              "log_count/ERROR", "scheduler/dead", "scheduler/reclaimed")
+
+
+class BenchRecorder:
+    def __init__(self, crawler, path: str):
+        self.crawler = crawler
+        self.path = path
+        self.first_request = None
+        self.last_response = None
+        self.responses = 0
+        self.progress: list[tuple[float, int]] = []
+        self._last_tick = 0.0
+
+    @classmethod
+    def from_crawler(cls, crawler):
+        path = crawler.settings.get("BENCH_RECORD_FILE")
+        ext = cls(crawler, path)
+        if path:
+            crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
+            crawler.signals.connect(ext.request_reached, signal=signals.request_reached_downloader)
+            crawler.signals.connect(ext.response_received, signal=signals.response_received)
+            crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
+        return ext
+
+    def spider_opened(self, spider):
+        with open(self.path + ".ready", "w") as f:
+            f.write(str(time.time()))
+
+    def request_reached(self, request, spider):
+        if self.first_request is None:
+            self.first_request = time.time()
+            self.progress.append((self.first_request, 0))
+
+    def response_received(self, response, request, spider):
+        now = time.time()
+        self.last_response = now
+        self.responses += 1
+        if now - self._last_tick >= 1.0:
+            self._last_tick = now
+            self.progress.append((now, self.responses))
+
+    def spider_closed(self, spider, reason):
+        if self.last_response is not None:
+            self.progress.append((self.last_response, self.responses))
+        stats = self.crawler.stats.get_stats()
+        kept = {k: (v if isinstance(v, (int, float, str)) else str(v))
+                for k, v in stats.items() if k in STATS_KEPT}
+        record = {"pid": os.getpid(), "first_request": self.first_request,
+                  "last_response": self.last_response, "responses": self.responses,
+                  "reason": reason, "closed_at": time.time(), "progress": self.progress,
+                  "stats": kept}
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(record, f)
+        os.replace(tmp, self.path)

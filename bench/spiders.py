@@ -1,0 +1,104 @@
+"""The three benchmark spiders: one parse implementation, three schedulers.
+
+* ``bench_ours``: crawlproject's :class:`~crawlproject.spiders.seeded.RedisSpider`
+  on :class:`~crawlproject.scheduler.RedisScheduler` (project defaults).
+* ``bench_scrapy_redis``: scrapy-redis 0.9.1 as documented: its ``RedisSpider``,
+  ``Scheduler``, ``RFPDupeFilter`` (a Redis SET), ``PriorityQueue`` and the
+  default pickle serializer.
+* ``bench_plain``: a plain single-process Scrapy spider (in-memory scheduler
+  and dupefilter), URLs from ``start_urls``.
+
+Every spider parses the demo site (:mod:`crawlproject.demo.site`) the same way:
+listing pages → product pages → one dict item per product, following the
+"next" listing link (priority 10, so that no scheduler's ordering starves the
+crawl) and, unless ``-a follow=0``, the related-product links (many
+duplicates). ``data-render="js"`` links are followed as normal links: no
+Playwright. Spider arguments: ``follow`` (1/0); ``bench_plain`` also takes
+``start_url`` or ``seeds_file`` (one URL a line).
+"""
+
+from __future__ import annotations
+
+from scrapy import Request, Spider
+from scrapy_redis.spiders import RedisSpider as ScrapyRedisRedisSpider
+
+import crawlproject.settings as project_settings
+from crawlproject.spiders.seeded import RedisSpider as OurRedisSpider
+
+LISTING_PRIORITY = 10
+
+# Our production defaults, as crawlproject/settings.py sets them.
+_OURS_FROM_PROJECT = (
+    "SCHEDULER", "SCHEDULER_LEASE_TTL", "SCHEDULER_BATCH_SIZE", "SCHEDULER_FLUSH_INTERVAL",
+    "DUPEFILTER_CAPACITY", "DUPEFILTER_ERROR_RATE", "CALLBACK_RETRY_TIMES",
+    "RETRY_BACKOFF_BASE", "RETRY_BACKOFF_MAX", "DOWNLOADER_MIDDLEWARES",
+    "REDIS_START_URLS_KEY", "REDIS_START_URLS_BATCH_SIZE", "SEEDS_POLL_INTERVAL",
+)
+
+
+class BenchParse:
+    """The parse implementation shared by the three spiders."""
+
+    follow = "1"
+
+    def parse(self, response):
+        if "/product/" in response.url:
+            yield from self.parse_product(response)
+            return
+        for href in response.css("a.product::attr(href)").getall():
+            yield Request(response.urljoin(href), callback=self.parse_product)
+        next_page = response.css("a.next::attr(href)").get()
+        if next_page:
+            yield Request(response.urljoin(next_page), callback=self.parse,
+                          priority=LISTING_PRIORITY)
+
+    def parse_product(self, response):
+        yield {
+            "url": response.url,
+            "title": " ".join(" ".join(response.css(".title ::text").getall()).split()),
+            "price": (response.css(".price::text").get() or "").strip(),
+            "published": (response.css(".published::text").get() or "").strip(),
+        }
+        if str(self.follow) not in ("0", "false", "False", "no"):
+            for href in response.css("a.related::attr(href)").getall():
+                yield Request(response.urljoin(href), callback=self.parse_product)
+
+
+class OursSpider(BenchParse, OurRedisSpider):
+    name = "bench_ours"
+    custom_settings = {k: getattr(project_settings, k) for k in _OURS_FROM_PROJECT}
+    custom_settings["MAX_IDLE_TIME_BEFORE_CLOSE"] = 2
+
+
+class ScrapyRedisSpider(BenchParse, ScrapyRedisRedisSpider):
+    name = "bench_scrapy_redis"
+    custom_settings = {
+        "SCHEDULER": "scrapy_redis.scheduler.Scheduler",
+        "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter",
+        "SCHEDULER_QUEUE_CLASS": "scrapy_redis.queue.PriorityQueue",
+        # Keep the shared queue and dupefilter when the first node closes
+        # (the documented setting for several nodes); Redis is flushed per run.
+        "SCHEDULER_PERSIST": True,
+        "SCHEDULER_IDLE_BEFORE_CLOSE": 0,
+        # Its idle close counts from a class attribute set at import time;
+        # 5 s (one engine heartbeat) keeps a second node from closing before
+        # work reaches it.
+        "MAX_IDLE_TIME_BEFORE_CLOSE": 5,
+    }
+
+
+class PlainSpider(BenchParse, Spider):
+    name = "bench_plain"
+    custom_settings = {
+        "SCHEDULER": "scrapy.core.scheduler.Scheduler",
+        "DUPEFILTER_CLASS": "scrapy.dupefilters.RFPDupeFilter",
+    }
+
+    def __init__(self, *args, start_url: str | None = None, seeds_file: str | None = None,
+                 **kwargs):
+        super().__init__(*args, **kwargs)
+        urls = [start_url] if start_url else []
+        if seeds_file:
+            with open(seeds_file) as f:
+                urls += [line.strip() for line in f if line.strip()]
+        self.start_urls = urls

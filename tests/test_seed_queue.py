@@ -1,0 +1,86 @@
+"""SeedQueue over a real Redis: atomic batches, claims, and restoring the
+claims of a node that died between taking seeds and storing their requests."""
+
+import asyncio
+
+import pytest
+from redis import asyncio as aioredis
+
+from crawlproject.seeds import SeedQueue
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+class Clock:
+    ms = 1_000_000
+
+    def __call__(self):
+        return self.ms
+
+
+async def _with_queue(redis_url, kind, body, **kw):
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        return await body(SeedQueue(client, "shop:start_urls", kind, **kw))
+    finally:
+        await client.aclose()
+
+
+def test_list_seeds_oldest_first_in_one_batch(redis, redis_url):
+    redis.lpush("shop:start_urls", "u1", "u2", "u3")
+
+    async def body(q):
+        restored, got = await q.claim(2)
+        return restored, [raw for _, raw in got], await q.size()
+
+    assert run(_with_queue(redis_url, "list", body)) == (0, [b"u1", b"u2"], 1)
+    assert redis.hlen("{shop:start_urls}:claims") == 2
+
+
+def test_release_forgets_claims(redis, redis_url):
+    redis.lpush("shop:start_urls", "u1")
+
+    async def body(q):
+        _, got = await q.claim(5)
+        await q.release([cid for cid, _ in got])
+
+    run(_with_queue(redis_url, "list", body))
+    assert redis.hlen("{shop:start_urls}:claims") == 0
+    assert redis.zcard("{shop:start_urls}:claims:due") == 0
+
+
+@pytest.mark.parametrize("kind", ["list", "set", "zset"])
+def test_claims_of_a_dead_node_come_back(redis, redis_url, kind):
+    if kind == "list":
+        redis.lpush("shop:start_urls", "u1", "u2")
+    elif kind == "set":
+        redis.sadd("shop:start_urls", "u1", "u2")
+    else:
+        redis.zadd("shop:start_urls", {"u1": 5, "u2": 1})
+    clock = Clock()
+
+    async def body(q):
+        _, first = await q.claim(10)            # this node then dies: never releases
+        clock.ms += 5_000
+        early = await q.claim(10)               # claims still valid: nothing to take
+        clock.ms += 6_000
+        restored, again = await q.claim(10)     # expired: put back, then taken again
+        return first, early, restored, again
+
+    first, early, restored, again = run(_with_queue(redis_url, kind, body, claim_ttl=10, clock=clock))
+    assert sorted(raw for _, raw in first) == [b"u1", b"u2"]
+    assert early == (0, [])
+    assert restored == 2 and sorted(raw for _, raw in again) == [b"u1", b"u2"]
+    if kind == "zset":
+        assert [raw for _, raw in first] == [b"u1", b"u2"]   # highest score first
+
+
+def test_claim_keys_share_the_seed_key_slot():
+    """The claim script's keys must live on one Redis Cluster slot."""
+    from redis.crc import key_slot
+
+    keys = ("products:start_urls", "{products:start_urls}:claims",
+            "{products:start_urls}:claims:due", "{products:start_urls}:claims:seq")
+    assert len({key_slot(k.encode()) for k in keys}) == 1
