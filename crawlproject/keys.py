@@ -12,6 +12,12 @@ key                                type    contents / written by
                                    zset)   (``REDIS_START_URLS_AS_SET`` / ``_AS_ZSET``)
 ``<spider>:start_urls:invalid``    list    rejected seeds ``{seed, reason, error, node,
                                            at}``; ``RedisSpider``
+``{<spider>:start_urls}:claims``   hash    claim id → seed taken but whose requests are
+                                           not yet in the frontier (zset seeds stored
+                                           as ``"<score>\n<seed>"``); CLAIM_SEEDS
+``{<spider>:start_urls}:claims:due`` zset  claim id → deadline (ms); expired claims are
+                                           put back by the next CLAIM_SEEDS
+``{<spider>:start_urls}:claims:seq`` string claim id counter
 ``{<spider>}:queue``               zset    member ``"<priority>:<seq>"``, score
                                            ``-priority*2^40 + seq``; SYNC script
 ``{<spider>}:payloads``            hash    member → request JSON

@@ -1,0 +1,323 @@
+"""Shared machinery of the benchmarks: servers, crawler nodes, RSS sampling,
+Redis command statistics, result files and tables.
+
+Everything runs on this machine and talks to 127.0.0.1 only; every wait is
+bounded in time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import psutil
+import redis as redis_lib
+
+from crawlproject.services import RedisServer
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS_DIR = ROOT / "bench" / "results"
+
+SPIDERS = {"ours": "bench_ours", "scrapy-redis": "bench_scrapy_redis", "plain": "bench_plain"}
+LABELS = {"ours": "ours (RedisScheduler)", "scrapy-redis": "scrapy-redis 0.9.1",
+          "plain": "plain Scrapy"}
+# Redis commands the harness itself sends (not the crawl's).
+HARNESS_COMMANDS = {"config", "info", "flushall", "slowlog", "memory", "dbsize", "ping"}
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+def machine_info() -> dict:
+    return {"cpus": os.cpu_count(), "python": platform.python_version(),
+            "platform": platform.platform(), "load_avg_at_start": os.getloadavg(),
+            "mem_total_gb": round(psutil.virtual_memory().total / 2**30, 1)}
+
+
+def base_parser(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--quick", action="store_true", help="smoke mode (small, 1 repetition)")
+    parser.add_argument("--smallest", action="store_true",
+                        help="tiniest mode (the test suite's smoke test)")
+    parser.add_argument("--repeat", type=int, default=None, help="repetitions per configuration")
+    parser.add_argument("--out", type=Path, default=None, help="JSON result path")
+    return parser
+
+
+def mode_of(args) -> str:
+    return "smallest" if args.smallest else "quick" if args.quick else "full"
+
+
+def median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+# -- Redis ----------------------------------------------------------------------
+class BenchRedis:
+    """A private redis-server for one benchmark (no persistence)."""
+
+    def __init__(self, modules=()):
+        self.dir = Path(tempfile.mkdtemp(prefix="bench-redis-"))
+        self.server = RedisServer(data_dir=self.dir, modules=modules)
+        self.client: redis_lib.Redis | None = None
+
+    def __enter__(self) -> "BenchRedis":
+        self.server.start()
+        self.client = redis_lib.Redis.from_url(self.server.url, socket_timeout=120)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.client is not None:
+            self.client.close()
+        self.server.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def reset(self) -> None:
+        """Empty every key, then zero INFO commandstats and the SLOWLOG."""
+        self.client.flushall()
+        self.client.slowlog_reset()
+        self.client.config_resetstat()
+
+    def commandstats(self) -> dict[str, dict]:
+        """{command: {calls, usec}} from INFO commandstats (Lua-internal calls
+        included: Redis counts every command a script runs)."""
+        raw = self.client.info("commandstats")
+        out = {}
+        for key, value in raw.items():
+            name = key[len("cmdstat_"):] if key.startswith("cmdstat_") else key
+            out[name] = {"calls": int(value["calls"]), "usec": int(value["usec"])}
+        return out
+
+
+def crawl_commands(stats: dict[str, dict]) -> dict[str, dict]:
+    """Commandstats without the harness' own commands."""
+    return {k: v for k, v in stats.items()
+            if k.split("|")[0] not in HARNESS_COMMANDS}
+
+
+# -- crawler nodes --------------------------------------------------------------
+def node_env(redis_url: str | None = None) -> dict:
+    env = dict(os.environ)
+    env["SCRAPY_SETTINGS_MODULE"] = "bench.settings"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.pop("SCRAPY_PROJECT", None)
+    if redis_url:
+        env["REDIS_URL"] = redis_url
+    return env
+
+
+class Node:
+    """One ``python -m scrapy crawl`` process with a record file (bench.recorder)."""
+
+    def __init__(self, system: str, workdir: Path, index: int, redis_url: str | None,
+                 settings: dict | None = None, spider_args: dict | None = None):
+        self.system = system
+        self.name = f"{system}-{index}"
+        self.record_file = workdir / f"{self.name}.json"
+        self.log_file = workdir / f"{self.name}.log"
+        cmd = [sys.executable, "-m", "scrapy", "crawl", SPIDERS[system],
+               "-s", f"BENCH_RECORD_FILE={self.record_file}", "-s", f"LOG_FILE={self.log_file}",
+               "-s", f"NODE_ID={self.name}"]
+        all_settings = dict(settings or {})
+        if redis_url:
+            all_settings["REDIS_URL"] = redis_url
+        for key, value in all_settings.items():
+            cmd += ["-s", f"{key}={value}"]
+        for key, value in (spider_args or {}).items():
+            cmd += ["-a", f"{key}={value}"]
+        self.started = time.time()
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=node_env(redis_url),
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     start_new_session=True)
+        self.ps = psutil.Process(self.proc.pid)
+        self.rss: list[tuple[float, int]] = []
+        self.exited_at: float | None = None
+
+    @property
+    def ready(self) -> bool:
+        return Path(str(self.record_file) + ".ready").exists()
+
+    def sample(self) -> None:
+        if self.proc.poll() is not None:
+            if self.exited_at is None:
+                self.exited_at = time.time()
+            return
+        try:
+            self.rss.append((time.time(), self.ps.memory_info().rss))
+        except psutil.Error:
+            pass
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(10)
+
+    def record(self) -> dict:
+        if not self.record_file.exists():
+            raise BenchError(f"{self.name} wrote no record (exit {self.proc.returncode}):\n"
+                             + self.tail())
+        return json.loads(self.record_file.read_text())
+
+    def tail(self, lines: int = 30) -> str:
+        if not self.log_file.exists():
+            return "(no log)"
+        return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+
+    def errors(self) -> list[str]:
+        if not self.log_file.exists():
+            return []
+        return [line for line in self.log_file.read_text(errors="replace").splitlines()
+                if "] ERROR:" in line or line.startswith("Traceback")]
+
+
+def run_nodes(system: str, count: int, *, redis_url: str | None, settings: dict | None = None,
+              spider_args: dict | None = None, push=None, timeout: float = 300,
+              rss_interval: float = 0.1, ready_timeout: float = 60) -> dict:
+    """Run *count* nodes until they all exit; *push()* is called once every
+    node has opened its spider. Returns timing, pages and RSS per node."""
+    workdir = Path(tempfile.mkdtemp(prefix=f"bench-{system}-"))
+    nodes = [Node(system, workdir, i + 1, redis_url, settings, spider_args)
+             for i in range(count)]
+    stop = threading.Event()
+
+    def sampler():
+        while not stop.is_set():
+            for node in nodes:
+                node.sample()
+            stop.wait(rss_interval)
+
+    thread = threading.Thread(target=sampler, daemon=True)
+    thread.start()
+    launched = time.time()
+    try:
+        deadline = time.monotonic() + ready_timeout
+        while not all(n.ready for n in nodes):
+            for n in nodes:
+                if n.proc.poll() is not None and not n.ready:
+                    raise BenchError(f"{n.name} exited before opening its spider:\n{n.tail()}")
+            if time.monotonic() > deadline:
+                raise BenchError(f"nodes not ready in {ready_timeout}s")
+            time.sleep(0.05)
+        pushed_at = time.time()
+        if push is not None:
+            push()
+        deadline = time.monotonic() + timeout
+        for node in nodes:
+            left = deadline - time.monotonic()
+            try:
+                node.proc.wait(max(0.1, left))
+            except subprocess.TimeoutExpired:
+                raise BenchError(f"{node.name} did not finish in {timeout}s:\n{node.tail()}")
+    finally:
+        stop.set()
+        thread.join(5)
+        for node in nodes:
+            node.kill()
+    records = [n.record() for n in nodes]
+    errors = [e for n in nodes for e in n.errors()]
+    firsts = [r["first_request"] for r in records if r["first_request"]]
+    lasts = [r["last_response"] for r in records if r["last_response"]]
+    pages = sum(r["responses"] for r in records)
+    elapsed = (max(lasts) - min(firsts)) if firsts and lasts else None
+    result = {
+        "system": system, "nodes": count, "pages": pages,
+        "items": sum(r["stats"].get("item_scraped_count", 0) for r in records),
+        "elapsed_s": elapsed,
+        "pages_per_s": pages / elapsed if elapsed else None,
+        "launch_to_last_response_s": (max(lasts) - launched) if lasts else None,
+        "push_to_last_response_s": (max(lasts) - pushed_at) if lasts else None,
+        "per_node": [{"pages": r["responses"], "reason": r["reason"], "stats": r["stats"],
+                      "first_request": r["first_request"], "last_response": r["last_response"],
+                      "closed_at": r["closed_at"],
+                      "peak_rss_mb": max((s for _, s in n.rss), default=0) / 2**20,
+                      "progress": r["progress"], "rss": n.rss}
+                     for n, r in zip(nodes, records)],
+        "errors": errors[:10],
+        "exit_codes": [n.proc.returncode for n in nodes],
+    }
+    shutil.rmtree(workdir, ignore_errors=True)
+    return result
+
+
+def strip_series(run: dict) -> dict:
+    """A run without its per-sample series (kept small in JSON)."""
+    out = dict(run)
+    out["per_node"] = [{k: v for k, v in n.items() if k not in ("progress", "rss")}
+                       for n in run["per_node"]]
+    return out
+
+
+@contextmanager
+def bounded(seconds: float, what: str):
+    start = time.monotonic()
+    yield
+    if time.monotonic() - start > seconds:
+        print(f"warning: {what} took {time.monotonic() - start:.0f}s (budget {seconds:.0f}s)",
+              file=sys.stderr)
+
+
+# -- output ---------------------------------------------------------------------
+def write_result(name: str, data: dict, out: Path | None = None) -> Path:
+    path = out or RESULTS_DIR / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"benchmark": name, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "machine": machine_info(), **data}
+    path.write_text(json.dumps(data, indent=2, default=str))
+    return path
+
+
+def table(headers: list[str], rows: list[list]) -> str:
+    """A Markdown table (also readable on a terminal)."""
+    cells = [[fmt(c) for c in row] for row in rows]
+    widths = [max(len(str(h)), *(len(r[i]) for r in cells)) if cells else len(str(h))
+              for i, h in enumerate(headers)]
+    line = lambda vals: "| " + " | ".join(str(v).ljust(w) for v, w in zip(vals, widths)) + " |"
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(headers), sep] + [line(r) for r in cells])
+
+
+def fmt(value) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return "PASS" if value else "FAIL"
+    if isinstance(value, float):
+        if value == 0:
+            return "0"
+        if abs(value) >= 1000:
+            return f"{value:,.0f}"
+        if abs(value) >= 100:
+            return f"{value:.0f}"
+        if abs(value) >= 10:
+            return f"{value:.1f}"
+        if abs(value) >= 1:
+            return f"{value:.2f}"
+        return f"{value:.3g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def ratio(a, b):
+    return a / b if a is not None and b not in (None, 0) else None

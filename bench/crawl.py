@@ -1,0 +1,151 @@
+"""Benchmark 1: crawl pages/s — ours vs scrapy-redis vs plain Scrapy.
+
+Each configuration (system x nodes x site latency) crawls the whole demo site
+(``--no-faults``) from its home page: listing pages → product pages → items,
+related links deduplicated. Seeds wait in Redis when the nodes start. Time is
+from the first request that reached a downloader to the last response, over
+all nodes (the idle wait before closing is excluded). Runs are interleaved
+(rep 1 of every configuration, then rep 2, ...) and the median is reported.
+
+    python -m bench.crawl [--quick] [--repeat N]
+"""
+
+from __future__ import annotations
+
+import time
+
+from crawlproject.demo.site import DemoSite
+from bench.common import (LABELS, BenchRedis, base_parser, crawl_commands, median, mode_of,
+                          ratio, run_nodes, strip_series, table, write_result)
+
+NAME = "crawl"
+PER_PAGE = 50
+# latency ms -> products, per mode
+SIZES = {"full": {0: 2000, 50: 1000}, "quick": {0: 400, 50: 300}, "smallest": {0: 60}}
+CONCURRENCY = 64
+FLOOR_VS_SCRAPY_REDIS = 1.3
+FLOOR_VS_PLAIN = 0.95
+
+
+def configs(mode: str):
+    out = []
+    for latency in SIZES[mode]:
+        systems = [("ours", 1), ("scrapy-redis", 1), ("plain", 1)]
+        if mode != "smallest":
+            systems += [("ours", 2), ("scrapy-redis", 2)]
+        out += [(latency, s, n) for s, n in systems]
+    return out
+
+
+def seed_key(system: str) -> str:
+    return f"bench_{system.replace('-', '_')}:start_urls"
+
+
+def one_run(redis: BenchRedis, site: DemoSite, system: str, nodes: int, products: int) -> dict:
+    redis.reset()
+    args = {}
+    if system == "plain":
+        args["start_url"] = site.url
+    else:
+        redis.client.lpush(seed_key(system), site.url)
+    settings = {"CONCURRENT_REQUESTS": CONCURRENCY, "CONCURRENT_REQUESTS_PER_DOMAIN": CONCURRENCY}
+    run = run_nodes(system, nodes, redis_url=redis.url if system != "plain" else None,
+                    settings=settings, spider_args=args, timeout=60 + products / 20)
+    if system != "plain":
+        stats = crawl_commands(redis.commandstats())
+        run["redis_calls"] = sum(v["calls"] for v in stats.values())
+        run["redis_calls_per_page"] = ratio(run["redis_calls"], run["pages"])
+        run["commandstats"] = stats
+    expected = products + -(-products // PER_PAGE) + 1  # products, listings, dead link
+    run["complete"] = run["pages"] >= expected
+    run["expected_pages"] = expected
+    return run
+
+
+def main(argv=None) -> dict:
+    args = base_parser(__doc__.splitlines()[0]).parse_args(argv)
+    mode = mode_of(args)
+    repeat = args.repeat or (2 if mode == "full" else 1)
+    runs: dict[str, list] = {}
+    sites = {}
+    t0 = time.monotonic()
+    with BenchRedis() as redis:
+        try:
+            for latency, products in SIZES[mode].items():
+                sites[latency] = DemoSite(products=products, per_page=PER_PAGE,
+                                          latency_ms=latency, faults=False).start()
+            for rep in range(repeat):
+                todo = configs(mode)
+                if rep % 2:
+                    todo.reverse()
+                for latency, system, nodes in todo:
+                    key = f"{system}|{nodes}|{latency}"
+                    products = SIZES[mode][latency]
+                    run = one_run(redis, sites[latency], system, nodes, products)
+                    runs.setdefault(key, []).append(strip_series(run))
+                    print(f"  rep {rep + 1} {key}: {run['pages']} pages in "
+                          f"{run['elapsed_s']:.2f}s = {run['pages_per_s']:.0f} pages/s", flush=True)
+        finally:
+            for site in sites.values():
+                site.stop()
+
+    summary = {}
+    for key, rs in runs.items():
+        system, nodes, latency = key.split("|")
+        summary[key] = {
+            "system": system, "nodes": int(nodes), "latency_ms": int(latency),
+            "products": SIZES[mode][int(latency)],
+            "pages": median([r["pages"] for r in rs]),
+            "pages_per_s": median([r["pages_per_s"] for r in rs]),
+            "pages_per_s_runs": [r["pages_per_s"] for r in rs],
+            "elapsed_s": median([r["elapsed_s"] for r in rs]),
+            "peak_rss_mb": median([max(n["peak_rss_mb"] for n in r["per_node"]) for r in rs]),
+            "redis_calls_per_page": median([r.get("redis_calls_per_page") for r in rs]),
+            "complete": all(r["complete"] for r in rs),
+            "errors": sum(len(r["errors"]) for r in rs),
+        }
+    checks = []
+    for latency in SIZES[mode]:
+        plain = summary.get(f"plain|1|{latency}")
+        for nodes in (1, 2):
+            ours, sr = summary.get(f"ours|{nodes}|{latency}"), summary.get(f"scrapy-redis|{nodes}|{latency}")
+            if ours and sr:
+                r = ratio(ours["pages_per_s"], sr["pages_per_s"])
+                checks.append({"check": f"ours/scrapy-redis, {nodes} node(s), {latency} ms",
+                               "ratio": r, "floor": FLOOR_VS_SCRAPY_REDIS,
+                               "pass": r is not None and r >= FLOOR_VS_SCRAPY_REDIS})
+        ours = summary.get(f"ours|1|{latency}")
+        if ours and plain:
+            r = ratio(ours["pages_per_s"], plain["pages_per_s"])
+            checks.append({"check": f"ours/plain, 1 node, {latency} ms", "ratio": r,
+                           "floor": FLOOR_VS_PLAIN, "pass": r is not None and r >= FLOOR_VS_PLAIN})
+    data = {"mode": mode, "repeat": repeat, "concurrency": CONCURRENCY, "per_page": PER_PAGE,
+            "sizes": SIZES[mode], "summary": summary, "checks": checks, "runs": runs,
+            "duration_s": time.monotonic() - t0}
+    path = write_result(NAME, data, args.out)
+    print(render(data))
+    print(f"\nwritten {path} in {data['duration_s']:.0f}s")
+    return data
+
+
+def render(data: dict) -> str:
+    rows = []
+    for s in sorted(data["summary"].values(), key=lambda s: (s["latency_ms"], s["nodes"], s["system"])):
+        base_sr = data["summary"].get(f"scrapy-redis|{s['nodes']}|{s['latency_ms']}")
+        base_plain = data["summary"].get(f"plain|1|{s['latency_ms']}")
+        rows.append([f"{s['latency_ms']} ms", s["nodes"], LABELS[s["system"]], s["pages"],
+                     s["elapsed_s"], s["pages_per_s"],
+                     ratio(s["pages_per_s"], base_sr["pages_per_s"]) if base_sr else None,
+                     ratio(s["pages_per_s"], base_plain["pages_per_s"]) if base_plain else None,
+                     s["redis_calls_per_page"],
+                     "yes" if s["complete"] else "NO"])
+    out = table(["latency", "nodes", "system", "pages", "time s", "pages/s", "× scrapy-redis",
+                 "× plain (1 node)", "Redis cmds/page", "complete"], rows)
+    out += "\n\n" + table(["floor check", "ratio", "floor", "result"],
+                          [[c["check"], c["ratio"], f"≥ {c['floor']}", c["pass"]]
+                           for c in data["checks"]])
+    return out
+
+
+if __name__ == "__main__":
+    main()
