@@ -110,7 +110,7 @@ class RedisScheduler(BaseScheduler):
             prefetch=s.getint("SCHEDULER_PREFETCH") or max(4, concurrency // 4),
             batch_size=s.getint("SCHEDULER_BATCH_SIZE", 100),
             flush_interval=s.getfloat("SCHEDULER_FLUSH_INTERVAL", 0.05),
-            idle_poll=s.getfloat("SCHEDULER_IDLE_POLL", 0.5),
+            idle_poll=s.getfloat("SCHEDULER_IDLE_POLL", 0.2),
             lease_ttl=s.getfloat("SCHEDULER_LEASE_TTL", 60.0),
             bloom=BloomConfig.from_settings(s),
             callback_retry_times=s.getint("CALLBACK_RETRY_TIMES", 2),

@@ -23,10 +23,12 @@ def database(mongo_uri):
 
 
 def test_two_nodes_crawl_every_product_exactly_once(redis, redis_url, mongo_uri, database, tmp_path):
-    with DemoSite(products=PRODUCTS, latency_ms=20) as site:
+    with DemoSite(products=PRODUCTS, latency_ms=50) as site:
         env = node_env(redis_url, mongo_uri, database.name)
-        nodes = [Node(f"node-{i}", tmp_path, env, settings={"MAX_IDLE_TIME_BEFORE_CLOSE": 3})
-                 for i in (1, 2)]
+        # A small concurrency per node, so that one node cannot swallow the
+        # whole (small) crawl before the other polls the frontier.
+        settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": 3, "CONCURRENT_REQUESTS": 4}
+        nodes = [Node(f"node-{i}", tmp_path, env, settings=settings) for i in (1, 2)]
         try:
             for node in nodes:
                 node.wait_for_log("Reading seeds from")
