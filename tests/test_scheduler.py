@@ -124,3 +124,32 @@ def test_crawl_on_a_three_master_redis_cluster(redis_cluster, mongo_uri, databas
     # The frontier keys share one slot; seeds live wherever their key hashes.
     slots = {client.keyslot(k) for k in FrontierKeys("products").sync_keys()}
     assert len(slots) == 1
+
+
+@pytest.mark.slow
+def test_graceful_stop_returns_prefetched_requests_at_once(redis, redis_url, mongo_uri, database, tmp_path):
+    import signal
+    import time
+
+    keys = FrontierKeys("products")
+    products = 40
+    with DemoSite(products=products, latency_ms=400) as site:
+        env = node_env(redis_url, mongo_uri, database.name)
+        settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": 2, "CONCURRENT_REQUESTS": 2,
+                    "SCHEDULER_PREFETCH": 6, "SCHEDULER_LEASE_TTL": 600}
+        first = Node("first", tmp_path, env, settings=settings)
+        first.wait_for_log("Reading seeds from")
+        redis.lpush("products:start_urls", site.url)
+        deadline = time.monotonic() + 60
+        while database["products"].count_documents({}) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert redis.hlen(keys.inflight) > 2          # downloading + prefetched
+        first.proc.send_signal(signal.SIGTERM)
+        assert first.wait(60) == 0, first.tail()
+        # Everything it held came back now, not after the 600 s lease.
+        assert redis.hlen(keys.inflight) == 0
+        assert redis.zscore(keys.nodes, "first") is None
+        assert "Left the frontier: returned" in first.text()
+        second = Node("second", tmp_path, env, settings={"MAX_IDLE_TIME_BEFORE_CLOSE": 2})
+        assert second.wait(120) == 0, second.tail()
+    assert_matches_catalog(stored_products(database["products"]), expected_items(site.url, products))
