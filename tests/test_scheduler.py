@@ -153,3 +153,34 @@ def test_graceful_stop_returns_prefetched_requests_at_once(redis, redis_url, mon
         second = Node("second", tmp_path, env, settings={"MAX_IDLE_TIME_BEFORE_CLOSE": 2})
         assert second.wait(120) == 0, second.tail()
     assert_matches_catalog(stored_products(database["products"]), expected_items(site.url, products))
+
+
+@pytest.mark.slow
+def test_redis_unreachable_at_start_then_back_and_password_never_logged(mongo_uri, database, tmp_path):
+    import time
+
+    from crawlproject.services import RedisServer, free_port
+
+    password = "s3cr3t-Pa55word"
+    port = free_port()
+    url = f"redis://:{password}@127.0.0.1:{port}/0"
+    products = 10
+    server = RedisServer(port=port, password=password, data_dir=tmp_path / "redis")
+    with DemoSite(products=products) as site:
+        node = Node("n1", tmp_path, node_env(url, mongo_uri, database.name),
+                    settings={"MAX_IDLE_TIME_BEFORE_CLOSE": 3})
+        try:
+            node.wait_for_log("Cannot read seeds from Redis|Frontier call failed", timeout=90)
+            assert node.proc.poll() is None               # still alive, waiting for Redis
+            server.start()
+            client = redis_lib.Redis.from_url(url)
+            client.lpush("products:start_urls", site.url)
+            assert node.wait(180) == 0, node.tail()
+        finally:
+            node.stop()
+            server.stop()
+    assert len(stored_products(database["products"])) == products
+    log = node.text()
+    assert password not in log
+    assert "redis://***@127.0.0.1" in log
+    assert node.stat("seeds/redis_errors") + node.stat("scheduler/redis_errors") >= 1
