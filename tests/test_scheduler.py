@@ -184,3 +184,37 @@ def test_redis_unreachable_at_start_then_back_and_password_never_logged(mongo_ur
     assert password not in log
     assert "redis://***@127.0.0.1" in log
     assert node.stat("seeds/redis_errors") + node.stat("scheduler/redis_errors") >= 1
+
+
+@pytest.mark.slow
+def test_seeds_stream_in_with_back_pressure(redis, redis_url, mongo_uri, database, tmp_path):
+    import threading
+
+    seeds = 600
+    with DemoSite(products=seeds, latency_ms=20, faults=False) as site:
+        redis.lpush("leaf:start_urls", *[f"{site.url}product/{i}" for i in range(1, seeds + 1)])
+        settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": 2, "CONCURRENT_REQUESTS": 8,
+                    "REDIS_START_URLS_BATCH_SIZE": 50, "SEEDS_MAX_PENDING": 100,
+                    "SPIDER_MODULES": "tests.spiders", "ROBOTSTXT_OBEY": False}
+        watcher = redis_lib.Redis.from_url(redis_url)
+        peak, done = [0], threading.Event()
+
+        def watch():
+            while not done.is_set():
+                peak[0] = max(peak[0], watcher.zcard(FrontierKeys("leaf").queue))
+                done.wait(0.02)
+
+        thread = threading.Thread(target=watch)
+        thread.start()
+        node = Node("n1", tmp_path, node_env(redis_url, mongo_uri, database.name),
+                    spider="leaf", settings=settings)
+        try:
+            assert node.wait(180) == 0, node.tail()
+        finally:
+            done.set()
+            thread.join()
+            node.stop()
+    assert database["leaf"].count_documents({}) == seeds
+    assert node.stat("seeds/read") == seeds
+    # Seeds were fed in batches while the crawl ran, never all at once.
+    assert 0 < peak[0] <= 100 + 50 + 20, peak[0]
