@@ -1,8 +1,23 @@
 """Shared fixtures: real servers (Redis, Redis Cluster, MongoDB-wire, demo site)."""
 
+import uuid
+
+import pymongo
+import pytest
+
 from tests.fixtures_services import *  # noqa: F401,F403
 from tests.fixtures_site import *  # noqa: F401,F403
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: end-to-end crawls (several seconds each)")
+
+
+@pytest.fixture
+def database(mongo_uri):
+    """A fresh MongoDB database (timezone-aware client) for a crawl; dropped after."""
+    name = f"crawl_{uuid.uuid4().hex[:8]}"
+    client = pymongo.MongoClient(mongo_uri, tz_aware=True)
+    yield client[name]
+    client.drop_database(name)
+    client.close()

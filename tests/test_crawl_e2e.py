@@ -1,9 +1,6 @@
 """End to end, as a user runs it: two ``scrapy crawl products`` nodes on one Redis,
 seeded with ``LPUSH``, storing into a MongoDB-wire server, on the demo site."""
 
-import uuid
-
-import pymongo
 import pytest
 
 from crawlproject.demo.site import DemoSite, expected_items
@@ -12,14 +9,6 @@ from tests.crawl_helpers import Node, assert_matches_catalog, node_env, stored_p
 pytestmark = pytest.mark.slow
 PRODUCTS = 60
 
-
-@pytest.fixture
-def database(mongo_uri):
-    name = f"e2e_{uuid.uuid4().hex[:8]}"
-    client = pymongo.MongoClient(mongo_uri, tz_aware=True)
-    yield client[name]
-    client.drop_database(name)
-    client.close()
 
 
 def test_two_nodes_crawl_every_product_exactly_once(redis, redis_url, mongo_uri, database, tmp_path):

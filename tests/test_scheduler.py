@@ -3,9 +3,7 @@ payloads moved aside, refusal of unserialisable requests, Redis Cluster."""
 
 import json
 import socket
-import uuid
 
-import pymongo
 import pytest
 import redis as redis_lib
 from scrapy import Request, Spider
@@ -17,14 +15,6 @@ from crawlproject.keys import FrontierKeys
 from crawlproject.scheduler import RedisScheduler
 from tests.crawl_helpers import Node, assert_matches_catalog, node_env, stored_products
 
-
-@pytest.fixture
-def database(mongo_uri):
-    name = f"sched_{uuid.uuid4().hex[:8]}"
-    client = pymongo.MongoClient(mongo_uri, tz_aware=True)
-    yield client[name]
-    client.drop_database(name)
-    client.close()
 
 
 def closed_port():

@@ -5,9 +5,7 @@ pages fetched twice are bounded by what the killed node held (its leases,
 reclaimed by the survivor once they expired)."""
 
 import time
-import uuid
 
-import pymongo
 import pytest
 
 from crawlproject.demo.site import FLAKY_EVERY, DemoSite, expected_items
@@ -21,14 +19,6 @@ PREFETCH = 4
 SETTINGS = {"MAX_IDLE_TIME_BEFORE_CLOSE": 3, "CONCURRENT_REQUESTS": CONCURRENCY,
             "SCHEDULER_PREFETCH": PREFETCH, "SCHEDULER_LEASE_TTL": 4}
 
-
-@pytest.fixture
-def database(mongo_uri):
-    name = f"kill_{uuid.uuid4().hex[:8]}"
-    client = pymongo.MongoClient(mongo_uri, tz_aware=True)
-    yield client[name]
-    client.drop_database(name)
-    client.close()
 
 
 def held_by(redis, node):
