@@ -1,8 +1,15 @@
-"""Item types, each with its cleaning rules beside its fields.
+"""Item types, each with its cleaning rules and its schema beside its fields.
 
 Cleaning uses the well-kept libraries: w3lib (entities, URLs), price-parser
-(amount and currency), dateparser (dates to timezone-aware UTC). A user adding
-an item type declares its fields and processors here, in one place.
+(amount and currency), dateparser (dates to timezone-aware UTC). Validation
+rules are :class:`crawlproject.validation.Schema` objects in each field's
+``schema`` metadata. Storage is keyed on the field named by the class
+attribute ``mongo_key`` (default: the ``MONGO_UNIQUE_KEY`` setting, ``url``);
+``mongo_collection`` optionally names the collection.
+
+A user adding an item type declares its fields, processors, schema and key
+here, in one place (see ``docs/pipelines.md``). Dataclasses work the same way,
+with ``field(metadata={"input_processor": ..., "schema": ...})``.
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ from scrapy import Field, Item
 from scrapy.loader import ItemLoader
 from w3lib.html import remove_tags, replace_entities
 from w3lib.url import canonicalize_url
+
+from crawlproject.validation import Schema
 
 _WS = re.compile(r"\s+")
 _CURRENCY_SYMBOLS = {"$": "USD", "US$": "USD", "€": "EUR", "£": "GBP", "¥": "JPY",
@@ -47,15 +56,35 @@ def parse_currency(value: str) -> str | None:
     return _CURRENCY_SYMBOLS.get(symbol, symbol.upper() if len(symbol) == 3 else symbol)
 
 
+_ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d{1,6})?)?"
+                       r"(?:Z|[+-]\d{2}:?\d{2})?)?")
+
+
 def parse_date(value: str) -> datetime | None:
-    """Any common date format → timezone-aware UTC datetime."""
-    parsed = dateparser.parse(value.strip(), settings=_DATEPARSER_SETTINGS)
+    """Any common date format → timezone-aware UTC datetime.
+
+    ISO 8601 text is parsed directly (fast); anything else by dateparser
+    (day-first for ambiguous numeric dates). A date without a time zone is
+    taken as UTC.
+    """
+    value = value.strip()
+    if _ISO_DATE.fullmatch(value):
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            parsed = None
+        if parsed is not None:
+            if parsed.tzinfo is None:
+                parsed = parsed.replace(tzinfo=timezone.utc)
+            return parsed.astimezone(timezone.utc)
+    parsed = dateparser.parse(value, settings=_DATEPARSER_SETTINGS)
     if parsed is None:
         return None
     return parsed.astimezone(timezone.utc)
 
 
 def canonical_url(value: str) -> str:
+    """Canonical form of a URL (sorted query, no fragment, normalised escapes)."""
     return canonicalize_url(value.strip())
 
 
@@ -65,16 +94,25 @@ def unique(values: list) -> list:
 
 
 class ProductItem(Item):
-    """One product page of a shop."""
+    """One product page of a shop, stored once per canonical URL."""
 
-    url = Field(input_processor=MapCompose(canonical_url))
-    title = Field(input_processor=MapCompose(clean_text))
-    price = Field(input_processor=MapCompose(clean_text, parse_price_amount))
-    currency = Field(input_processor=MapCompose(clean_text, parse_currency))
-    published = Field(input_processor=MapCompose(clean_text, parse_date))
-    description = Field(input_processor=MapCompose(clean_text))
-    related = Field(input_processor=MapCompose(canonical_url), output_processor=unique)
-    rendered = Field(output_processor=TakeFirst())
+    mongo_key = "url"
+
+    url = Field(input_processor=MapCompose(canonical_url),
+                schema=Schema(required=True, type=str, pattern=r"https?://\S+"))
+    title = Field(input_processor=MapCompose(clean_text),
+                  schema=Schema(required=True, type=str, max_length=1000))
+    price = Field(input_processor=MapCompose(clean_text, parse_price_amount),
+                  schema=Schema(required=True, type=Decimal, min=Decimal(0)))
+    currency = Field(input_processor=MapCompose(clean_text, parse_currency),
+                     schema=Schema(required=True, type=str, pattern=r"[A-Z]{3}"))
+    published = Field(input_processor=MapCompose(clean_text, parse_date),
+                      schema=Schema(type=datetime, tz_aware=True))
+    description = Field(input_processor=MapCompose(clean_text),
+                        schema=Schema(type=str))
+    related = Field(input_processor=MapCompose(canonical_url), output_processor=unique,
+                    schema=Schema(type=list, item_type=str))
+    rendered = Field(output_processor=TakeFirst(), schema=Schema(type=bool))
 
 
 class ProductLoader(ItemLoader):

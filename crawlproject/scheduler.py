@@ -96,6 +96,8 @@ class RedisScheduler(BaseScheduler):
         self._remote_queued = 0
         self._last_sync = 0.0
         self._last_empty_take = 0.0
+        self._last_report = time.monotonic()
+        self.report_interval = crawler.settings.getfloat("SCHEDULER_LOG_INTERVAL", 60.0)
         self._closing = False
         self._flush_waiters: list[asyncio.Future] = []
         self._wake = asyncio.Event()
@@ -248,6 +250,12 @@ class RedisScheduler(BaseScheduler):
         self._last_sync = now
         _resolve(waiters)
         self._apply(result, asked=batch.take)
+        if now - self._last_report >= self.report_interval:
+            self._last_report = now
+            logger.info("Frontier: %d queued, %d delayed, %d in flight across nodes; "
+                        "%d prefetched here", result.queued, result.delayed, result.inflight,
+                        len(self._buffer), extra={"spider": self.spider})
+            await self._record_bloom_stats()
 
     def _requeue_batch(self, batch: Batch) -> None:
         """Keep the unsent work, and change identity: entries a lost reply may
@@ -298,13 +306,14 @@ class RedisScheduler(BaseScheduler):
         if slot is not None:
             slot.nextcall.schedule()
 
-    def _inprogress(self) -> set:
-        slot = getattr(self.crawler.engine, "_slot", None)
-        return slot.inprogress if slot is not None else set()
-
     def _collect_done(self) -> None:
         """Acknowledge (or retry / dead-letter) requests that left the engine."""
-        inprogress = self._inprogress()
+        # The engine keeps every request it took from us in its slot until the
+        # request is fully processed (download, callback output, item pipelines).
+        slot = getattr(self.crawler.engine, "_slot", None)
+        if slot is None:
+            return  # no engine slot: nothing can be known done; leases are kept
+        inprogress = slot.inprogress
         for member, request in list(self._held.items()):
             if request in inprogress:
                 continue
