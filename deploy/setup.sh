@@ -11,7 +11,7 @@ REQS=requirements.txt
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else return 1; fi; }
 apt_install() {
   command -v apt-get >/dev/null || return 1
-  [ -n "$(ls -A /var/lib/apt/lists 2>/dev/null | grep -v lock)" ] || as_root apt-get update -qq
+  ls /var/lib/apt/lists/*_Packages* >/dev/null 2>&1 || as_root apt-get update -qq
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
 }
 
