@@ -193,7 +193,7 @@ class RedisScheduler(BaseScheduler):
 
     def _on_response(self, response, request, spider):
         member = request.meta.get(LEASE_META)
-        if member is not None:
+        if member in self._held:
             self._scraping.add(member)
 
     def _on_spider_error(self, failure, response, spider):
