@@ -33,8 +33,9 @@ key                                type    contents / written by
 ``{<spider>}:invalid``             list    payloads that could not be decoded
                                            ``{member, payload, reason, node, at}``
 ``{<spider>}:seq``                 string  entry counter (FIFO order); SYNC
-``{<spider>}:stats``               hash    cluster-wide counters (added, duplicates,
-                                           taken, acked, dead, reclaimed, ...); SYNC
+``{<spider>}:stats``               hash    cluster-wide counters (enqueued, duplicates,
+                                           acked, dead, reclaimed, ...) that nodes add
+                                           every ``SCHEDULER_LOG_INTERVAL`` and at close
 ``{<spider>}:bloom``               hash    Bloom layer table: capacity, error_rate,
                                            growth, tightening, shard_bits, layers,
                                            and per layer i: cap/p/k/bits/shards/n
@@ -91,7 +92,7 @@ class FrontierKeys:
     def sync_keys(self) -> list[str]:
         """KEYS of the SYNC script, in its order."""
         return [self.queue, self.payloads, self.inflight, self.nodes, self.delayed,
-                self.dead, self.invalid, self.seq, self.bloom, self.stats]
+                self.dead, self.invalid, self.seq, self.bloom]
 
 
 def reset_spider(client, spider: str, keep_seeds: bool = False) -> int:

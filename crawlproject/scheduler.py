@@ -67,7 +67,7 @@ class RedisScheduler(BaseScheduler):
     """Scheduler shared by every node through Redis (see module docstring)."""
 
     def __init__(self, crawler, *, prefetch: int, batch_size: int, flush_interval: float,
-                 idle_poll: float, lease_ttl: float, bloom: BloomConfig,
+                 min_sync_interval: float, idle_poll: float, lease_ttl: float, bloom: BloomConfig,
                  callback_retry_times: int, backoff_base: float, backoff_max: float,
                  node_id: str):
         self.crawler = crawler
@@ -76,6 +76,7 @@ class RedisScheduler(BaseScheduler):
         self.prefetch = prefetch
         self.batch_size = batch_size
         self.flush_interval = flush_interval
+        self.min_sync_interval = min_sync_interval
         self.idle_poll = idle_poll
         self.lease_ttl = lease_ttl
         self.bloom = bloom
@@ -94,7 +95,11 @@ class RedisScheduler(BaseScheduler):
         self._outbox = Batch()
         self._remote_pending = 0
         self._remote_queued = 0
+        self._remote_delayed = -1
+        self._remote_inflight = 0
+        self._stat_deltas: dict[str, int] = {}
         self._last_sync = 0.0
+        self._last_maintenance = 0.0
         self._last_empty_take = 0.0
         self._last_report = time.monotonic()
         self.report_interval = crawler.settings.getfloat("SCHEDULER_LOG_INTERVAL", 60.0)
@@ -112,6 +117,7 @@ class RedisScheduler(BaseScheduler):
             prefetch=s.getint("SCHEDULER_PREFETCH") or max(4, concurrency // 4),
             batch_size=s.getint("SCHEDULER_BATCH_SIZE", 100),
             flush_interval=s.getfloat("SCHEDULER_FLUSH_INTERVAL", 0.05),
+            min_sync_interval=s.getfloat("SCHEDULER_MIN_SYNC_INTERVAL", 0.02),
             idle_poll=s.getfloat("SCHEDULER_IDLE_POLL", 0.2),
             lease_ttl=s.getfloat("SCHEDULER_LEASE_TTL", 60.0),
             bloom=BloomConfig.from_settings(s),
@@ -208,7 +214,7 @@ class RedisScheduler(BaseScheduler):
         errors = 0
         while not self._closing:
             try:
-                await self._tick()
+                pause = await self._tick()
                 errors = 0
             except Exception as exc:  # Redis unreachable: keep everything, retry
                 errors += 1
@@ -217,7 +223,10 @@ class RedisScheduler(BaseScheduler):
                              extra={"spider": self.spider})
                 await asyncio.sleep(min(5.0, 0.2 * 2**errors))
                 continue
-            await self._wait()
+            if pause:
+                await asyncio.sleep(pause)
+            else:
+                await self._wait()
 
     async def _wait(self) -> None:
         busy = self._held or self._outbox or len(self._buffer) <= self.prefetch // 2
@@ -228,19 +237,26 @@ class RedisScheduler(BaseScheduler):
             pass
         self._wake.clear()
 
-    async def _tick(self) -> None:
+    async def _tick(self) -> float:
+        """Send what is pending if it is time to; return how long to pause."""
         self._collect_done()
         now = time.monotonic()
         want = self.prefetch - len(self._buffer) if len(self._buffer) <= self.prefetch // 2 else 0
         if want and self._remote_queued == 0 and now - self._last_empty_take < self.idle_poll:
             want = 0  # the queue was empty a moment ago: poll it at idle pace
-        heartbeat_due = now - self._last_sync >= self.lease_ttl / 3
+        maintenance = now - self._last_maintenance >= self.lease_ttl / 3 or not (
+            self._held or self._buffer)
+        urgent = (not self._buffer and want) or self._flush_waiters or maintenance
+        if not (self._outbox or want or urgent):
+            return 0.0
+        gap = self.min_sync_interval - (now - self._last_sync)
+        if gap > 0 and not urgent and len(self._outbox.adds) < self.batch_size:
+            return gap  # coalesce: more work per round trip
         waiters, self._flush_waiters = self._flush_waiters, []
-        if not (self._outbox or want or heartbeat_due):
-            _resolve(waiters)
-            return
         batch, self._outbox = self._outbox, Batch()
         batch.take = max(0, want)
+        batch.maintenance = maintenance
+        batch.promote = maintenance or self._remote_delayed != 0 or any(a[3] for a in batch.adds)
         try:
             result = await self.frontier.sync(batch)
         except Exception:
@@ -248,34 +264,54 @@ class RedisScheduler(BaseScheduler):
             self._flush_waiters[:0] = waiters
             raise
         self._last_sync = now
+        if maintenance:
+            self._last_maintenance = now
         _resolve(waiters)
         self._apply(result, asked=batch.take)
         if now - self._last_report >= self.report_interval:
             self._last_report = now
-            logger.info("Frontier: %d queued, %d delayed, %d in flight across nodes; "
-                        "%d prefetched here", result.queued, result.delayed, result.inflight,
-                        len(self._buffer), extra={"spider": self.spider})
-            await self._record_bloom_stats()
+            await self._report()
+        return 0.0
+
+    async def _report(self) -> None:
+        logger.info("Frontier: %d queued, %d delayed, %d in flight across nodes; "
+                    "%d prefetched here", self._remote_queued, max(0, self._remote_delayed),
+                    self._remote_inflight, len(self._buffer), extra={"spider": self.spider})
+        deltas, self._stat_deltas = self._stat_deltas, {}
+        try:
+            await self.frontier.add_stats(deltas)
+        except Exception:
+            self._stat_deltas = deltas
+        await self._record_bloom_stats()
 
     def _requeue_batch(self, batch: Batch) -> None:
         """Keep the unsent work, and change identity: entries a lost reply may
         have leased to the old identity are reclaimed when its lease expires."""
         batch.take = 0
-        batch.adds += self._outbox.adds
-        batch.acks += self._outbox.acks
-        batch.fails += self._outbox.fails
-        batch.nacks += self._outbox.nacks
+        batch.merge(self._outbox)
         self._outbox = batch
         self._incarnation += 1
         self.frontier.node = self._node_id()
 
+    def _count(self, name: str, value: int = 1) -> None:
+        """A scheduler stat, also added to the cluster-wide counters."""
+        if value:
+            self.stats.inc_value(name, value)
+            self._stat_deltas[name] = self._stat_deltas.get(name, 0) + value
+
     def _apply(self, result, asked: int) -> None:
         self._remote_queued = result.queued
-        self._remote_pending = result.queued + result.delayed + max(0, result.inflight - len(self._held))
-        if result.duplicates:
-            self.stats.inc_value("dupefilter/filtered", result.duplicates)
+        if result.delayed >= 0:
+            self._remote_delayed = result.delayed
+            self._remote_inflight = result.inflight
+            self._remote_pending = (result.queued + result.delayed
+                                    + max(0, result.inflight - len(self._held)))
+        else:
+            self._remote_pending = result.queued + max(0, self._remote_delayed)
+        self._count("scheduler/added", result.added)
+        self._count("dupefilter/filtered", result.duplicates)
         if result.reclaimed:
-            self.stats.inc_value("scheduler/reclaimed", result.reclaimed)
+            self._count("scheduler/reclaimed", result.reclaimed)
             logger.warning("Reclaimed %d requests leased by nodes that stopped answering",
                            result.reclaimed, extra={"spider": self.spider})
         if asked and not result.taken:
@@ -291,7 +327,7 @@ class RedisScheduler(BaseScheduler):
         except RequestDecodeError as exc:
             logger.error("Invalid payload %s moved aside: %s", member, exc,
                          extra={"spider": self.spider})
-            self.stats.inc_value("scheduler/invalid")
+            self._count("scheduler/invalid")
             self._outbox.fail(member, "invalid", {
                 "member": member, "payload": payload.decode("utf-8", "replace"),
                 "reason": str(exc), "node": self.frontier.node, "at": time.time()})
@@ -325,7 +361,7 @@ class RedisScheduler(BaseScheduler):
             failure = self._failed.pop(member, None)
             if failure is None:
                 self._outbox.acks.append(member)
-                self.stats.inc_value("scheduler/acked")
+                self._count("scheduler/acked")
             else:
                 self._handle_failure(member, request, *failure)
 
@@ -339,7 +375,7 @@ class RedisScheduler(BaseScheduler):
             self._outbox.add(request_to_json(retry, self.spider), None, retry.priority,
                              int(delay * 1000))
             self._outbox.acks.append(member)
-            self.stats.inc_value("scheduler/callback_retries")
+            self._count("scheduler/callback_retries")
             return
         request.meta.pop(LEASE_META, None)
         retries = request.meta.get("retry_times", 0)
@@ -348,8 +384,8 @@ class RedisScheduler(BaseScheduler):
                   "reason": reason, "attempts": (attempts if kind == "callback" else retries + 1),
                   "node": self.frontier.node, "at": time.time()}
         self._outbox.fail(member, "dead", record)
-        self.stats.inc_value("scheduler/dead")
-        self.stats.inc_value(f"scheduler/dead/{kind}")
+        self._count("scheduler/dead")
+        self._count(f"scheduler/dead/{kind}")
         logger.error("Dead-lettered %s after %s attempt(s): %s", request, record["attempts"],
                      reason, extra={"spider": self.spider})
 
@@ -366,6 +402,10 @@ class RedisScheduler(BaseScheduler):
         batch, self._outbox = self._outbox, Batch()
         batch.nacks += unstarted
         await self._final_sync(batch)
+        try:
+            await self.frontier.add_stats(self._stat_deltas)
+        except Exception:
+            pass
         for waiter in self._flush_waiters:
             if not waiter.done():
                 waiter.cancel()

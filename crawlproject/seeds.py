@@ -160,7 +160,7 @@ if ARGV[4] ~= '' then now = tonumber(ARGV[4]) else
   local t = redis.call('TIME'); now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local kind, count = ARGV[1], tonumber(ARGV[2])
-local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', string.format('%.0f', now), 'LIMIT', 0, 1000)
+local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', string.format('%.0f', now), 'LIMIT', 0, 500)
 for _, id in ipairs(expired) do
   local seed = redis.call('HGET', KEYS[2], id)
   if seed then
@@ -187,13 +187,16 @@ local out = {#expired}
 if type(got) ~= 'table' or #got == 0 then return out end
 local last = redis.call('INCRBY', KEYS[4], #got)
 local deadline = string.format('%.0f', now + tonumber(ARGV[3]))
+local fields, scores = {}, {}
 for i, seed in ipairs(got) do
   local id = tostring(last - #got + i)
-  redis.call('HSET', KEYS[2], id, seed)
-  redis.call('ZADD', KEYS[3], deadline, id)
+  fields[#fields + 1] = id; fields[#fields + 1] = seed
+  scores[#scores + 1] = deadline; scores[#scores + 1] = id
   out[#out + 1] = id
   out[#out + 1] = seed
 end
+redis.call('HSET', KEYS[2], unpack(fields))
+redis.call('ZADD', KEYS[3], unpack(scores))
 return out
 """
 

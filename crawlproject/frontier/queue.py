@@ -45,6 +45,10 @@ class Batch:
     fails: list[tuple[str, str, str]] = field(default_factory=list)
     nacks: list[str] = field(default_factory=list)
     take: int = 0
+    #: renew the lease, reclaim expired ones, report delayed/inflight sizes
+    maintenance: bool = True
+    #: move due delayed entries to the queue (always done with maintenance)
+    promote: bool = True
 
     def add(self, payload: str, fingerprint: bytes | str | None = None,
             priority: int = 0, delay_ms: int = 0) -> None:
@@ -61,10 +65,21 @@ class Batch:
     def __bool__(self) -> bool:
         return bool(self.adds or self.acks or self.fails or self.nacks or self.take)
 
+    def merge(self, other: "Batch") -> None:
+        """Append *other*'s operations after this batch's."""
+        self.adds += other.adds
+        self.acks += other.acks
+        self.fails += other.fails
+        self.nacks += other.nacks
+
 
 @dataclass
 class SyncResult:
-    """What one call returned: taken entries and the frontier's sizes."""
+    """What one call returned: taken entries and the frontier's sizes.
+
+    ``delayed`` and ``inflight`` are -1 unless the call did maintenance;
+    ``now_ms`` is -1 when the call did not need the time.
+    """
 
     taken: list[tuple[str, bytes]]
     added: int
@@ -94,8 +109,9 @@ class Frontier:
     # -- the one round trip ---------------------------------------------------
     def _sync_call(self, batch: Batch, leaving: bool):
         keys = self.keys.sync_keys()
+        flags = ("m" if batch.maintenance else "") + ("d" if batch.promote else "")
         args = [str(self.clock()) if self.clock else "", self.node,
-                0 if leaving else self.lease_ttl_ms, batch.take, self.keys.bloom,
+                0 if leaving else self.lease_ttl_ms, batch.take, flags, self.keys.bloom,
                 *self.bloom.args(), len(batch.adds)]
         for fp, prio, payload, delay in batch.adds:
             args += [fp, prio, payload, delay]
@@ -160,10 +176,22 @@ class Frontier:
                 "invalid": c.llen(k.invalid), "nodes": c.zcard(k.nodes)}
 
     def stats(self) -> dict[str, int]:
+        """Cluster-wide counters that nodes add with :meth:`add_stats`."""
         return {_s(a): int(b) for a, b in self.client.hgetall(self.keys.stats).items()}
+
+    def _stats_pipeline(self, deltas: dict[str, int]):
+        pipe = self.client.pipeline(transaction=False)
+        for name, value in deltas.items():
+            if value:
+                pipe.hincrby(self.keys.stats, name, value)
+        return pipe
 
     def bloom_estimates(self) -> dict:
         return filter_estimates(self.client.hgetall(self.keys.bloom))
+
+
+    def add_stats(self, deltas: dict[str, int]) -> None:
+        self._stats_pipeline(deltas).execute()
 
 
 class AsyncFrontier(Frontier):
@@ -171,6 +199,10 @@ class AsyncFrontier(Frontier):
 
     async def sync(self, batch: Batch | None = None, *, leaving: bool = False) -> SyncResult:
         return self._parse(await self._sync_call(batch or Batch(), leaving))
+
+    async def add_stats(self, deltas: dict[str, int]) -> None:
+        if any(deltas.values()):
+            await self._stats_pipeline(deltas).execute()
 
     async def bloom_estimates(self) -> dict:
         return filter_estimates(await self.client.hgetall(self.keys.bloom))

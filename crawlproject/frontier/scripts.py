@@ -28,8 +28,9 @@ local function server_now(arg)
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
-local function call_chunked(cmd, key, args, width)
+local function call_chunked(cmd, key, args, width, counts)
   -- Run CMD key args... in chunks of whole WIDTH-sized groups (unpack limits).
+  -- Returns the concatenated array replies (or, with COUNTS, the integer ones).
   local out = {}
   local step = width * 600
   for i = 1, #args, step do
@@ -37,6 +38,8 @@ local function call_chunked(cmd, key, args, width)
     local res = redis.call(cmd, key, unpack(args, i, last))
     if type(res) == 'table' then
       for _, v in ipairs(res) do out[#out + 1] = v end
+    elseif counts then
+      out[#out + 1] = res
     end
   end
   return out
@@ -196,25 +199,34 @@ SYNC = _LIB + r"""
 -- KEYS[1] queue (zset)      KEYS[2] payloads (hash)   KEYS[3] inflight (hash member->node)
 -- KEYS[4] nodes (zset node->lease deadline ms)        KEYS[5] delayed (zset member->due ms)
 -- KEYS[6] dead (list)       KEYS[7] invalid (list)    KEYS[8] seq (string)
--- KEYS[9] bloom meta (hash) KEYS[10] stats (hash)
+-- KEYS[9] bloom meta (hash)
 -- ARGV[1] now in ms, or '' for Redis server time      ARGV[2] node id
 -- ARGV[3] lease ttl ms (0 = this node leaves: drop its heartbeat)
--- ARGV[4] how many entries to take                    ARGV[5] bloom key prefix
--- ARGV[6..10] bloom capacity, error rate, growth, tightening, shard bits
+-- ARGV[4] how many entries to take
+-- ARGV[5] flags: 'm' = maintenance (renew this node's lease, reclaim the leases
+--         of expired nodes, report delayed/inflight sizes), 'd' = promote due
+--         delayed entries. A node sends 'm' at least every ttl/3 and whenever it
+--         is idle, so busy calls stay cheap.
+-- ARGV[6] bloom key prefix   ARGV[7..11] bloom capacity, error rate, growth,
+--         tightening, shard bits
 -- then four sections, each a count followed by its items:
 --   add:  n x (fingerprint hex or '' for no dedupe, priority, payload, delay ms or 0)
 --   ack:  n x member                     (done: forget it)
 --   fail: n x (member, 'dead'|'invalid', record)   (forget it, keep record)
 --   nack: n x member                     (not started: back to the queue)
 -- Returns {taken = {member, payload, ...}, added, duplicates, queue length,
---          delayed length, inflight length, reclaimed, now}
-local now = server_now(ARGV[1])
+--          delayed length or -1, inflight length or -1, reclaimed, now or -1}
 local node, ttl, take_n = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local pos = 11
-local stats = {}
-local function stat(name, n) if n > 0 then stats[name] = (stats[name] or 0) + n end end
+local maintenance = string.find(ARGV[5], 'm', 1, true) ~= nil
+local promote = maintenance or string.find(ARGV[5], 'd', 1, true) ~= nil
+local now_cache = nil
+local function now()
+  if now_cache == nil then now_cache = server_now(ARGV[1]) end
+  return now_cache
+end
+local pos = 12
 
--- add
+-- add: dedupe (Bloom) and enqueue in the same atomic step
 local n_add = tonumber(ARGV[pos]); pos = pos + 1
 local entries, fps = {}, {}
 for i = 1, n_add do
@@ -226,9 +238,9 @@ local added, dups = 0, 0
 if n_add > 0 then
   local new = {}
   if next(fps) ~= nil then
-    local m = bloom_open(KEYS[9], tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]),
-                         tonumber(ARGV[9]), tonumber(ARGV[10]))
-    new = bloom_check_add(ARGV[5], KEYS[9], m, fps)
+    local m = bloom_open(KEYS[9], tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]),
+                         tonumber(ARGV[10]), tonumber(ARGV[11]))
+    new = bloom_check_add(ARGV[6], KEYS[9], m, fps)
   end
   local keep = {}
   for i = 1, n_add do
@@ -242,7 +254,7 @@ if n_add > 0 then
       local member = tostring(e[2]) .. ':' .. fmt(seq + j)
       pargs[#pargs + 1] = member; pargs[#pargs + 1] = e[3]
       if e[4] > 0 then
-        dargs[#dargs + 1] = fmt(now + e[4]); dargs[#dargs + 1] = member
+        dargs[#dargs + 1] = fmt(now() + e[4]); dargs[#dargs + 1] = member
       else
         qargs[#qargs + 1] = score(member); qargs[#qargs + 1] = member
       end
@@ -251,7 +263,6 @@ if n_add > 0 then
     if #qargs > 0 then call_chunked('ZADD', KEYS[1], qargs, 2) end
     if #dargs > 0 then call_chunked('ZADD', KEYS[5], dargs, 2) end
   end
-  stat('added', added); stat('duplicates', dups)
 end
 
 -- ack
@@ -260,10 +271,11 @@ if n > 0 then
   local members = {}
   for i = 1, n do members[i] = ARGV[pos + i - 1] end
   pos = pos + n
-  call_chunked('HDEL', KEYS[3], members, 1)
+  local held = 0
+  for _, c in ipairs(call_chunked('HDEL', KEYS[3], members, 1, true)) do held = held + c end
   call_chunked('HDEL', KEYS[2], members, 1)
-  call_chunked('ZREM', KEYS[1], members, 1)
-  stat('acked', n)
+  -- A lease that expired was put back in the queue: the late ack removes it.
+  if held < n then call_chunked('ZREM', KEYS[1], members, 1) end
 end
 
 -- fail
@@ -275,7 +287,6 @@ for i = 1, n do
   redis.call('HDEL', KEYS[2], member)
   redis.call('ZREM', KEYS[1], member)
   redis.call('LPUSH', kind == 'invalid' and KEYS[7] or KEYS[6], record)
-  stat(kind, 1)
 end
 
 -- nack
@@ -284,45 +295,47 @@ for i = 1, n do
   local member = ARGV[pos]; pos = pos + 1
   if redis.call('HDEL', KEYS[3], member) == 1 then
     redis.call('ZADD', KEYS[1], score(member), member)
-    stat('returned', 1)
   end
 end
 
--- heartbeat, then reclaim the leases of nodes whose heartbeat expired
-if ttl > 0 then
-  redis.call('ZADD', KEYS[4], fmt(now + ttl), node)
-else
-  redis.call('ZREM', KEYS[4], node)
-end
+-- maintenance: renew this node's lease, then reclaim expired nodes' leases
 local reclaimed = 0
-local expired = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', fmt(now))
-if #expired > 0 then
-  local dead_nodes = {}
-  for _, nd in ipairs(expired) do dead_nodes[nd] = true end
-  local flat = redis.call('HGETALL', KEYS[3])
-  local back, drop = {}, {}
-  for i = 1, #flat, 2 do
-    if dead_nodes[flat[i + 1]] then
-      back[#back + 1] = score(flat[i]); back[#back + 1] = flat[i]
-      drop[#drop + 1] = flat[i]
+if maintenance or ttl == 0 then
+  if ttl > 0 then
+    redis.call('ZADD', KEYS[4], fmt(now() + ttl), node)
+  else
+    redis.call('ZREM', KEYS[4], node)
+  end
+  local expired = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', fmt(now()))
+  if #expired > 0 then
+    local dead_nodes = {}
+    for _, nd in ipairs(expired) do dead_nodes[nd] = true end
+    local flat = redis.call('HGETALL', KEYS[3])
+    local back, drop = {}, {}
+    for i = 1, #flat, 2 do
+      if dead_nodes[flat[i + 1]] then
+        back[#back + 1] = score(flat[i]); back[#back + 1] = flat[i]
+        drop[#drop + 1] = flat[i]
+      end
     end
+    if #drop > 0 then
+      call_chunked('HDEL', KEYS[3], drop, 1)
+      call_chunked('ZADD', KEYS[1], back, 2)
+    end
+    call_chunked('ZREM', KEYS[4], expired, 1)
+    reclaimed = #drop
   end
-  if #drop > 0 then
-    call_chunked('HDEL', KEYS[3], drop, 1)
-    call_chunked('ZADD', KEYS[1], back, 2)
-  end
-  call_chunked('ZREM', KEYS[4], expired, 1)
-  reclaimed = #drop
-  stat('reclaimed', reclaimed)
 end
 
 -- delayed entries whose time has come go back to the queue
-local due = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', fmt(now), 'LIMIT', 0, 1000)
-if #due > 0 then
-  local qargs = {}
-  for _, member in ipairs(due) do qargs[#qargs + 1] = score(member); qargs[#qargs + 1] = member end
-  call_chunked('ZADD', KEYS[1], qargs, 2)
-  call_chunked('ZREM', KEYS[5], due, 1)
+if promote then
+  local due = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', fmt(now()), 'LIMIT', 0, 1000)
+  if #due > 0 then
+    local qargs = {}
+    for _, member in ipairs(due) do qargs[#qargs + 1] = score(member); qargs[#qargs + 1] = member end
+    call_chunked('ZADD', KEYS[1], qargs, 2)
+    call_chunked('ZREM', KEYS[5], due, 1)
+  end
 end
 
 -- take
@@ -341,13 +354,16 @@ if take_n > 0 then
       end
     end
     if #owned > 0 then call_chunked('HSET', KEYS[3], owned, 2) end
-    stat('taken', #owned / 2)
   end
 end
 
-for name, value in pairs(stats) do redis.call('HINCRBY', KEYS[10], name, value) end
-return {taken, added, dups, redis.call('ZCARD', KEYS[1]), redis.call('ZCARD', KEYS[5]),
-        redis.call('HLEN', KEYS[3]), reclaimed, fmt(now)}
+local delayed_len, inflight_len = -1, -1
+if maintenance then
+  delayed_len = redis.call('ZCARD', KEYS[5])
+  inflight_len = redis.call('HLEN', KEYS[3])
+end
+return {taken, added, dups, redis.call('ZCARD', KEYS[1]), delayed_len, inflight_len,
+        reclaimed, now_cache and fmt(now_cache) or -1}
 """
 
 BLOOM_ADD = _LIB + r"""

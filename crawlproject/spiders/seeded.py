@@ -57,9 +57,9 @@ class RedisSpider(Spider):
             kind = "zset"
         else:
             kind = "list"
-        self.redis_batch_size = int(
+        self.redis_batch_size = min(1000, int(
             self.redis_batch_size or s.getint("REDIS_START_URLS_BATCH_SIZE") or 100
-        )
+        ))
         if self.max_idle_time is None:
             self.max_idle_time = s.getfloat("MAX_IDLE_TIME_BEFORE_CLOSE", 0)
         self.seed_poll_interval = s.getfloat("SEEDS_POLL_INTERVAL", 1.0)
@@ -80,6 +80,9 @@ class RedisSpider(Spider):
         """Stream seeds from Redis until the node has been idle long enough."""
         idle_since: float | None = None
         while True:
+            if self._scheduler_backlog() >= self.seed_max_pending:
+                await asyncio.sleep(0.05)  # back-pressure: let the crawl catch up
+                continue
             batch, claims = await self._next_seed_batch()
             if claims:
                 idle_since = None
@@ -99,8 +102,6 @@ class RedisSpider(Spider):
             await asyncio.sleep(self.seed_poll_interval)
 
     async def _next_seed_batch(self) -> tuple[list[Request], list[str]]:
-        if self._scheduler_backlog() >= self.seed_max_pending:
-            return [], []
         try:
             restored, claimed = await self.seed_queue.claim(self.redis_batch_size)
         except Exception as exc:  # Redis down: keep the node alive, retry later
