@@ -11,8 +11,14 @@ Sizing follows Almeida et al., "Scalable Bloom Filters" (2007): layer 0 holds
 layer is full a new one is added with ``growth`` times the capacity and
 error rate ``p_i = p0 * r^i`` (``r`` = tightening), so the compound rate stays
 below ``p0 / (1 - r) = error_rate`` however far the crawl outgrows its plan.
+The defaults (r = 0.1, growth 4) spend most of the error budget on layer 0,
+which holds the planned crawl: 14.6 bits (1.83 bytes) per URL at 1e-3, close
+to a plain Bloom filter's 14.4, and overflow layers are rare and large.
+
 A layer is split into shards of at most ``shard_bits`` bits (one fingerprint's
-bits all fall in one shard), so no Redis string nears its 512 MB limit.
+bits all fall in one shard), so no Redis string nears its 512 MB limit. Each
+shard is sized to fill the allocator's size class that Redis will reserve for
+it anyway: the spare bits lower the false-positive rate at no memory cost.
 """
 
 from __future__ import annotations
@@ -33,9 +39,9 @@ class BloomConfig:
 
     capacity: int = 10_000_000
     error_rate: float = 0.001
-    growth: float = 2.0
-    tightening: float = 0.5
-    shard_bits: int = 2**28  # 32 MB per key
+    growth: float = 4.0
+    tightening: float = 0.1
+    shard_bits: int = 2**28  # at most 32 MiB per key (minus a string header)
 
     def __post_init__(self):
         if self.capacity < 1:
@@ -44,8 +50,8 @@ class BloomConfig:
             raise ValueError("Bloom error rate must be between 0 and 1")
         if self.growth < 1 or not 0 < self.tightening < 1:
             raise ValueError("Bloom growth must be >= 1 and tightening in (0, 1)")
-        if not 64 <= self.shard_bits <= MAX_SHARD_BITS:
-            raise ValueError(f"Bloom shard bits must be in [64, {MAX_SHARD_BITS}]")
+        if not 1024 <= self.shard_bits <= MAX_SHARD_BITS:
+            raise ValueError(f"Bloom shard bits must be in [1024, {MAX_SHARD_BITS}]")
 
     @classmethod
     def from_settings(cls, settings) -> "BloomConfig":

@@ -52,28 +52,42 @@ local function bloom_meta(key)
   return m
 end
 
-local function next_prime(n)
+local function prev_prime(n)
   -- Double hashing cycles early when the step shares a factor with the
   -- table size: a prime size makes every step visit distinct bits.
-  if n % 2 == 0 then n = n + 1 end
-  while true do
+  if n % 2 == 0 then n = n - 1 end
+  while n > 3 do
     local prime, d = true, 3
     while d * d <= n do
       if n % d == 0 then prime = false; break end
       d = d + 2
     end
     if prime then return n end
-    n = n + 2
+    n = n - 2
   end
+  return n
+end
+
+local function fitted_bytes(bytes)
+  -- Redis allocates a string in the allocator's next size class (above a few
+  -- KiB: 2^k times 1, 1.25, 1.5, 1.75); use every byte of that class (minus
+  -- room for the string header), which lowers the FP rate for free.
+  local need = bytes + 16
+  local base = 2 ^ math.floor(math.log(need) / math.log(2))
+  for j = 4, 8 do
+    if base * j / 4 >= need then return base * j / 4 - 16 end
+  end
+  return bytes
 end
 
 local function bloom_add_layer(key, m, layer, cap, p, shard_bits)
   local ln2 = math.log(2)
   local bits = math.ceil(-cap * math.log(p) / (ln2 * ln2))
   local k = math.max(1, math.floor(bits / cap * ln2 + 0.5))
-  local shards = math.ceil(bits / shard_bits)
-  local per = math.max(67, math.ceil(bits / shards))
-  if per < shard_bits then per = next_prime(per) end
+  local max_bytes = math.floor(shard_bits / 8) - 16
+  local shards = math.ceil(bits / 8 / max_bytes)
+  local bytes = math.min(max_bytes, fitted_bytes(math.ceil(bits / shards / 8)))
+  local per = prev_prime(math.max(67, bytes * 8))
   local L = tostring(layer)
   redis.call('HSET', key, 'layers', layer + 1, 'cap' .. L, fmt(cap), 'p' .. L, tostring(p),
              'k' .. L, k, 'shards' .. L, shards, 'bits' .. L, fmt(per), 'n' .. L, 0)
