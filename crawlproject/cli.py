@@ -125,8 +125,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from redis.exceptions import RedisError
+
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except RedisError as exc:
+        message = str(exc).replace(args.redis_url, redact_url(args.redis_url))
+        print(f"error: Redis at {redact_url(args.redis_url)}: {type(exc).__name__}: {message}",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
