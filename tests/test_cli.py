@@ -48,5 +48,13 @@ def test_status_dead_replay_and_reset(redis, redis_url):
 def test_password_is_not_printed(redis_url):
     url = redis_url.replace("redis://", "redis://:topsecret@")
     out = cli(url, "status", "shop")
-    assert out.returncode == 1 and out.stderr.startswith("error: Redis at redis://***@")
+    assert out.returncode == 0 and "redis://***@" in out.stdout.replace("\n", "")
+    assert "topsecret" not in out.stdout + out.stderr
+
+
+def test_unreachable_redis_gives_a_clear_error():
+    from crawlproject.services import free_port
+
+    out = cli(f"redis://:topsecret@127.0.0.1:{free_port()}/0", "status", "shop")
+    assert out.returncode == 1 and out.stderr.startswith("error: Redis at redis://***@127.0.0.1")
     assert "topsecret" not in out.stdout + out.stderr and "Traceback" not in out.stderr
