@@ -56,12 +56,32 @@ SEEDS_POLL_INTERVAL = 1.0
 MAX_IDLE_TIME_BEFORE_CLOSE = int(env_default("MAX_IDLE_TIME_BEFORE_CLOSE", "0"))
 
 # --- MongoDB -------------------------------------------------------------------
+# Items are validated (crawlproject.pipelines.validation), then stored by
+# crawlproject.pipelines.mongo: bulk idempotent writes keyed on a unique
+# field, retried through outages and spooled to local files meanwhile.
+# docs/pipelines.md describes every setting.
+MONGO_PIPELINE_ENABLED = True
 MONGO_URI = env_default("MONGO_URI", DEFAULT_MONGO_URI)
 MONGO_DATABASE = env_default("MONGO_DATABASE", DEFAULT_MONGO_DATABASE)
-MONGO_COLLECTION = "%(spider)s"
-MONGO_UNIQUE_KEY = "url"
+MONGO_COLLECTION = "%(spider)s"           # also %(item)s: the item class, lower case
+MONGO_UNIQUE_KEY = "url"                  # unless the item class sets mongo_key
+MONGO_KEY_AS_ID = True                    # the key is the _id (False: ObjectId + unique index)
+MONGO_CLIENT_OPTIONS = {}                 # extra pymongo client options (TLS files...)
+MONGO_BULK_SIZE = 500                     # items per bulk write at most
+MONGO_FLUSH_INTERVAL = 0.2                # seconds an item may wait for a busy writer
+MONGO_FLUSH_WHEN_IDLE = True              # write at once when no write is in flight
+MONGO_CONCURRENT_WRITES = 2               # bulk writes in flight at most
+MONGO_WRITE_MODE = "auto"                 # "auto" (insert new keys first) or "upsert"
+MONGO_SPOOL_AFTER = 5.0                   # seconds of retries before spooling a batch
+MONGO_SPOOL_DIR = env_default("MONGO_SPOOL_DIR", "mongo-spool")  # relative: under .scrapy/
+MONGO_PROBE_INTERVAL = 1.0                # seconds between checks during an outage
+MONGO_RETRY_BACKOFF_BASE = 0.1
+MONGO_RETRY_BACKOFF_MAX = 2.0
+VALIDATION_ENABLED = True
+VALIDATION_INVALID_COLLECTION = ""        # e.g. "invalid_items" to keep dropped items
 
 ITEM_PIPELINES = {
+    "crawlproject.pipelines.validation.ValidationPipeline": 300,
     "crawlproject.pipelines.mongo.MongoPipeline": 800,
 }
 

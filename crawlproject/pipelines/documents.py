@@ -2,14 +2,18 @@
 
 A :class:`WriteOp` is one item ready to store: its collection, its key (field
 and value), its fields as BSON-ready values, the sha1 ``content_hash`` of those
-fields and ``seen``, the time it went through the pipeline.
+fields and ``seen``, the time it went through the pipeline. With
+``key_as_id`` (the default) the key is also the document's ``_id``, so
+MongoDB's own unique ``_id`` index keeps one document per key and no second
+index is needed; otherwise documents get ObjectIds and a unique index on the
+key field.
 
 Every write is idempotent and order-independent:
 
 * :func:`insert_document` builds the document inserted when the key is new
   (``first_seen`` = ``updated_at`` = ``seen``);
 * :func:`upsert_update` builds an aggregation-pipeline update (MongoDB 4.2+)
-  for ``update_one({key: value}, ..., upsert=True)`` that rewrites the
+  for ``update_one(op.filter, ..., upsert=True)`` that rewrites the
   document only when its content hash differs *and* the stored version is not
   newer than ``seen``; ``first_seen`` is kept, ``updated_at`` becomes ``seen``.
   An unchanged item is no write at all (``nModified`` 0), a replayed or
@@ -32,9 +36,11 @@ import bson
 from bson import json_util
 from bson.decimal128 import Decimal128
 from bson.json_util import CANONICAL_JSON_OPTIONS
+from itemadapter import ItemAdapter
+from scrapy import Item
 
-__all__ = ["WriteOp", "to_mongo", "content_hash", "insert_document", "upsert_update",
-           "to_spool_line", "from_spool_line", "utc_now_ms", "EPOCH"]
+__all__ = ["WriteOp", "item_fields", "to_mongo", "decimal128", "content_hash", "insert_document",
+           "upsert_update", "to_spool_line", "from_spool_line", "utc_now_ms", "EPOCH"]
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _SPOOL_JSON = CANONICAL_JSON_OPTIONS.with_options(tz_aware=True, tzinfo=timezone.utc)
@@ -51,21 +57,30 @@ class WriteOp:
     fields: dict[str, Any]
     hash: str
     seen: datetime
+    key_as_id: bool = True
 
     @classmethod
     def build(cls, database: str, collection: str, key_field: str,
-              fields: Mapping[str, Any], seen: datetime | None = None) -> "WriteOp":
+              fields: Mapping[str, Any], seen: datetime | None = None,
+              key_as_id: bool = True) -> "WriteOp":
         """A WriteOp for *fields* (already BSON-ready, see :func:`to_mongo`).
 
-        Raises ``KeyError`` when the key field is missing or ``None``, and
-        ``bson.errors.InvalidDocument`` / ``OverflowError`` when a value
+        With *key_as_id* the key is also the document's ``_id``. Raises
+        ``KeyError`` when the key field is missing, ``None`` or not a scalar,
+        and ``bson.errors.InvalidDocument`` / ``OverflowError`` when a value
         cannot be stored in BSON.
         """
         doc = {k: v for k, v in fields.items() if k != "_id"}
-        if doc.get(key_field) is None:
+        key = doc.get(key_field)
+        if key is None or isinstance(key, (list, dict)):
             raise KeyError(key_field)
-        return cls(database, collection, key_field, doc[key_field], doc,
-                   content_hash(doc), seen or utc_now_ms())
+        return cls(database, collection, key_field, key, doc,
+                   content_hash(doc), seen or utc_now_ms(), key_as_id)
+
+    @property
+    def filter(self) -> dict[str, Any]:
+        """The query that finds this op's document."""
+        return {"_id": self.key} if self.key_as_id else {self.key_field: self.key}
 
 
 def utc_now_ms() -> datetime:
@@ -74,24 +89,64 @@ def utc_now_ms() -> datetime:
     return now.replace(microsecond=now.microsecond // 1000 * 1000)
 
 
+_PLAIN = frozenset({str, int, float, bool, type(None), datetime, bytes, Decimal128})
+
+
+def item_fields(item: Any) -> dict[str, Any]:
+    """The fields of an item (Scrapy Item, dataclass, attrs, dict...) as BSON values."""
+    if isinstance(item, (dict, Item)):
+        return {str(k): to_mongo(v) for k, v in item.items()}
+    return {str(k): to_mongo(v) for k, v in ItemAdapter(item).items()}
+
+
 def to_mongo(value: Any) -> Any:
     """Convert values BSON cannot hold as-is: Decimal → Decimal128, sets and
-    tuples → lists, dates → midnight UTC datetimes, nested mappings recursively."""
-    if isinstance(value, Decimal):
-        return Decimal128(value)
+    tuples → lists, dates → midnight UTC datetimes, nested items and mappings
+    recursively."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return value
+    if kind is Decimal:
+        return decimal128(value)
+    if kind is list or kind is tuple or kind is set or kind is frozenset:
+        return [to_mongo(v) for v in value]
     if isinstance(value, Mapping):
         return {str(k): to_mongo(v) for k, v in value.items()}
+    if isinstance(value, Decimal):
+        return decimal128(value)
     if isinstance(value, (list, tuple, set, frozenset)):
         return [to_mongo(v) for v in value]
     if isinstance(value, date) and not isinstance(value, datetime):
         return datetime(value.year, value.month, value.day, tzinfo=timezone.utc)
+    if ItemAdapter.is_item(value):
+        return item_fields(value)
     return value
 
 
+_BID_SIGN = 1 << 63
+_BID_LOW = (1 << 64) - 1
+
+
+def decimal128(value: Decimal) -> Decimal128:
+    """``Decimal128(value)``, computed directly for the common case (finite,
+    at most 34 digits, exponent in range), where bson's generic conversion
+    is slow; anything else goes through bson."""
+    if value.is_finite():
+        sign, digits, exponent = value.as_tuple()
+        if len(digits) <= 34 and -6176 <= exponent <= 6111:
+            significand = int("".join(map(str, digits)))
+            high = (significand >> 64) | ((exponent + 6176) << 49)
+            if sign:
+                high |= _BID_SIGN
+            return Decimal128((high, significand & _BID_LOW))
+    return Decimal128(value)
+
+
 def _sorted(value: Any) -> Any:
-    if isinstance(value, dict):
+    kind = type(value)
+    if kind is dict:
         return {k: _sorted(value[k]) for k in sorted(value)}
-    if isinstance(value, list):
+    if kind is list and any(type(v) is dict or type(v) is list for v in value):
         return [_sorted(v) for v in value]
     return value
 
@@ -106,11 +161,15 @@ def content_hash(fields: Mapping[str, Any]) -> str:
 
 def insert_document(op: WriteOp) -> dict[str, Any]:
     """The document to insert when *op*'s key is not stored yet."""
-    return {**op.fields, "content_hash": op.hash, "first_seen": op.seen, "updated_at": op.seen}
+    doc = {"_id": op.key} if op.key_as_id else {}
+    doc.update(op.fields)
+    doc["content_hash"] = op.hash
+    doc["first_seen"] = doc["updated_at"] = op.seen
+    return doc
 
 
 def upsert_update(op: WriteOp) -> list[dict[str, Any]]:
-    """Aggregation-pipeline update for ``update_one({key: value}, ..., upsert=True)``.
+    """Aggregation-pipeline update for ``update_one(op.filter, ..., upsert=True)``.
 
     Rewrites the document only if its ``content_hash`` differs and its
     ``updated_at`` is not after ``op.seen``; values are wrapped in ``$literal``
@@ -135,7 +194,7 @@ def upsert_update(op: WriteOp) -> list[dict[str, Any]]:
 def to_spool_line(op: WriteOp) -> str:
     """One line of canonical extended JSON (without the newline)."""
     record = {"db": op.database, "coll": op.collection, "kf": op.key_field, "k": op.key,
-              "f": op.fields, "h": op.hash, "s": op.seen}
+              "f": op.fields, "h": op.hash, "s": op.seen, "id": op.key_as_id}
     return json_util.dumps(record, json_options=_SPOOL_JSON, separators=(",", ":"))
 
 
@@ -143,6 +202,7 @@ def from_spool_line(line: str) -> WriteOp:
     """The WriteOp of a line written by :func:`to_spool_line` (``ValueError`` if malformed)."""
     try:
         r = json_util.loads(line, json_options=_SPOOL_JSON)
-        return WriteOp(r["db"], r["coll"], r["kf"], r["k"], r["f"], r["h"], r["s"])
+        return WriteOp(r["db"], r["coll"], r["kf"], r["k"], r["f"], r["h"], r["s"],
+                       bool(r.get("id", False)))
     except (KeyError, TypeError, bson.errors.BSONError) as exc:
         raise ValueError(f"malformed spool record: {exc}") from exc

@@ -51,7 +51,8 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, OperationFailure):
         if exc.code in RETRYABLE_CODES or exc.code in AUTH_CODES:
             return True
-        if exc.has_error_label("RetryableWriteError") or exc.has_error_label("SystemOverloadedError"):
+        if any(exc.has_error_label(label)
+               for label in ("RetryableWriteError", "SystemOverloadedError")):
             return True
     if isinstance(exc, PyMongoError) and getattr(exc, "timeout", False):
         return True

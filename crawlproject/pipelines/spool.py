@@ -113,7 +113,31 @@ class Spool:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self._lock_fd = fd
         _fsync_dir(self.directory)
+        self._sweep_stale_locks()
         return self
+
+    def _sweep_stale_locks(self) -> None:
+        """Delete the lock files of dead owners that left no segment."""
+        for path in self.directory.glob("*.lock"):
+            owner = path.name[:-len(".lock")]
+            if owner == self.owner or self._segments_of(owner):
+                continue
+            try:
+                fd = os.open(path, os.O_RDWR)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                continue  # alive
+            try:
+                if not self._segments_of(owner):
+                    os.unlink(path)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
 
     def close(self) -> None:
         """Close the active segment and release the locks.
@@ -129,6 +153,10 @@ class Spool:
         if self._lock_fd is not None:
             self._release_owner(self.owner, self._lock_fd)
             self._lock_fd = None
+            try:
+                self.directory.rmdir()  # only when empty
+            except OSError:
+                pass
 
     def _release_owner(self, owner: str, fd: int) -> None:
         if not self._segments_of(owner):
@@ -158,20 +186,41 @@ class Spool:
 
     def _write_sync(self, data: bytes, count: int) -> None:
         if self._active_fd is None:
+            self.directory.mkdir(parents=True, exist_ok=True)
             self._seq += 1
             path = self.directory / f"{self.owner}.{self._seq:06d}.jsonl"
             self._active_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             self._active_path = path
             self._active_records = 0
             _fsync_dir(self.directory)
-        view = memoryview(data)
-        while view:
-            written = os.write(self._active_fd, view)
-            view = view[written:]
-        os.fsync(self._active_fd)
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(self._active_fd, view)
+                view = view[written:]
+            os.fsync(self._active_fd)
+        except OSError:
+            # Disk full, I/O error: part of *data* may be in the file. Never
+            # append after it (a later record would share its line): end the
+            # segment here, the partial line is its ignored torn tail.
+            self._abandon_active()
+            raise
         self._active_records += count
         if self._active_records >= self.segment_records:
             self._seal_sync()
+
+    def _abandon_active(self) -> None:
+        path, records = self._active_path, self._active_records
+        self._close_active()
+        if path is None:
+            return
+        if records:
+            self._sealed.append(path)
+        else:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 
     async def seal(self) -> None:
         """Close the segment being written, if any, so it can be replayed."""
