@@ -106,38 +106,40 @@ class Schema:
             return [Violation(name, TYPE, f"{name} must be {_type_names(self.type)}, "
                                           f"got {type(value).__name__}")]
         found: list[Violation] = []
+
+        def add(reason: str, message: str) -> None:
+            found.append(Violation(name, reason, f"{name} {message}"))
+
         try:
             if self.min is not None and value < self.min:
-                found.append(Violation(name, MIN, f"{name} must be >= {self.min!r}, got {value!r}"))
+                add(MIN, f"must be >= {self.min!r}, got {value!r}")
             if self.max is not None and value > self.max:
-                found.append(Violation(name, MAX, f"{name} must be <= {self.max!r}, got {value!r}"))
+                add(MAX, f"must be <= {self.max!r}, got {value!r}")
         except TypeError:
             return [Violation(name, TYPE, f"{name} cannot be compared with its bounds: {value!r}")]
         if self.min_length is not None or self.max_length is not None:
             size = len(value) if hasattr(value, "__len__") else None
             if size is None:
-                found.append(Violation(name, TYPE, f"{name} has no length"))
+                add(TYPE, "has no length")
             elif self.min_length is not None and size < self.min_length:
-                found.append(Violation(name, MIN_LENGTH,
-                                       f"{name} must have at least {self.min_length} elements/characters"))
+                add(MIN_LENGTH, f"must have a length of at least {self.min_length}, got {size}")
             elif self.max_length is not None and size > self.max_length:
-                found.append(Violation(name, MAX_LENGTH,
-                                       f"{name} must have at most {self.max_length} elements/characters"))
+                add(MAX_LENGTH, f"must have a length of at most {self.max_length}, got {size}")
         if self.choices is not None and value not in self.choices:
-            found.append(Violation(name, CHOICES, f"{name} must be one of {sorted(map(str, self.choices))}"))
-        if self.pattern is not None and not (isinstance(value, str) and self._regex.fullmatch(value)):
-            found.append(Violation(name, PATTERN, f"{name} does not match {self.pattern!r}: {value!r}"))
+            add(CHOICES, f"must be one of {sorted(map(str, self.choices))}, got {value!r}")
+        if self.pattern is not None and not (isinstance(value, str)
+                                             and self._regex.fullmatch(value)):
+            add(PATTERN, f"does not match {self.pattern!r}: {value!r}")
         if self.item_type is not None and isinstance(value, (list, tuple, set, frozenset)):
             bad = [v for v in value if not _is_instance(v, self.item_type)]
             if bad:
-                found.append(Violation(name, ITEM_TYPE, f"{name} elements must be "
-                                                        f"{_type_names(self.item_type)}: {bad[0]!r}"))
+                add(ITEM_TYPE, f"elements must be {_type_names(self.item_type)}: {bad[0]!r}")
         if self.tz_aware and isinstance(value, datetime) and value.utcoffset() is None:
-            found.append(Violation(name, NAIVE, f"{name} must be timezone-aware"))
+            add(NAIVE, "must be timezone-aware")
         if self.check is not None:
             reason = self.check(value)
             if reason:
-                found.append(Violation(name, str(reason), f"{name} failed check {reason!r}: {value!r}"))
+                add(str(reason), f"failed check {reason!r}: {value!r}")
         return found
 
 
