@@ -57,8 +57,9 @@ def test_sigkill_loses_nothing(redis, redis_url, mongo_uri, database, tmp_path):
         extra += hits - normal
     reclaimed = survivor.stat("scheduler/reclaimed")
     assert reclaimed >= 1
-    # Re-fetches come only from what the victim held (leases, plus pages it
-    # had fetched but not yet acknowledged).
-    assert extra <= reclaimed <= PREFETCH + CONCURRENCY + 4, (extra, reclaimed, len(held))
+    # Re-fetches come only from what the victim held: its leases (prefetched,
+    # downloading, or downloaded with items still on their way to MongoDB),
+    # read just before the kill (it may have taken one more batch since).
+    assert extra <= reclaimed <= len(held) + PREFETCH, (extra, reclaimed, len(held))
     counts = {k: redis.zcard(FrontierKeys("products").queue) for k in ("queue",)}
     assert counts["queue"] == 0 and redis.hlen(FrontierKeys("products").inflight) == 0
