@@ -165,7 +165,9 @@ class RedisScheduler(BaseScheduler):
         fp = None if request.dont_filter else self.fingerprinter.fingerprint(request)
         self._outbox.add(payload, fp, request.priority, int(delay * 1000))
         self.stats.inc_value("scheduler/enqueued/redis")
-        if len(self._outbox.adds) >= self.batch_size:
+        if len(self._outbox.adds) >= self.batch_size or not self._buffer:
+            # A full batch, or nothing prefetched: the engine may be waiting for
+            # exactly these requests (e.g. the next listing page).
             self._wake.set()
         return True
 
