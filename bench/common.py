@@ -19,7 +19,6 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -113,6 +112,58 @@ def crawl_commands(stats: dict[str, dict]) -> dict[str, dict]:
             if k.split("|")[0] not in HARNESS_COMMANDS}
 
 
+# -- CPU accounting (to see other programs competing for the 2 cores) ------------
+DISTURBED_CORES = 0.25  # CPU used by programs outside the benchmark during a run
+
+
+def machine_busy_cpu() -> float:
+    """CPU seconds the whole machine has been busy (all cores)."""
+    t = psutil.cpu_times()
+    return sum(getattr(t, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq", "steal"))
+
+
+class CpuWatch:
+    """CPU seconds of a set of processes (dead ones keep their last value)."""
+
+    def __init__(self, pids=()):
+        self.procs = {}
+        self.last = {}
+        for pid in [os.getpid(), *pids]:
+            self.add(pid)
+
+    def add(self, pid) -> None:
+        if pid is None:
+            return
+        try:
+            self.procs[pid] = psutil.Process(pid)
+        except psutil.Error:
+            pass
+
+    def total(self) -> float:
+        for pid, proc in self.procs.items():
+            try:
+                t = proc.cpu_times()
+                self.last[pid] = t.user + t.system + t.children_user + t.children_system
+            except psutil.Error:
+                pass
+        return sum(self.last.values())
+
+
+def external_cores(samples, start: float | None, end: float | None) -> float | None:
+    """Average cores used outside the benchmark's processes between start and end,
+    from samples [(ts, machine_busy, ours)]."""
+    if not samples or start is None or end is None or end <= start:
+        return None
+    inside = [s for s in samples if start <= s[0] <= end]
+    before = [s for s in samples if s[0] <= start]
+    after = [s for s in samples if s[0] >= end]
+    a = before[-1] if before else (inside[0] if inside else samples[0])
+    b = after[0] if after else (inside[-1] if inside else samples[-1])
+    if b[0] - a[0] <= 0:
+        return None
+    return max(0.0, ((b[1] - a[1]) - (b[2] - a[2])) / (b[0] - a[0]))
+
+
 # -- crawler nodes --------------------------------------------------------------
 def node_env(redis_url: str | None = None) -> dict:
     env = dict(os.environ)
@@ -193,18 +244,26 @@ class Node:
 
 def run_nodes(system: str, count: int, *, redis_url: str | None, settings: dict | None = None,
               spider_args: dict | None = None, push=None, timeout: float = 300,
-              rss_interval: float = 0.1, ready_timeout: float = 60) -> dict:
+              rss_interval: float = 0.1, ready_timeout: float = 60, watch_pids=()) -> dict:
     """Run *count* nodes until they all exit; *push()* is called once every
     node has opened its spider. Returns timing, pages and RSS per node."""
     workdir = Path(tempfile.mkdtemp(prefix=f"bench-{system}-"))
+    settings = dict(settings or {})
+    if system == "scrapy-redis" and count > 1:
+        settings.setdefault("MAX_IDLE_TIME_BEFORE_CLOSE", 5)
+    if system == "ours" and count == 1:
+        settings.setdefault("MAX_IDLE_TIME_BEFORE_CLOSE", 1)
     nodes = [Node(system, workdir, i + 1, redis_url, settings, spider_args)
              for i in range(count)]
     stop = threading.Event()
+    watch = CpuWatch(list(watch_pids) + [n.proc.pid for n in nodes])
+    cpu_samples: list[tuple[float, float, float]] = []
 
     def sampler():
         while not stop.is_set():
             for node in nodes:
                 node.sample()
+            cpu_samples.append((time.time(), machine_busy_cpu(), watch.total()))
             stop.wait(rss_interval)
 
     thread = threading.Thread(target=sampler, daemon=True)
@@ -247,17 +306,68 @@ def run_nodes(system: str, count: int, *, redis_url: str | None, settings: dict 
         "pages_per_s": pages / elapsed if elapsed else None,
         "launch_to_last_response_s": (max(lasts) - launched) if lasts else None,
         "push_to_last_response_s": (max(lasts) - pushed_at) if lasts else None,
+        "cpu_ms_per_page": (1000 * sum(r.get("crawl_cpu_s") or 0 for r in records) / pages
+                            if pages else None),
         "per_node": [{"pages": r["responses"], "reason": r["reason"], "stats": r["stats"],
+                      "crawl_cpu_s": r.get("crawl_cpu_s"),
                       "first_request": r["first_request"], "last_response": r["last_response"],
                       "closed_at": r["closed_at"],
                       "peak_rss_mb": max((s for _, s in n.rss), default=0) / 2**20,
                       "progress": r["progress"], "rss": n.rss}
                      for n, r in zip(nodes, records)],
         "errors": errors[:10],
+        "load_avg_after": os.getloadavg()[0],
+        "external_cores": external_cores(cpu_samples, min(firsts) if firsts else None,
+                                         max(lasts) if lasts else None),
         "exit_codes": [n.proc.returncode for n in nodes],
     }
+    result["disturbed"] = (result["external_cores"] or 0) > DISTURBED_CORES
     shutil.rmtree(workdir, ignore_errors=True)
     return result
+
+
+def other_programs_cores(seconds: float = 1.0) -> float:
+    """Cores busy right now outside this process (nothing of ours running)."""
+    me = CpuWatch()
+    busy0, mine0 = machine_busy_cpu(), me.total()
+    time.sleep(seconds)
+    return max(0.0, (machine_busy_cpu() - busy0) - (me.total() - mine0)) / seconds
+
+
+def wait_for_quiet(max_wait: float) -> float:
+    """Wait (at most *max_wait* s) until other programs use < DISTURBED_CORES."""
+    deadline = time.monotonic() + max_wait
+    load = other_programs_cores()
+    while load > DISTURBED_CORES and time.monotonic() < deadline:
+        load = other_programs_cores()
+    return load
+
+
+def rerun_disturbed(runs: dict[str, list], run_fn, wanted: int, max_extra: int,
+                    max_seconds: float) -> int:
+    """Re-run configurations that have fewer than *wanted* undisturbed runs
+    (other programs used > DISTURBED_CORES during the run), fewest first,
+    after waiting a little for the machine to be quiet. Bounded in count and
+    time; returns how many extra runs were made."""
+    start, extra = time.monotonic(), 0
+    clean = lambda key: sum(1 for r in runs[key] if not r.get("disturbed"))
+    while extra < max_extra and time.monotonic() - start < max_seconds:
+        short = [k for k in runs if clean(k) < wanted]
+        if not short:
+            break
+        key = min(short, key=clean)
+        load = wait_for_quiet(min(20.0, max(0.0, max_seconds - (time.monotonic() - start))))
+        print(f"    re-running {key} (had {clean(key)} undisturbed run(s); other programs "
+              f"now {load:.2f} cores)", flush=True)
+        runs[key].append(run_fn(key))
+        extra += 1
+    return extra
+
+
+def undisturbed(runs: list[dict]) -> list[dict]:
+    """The runs not disturbed by other programs, or all when none was clean."""
+    clean = [r for r in runs if not r.get("disturbed")]
+    return clean or runs
 
 
 def strip_series(run: dict) -> dict:
@@ -268,18 +378,14 @@ def strip_series(run: dict) -> dict:
     return out
 
 
-@contextmanager
-def bounded(seconds: float, what: str):
-    start = time.monotonic()
-    yield
-    if time.monotonic() - start > seconds:
-        print(f"warning: {what} took {time.monotonic() - start:.0f}s (budget {seconds:.0f}s)",
-              file=sys.stderr)
+def results_dir(mode: str = "full") -> Path:
+    """bench/results/ for full runs; bench/results/<mode>/ for smoke runs, so
+    that a --quick run never replaces the figures BENCHMARKS.md is made from."""
+    return RESULTS_DIR if mode == "full" else RESULTS_DIR / mode
 
 
-# -- output ---------------------------------------------------------------------
 def write_result(name: str, data: dict, out: Path | None = None) -> Path:
-    path = out or RESULTS_DIR / f"{name}.json"
+    path = out or results_dir(data.get("mode", "full")) / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {"benchmark": name, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
             "machine": machine_info(), **data}
@@ -311,8 +417,10 @@ def fmt(value) -> str:
             return f"{value:.0f}"
         if abs(value) >= 10:
             return f"{value:.1f}"
-        if abs(value) >= 1:
+        if abs(value) >= 0.995:
             return f"{value:.2f}"
+        if abs(value) >= 0.1:
+            return f"{value:.3f}"
         return f"{value:.3g}"
     if isinstance(value, int):
         return f"{value:,}"

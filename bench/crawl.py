@@ -16,7 +16,8 @@ import time
 
 from crawlproject.demo.site import DemoSite
 from bench.common import (LABELS, BenchRedis, base_parser, crawl_commands, median, mode_of,
-                          ratio, run_nodes, strip_series, table, write_result)
+                          ratio, rerun_disturbed, run_nodes, strip_series, table,
+                          undisturbed, write_result)
 
 NAME = "crawl"
 PER_PAGE = 50
@@ -31,7 +32,7 @@ def configs(mode: str):
     out = []
     for latency in SIZES[mode]:
         systems = [("ours", 1), ("scrapy-redis", 1), ("plain", 1)]
-        if mode != "smallest":
+        if mode == "full" or (mode == "quick" and latency == 0):
             systems += [("ours", 2), ("scrapy-redis", 2)]
         out += [(latency, s, n) for s, n in systems]
     return out
@@ -50,7 +51,8 @@ def one_run(redis: BenchRedis, site: DemoSite, system: str, nodes: int, products
         redis.client.lpush(seed_key(system), site.url)
     settings = {"CONCURRENT_REQUESTS": CONCURRENCY, "CONCURRENT_REQUESTS_PER_DOMAIN": CONCURRENCY}
     run = run_nodes(system, nodes, redis_url=redis.url if system != "plain" else None,
-                    settings=settings, spider_args=args, timeout=60 + products / 20)
+                    settings=settings, spider_args=args, timeout=60 + products / 20,
+                    watch_pids=(redis.server.pid, site._proc.pid))
     if system != "plain":
         stats = crawl_commands(redis.commandstats())
         run["redis_calls"] = sum(v["calls"] for v in stats.values())
@@ -63,39 +65,64 @@ def one_run(redis: BenchRedis, site: DemoSite, system: str, nodes: int, products
 
 
 def main(argv=None) -> dict:
-    args = base_parser(__doc__.splitlines()[0]).parse_args(argv)
+    parser = base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--only", default="",
+                        help="configurations system|nodes|latency, comma-separated "
+                             "(e.g. 'ours|1|50,plain|1|50')")
+    args = parser.parse_args(argv)
     mode = mode_of(args)
-    repeat = args.repeat or (2 if mode == "full" else 1)
+    only = {k for k in args.only.split(",") if k}
+    repeat = args.repeat or (3 if mode == "full" else 1)
     runs: dict[str, list] = {}
     sites = {}
     t0 = time.monotonic()
     with BenchRedis() as redis:
         try:
             for latency, products in SIZES[mode].items():
+                if only and not any(k.endswith(f"|{latency}") for k in only):
+                    continue
                 sites[latency] = DemoSite(products=products, per_page=PER_PAGE,
                                           latency_ms=latency, faults=False).start()
+
+            def run_config(key: str, label: str) -> dict:
+                system, nodes, latency = key.split("|")
+                run = one_run(redis, sites[int(latency)], system, int(nodes),
+                              SIZES[mode][int(latency)])
+                print(f"  {label} {key}: {run['pages']} pages in "
+                      f"{run['elapsed_s']:.2f}s = {run['pages_per_s']:.0f} pages/s, "
+                      f"node CPU {run['cpu_ms_per_page']:.2f} ms/page, other programs "
+                      f"{run['external_cores'] or 0:.2f} cores", flush=True)
+                return strip_series(run)
+
             for rep in range(repeat):
                 todo = configs(mode)
                 if rep % 2:
                     todo.reverse()
                 for latency, system, nodes in todo:
                     key = f"{system}|{nodes}|{latency}"
-                    products = SIZES[mode][latency]
-                    run = one_run(redis, sites[latency], system, nodes, products)
-                    runs.setdefault(key, []).append(strip_series(run))
-                    print(f"  rep {rep + 1} {key}: {run['pages']} pages in "
-                          f"{run['elapsed_s']:.2f}s = {run['pages_per_s']:.0f} pages/s", flush=True)
+                    if only and key not in only:
+                        continue
+                    runs.setdefault(key, []).append(run_config(key, f"rep {rep + 1}"))
+            rerun_disturbed(runs, lambda key: run_config(key, "again"), wanted=min(repeat, 2),
+                            max_extra={"full": 5}.get(mode, 0),
+                            max_seconds=100 if mode == "full" else 20)
         finally:
             for site in sites.values():
                 site.stop()
 
     summary = {}
-    for key, rs in runs.items():
+    for key, all_runs in runs.items():
         system, nodes, latency = key.split("|")
+        rs = undisturbed(all_runs)
         summary[key] = {
+            "runs": len(all_runs), "runs_used": len(rs),
+            "disturbed_runs": sum(1 for r in all_runs if r.get("disturbed")),
+            "cpu_ms_per_page": median([r["cpu_ms_per_page"] for r in rs]),
+            "external_cores": median([r.get("external_cores") for r in rs]),
             "system": system, "nodes": int(nodes), "latency_ms": int(latency),
             "products": SIZES[mode][int(latency)],
             "pages": median([r["pages"] for r in rs]),
+            "items_per_page": median([r["items"] / r["pages"] for r in rs if r["pages"]]),
             "pages_per_s": median([r["pages_per_s"] for r in rs]),
             "pages_per_s_runs": [r["pages_per_s"] for r in rs],
             "elapsed_s": median([r["elapsed_s"] for r in rs]),
@@ -137,10 +164,12 @@ def render(data: dict) -> str:
                      s["elapsed_s"], s["pages_per_s"],
                      ratio(s["pages_per_s"], base_sr["pages_per_s"]) if base_sr else None,
                      ratio(s["pages_per_s"], base_plain["pages_per_s"]) if base_plain else None,
-                     s["redis_calls_per_page"],
+                     s["cpu_ms_per_page"], s["redis_calls_per_page"],
+                     f"{s['runs_used']}/{s['runs']}", round(s["external_cores"] or 0, 2),
                      "yes" if s["complete"] else "NO"])
     out = table(["latency", "nodes", "system", "pages", "time s", "pages/s", "× scrapy-redis",
-                 "× plain (1 node)", "Redis cmds/page", "complete"], rows)
+                 "× plain (1 node)", "node CPU ms/page", "Redis cmds/page", "runs used",
+                 "other programs (cores)", "complete"], rows)
     out += "\n\n" + table(["floor check", "ratio", "floor", "result"],
                           [[c["check"], c["ratio"], f"≥ {c['floor']}", c["pass"]]
                            for c in data["checks"]])

@@ -27,6 +27,7 @@ class BenchRecorder:
         self.first_request = None
         self.last_response = None
         self.responses = 0
+        self.cpu_first = self.cpu_last = None
         self.progress: list[tuple[float, int]] = []
         self._last_tick = 0.0
 
@@ -48,11 +49,13 @@ class BenchRecorder:
     def request_reached(self, request, spider):
         if self.first_request is None:
             self.first_request = time.time()
+            self.cpu_first = time.process_time()
             self.progress.append((self.first_request, 0))
 
     def response_received(self, response, request, spider):
         now = time.time()
         self.last_response = now
+        self.cpu_last = time.process_time()
         self.responses += 1
         if now - self._last_tick >= 1.0:
             self._last_tick = now
@@ -66,6 +69,9 @@ class BenchRecorder:
                 for k, v in stats.items() if k in STATS_KEPT}
         record = {"pid": os.getpid(), "first_request": self.first_request,
                   "last_response": self.last_response, "responses": self.responses,
+                  "crawl_cpu_s": (self.cpu_last - self.cpu_first
+                                  if self.cpu_first is not None and self.cpu_last is not None
+                                  else None),
                   "reason": reason, "closed_at": time.time(), "progress": self.progress,
                   "stats": kept}
         tmp = self.path + ".tmp"

@@ -27,13 +27,15 @@ from crawlproject.spiders.seeded import RedisSpider as OurRedisSpider
 
 LISTING_PRIORITY = 10
 
-# Our production defaults, as crawlproject/settings.py sets them.
-_OURS_FROM_PROJECT = (
-    "SCHEDULER", "SCHEDULER_LEASE_TTL", "SCHEDULER_BATCH_SIZE", "SCHEDULER_FLUSH_INTERVAL",
-    "DUPEFILTER_CAPACITY", "DUPEFILTER_ERROR_RATE", "CALLBACK_RETRY_TIMES",
-    "RETRY_BACKOFF_BASE", "RETRY_BACKOFF_MAX", "DOWNLOADER_MIDDLEWARES",
-    "REDIS_START_URLS_KEY", "REDIS_START_URLS_BATCH_SIZE", "SEEDS_POLL_INTERVAL",
-)
+# Our production configuration, as crawlproject/settings.py sets it: the
+# scheduler, its retry middleware and every frontier / dupefilter / seed setting.
+_OURS_PREFIXES = ("SCHEDULER", "DUPEFILTER_", "SEEDS_", "REDIS_START_URLS_", "RETRY_",
+                  "CALLBACK_RETRY_", "DOWNLOADER_MIDDLEWARES")
+
+
+def _ours_settings() -> dict:
+    return {name: getattr(project_settings, name) for name in dir(project_settings)
+            if name.isupper() and name.startswith(_OURS_PREFIXES)}
 
 
 class BenchParse:
@@ -66,7 +68,8 @@ class BenchParse:
 
 class OursSpider(BenchParse, OurRedisSpider):
     name = "bench_ours"
-    custom_settings = {k: getattr(project_settings, k) for k in _OURS_FROM_PROJECT}
+    custom_settings = _ours_settings()
+    # 2 s lets a second node wait for work; 1-node runs use 1 s (bench.common).
     custom_settings["MAX_IDLE_TIME_BEFORE_CLOSE"] = 2
 
 
@@ -81,9 +84,9 @@ class ScrapyRedisSpider(BenchParse, ScrapyRedisRedisSpider):
         "SCHEDULER_PERSIST": True,
         "SCHEDULER_IDLE_BEFORE_CLOSE": 0,
         # Its idle close counts from a class attribute set at import time;
-        # 5 s (one engine heartbeat) keeps a second node from closing before
-        # work reaches it.
-        "MAX_IDLE_TIME_BEFORE_CLOSE": 5,
+        # runs of several nodes use 5 s (one engine heartbeat) so that a
+        # second node does not close before work reaches it (bench.common).
+        "MAX_IDLE_TIME_BEFORE_CLOSE": 1,
     }
 
 

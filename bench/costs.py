@@ -1,0 +1,216 @@
+"""Per-operation costs of the frontier, for docs/scaling.md.
+
+Measured directly on a private Redis with :class:`crawlproject.frontier.queue.Frontier`
+(no crawl):
+
+* payload bytes of a typical product request (our JSON; scrapy-redis' pickle);
+* Redis memory per queued request (``MEMORY USAGE`` of the queue zset and the
+  payloads hash / entries), and per request in scrapy-redis' PriorityQueue;
+* server time of one SYNC call (``INFO commandstats`` usec of EVALSHA) for
+  typical batches: the steady state of a crawl node (adds with ~75 %
+  duplicates, acks, a take), and bigger batches (how long one call blocks
+  Redis);
+* the reclaim path: a SYNC that finds an expired node scans the whole
+  ``inflight`` hash (HGETALL) — its time for several inflight sizes.
+
+    python -m bench.costs [--quick]
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+
+from scrapy import Request, Spider
+
+from crawlproject.frontier.bloom import BloomConfig
+from crawlproject.frontier.queue import Batch, Frontier
+from crawlproject.keys import FrontierKeys
+from crawlproject.serialization import request_to_json
+from bench.common import BenchRedis, base_parser, mode_of, table, write_result
+
+NAME = "costs"
+QUEUED = {"full": 20_000, "quick": 5_000, "smallest": 500}
+SYNC_CALLS = {"full": 300, "quick": 100, "smallest": 20}
+INFLIGHT_SIZES = {"full": (1_000, 10_000, 100_000), "quick": (1_000, 10_000), "smallest": (1_000,)}
+BASE = "http://127.0.0.1:8000/product/"
+
+
+class _Spider(Spider):
+    name = "costs"
+
+    def parse_product(self, response):
+        pass
+
+
+def typical_request(i: int, spider: Spider) -> Request:
+    return Request(f"{BASE}{i}", callback=spider.parse_product)
+
+
+def steady_batch(take: int) -> Batch:
+    """A batch as the scheduler sends it between maintenance rounds (lease
+    renewal, reclaim and delayed promotion happen only every lease_ttl/3)."""
+    batch = Batch(take=take)
+    for flag in ("maintenance", "promote"):
+        if hasattr(batch, flag):
+            setattr(batch, flag, False)
+    return batch
+
+
+def evalsha_usec(client) -> tuple[int, int]:
+    stats = client.info("commandstats").get("cmdstat_evalsha", {"calls": 0, "usec": 0})
+    return int(stats["calls"]), int(stats["usec"])
+
+
+def payload_sizes(spider) -> dict:
+    req = typical_request(123456, spider)
+    ours = request_to_json(req, spider).encode()
+    theirs = pickle.dumps(req.to_dict(spider=spider), protocol=-1)
+    return {"url_bytes": len(req.url), "ours_json_bytes": len(ours),
+            "scrapy_redis_pickle_bytes": len(theirs)}
+
+
+def queued_memory(redis: BenchRedis, spider, n: int) -> dict:
+    client = redis.client
+    redis.reset()
+    f = Frontier(client, "costs", "node-a", bloom=BloomConfig(capacity=max(1000, n)))
+    for i in range(0, n, 100):
+        batch = Batch()
+        for j in range(i, min(n, i + 100)):
+            req = typical_request(j, spider)
+            batch.add(request_to_json(req, spider), fingerprint=f"fp{j}")
+        f.sync(batch)
+    k = FrontierKeys("costs")
+    mem = {key: int(client.memory_usage(key, samples=0) or 0) for key in (k.queue, k.payloads)}
+    per_entry = sum(mem.values()) / n
+    # scrapy-redis PriorityQueue: one ZADD of the pickled request per entry.
+    client.delete("costs:requests")
+    pipe = client.pipeline(transaction=False)
+    for j in range(n):
+        req = typical_request(j, spider)
+        pipe.execute_command("ZADD", "costs:requests", 0,
+                             pickle.dumps(req.to_dict(spider=spider), protocol=-1))
+        if j % 1000 == 999:
+            pipe.execute()
+    pipe.execute()
+    theirs = int(client.memory_usage("costs:requests", samples=0) or 0) / n
+    return {"entries": n, "queue_bytes": mem[k.queue], "payloads_bytes": mem[k.payloads],
+            "ours_bytes_per_queued": per_entry, "scrapy_redis_bytes_per_queued": theirs}
+
+
+def sync_costs(redis: BenchRedis, spider, calls: int) -> list[dict]:
+    """Server µs per SYNC for a few batch shapes, on a 10M-capacity filter."""
+    client = redis.client
+    out = []
+    shapes = [
+        # name, adds per call, share of adds that are duplicates, acks, take
+        ("steady state: 16 acks + 64 adds (75 % duplicates) + take 16", 64, 0.75, 16, 16),
+        ("full batch: 100 new adds + 16 acks + take 16", 100, 0.0, 16, 16),
+        ("same, adds without fingerprint (no Bloom work)", 100, None, 16, 16),
+        ("take only: 16", 0, 0.0, 0, 16),
+        ("big batch: 1,000 new adds", 1000, 0.0, 0, 0),
+        ("huge batch: 10,000 new adds", 10_000, 0.0, 0, 0),
+    ]
+    for name, adds, dup_share, acks, take in shapes:
+        redis.reset()
+        f = Frontier(client, "costs", "node-a", bloom=BloomConfig())
+        seen = []
+        payload = request_to_json(typical_request(1, spider), spider)
+        # a queue to take from
+        for i in range(0, calls * take + 1000, 1000):
+            b = Batch()
+            for j in range(i, i + 1000):
+                b.add(payload, fingerprint=f"pre{j}")
+            f.sync(b)
+        n_calls = calls if adds < 1000 else max(3, calls // (adds // 100))
+        c0, u0 = evalsha_usec(client)
+        wall = 0.0
+        counter = 0
+        to_ack: list[str] = []
+        for _ in range(n_calls):
+            b = steady_batch(take)
+            for j in range(adds):
+                if dup_share is None:  # dont_filter requests: no Bloom work
+                    b.add(payload, fingerprint=None)
+                    continue
+                if seen and (j / max(1, adds)) < dup_share:
+                    fp = seen[(counter * 7 + j) % len(seen)]
+                else:
+                    fp = f"new{counter}"
+                    seen.append(fp)
+                counter += 1
+                b.add(payload, fingerprint=fp)
+            b.acks, to_ack = to_ack[:acks], []
+            t = time.perf_counter()
+            res = f.sync(b)
+            wall += time.perf_counter() - t
+            to_ack = [m for m, _ in res.taken]
+        c1, u1 = evalsha_usec(client)
+        out.append({"shape": name, "calls": n_calls, "server_us_per_call": (u1 - u0) / max(1, c1 - c0),
+                    "client_ms_per_call": 1000 * wall / n_calls})
+    return out
+
+
+def reclaim_costs(redis: BenchRedis, sizes) -> list[dict]:
+    client = redis.client
+    k = FrontierKeys("costs")
+    out = []
+    for size in sizes:
+        redis.reset()
+        now_ms = int(time.time() * 1000)
+        pipe = client.pipeline(transaction=False)
+        for i in range(0, size, 1000):
+            mapping = {f"0:{j}": f"live-{j % 100}" for j in range(i, min(size, i + 1000))}
+            pipe.hset(k.inflight, mapping=mapping)
+        pipe.hset(k.inflight, mapping={f"0:{size + j}": "dead-node" for j in range(64)})
+        pipe.zadd(k.nodes, {f"live-{j}": now_ms + 3_600_000 for j in range(100)})
+        pipe.zadd(k.nodes, {"dead-node": now_ms - 1000})
+        pipe.execute()
+        f = Frontier(client, "costs", "live-0", bloom=BloomConfig())
+        c0, u0 = evalsha_usec(client)
+        res = f.sync()  # finds dead-node expired: HGETALL inflight, puts 64 back
+        c1, u1 = evalsha_usec(client)
+        res2 = f.sync()  # nothing expired now: the normal path
+        c2, u2 = evalsha_usec(client)
+        out.append({"inflight": size + 64, "reclaimed": res.reclaimed,
+                    "reclaim_sync_us": u1 - u0, "normal_sync_us": u2 - u1,
+                    "returned_ok": res2.reclaimed == 0})
+    return out
+
+
+def main(argv=None) -> dict:
+    args = base_parser(__doc__.splitlines()[0]).parse_args(argv)
+    mode = mode_of(args)
+    t0 = time.monotonic()
+    spider = _Spider()
+    with BenchRedis() as redis:
+        sizes = payload_sizes(spider)
+        queued = queued_memory(redis, spider, QUEUED[mode])
+        syncs = sync_costs(redis, spider, SYNC_CALLS[mode])
+        reclaim = reclaim_costs(redis, INFLIGHT_SIZES[mode])
+    data = {"mode": mode, "payload": sizes, "queued": queued, "sync": syncs, "reclaim": reclaim,
+            "duration_s": time.monotonic() - t0}
+    path = write_result(NAME, data, args.out)
+    print(render(data))
+    print(f"\nwritten {path} in {data['duration_s']:.0f}s")
+    return data
+
+
+def render(data: dict) -> str:
+    p, q = data["payload"], data["queued"]
+    out = table(["what", "ours", "scrapy-redis"], [
+        ["payload bytes of a product request", p["ours_json_bytes"], p["scrapy_redis_pickle_bytes"]],
+        [f"Redis bytes per queued request ({q['entries']:,} queued)", q["ours_bytes_per_queued"],
+         q["scrapy_redis_bytes_per_queued"]],
+    ])
+    out += "\n\n" + table(["SYNC call shape", "calls", "server µs/call", "client ms/call"],
+                          [[s["shape"], s["calls"], s["server_us_per_call"], s["client_ms_per_call"]]
+                           for s in data["sync"]])
+    out += "\n\n" + table(["inflight entries", "reclaimed", "reclaiming SYNC µs", "normal SYNC µs"],
+                          [[r["inflight"], r["reclaimed"], r["reclaim_sync_us"], r["normal_sync_us"]]
+                           for r in data["reclaim"]])
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""The benchmark scripts run end to end in their smallest mode.
+
+No timing is asserted (benchmarks are never judged by the test suite): only
+that each script completes and writes results with the expected keys and
+positive numbers.
+"""
+
+import pytest
+
+from bench import commands, costs, crawl, dedupe, memory, seeds
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+
+def positive(value):
+    return isinstance(value, (int, float)) and value > 0
+
+
+def test_crawl_smallest(tmp_path):
+    data = crawl.main(["--smallest", "--out", str(tmp_path / "crawl.json")])
+    assert (tmp_path / "crawl.json").exists()
+    assert {"summary", "checks", "runs", "mode"} <= set(data)
+    assert {"ours|1|0", "scrapy-redis|1|0", "plain|1|0"} <= set(data["summary"])
+    for s in data["summary"].values():
+        assert positive(s["pages_per_s"]) and positive(s["pages"]) and s["complete"]
+    assert positive(data["summary"]["ours|1|0"]["redis_calls_per_page"])
+    assert all("pass" in c and positive(c["ratio"]) for c in data["checks"])
+
+
+def test_commands_smallest(tmp_path):
+    data = commands.main(["--smallest", "--out", str(tmp_path / "commands.json")])
+    assert {"ours|1", "scrapy-redis|1"} <= set(data["runs"])
+    for run in data["runs"].values():
+        assert positive(run["calls_per_page"]) and positive(run["pages"])
+    assert positive(data["runs"]["ours|1"]["script_calls"])
+    assert data["checks"] and positive(data["checks"][0]["value"])
+
+
+def test_memory_smallest(tmp_path):
+    data = memory.main(["--smallest", "--out", str(tmp_path / "memory.json")])
+    for system in ("ours", "plain"):
+        assert positive(data["peak"][system]["peak_rss_mb"])
+        assert positive(data["flat"][system]["rss_at"]["100%"])
+    assert positive(data["checks"][0]["ratio"])
+
+
+def test_dedupe_smallest(tmp_path):
+    data = dedupe.main(["--smallest", "--out", str(tmp_path / "dedupe.json")])
+    for key in ("ours_100", "ours_1000", "sr_bloom", "set_single", "set_pipelined"):
+        assert positive(data["results"][key]["inserts_per_s"])
+        assert positive(data["results"][key]["bytes_per_url"])
+    # a Bloom filter may call a few new fingerprints seen (false positives)
+    assert data["results"]["ours_100"]["new_reported"] >= 0.99 * data["count"]
+    assert all(positive(c["ratio"]) for c in data["checks"])
+
+
+def test_seeds_smallest(tmp_path):
+    data = seeds.main(["--smallest", "--out", str(tmp_path / "seeds.json")])
+    assert {"ours|0", "plain|0", "scrapy-redis|0"} <= set(data["summary"])
+    for s in data["summary"].values():
+        assert s["complete"] and positive(s["elapsed_s"])
+    assert positive(data["checks"][0]["ratio"])
+
+
+def test_costs_smallest(tmp_path):
+    data = costs.main(["--smallest", "--out", str(tmp_path / "costs.json")])
+    assert positive(data["payload"]["ours_json_bytes"])
+    assert positive(data["queued"]["ours_bytes_per_queued"])
+    assert all(positive(s["server_us_per_call"]) for s in data["sync"])
+    assert all(r["reclaimed"] == 64 for r in data["reclaim"])
