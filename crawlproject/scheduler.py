@@ -76,6 +76,7 @@ class RedisScheduler(BaseScheduler):
         self.prefetch = prefetch
         self.batch_size = batch_size
         self.flush_interval = flush_interval
+        self.max_call_adds = max(batch_size, 1000)
         self.min_sync_interval = min_sync_interval
         self.idle_poll = idle_poll
         self.lease_ttl = lease_ttl
@@ -185,6 +186,10 @@ class RedisScheduler(BaseScheduler):
     def __len__(self) -> int:
         return len(self._buffer) + len(self._outbox.adds) + self._remote_queued
 
+    def local_backlog(self) -> int:
+        """Requests this node holds that Redis has not handed to the engine yet."""
+        return len(self._buffer) + len(self._outbox.adds)
+
     def flushed(self) -> asyncio.Future:
         """A future that resolves once everything enqueued so far is in Redis."""
         future = asyncio.get_running_loop().create_future()
@@ -255,7 +260,10 @@ class RedisScheduler(BaseScheduler):
         if gap > 0 and not urgent and len(self._outbox.adds) < self.batch_size:
             return gap  # coalesce: more work per round trip
         waiters, self._flush_waiters = self._flush_waiters, []
-        batch, self._outbox = self._outbox, Batch()
+        batch = self._next_batch()
+        if self._outbox:
+            waiters, self._flush_waiters = [], waiters  # resolved by a later call
+            self._wake.set()
         batch.take = max(0, want)
         batch.maintenance = maintenance
         batch.promote = maintenance or self._remote_delayed != 0 or any(a[3] for a in batch.adds)
@@ -274,6 +282,21 @@ class RedisScheduler(BaseScheduler):
             self._last_report = now
             await self._report()
         return 0.0
+
+    def _next_batch(self) -> Batch:
+        """The outbox, or its first ``max_call_adds`` new requests.
+
+        One script call blocks Redis for every node while it runs, so a huge
+        outbox (a callback yielding 10,000 links, or work kept through an
+        outage) is sent in several calls. Acknowledgements wait for the last
+        one: a request is never acknowledged before all its new requests are in.
+        """
+        if len(self._outbox.adds) <= self.max_call_adds:
+            batch, self._outbox = self._outbox, Batch()
+            return batch
+        batch = Batch(adds=self._outbox.adds[:self.max_call_adds])
+        self._outbox.adds = self._outbox.adds[self.max_call_adds:]
+        return batch
 
     async def _report(self) -> None:
         logger.info("Frontier: %d queued, %d delayed, %d in flight across nodes; "

@@ -41,6 +41,10 @@ TRANSIENT_META_KEYS = frozenset(
 )
 
 _TAG = "__t__"
+# Values a Request gets anyway when the key is absent.
+_DEFAULTS = {"callback": None, "errback": None, "headers": {}, "body": "", "cookies": {},
+             "meta": {}, "encoding": "utf-8", "flags": [], "cb_kwargs": {},
+             "dont_filter": False, "method": "GET", "priority": 0}
 
 
 class RequestEncodeError(ValueError):
@@ -139,6 +143,9 @@ def encode_request_dict(d: dict[str, Any]) -> dict[str, Any]:
     for key in ("callback", "errback"):
         if out.get(key) is not None and not isinstance(out[key], str):
             raise RequestEncodeError(f"{key} must be a spider method, got {out[key]!r}")
+    for key, default in _DEFAULTS.items():  # smaller payloads in Redis
+        if key in out and out[key] == default:
+            del out[key]
     try:
         json.dumps(out)
     except (TypeError, ValueError) as exc:
@@ -170,13 +177,36 @@ def decode_request_dict(d: Any) -> dict[str, Any]:
     return out
 
 
+def request_to_dict(request: Request, spider: Spider | None) -> dict[str, Any]:
+    """Like ``Request.to_dict(spider=...)``, without scanning every spider member.
+
+    Scrapy finds a callback's name with ``inspect.getmembers(spider)`` for each
+    request; here the bound method's own name is checked with one ``getattr``.
+    """
+    d = {"url": request.url, "callback": _method_name(spider, request.callback, "callback"),
+         "errback": _method_name(spider, request.errback, "errback"),
+         "headers": dict(request.headers)}
+    for attr in request.attributes:
+        d.setdefault(attr, getattr(request, attr))
+    if type(request) is not Request:  # noqa: E721 - subclasses need their class name
+        d["_class"] = f"{type(request).__module__}.{type(request).__name__}"
+    return d
+
+
+def _method_name(spider: Spider | None, func: Any, what: str) -> Any:
+    if func is None or isinstance(func, str) or not callable(func):
+        return func
+    name = getattr(func, "__name__", None)
+    self_ = getattr(func, "__self__", None)
+    if spider is not None and name and self_ is spider and getattr(spider, name, None) == func:
+        return name
+    raise RequestEncodeError(f"{what} {func!r} is not a method of the spider; "
+                             "only spider methods can be stored (by name)")
+
+
 def request_to_json(request: Request, spider: Spider | None) -> str:
     """Encode *request* (callbacks must be methods of *spider*)."""
-    try:
-        d = request.to_dict(spider=spider)
-    except ValueError as exc:  # callback is not a spider method
-        raise RequestEncodeError(str(exc)) from exc
-    return json.dumps(encode_request_dict(d), separators=(",", ":"))
+    return json.dumps(encode_request_dict(request_to_dict(request, spider)), separators=(",", ":"))
 
 
 def request_from_json(data: bytes | str, spider: Spider | None) -> Request:

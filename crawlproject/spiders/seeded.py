@@ -3,8 +3,8 @@
 Unlike scrapy-redis' ``RedisSpider`` (which reads seeds only when the node is
 idle, with a blocking client), seeds are read here in batches by ``start()``
 while the crawl runs, with an asyncio Redis client (the reactor never waits
-on Redis), and with back-pressure: a batch is taken only while the scheduler
-holds fewer than ``SEEDS_MAX_PENDING`` requests.
+on Redis), and with back-pressure: a batch is taken only while this node holds
+fewer than ``SEEDS_MAX_PENDING`` requests not yet in the shared frontier.
 
 A node is long-lived: it keeps polling for seeds. With
 ``MAX_IDLE_TIME_BEFORE_CLOSE = N`` (seconds, 0 = never) it closes once it has
@@ -162,7 +162,12 @@ class RedisSpider(Spider):
         return method
 
     def _scheduler_backlog(self) -> int:
+        # This node's own backlog: the shared queue may hold millions of
+        # requests, and a seed pushed with a high priority must not wait for it.
         scheduler = getattr(self.crawler.engine, "scheduler", None)
+        local = getattr(scheduler, "local_backlog", None)
+        if local is not None:
+            return local()
         try:
             return len(scheduler) if scheduler is not None else 0
         except TypeError:
