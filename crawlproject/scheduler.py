@@ -67,7 +67,7 @@ class RedisScheduler(BaseScheduler):
     """Scheduler shared by every node through Redis (see module docstring)."""
 
     def __init__(self, crawler, *, prefetch: int, batch_size: int, flush_interval: float,
-                 min_sync_interval: float, idle_poll: float, lease_ttl: float, bloom: BloomConfig,
+                 min_sync_interval: float, idle_poll: float, local_dedupe_size: int, lease_ttl: float, bloom: BloomConfig,
                  callback_retry_times: int, backoff_base: float, backoff_max: float,
                  node_id: str):
         self.crawler = crawler
@@ -77,6 +77,9 @@ class RedisScheduler(BaseScheduler):
         self.batch_size = batch_size
         self.flush_interval = flush_interval
         self.max_call_adds = max(batch_size, 1000)
+        self.local_dedupe_size = local_dedupe_size
+        self._recent: set[int] = set()
+        self._recent_old: set[int] = set()
         self.min_sync_interval = min_sync_interval
         self.idle_poll = idle_poll
         self.lease_ttl = lease_ttl
@@ -119,6 +122,7 @@ class RedisScheduler(BaseScheduler):
             batch_size=s.getint("SCHEDULER_BATCH_SIZE", 100),
             flush_interval=s.getfloat("SCHEDULER_FLUSH_INTERVAL", 0.05),
             min_sync_interval=s.getfloat("SCHEDULER_MIN_SYNC_INTERVAL", 0.02),
+            local_dedupe_size=s.getint("SCHEDULER_LOCAL_DEDUPE_SIZE", 20_000),
             idle_poll=s.getfloat("SCHEDULER_IDLE_POLL", 0.2),
             lease_ttl=s.getfloat("SCHEDULER_LEASE_TTL", 60.0),
             bloom=BloomConfig.from_settings(s),
@@ -152,6 +156,13 @@ class RedisScheduler(BaseScheduler):
     def enqueue_request(self, request: Request) -> bool:
         member = request.meta.pop(LEASE_META, None)
         delay = request.meta.pop(RETRY_DELAY_META, 0)
+        fp = None if request.dont_filter else self.fingerprinter.fingerprint(request)
+        if fp is not None and self._seen_here(fp):
+            # This node already sent it: the shared filter has it (or will have
+            # it with the pending call); skip the encoding and the round trip.
+            self._count("dupefilter/filtered")
+            self.stats.inc_value("dupefilter/filtered_locally")
+            return False
         try:
             payload = request_to_json(request, self.spider)
         except RequestEncodeError as exc:
@@ -163,7 +174,8 @@ class RedisScheduler(BaseScheduler):
             # the old entry is done once the new one is in, in the same call.
             self._replaced.add(member)
             self._outbox.acks.append(member)
-        fp = None if request.dont_filter else self.fingerprinter.fingerprint(request)
+        if fp is not None:
+            self._remember(fp)
         self._outbox.add(payload, fp, request.priority, int(delay * 1000))
         self.stats.inc_value("scheduler/enqueued/redis")
         if len(self._outbox.adds) >= self.batch_size or not self._buffer:
@@ -185,6 +197,17 @@ class RedisScheduler(BaseScheduler):
 
     def __len__(self) -> int:
         return len(self._buffer) + len(self._outbox.adds) + self._remote_queued
+
+    def _seen_here(self, fp: bytes) -> bool:
+        key = hash(fp)
+        return key in self._recent or key in self._recent_old
+
+    def _remember(self, fp: bytes) -> None:
+        # Two generations of at most local_dedupe_size hashes each: bounded
+        # memory, and the most recent fingerprints are always remembered.
+        if len(self._recent) >= self.local_dedupe_size:
+            self._recent_old, self._recent = self._recent, set()
+        self._recent.add(hash(fp))
 
     def local_backlog(self) -> int:
         """Requests this node holds that Redis has not handed to the engine yet."""

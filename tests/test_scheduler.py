@@ -224,3 +224,19 @@ def test_huge_outbox_is_sent_in_bounded_calls_acks_last(redis_url):
         calls.append(scheduler._next_batch())
     assert [len(c.adds) for c in calls] == [1000, 1000, 500]
     assert [c.acks for c in calls] == [[], [], ["0:1", "0:2"]]    # parents acked with the last
+
+
+def test_a_nodes_own_repeats_are_dropped_before_encoding(redis_url):
+    crawler = get_crawler(MetaSpider, {"REDIS_URL": redis_url, "SCHEDULER_LOCAL_DEDUPE_SIZE": 2})
+    crawler.spider = MetaSpider.from_crawler(crawler)
+    scheduler = RedisScheduler.from_crawler(crawler)
+    scheduler.spider = crawler.spider
+    crawler.stats.open_spider()
+    assert scheduler.enqueue_request(Request("http://127.0.0.1/a"))
+    assert not scheduler.enqueue_request(Request("http://127.0.0.1/a"))
+    assert scheduler.enqueue_request(Request("http://127.0.0.1/a", dont_filter=True))
+    for url in ("b", "c", "d", "e"):                    # two generations of 2: "a" is forgotten
+        assert scheduler.enqueue_request(Request(f"http://127.0.0.1/{url}"))
+    assert scheduler.enqueue_request(Request("http://127.0.0.1/a"))   # the shared filter decides
+    assert crawler.stats.get_value("dupefilter/filtered_locally") == 1
+    assert len(scheduler._outbox.adds) == 7
