@@ -784,10 +784,15 @@ class MongoServer(ManagedServer):
         """A new ``pymongo.MongoClient`` for this server."""
         return pymongo.MongoClient(self.uri, **kwargs)
 
+    def ping_options(self) -> dict:
+        """pymongo options of the readiness probe (a TLS server adds its CA)."""
+        return {}
+
     def ping(self) -> bool:
         """True when the server answers (an auth refusal counts as an answer)."""
         client = pymongo.MongoClient(self.uri, directConnection=True,
-                                     serverSelectionTimeoutMS=500, connectTimeoutMS=500)
+                                     serverSelectionTimeoutMS=500, connectTimeoutMS=500,
+                                     **self.ping_options())
         try:
             client.admin.command("ping")
             return True
