@@ -89,6 +89,12 @@ local function bloom_add_layer(key, m, layer, cap, p, shard_bits)
   local bytes = math.min(max_bytes, fitted_bytes(math.ceil(bits / shards / 8)))
   local per = prev_prime(math.max(67, bytes * 8))
   local L = tostring(layer)
+  -- Create each shard at its final size in one allocation: grown bit by bit,
+  -- Redis 6 over-allocates a string (up to twice its length).
+  local zeros = string.rep('\0', math.ceil(per / 8))
+  for shard = 0, shards - 1 do
+    redis.call('SET', key .. ':' .. L .. ':' .. shard, zeros)
+  end
   redis.call('HSET', key, 'layers', layer + 1, 'cap' .. L, fmt(cap), 'p' .. L, tostring(p),
              'k' .. L, k, 'shards' .. L, shards, 'bits' .. L, fmt(per), 'n' .. L, 0)
   m['layers'] = tostring(layer + 1)
