@@ -9,12 +9,17 @@ out of logs, stats and metrics.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
-from urllib.parse import parse_qs, urlsplit, urlunsplit
+from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_MONGO_URI = "mongodb://127.0.0.1:27017/"
 DEFAULT_MONGO_DATABASE = "crawlproject"
+
+
+#: Query parameters whose value is a secret (``redis://host/0?password=...``).
+_SECRET_PARAM = re.compile(r"pass|pwd|secret|token|key|credential", re.IGNORECASE)
 
 
 def env_default(name: str, default: str) -> str:
@@ -22,11 +27,30 @@ def env_default(name: str, default: str) -> str:
     return os.environ.get(name) or default
 
 
+def setting(settings, name: str, default: Any = None) -> Any:
+    """A setting that may come from the environment.
+
+    The Scrapy setting when a project, a spider or the command line set it;
+    otherwise the environment variable of the same name; otherwise *default*.
+    This is what the README's settings table promises for ``REDIS_URL``,
+    ``MONGO_URI``, ``MONGO_SPOOL_DIR``, ``MAX_IDLE_TIME_BEFORE_CLOSE``...,
+    in any project that uses these components, not only this one.
+    """
+    if settings is not None and settings.getpriority(name) is not None:
+        value = settings.get(name)
+        if value not in (None, ""):
+            return value
+    return os.environ.get(name) or default
+
+
 def redact_url(url: str | None) -> str:
-    """Return *url* with any password replaced by ``***``.
+    """Return *url* with any password replaced by ``***``, in the user
+    information and in query parameters such as ``?password=``.
 
     >>> redact_url("redis://user:secret@host:6379/0")
     'redis://user:***@host:6379/0'
+    >>> redact_url("redis://host:6379/0?password=secret&db=1")
+    'redis://host:6379/0?password=***&db=1'
     """
     if not url:
         return ""
@@ -34,8 +58,14 @@ def redact_url(url: str | None) -> str:
         parts = urlsplit(url)
     except ValueError:
         return "<unparseable url>"
+    if parts.query:
+        pairs = parse_qsl(parts.query, keep_blank_values=True)
+        if any(_SECRET_PARAM.search(k) for k, _ in pairs):
+            query = urlencode([(k, "***" if _SECRET_PARAM.search(k) else v) for k, v in pairs],
+                              safe="*")
+            parts = parts._replace(query=query)
     if parts.password is None and "@" not in parts.netloc:
-        return url
+        return urlunsplit(parts)
     userinfo, _, hostinfo = parts.netloc.rpartition("@")
     user = userinfo.split(":", 1)[0]
     netloc = f"{user}:***@{hostinfo}" if user else f"***@{hostinfo}"
@@ -59,7 +89,14 @@ def _strip_cluster_param(url: str) -> str:
 
 
 def redis_from_url(url: str, *, cluster: bool = False, asyncio: bool = False, **kw: Any):
-    """Create a redis-py client (sync or asyncio, single node or cluster)."""
+    """Create a redis-py client (sync or asyncio, single node or cluster).
+
+    Raises ``ValueError`` (password redacted) for a URL redis-py cannot use.
+    """
+    scheme = urlsplit(url).scheme.lower() if "://" in url else ""
+    if scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(f"not a Redis URL: {redact_url(url)!r} (expected redis://, rediss:// "
+                         "or unix://)")
     use_cluster = is_cluster_url(url, cluster)
     url = _strip_cluster_param(url)
     kw.setdefault("socket_timeout", 30)
@@ -78,22 +115,66 @@ def redis_from_url(url: str, *, cluster: bool = False, asyncio: bool = False, **
     return cls.from_url(url, **kw)
 
 
+def redis_url_from_settings(settings) -> str:
+    """``REDIS_URL`` (setting, then environment); else scrapy-redis'
+    ``REDIS_HOST`` / ``REDIS_PORT`` when set; else the local default."""
+    url = setting(settings, "REDIS_URL")
+    if url:
+        return url
+    host, port = setting(settings, "REDIS_HOST"), setting(settings, "REDIS_PORT")
+    if host or port:
+        return f"redis://{host or '127.0.0.1'}:{int(port or 6379)}/0"
+    return DEFAULT_REDIS_URL
+
+
+def redis_cluster_from_settings(settings) -> bool:
+    """``REDIS_CLUSTER`` (setting, then environment) as a boolean."""
+    value = setting(settings, "REDIS_CLUSTER", False)
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
 def redis_from_settings(settings, *, asyncio: bool = False, **kw: Any):
-    """Create the Redis client described by ``REDIS_URL``/``REDIS_CLUSTER``."""
+    """Create the Redis client described by ``REDIS_URL``/``REDIS_CLUSTER``
+    (see :func:`redis_url_from_settings`) and ``REDIS_PARAMS``."""
     params = dict(settings.getdict("REDIS_PARAMS"))
     params.pop("url", None)
     params.pop("redis_cls", None)
     params.update(kw)
     return redis_from_url(
-        settings.get("REDIS_URL") or DEFAULT_REDIS_URL,
-        cluster=settings.getbool("REDIS_CLUSTER"),
+        redis_url_from_settings(settings),
+        cluster=redis_cluster_from_settings(settings),
         asyncio=asyncio,
         **params,
     )
 
 
+def mongo_uri_from_settings(settings) -> str:
+    """``MONGO_URI`` (setting, then environment, then the local default)."""
+    return setting(settings, "MONGO_URI", DEFAULT_MONGO_URI)
+
+
+def mongo_database_from_settings(settings) -> str:
+    """``MONGO_DATABASE`` (setting, then environment, then ``crawlproject``)."""
+    return setting(settings, "MONGO_DATABASE", DEFAULT_MONGO_DATABASE)
+
+
 def mongo_client_options(settings) -> dict[str, Any]:
     """Extra pymongo client options from ``MONGO_CLIENT_OPTIONS``."""
     opts = {"serverSelectionTimeoutMS": 10_000, "appname": "crawlproject"}
-    opts.update(settings.getdict("MONGO_CLIENT_OPTIONS"))
+    if settings is not None:
+        opts.update(settings.getdict("MONGO_CLIENT_OPTIONS"))
     return opts
+
+
+def mongo_client(uri: str, *, asyncio: bool = True, settings=None, **kw: Any):
+    """The one place MongoDB clients are made: pymongo's ``AsyncMongoClient``
+    (or ``MongoClient`` with ``asyncio=False``) for *uri*, with the options of
+    ``MONGO_CLIENT_OPTIONS`` (from *settings*) and *kw*."""
+    import pymongo
+
+    opts = mongo_client_options(settings)
+    opts.update(kw)
+    cls = pymongo.AsyncMongoClient if asyncio else pymongo.MongoClient
+    return cls(uri, **opts)

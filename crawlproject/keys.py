@@ -45,6 +45,10 @@ key                                type    contents / written by
                                            ``bloom``, bits in ``...:dupefilter:<i>:<s>``)
 =================================  ======  ==========================================
 
+Derived keys: a Bloom filter's shards are ``<meta key>:<layer>:<shard>``
+(:func:`bloom_shard_key`); they share the meta key's hash tag, so a script
+that is given the meta key in KEYS touches only keys of its slot.
+
 Nothing in these keys is ever unpickled. One node closing never deletes them;
 :func:`reset_spider` (``python -m crawlproject.cli reset``) is the explicit reset.
 """
@@ -53,8 +57,54 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-START_URLS = "%(spider)s:start_urls"
-START_URLS_INVALID = "%(spider)s:start_urls:invalid"
+#: Default of ``REDIS_START_URLS_KEY`` (scrapy-redis' name and pattern).
+START_URLS = "%(name)s:start_urls"
+#: Default of ``DUPEFILTER_KEY`` for the standalone dupefilter.
+DUPEFILTER = "{%(spider)s}:dupefilter"
+
+
+def start_urls_key(spider: str, pattern: str | None = None) -> str:
+    """The seed key of *spider* (``REDIS_START_URLS_KEY`` pattern, default :data:`START_URLS`)."""
+    return (pattern or START_URLS) % {"name": spider, "spider": spider}
+
+
+def bloom_shard_key(meta_key: str, layer: int, shard: int) -> str:
+    """The string holding shard *shard* of layer *layer* of the filter at *meta_key*."""
+    return f"{meta_key}:{layer}:{shard}"
+
+
+def has_hash_tag(key: str) -> bool:
+    """True when *key* has a Redis Cluster hash tag (a non-empty ``{...}``)."""
+    start = key.find("{")
+    end = key.find("}", start + 1) if start >= 0 else -1
+    return start >= 0 and end > start + 1
+
+
+@dataclass(frozen=True)
+class SeedKeys:
+    """The keys of one seed key (``<spider>:start_urls`` by default)."""
+
+    key: str
+
+    @property
+    def seeds(self) -> str: return self.key
+    @property
+    def invalid(self) -> str: return f"{self.key}:invalid"
+    @property
+    def _tag(self) -> str: return f"{{{self.key}}}"
+    @property
+    def claims(self) -> str: return f"{self._tag}:claims"
+    @property
+    def claims_due(self) -> str: return f"{self._tag}:claims:due"
+    @property
+    def claims_seq(self) -> str: return f"{self._tag}:claims:seq"
+
+    def claim_keys(self) -> list[str]:
+        """KEYS of the CLAIM_SEEDS script, in its order."""
+        return [self.seeds, self.claims, self.claims_due, self.claims_seq]
+
+    def all(self) -> list[str]:
+        return [self.seeds, self.invalid, self.claims, self.claims_due, self.claims_seq]
 
 
 @dataclass(frozen=True)
@@ -87,25 +137,56 @@ class FrontierKeys:
     @property
     def bloom(self) -> str: return self._k("bloom")
     @property
-    def dupefilter(self) -> str: return self._k("dupefilter")
+    def dupefilter(self) -> str: return DUPEFILTER % {"spider": self.spider}
 
     def sync_keys(self) -> list[str]:
         """KEYS of the SYNC script, in its order."""
         return [self.queue, self.payloads, self.inflight, self.nodes, self.delayed,
-                self.dead, self.invalid, self.seq, self.bloom]
+                self.dead, self.invalid, self.seq, self.bloom, self.stats]
+
+    def replay_keys(self) -> list[str]:
+        """KEYS of the REPLAY_DEAD script, in its order."""
+        return [self.dead, self.queue, self.payloads, self.seq]
+
+    def fixed(self) -> list[str]:
+        """Every key of the frontier except Bloom shards (see :func:`bloom_shard_key`)."""
+        return [*self.sync_keys(), self.dupefilter]
 
 
-def reset_spider(client, spider: str, keep_seeds: bool = False) -> int:
-    """Delete the shared state of *spider* (frontier, filter, and seeds unless kept).
+def spider_keys(client, spider: str, seed_key: str | None = None) -> list[str]:
+    """Every key of *spider* that exists: seeds and their claims, the frontier,
+    both Bloom filters and their shards."""
+    seeds = SeedKeys(seed_key or start_urls_key(spider))
+    frontier = FrontierKeys(spider)
+    candidates = [*seeds.all(), *frontier.fixed()]
+    found = [k for k in candidates if client.exists(k)]
+    for meta in (frontier.bloom, frontier.dupefilter):
+        pattern = _glob_escape(meta) + ":*"
+        found += [_s(k) for k in client.scan_iter(match=pattern, count=1000)]
+    return found
+
+
+def reset_spider(client, spider: str, keep_seeds: bool = False,
+                 seed_key: str | None = None) -> int:
+    """Delete the shared state of *spider*: frontier, filters, seed claims and
+    invalid seeds, and the seeds themselves unless *keep_seeds*.
 
     Returns how many keys were deleted. Works on a single Redis and on a
-    Redis Cluster (the cluster client scans every master).
+    Redis Cluster (the cluster client scans every master). Only the spider's
+    own keys are touched (no pattern can match another spider's keys).
     """
-    keep = {START_URLS % {"spider": spider}} if keep_seeds else set()
+    seeds = SeedKeys(seed_key or start_urls_key(spider))
     deleted = 0
-    for pattern in (f"{spider}:*", f"{{{spider}}}:*"):
-        for key in client.scan_iter(match=pattern, count=1000):
-            name = key.decode() if isinstance(key, bytes) else key
-            if name not in keep:
-                deleted += client.delete(name)
+    for key in spider_keys(client, spider, seed_key):
+        if keep_seeds and key == seeds.seeds:
+            continue
+        deleted += client.delete(key)
     return deleted
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def _s(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,78 @@
+"""Outage logging: one WARNING when a service stops answering, a reminder now
+and then, one INFO with the downtime when it answers again.
+
+Every component of a node that talks to the same service shares one
+:class:`OutageLog` (:func:`outage_log`), so an outage of Redis is reported
+once per node, not once per failed call of each component.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+
+logger = logging.getLogger(__name__)
+
+REMINDER_INTERVAL = 60.0
+_logs: "weakref.WeakKeyDictionary[object, dict[str, OutageLog]]" = weakref.WeakKeyDictionary()
+
+
+class OutageLog:
+    """Tracks the availability of one service.
+
+    *service* names it in log lines (``"Redis at redis://***@host:6379/0"``),
+    *name* in stats (``<name>/outages``, ``<name>/outage_seconds``).
+    """
+
+    def __init__(self, service: str, *, name: str = "service", stats=None, reminder_interval: float = REMINDER_INTERVAL,
+                 clock=time.monotonic, log: logging.Logger = logger):
+        self.service = service
+        self.name = name
+        self.stats = stats
+        self.reminder_interval = reminder_interval
+        self.clock = clock
+        self.log = log
+        self.since: float | None = None
+        self.failures = 0
+        self._last_reminder = 0.0
+
+    @property
+    def down(self) -> bool:
+        return self.since is not None
+
+    def failed(self, what: str, exc: BaseException, extra: dict | None = None) -> None:
+        """A call to the service failed (*what*: which component, doing what)."""
+        now = self.clock()
+        self.failures += 1
+        if self.since is None:
+            self.since = self._last_reminder = now
+            self.failures = 1
+            if self.stats is not None:
+                self.stats.inc_value(f"{self.name}/outages")
+            self.log.warning("%s is unreachable (%s: %s: %s); retrying, work is kept",
+                             self.service, what, type(exc).__name__, exc, extra=extra)
+        elif now - self._last_reminder >= self.reminder_interval:
+            self._last_reminder = now
+            self.log.warning("%s still unreachable after %.0fs (%d failed calls; last: %s: %s)",
+                             self.service, now - self.since, self.failures,
+                             type(exc).__name__, exc, extra=extra)
+
+    def ok(self, extra: dict | None = None) -> None:
+        """A call to the service succeeded."""
+        if self.since is None:
+            return
+        downtime = self.clock() - self.since
+        self.since = None
+        if self.stats is not None:
+            self.stats.inc_value(f"{self.name}/outage_seconds", round(downtime, 3))
+        self.log.info("%s answers again after %.1fs (%d failed calls)", self.service, downtime,
+                      self.failures, extra=extra)
+
+
+def outage_log(crawler, name: str, service: str) -> OutageLog:
+    """The :class:`OutageLog` *name* (``"redis"``) shared by all components of *crawler*."""
+    per_crawler = _logs.setdefault(crawler, {})
+    if name not in per_crawler:
+        per_crawler[name] = OutageLog(service, name=name, stats=getattr(crawler, "stats", None))
+    return per_crawler[name]
