@@ -37,6 +37,11 @@ class OutageLog:
         self.failures = 0
         self._last_reminder = 0.0
 
+    def _stats(self):
+        # A stats collector, or a callable returning one (a crawler's stats
+        # exist only once the crawl starts).
+        return self.stats() if callable(self.stats) else self.stats
+
     @property
     def down(self) -> bool:
         return self.since is not None
@@ -48,8 +53,9 @@ class OutageLog:
         if self.since is None:
             self.since = self._last_reminder = now
             self.failures = 1
-            if self.stats is not None:
-                self.stats.inc_value(f"{self.name}/outages")
+            stats = self._stats()
+            if stats is not None:
+                stats.inc_value(f"{self.name}/outages")
             self.log.warning("%s is unreachable (%s: %s: %s); retrying, work is kept",
                              self.service, what, type(exc).__name__, exc, extra=extra)
         elif now - self._last_reminder >= self.reminder_interval:
@@ -64,8 +70,9 @@ class OutageLog:
             return
         downtime = self.clock() - self.since
         self.since = None
-        if self.stats is not None:
-            self.stats.inc_value(f"{self.name}/outage_seconds", round(downtime, 3))
+        stats = self._stats()
+        if stats is not None:
+            stats.inc_value(f"{self.name}/outage_seconds", round(downtime, 3))
         self.log.info("%s answers again after %.1fs (%d failed calls)", self.service, downtime,
                       self.failures, extra=extra)
 
@@ -74,5 +81,5 @@ def outage_log(crawler, name: str, service: str) -> OutageLog:
     """The :class:`OutageLog` *name* (``"redis"``) shared by all components of *crawler*."""
     per_crawler = _logs.setdefault(crawler, {})
     if name not in per_crawler:
-        per_crawler[name] = OutageLog(service, name=name, stats=getattr(crawler, "stats", None))
+        per_crawler[name] = OutageLog(service, name=name, stats=lambda: getattr(crawler, "stats", None))
     return per_crawler[name]

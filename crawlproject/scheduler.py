@@ -10,33 +10,48 @@ A thin adapter over :class:`crawlproject.frontier.queue.AsyncFrontier`:
   callback's output consumed, its new requests handed to this scheduler (and
   sent in the same call as the ack) and its items through the pipelines.
   A node killed at any moment loses nothing: its leased requests are put
-  back by any other node once its lease (``SCHEDULER_LEASE_TTL``) expires.
+  back by any other node once its lease (``SCHEDULER_LEASE_TTL``, 10 s by
+  default, renewed every ``SCHEDULER_HEARTBEAT_INTERVAL``) expires.
 * Downloads that keep failing are retried with exponential backoff through
   Redis (see :mod:`crawlproject.middlewares.retry`), then dead-lettered; a
   callback that keeps crashing is retried ``CALLBACK_RETRY_TIMES`` times,
   then dead-lettered too (``python -m crawlproject.cli dead`` / ``replay``).
 * Requests travel as JSON (:mod:`crawlproject.serialization`); a request that
-  cannot be serialised is refused at enqueue time with the offending key.
+  cannot be serialised is refused at enqueue time with the offending key. A
+  stored payload is untrusted: one that does not decode into a request the
+  spider published (:mod:`crawlproject.policy`) is moved to ``{spider}:invalid``.
+* Acknowledgements rely on the engine's private slot (``_slot.inprogress`` and
+  ``_slot.nextcall``, Scrapy 2.13–2.19); :meth:`RedisScheduler.open` refuses
+  to start, with a clear message, on a Scrapy without them rather than never
+  acknowledging anything.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import random
-import socket
 import time
-import uuid
 from collections import deque
 
+import scrapy
 from scrapy import Request, signals
 from scrapy.core.scheduler import BaseScheduler
+from redis.exceptions import RedisError
 from scrapy.utils.defer import deferred_from_coro
 
-from crawlproject.connection import redact_url, redis_from_settings
+from crawlproject.backoff import backoff_delay
+from crawlproject.connection import redact_url, redis_from_settings, redis_url_from_settings
 from crawlproject.frontier.bloom import BloomConfig
-from crawlproject.frontier.queue import AsyncFrontier, Batch
+from crawlproject.frontier.queue import (
+    DEAD_MAX,
+    INVALID_MAX,
+    MAX_PRIORITY,
+    AsyncFrontier,
+    Batch,
+)
+from crawlproject.identity import node_id
+from crawlproject.outage import outage_log
+from crawlproject.policy import InputPolicy
 from crawlproject.serialization import (
     RequestDecodeError,
     RequestEncodeError,
@@ -49,6 +64,8 @@ logger = logging.getLogger(__name__)
 LEASE_META = "_crawlproject_lease"
 RETRY_DELAY_META = "_crawlproject_retry_delay"
 CALLBACK_ATTEMPTS_META = "crawlproject_callback_attempts"
+#: Scrapy versions whose engine internals the acknowledgements were checked on.
+SUPPORTED_SCRAPY = ((2, 13), (2, 19))
 
 
 def _resolve(waiters: list[asyncio.Future]) -> None:
@@ -57,19 +74,17 @@ def _resolve(waiters: list[asyncio.Future]) -> None:
             waiter.set_result(None)
 
 
-def backoff_delay(attempt: int, base: float, cap: float) -> float:
-    """Exponential backoff with jitter: ~base*2^(attempt-1), at most *cap*."""
-    delay = min(cap, base * 2 ** max(0, attempt - 1))
-    return delay * random.uniform(0.5, 1.0) + random.uniform(0, base / 2)
-
-
 class RedisScheduler(BaseScheduler):
     """Scheduler shared by every node through Redis (see module docstring)."""
 
     def __init__(self, crawler, *, prefetch: int, batch_size: int, flush_interval: float,
-                 min_sync_interval: float, idle_poll: float, local_dedupe_size: int, lease_ttl: float, bloom: BloomConfig,
+                 min_sync_interval: float, idle_poll: float, local_dedupe_size: int,
+                 lease_ttl: float, heartbeat: float, bloom: BloomConfig,
                  callback_retry_times: int, backoff_base: float, backoff_max: float,
-                 node_id: str):
+                 node_id: str, dead_max: int = DEAD_MAX, invalid_max: int = INVALID_MAX):
+        if heartbeat <= 0 or heartbeat >= lease_ttl:
+            raise ValueError(f"SCHEDULER_HEARTBEAT_INTERVAL ({heartbeat}s) must be above 0 and "
+                             f"well under SCHEDULER_LEASE_TTL ({lease_ttl}s)")
         self.crawler = crawler
         self.stats = crawler.stats
         self.fingerprinter = crawler.request_fingerprinter
@@ -83,6 +98,9 @@ class RedisScheduler(BaseScheduler):
         self.min_sync_interval = min_sync_interval
         self.idle_poll = idle_poll
         self.lease_ttl = lease_ttl
+        self.heartbeat = heartbeat
+        self.dead_max = dead_max
+        self.invalid_max = invalid_max
         self.bloom = bloom
         self.callback_retry_times = callback_retry_times
         self.backoff_base = backoff_base
@@ -90,6 +108,11 @@ class RedisScheduler(BaseScheduler):
         self.node_base = node_id
         self._incarnation = 0
         self.spider = None
+        self.policy: InputPolicy | None = None
+        self._redis_outage = outage_log(crawler, "redis",
+                                        f"Redis at {redact_url(redis_url_from_settings(crawler.settings))}")
+        self._last_sweep = time.monotonic()
+        self._warned_priority = False
         self.frontier: AsyncFrontier | None = None
         self._buffer: deque[tuple[str, Request]] = deque()
         self._held: dict[str, Request] = {}
@@ -124,25 +147,32 @@ class RedisScheduler(BaseScheduler):
             min_sync_interval=s.getfloat("SCHEDULER_MIN_SYNC_INTERVAL", 0.02),
             local_dedupe_size=s.getint("SCHEDULER_LOCAL_DEDUPE_SIZE", 20_000),
             idle_poll=s.getfloat("SCHEDULER_IDLE_POLL", 0.2),
-            lease_ttl=s.getfloat("SCHEDULER_LEASE_TTL", 60.0),
+            lease_ttl=s.getfloat("SCHEDULER_LEASE_TTL", 10.0),
+            heartbeat=s.getfloat("SCHEDULER_HEARTBEAT_INTERVAL", 2.0),
             bloom=BloomConfig.from_settings(s),
             callback_retry_times=s.getint("CALLBACK_RETRY_TIMES", 2),
             backoff_base=s.getfloat("RETRY_BACKOFF_BASE", 1.0),
             backoff_max=s.getfloat("RETRY_BACKOFF_MAX", 60.0),
-            node_id=s.get("NODE_ID") or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}",
+            node_id=node_id(crawler),
+            dead_max=s.getint("SCHEDULER_DEAD_MAX", DEAD_MAX),
+            invalid_max=s.getint("SCHEDULER_INVALID_MAX", INVALID_MAX),
         )
 
     # -- Scrapy scheduler interface ------------------------------------------
     def open(self, spider):
+        self._check_engine()
         self.spider = spider
+        self.policy = InputPolicy.from_settings(self.crawler.settings, type(spider))
         client = redis_from_settings(self.crawler.settings, asyncio=True)
         self.frontier = AsyncFrontier(client, spider.name, self._node_id(),
-                                      lease_ttl=self.lease_ttl, bloom=self.bloom)
+                                      lease_ttl=self.lease_ttl, bloom=self.bloom,
+                                      dead_max=self.dead_max, invalid_max=self.invalid_max)
         self.crawler.signals.connect(self._on_response, signal=signals.response_received)
         self.crawler.signals.connect(self._on_spider_error, signal=signals.spider_error)
-        logger.info("Shared frontier for %r on %s as node %s (prefetch %d, lease %ss)",
-                    spider.name, redact_url(self.crawler.settings.get("REDIS_URL")),
-                    self.frontier.node, self.prefetch, self.lease_ttl,
+        logger.info("Shared frontier for %r on %s as node %s (prefetch %d, lease %ss, "
+                    "heartbeat %ss)", spider.name,
+                    redact_url(redis_url_from_settings(self.crawler.settings)),
+                    self.frontier.node, self.prefetch, self.lease_ttl, self.heartbeat,
                     extra={"spider": spider})
         self._task = asyncio.ensure_future(self._run())
         return None
@@ -150,10 +180,36 @@ class RedisScheduler(BaseScheduler):
     def close(self, reason: str):
         return deferred_from_coro(self._close(reason))
 
+    def _check_engine(self) -> None:
+        """Fail at open, loudly, if the engine lacks what acknowledgements need.
+
+        A request is acknowledged once it leaves the engine's slot
+        (``engine._slot.inprogress``, private to Scrapy); without it nothing
+        would ever be acknowledged, silently.
+        """
+        slot = getattr(self.crawler.engine, "_slot", None)
+        inprogress = getattr(slot, "inprogress", None)
+        nextcall = getattr(slot, "nextcall", None)
+        if not isinstance(inprogress, set) or not callable(getattr(nextcall, "schedule", None)):
+            (lo_major, lo_minor), (hi_major, hi_minor) = SUPPORTED_SCRAPY
+            raise RuntimeError(
+                f"crawlproject.scheduler.RedisScheduler cannot run on Scrapy "
+                f"{scrapy.__version__}: its engine has no _slot.inprogress set / "
+                f"_slot.nextcall, which tell when a request is done (supported: Scrapy "
+                f"{lo_major}.{lo_minor} to {hi_major}.{hi_minor}; see requirements.txt)")
+
     def has_pending_requests(self) -> bool:
         return bool(self._buffer or self._outbox.adds or self._remote_pending > 0)
 
     def enqueue_request(self, request: Request) -> bool:
+        try:
+            return self._enqueue(request)
+        except Exception:  # never into the engine: it would stop reading start()
+            logger.exception("Cannot enqueue %s", request, extra={"spider": self.spider})
+            self.stats.inc_value("scheduler/enqueue_errors")
+            return False
+
+    def _enqueue(self, request: Request) -> bool:
         member = request.meta.pop(LEASE_META, None)
         delay = request.meta.pop(RETRY_DELAY_META, 0)
         fp = None if request.dont_filter else self.fingerprinter.fingerprint(request)
@@ -164,7 +220,7 @@ class RedisScheduler(BaseScheduler):
             self.stats.inc_value("dupefilter/filtered_locally")
             return False
         try:
-            payload = request_to_json(request, self.spider)
+            payload = request_to_json(request, self.spider, self.policy)
         except RequestEncodeError as exc:
             logger.error("Cannot enqueue %s: %s", request, exc, extra={"spider": self.spider})
             self.stats.inc_value("scheduler/unserialisable")
@@ -176,6 +232,8 @@ class RedisScheduler(BaseScheduler):
             self._outbox.acks.append(member)
         if fp is not None:
             self._remember(fp)
+        if abs(request.priority) > MAX_PRIORITY:
+            self._priority_clamped(request)
         self._outbox.add(payload, fp, request.priority, int(delay * 1000))
         self.stats.inc_value("scheduler/enqueued/redis")
         if len(self._outbox.adds) >= self.batch_size or not self._buffer:
@@ -183,6 +241,15 @@ class RedisScheduler(BaseScheduler):
             # exactly these requests (e.g. the next listing page).
             self._wake.set()
         return True
+
+    def _priority_clamped(self, request: Request) -> None:
+        self.stats.inc_value("scheduler/priority_clamped")
+        if not self._warned_priority:
+            self._warned_priority = True
+            logger.warning("Request priority %d of %s is outside ±%d: queued at ±%d (priorities "
+                           "beyond that keep their order only up to the bound; counted in "
+                           "scheduler/priority_clamped, not logged again)", request.priority,
+                           request, MAX_PRIORITY, MAX_PRIORITY, extra={"spider": self.spider})
 
     def next_request(self) -> Request | None:
         if not self._buffer:
@@ -246,12 +313,18 @@ class RedisScheduler(BaseScheduler):
             try:
                 pause = await self._tick()
                 errors = 0
-            except Exception as exc:  # Redis unreachable: keep everything, retry
+            except (RedisError, OSError, asyncio.TimeoutError) as exc:
+                # Redis unreachable: keep everything, retry
                 errors += 1
                 self.stats.inc_value("scheduler/redis_errors")
-                logger.error("Frontier call failed (%s: %s); retrying", type(exc).__name__, exc,
-                             extra={"spider": self.spider})
-                await asyncio.sleep(min(5.0, 0.2 * 2**errors))
+                self._redis_outage.failed("frontier call", exc, {"spider": self.spider})
+                await asyncio.sleep(backoff_delay(errors, 0.4, 5.0))
+                continue
+            except Exception:  # a bug: say so, keep the loop (and the leases) alive
+                errors += 1
+                self.stats.inc_value("scheduler/loop_errors")
+                logger.exception("Frontier loop error; retrying", extra={"spider": self.spider})
+                await asyncio.sleep(backoff_delay(errors, 0.4, 5.0))
                 continue
             if pause:
                 await asyncio.sleep(pause)
@@ -274,7 +347,7 @@ class RedisScheduler(BaseScheduler):
         want = self.prefetch - len(self._buffer) if len(self._buffer) <= self.prefetch // 2 else 0
         if want and self._remote_queued == 0 and now - self._last_empty_take < self.idle_poll:
             want = 0  # the queue was empty a moment ago: poll it at idle pace
-        maintenance = now - self._last_maintenance >= self.lease_ttl / 3 or not (
+        maintenance = now - self._last_maintenance >= self.heartbeat or not (
             self._held or self._buffer)
         urgent = (not self._buffer and want) or self._flush_waiters or maintenance
         if not (self._outbox or want or urgent):
@@ -289,6 +362,7 @@ class RedisScheduler(BaseScheduler):
             self._wake.set()
         batch.take = max(0, want)
         batch.maintenance = maintenance
+        batch.sweep = maintenance and self._sweep_due(now)
         batch.promote = maintenance or self._remote_delayed != 0 or any(a[3] for a in batch.adds)
         try:
             result = await self.frontier.sync(batch)
@@ -296,15 +370,26 @@ class RedisScheduler(BaseScheduler):
             self._requeue_batch(batch)
             self._flush_waiters[:0] = waiters
             raise
+        self._redis_outage.ok({"spider": self.spider})
         self._last_sync = now
         if maintenance:
             self._last_maintenance = now
+        if batch.sweep:
+            self._last_sweep = now
         _resolve(waiters)
         self._apply(result, asked=batch.take)
         if now - self._last_report >= self.report_interval:
             self._last_report = now
             await self._report()
         return 0.0
+
+    def _sweep_due(self, now: float) -> bool:
+        # Entries held by an id that is not a registered node (an old frontier,
+        # a hand-edited key) would never come back and would keep every node
+        # from idle-closing. While this node holds nothing and others seem to,
+        # check for such entries once per lease TTL.
+        return (not self._held and self._remote_inflight > 0
+                and now - self._last_sweep >= self.lease_ttl)
 
     def _next_batch(self) -> Batch:
         """The outbox, or its first ``max_call_adds`` new requests.
@@ -340,6 +425,10 @@ class RedisScheduler(BaseScheduler):
         self._outbox = batch
         self._incarnation += 1
         self.frontier.node = self._node_id()
+        # Held requests still belong to the old id: acks of them are checked
+        # against the lease owner, so they come back (as stale) and the old
+        # id's leases are reclaimed once it expires.
+        self._last_maintenance = 0.0  # register the new id at once
 
     def _count(self, name: str, value: int = 1) -> None:
         """A scheduler stat, also added to the cluster-wide counters."""
@@ -358,6 +447,16 @@ class RedisScheduler(BaseScheduler):
             self._remote_pending = result.queued + max(0, self._remote_delayed)
         self._count("scheduler/added", result.added)
         self._count("dupefilter/filtered", result.duplicates)
+        self._count("scheduler/stale", result.stale)
+        self._count("scheduler/trimmed", result.trimmed)
+        if result.stale:
+            logger.warning("%d acknowledgement(s) for requests this node no longer held (its "
+                           "lease had expired and another node took them): ignored",
+                           result.stale, extra={"spider": self.spider})
+        if result.missing:
+            self._count("scheduler/invalid", result.missing)
+            logger.error("%d queue entries had no payload: moved to %s", result.missing,
+                         self.frontier.keys.invalid, extra={"spider": self.spider})
         if result.reclaimed:
             self._count("scheduler/reclaimed", result.reclaimed)
             logger.warning("Reclaimed %d requests leased by nodes that stopped answering",
@@ -371,7 +470,7 @@ class RedisScheduler(BaseScheduler):
 
     def _accept(self, member: str, payload: bytes) -> None:
         try:
-            request = request_from_json(payload, self.spider)
+            request = request_from_json(payload, self.spider, self.policy)
         except RequestDecodeError as exc:
             logger.error("Invalid payload %s moved aside: %s", member, exc,
                          extra={"spider": self.spider})
@@ -420,14 +519,22 @@ class RedisScheduler(BaseScheduler):
             retry.meta.pop(LEASE_META, None)
             retry.meta[CALLBACK_ATTEMPTS_META] = attempts
             delay = backoff_delay(attempts, self.backoff_base, self.backoff_max)
-            self._outbox.add(request_to_json(retry, self.spider), None, retry.priority,
-                             int(delay * 1000))
-            self._outbox.acks.append(member)
-            self._count("scheduler/callback_retries")
-            return
+            try:
+                payload = request_to_json(retry, self.spider, self.policy)
+            except RequestEncodeError as exc:  # a callback put something odd in meta
+                reason = f"{reason}; cannot be retried: {exc}"
+            else:
+                self._outbox.add(payload, None, retry.priority, int(delay * 1000))
+                self._outbox.acks.append(member)
+                self._count("scheduler/callback_retries")
+                return
         request.meta.pop(LEASE_META, None)
         retries = request.meta.get("retry_times", 0)
-        record = {"member": member, "payload": request_to_json(request, self.spider),
+        try:
+            payload = request_to_json(request, self.spider, self.policy)
+        except RequestEncodeError as exc:  # kept without a payload: visible, not replayable
+            payload, reason = None, f"{reason}; request not storable: {exc}"
+        record = {"member": member, "payload": payload,
                   "priority": request.priority, "url": request.url, "kind": kind,
                   "reason": reason, "attempts": (attempts if kind == "callback" else retries + 1),
                   "node": self.frontier.node, "at": time.time()}

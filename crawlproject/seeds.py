@@ -7,8 +7,11 @@ Two forms are accepted, as with scrapy-redis:
   "body": "...", "headers": {...}, "priority": 5, "callback": "parse_x",
   "dont_filter": true}``; any other key is form data, as in scrapy-redis.
 
-A seed that is neither is rejected with a reason (:class:`InvalidSeed`); the
-caller moves it to ``<spider>:start_urls:invalid`` so nothing is lost.
+A seed is untrusted input (see :mod:`crawlproject.policy`): whatever it holds,
+:func:`request_from_seed` either returns a request the spider published
+(callback, meta) or raises :class:`InvalidSeed` with a reason; it never raises
+anything else. The caller moves a rejected seed to
+``<spider>:start_urls:invalid`` so nothing is lost, and goes on with the batch.
 """
 
 from __future__ import annotations
@@ -18,9 +21,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from scrapy import Request
+from scrapy.http import FormRequest
 from w3lib.url import safe_url_string
 
+from crawlproject.frontier.queue import MAX_PRIORITY
+from crawlproject.frontier.scripts import CLAIM_SEEDS, RENEW_CLAIMS
+from crawlproject.keys import SeedKeys
+from crawlproject.policy import InputPolicy, Refused
+
 MAX_SEED_BYTES = 64 * 1024
+MAX_URL_LENGTH = 8192
 _KNOWN_KEYS = {"url", "meta", "method", "body", "headers", "priority", "callback",
                "errback", "dont_filter", "cb_kwargs"}
 _METHODS = {"GET", "POST", "PUT", "DELETE", "HEAD", "PATCH", "OPTIONS"}
@@ -58,8 +69,10 @@ def parse_seed(raw: bytes | str, encoding: str = "utf-8") -> Seed:
             raise InvalidSeed("too_large", f"seed is {len(raw)} bytes (max {MAX_SEED_BYTES})")
         try:
             raw = raw.decode(encoding)
-        except UnicodeDecodeError as exc:
+        except (UnicodeDecodeError, LookupError) as exc:
             raise InvalidSeed("bad_encoding", f"seed is not {encoding}: {exc}") from exc
+    elif len(raw) > MAX_SEED_BYTES:
+        raise InvalidSeed("too_large", f"seed is {len(raw)} characters (max {MAX_SEED_BYTES})")
     text = raw.strip()
     if not text:
         raise InvalidSeed("empty", "seed is empty")
@@ -73,7 +86,7 @@ def parse_seed(raw: bytes | str, encoding: str = "utf-8") -> Seed:
 def _parse_json_seed(text: str) -> Seed:
     try:
         data = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise InvalidSeed("bad_json", f"seed is not valid JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise InvalidSeed("bad_json", "seed JSON must be an object")
@@ -82,33 +95,45 @@ def _parse_json_seed(text: str) -> Seed:
     seed = Seed(url=_check_url(data["url"]))
     seed.method = _check_method(data.get("method", "GET"))
     seed.meta = _check_dict(data, "meta")
-    seed.headers = _check_dict(data, "headers")
+    seed.headers = _check_headers(_check_dict(data, "headers"))
     seed.cb_kwargs = _check_dict(data, "cb_kwargs")
-    seed.priority = _check_int(data.get("priority", 0), "priority")
+    seed.priority = _check_priority(data.get("priority", 0))
     seed.callback = _check_name(data.get("callback"), "callback")
     seed.errback = _check_name(data.get("errback"), "errback")
-    seed.dont_filter = bool(data.get("dont_filter", True))
+    dont_filter = data.get("dont_filter", True)
+    if not isinstance(dont_filter, bool):
+        raise InvalidSeed("bad_field", f"'dont_filter' must be true or false, got {dont_filter!r}")
+    seed.dont_filter = dont_filter
     body = data.get("body")
     if body is not None and not isinstance(body, str):
         raise InvalidSeed("bad_field", "'body' must be a string")
     seed.body = body
-    seed.formdata = {k: v for k, v in data.items() if k not in _KNOWN_KEYS}
+    seed.formdata = _check_formdata({k: v for k, v in data.items() if k not in _KNOWN_KEYS})
+    if seed.formdata and seed.body is not None:
+        raise InvalidSeed("bad_field", "a seed has either a 'body' or form fields, not both")
     return seed
 
 
 def _check_url(url: Any) -> str:
     if not isinstance(url, str) or not url.strip():
-        raise InvalidSeed("bad_url", f"url must be a non-empty string, got {url!r}")
+        raise InvalidSeed("bad_url", f"url must be a non-empty string, got {_short(url)}")
     url = url.strip()
+    if len(url) > MAX_URL_LENGTH:
+        raise InvalidSeed("bad_url", f"url is longer than {MAX_URL_LENGTH} characters")
     scheme, sep, rest = url.partition("://")
     if not sep or scheme.lower() not in ("http", "https") or not rest or any(c.isspace() for c in url):
         raise InvalidSeed("bad_url", f"not an absolute http(s) URL: {url[:200]!r}")
-    return safe_url_string(url)
+    try:
+        safe = safe_url_string(url)
+        Request(safe)  # the same parse the engine does (host, IPv6 brackets, port)
+    except Exception as exc:  # noqa: BLE001 - any parse failure is a bad URL
+        raise InvalidSeed("bad_url", f"unparseable URL {url[:200]!r}: {exc}") from None
+    return safe
 
 
 def _check_method(method: Any) -> str:
     if not isinstance(method, str) or method.upper() not in _METHODS:
-        raise InvalidSeed("bad_field", f"unsupported method {method!r}")
+        raise InvalidSeed("bad_field", f"unsupported method {_short(method)}")
     return method.upper()
 
 
@@ -121,9 +146,31 @@ def _check_dict(data: dict, key: str) -> dict:
     return value
 
 
-def _check_int(value: Any, key: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
-        raise InvalidSeed("bad_field", f"{key!r} must be an integer, got {value!r}")
+def _check_headers(headers: dict) -> dict:
+    for name, value in headers.items():
+        values = value if isinstance(value, list) else [value]
+        if not name or not all(isinstance(v, str) for v in values):
+            raise InvalidSeed("bad_field", f"header {_short(name)} must have a string value "
+                                           "(or a list of strings)")
+    return headers
+
+
+def _check_formdata(formdata: dict) -> dict:
+    for name, value in formdata.items():
+        values = value if isinstance(value, list) else [value]
+        if not all(isinstance(v, str) for v in values):
+            raise InvalidSeed("bad_field", f"form field {_short(name)} must be a string (or a "
+                                           "list of strings)")
+    return formdata
+
+
+def _check_priority(value: Any) -> int:
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or value != value
+            or value in (float("inf"), float("-inf")) or value != int(value)):
+        raise InvalidSeed("bad_field", f"'priority' must be an integer, got {_short(value)}")
+    if abs(value) > MAX_PRIORITY:
+        raise InvalidSeed("bad_field", f"'priority' must be between -{MAX_PRIORITY} and "
+                                       f"{MAX_PRIORITY}, got {int(value)}")
     return int(value)
 
 
@@ -131,8 +178,51 @@ def _check_name(value: Any, key: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value.isidentifier():
-        raise InvalidSeed("bad_field", f"{key!r} must be a method name, got {value!r}")
+        raise InvalidSeed("bad_field", f"{key!r} must be a method name, got {_short(value)}")
     return value
+
+
+def build_request(seed: Seed, spider, policy: InputPolicy) -> Request:
+    """The request for a parsed *seed*: callback, errback and meta must pass *policy*."""
+    try:
+        callback = policy.resolve(spider, seed.callback, "callback") if seed.callback else None
+        errback = policy.resolve(spider, seed.errback, "errback") if seed.errback else None
+        meta = policy.check_seed_meta(seed.meta)
+    except Refused as exc:
+        raise InvalidSeed(exc.code, str(exc)) from None
+    common = dict(
+        method=seed.method, headers=seed.headers or None, meta=meta,
+        priority=seed.priority, dont_filter=seed.dont_filter,
+        callback=callback, errback=errback, cb_kwargs=seed.cb_kwargs,
+    )
+    if seed.formdata:
+        return FormRequest(seed.url, formdata=seed.formdata, **common)
+    return Request(seed.url, body=seed.body, **common)
+
+
+def request_from_seed(raw: bytes | str, spider, policy: InputPolicy,
+                      encoding: str = "utf-8", check=None) -> Request:
+    """Parse *raw* and build its request with ``spider.make_request_from_seed``.
+
+    Raises :class:`InvalidSeed` and nothing else: a seed that makes any part
+    of the parsing or of the request building fail (including a spider's own
+    ``make_request_from_seed`` override, and *check*, e.g. the frontier's
+    encoder) is rejected with a reason.
+    """
+    try:
+        seed = parse_seed(raw, encoding)
+        make = getattr(spider, "make_request_from_seed", None)
+        request = make(seed) if make is not None else build_request(seed, spider, policy)
+        if check is not None:
+            check(request)
+        return request
+    except InvalidSeed:
+        raise
+    except Refused as exc:
+        raise InvalidSeed(exc.code, str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - untrusted input must not stop a node
+        raise InvalidSeed("error", f"cannot build a request: {type(exc).__name__}: "
+                                   f"{str(exc)[:300]}") from None
 
 
 def invalid_record(raw: bytes | str, error: InvalidSeed, node: str = "") -> str:
@@ -146,92 +236,41 @@ def invalid_record(raw: bytes | str, error: InvalidSeed, node: str = "") -> str:
     )
 
 
-CLAIM_SEEDS = r"""
--- CLAIM_SEEDS: take seeds, keeping each as a claim until the requests made from
--- it are safely in the frontier; expired claims (their node died) go back first.
--- KEYS[1] seed key (list | set | zset)   KEYS[2] claims (hash id -> seed)
--- KEYS[3] claim deadlines (zset id -> ms) KEYS[4] claim counter (string)
--- (KEYS[2..4] are tagged {<seed key>}, so all four share the seed key's slot.)
--- ARGV[1] 'list' | 'set' | 'zset'  ARGV[2] how many  ARGV[3] claim ttl ms
--- ARGV[4] now in ms, or '' for Redis server time
--- Returns {restored count, id1, seed1, id2, seed2, ...}
-local now
-if ARGV[4] ~= '' then now = tonumber(ARGV[4]) else
-  local t = redis.call('TIME'); now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-local kind, count = ARGV[1], tonumber(ARGV[2])
-local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', string.format('%.0f', now), 'LIMIT', 0, 500)
-for _, id in ipairs(expired) do
-  local seed = redis.call('HGET', KEYS[2], id)
-  if seed then
-    if kind == 'list' then redis.call('RPUSH', KEYS[1], seed)
-    elseif kind == 'set' then redis.call('SADD', KEYS[1], seed)
-    else
-      local score, raw = string.match(seed, '^([^\n]*)\n(.*)$')
-      redis.call('ZADD', KEYS[1], score, raw)
-    end
-  end
-  redis.call('HDEL', KEYS[2], id)
-  redis.call('ZREM', KEYS[3], id)
-end
-local got = {}
-if kind == 'list' then
-  got = redis.call('RPOP', KEYS[1], count) or {}
-elseif kind == 'set' then
-  got = redis.call('SPOP', KEYS[1], count) or {}
-else
-  local flat = redis.call('ZPOPMAX', KEYS[1], count)
-  for i = 1, #flat, 2 do got[#got + 1] = flat[i + 1] .. '\n' .. flat[i] end
-end
-local out = {#expired}
-if type(got) ~= 'table' or #got == 0 then return out end
-local last = redis.call('INCRBY', KEYS[4], #got)
-local deadline = string.format('%.0f', now + tonumber(ARGV[3]))
-local fields, scores = {}, {}
-for i, seed in ipairs(got) do
-  local id = tostring(last - #got + i)
-  fields[#fields + 1] = id; fields[#fields + 1] = seed
-  scores[#scores + 1] = deadline; scores[#scores + 1] = id
-  out[#out + 1] = id
-  out[#out + 1] = seed
-end
-redis.call('HSET', KEYS[2], unpack(fields))
-redis.call('ZADD', KEYS[3], unpack(scores))
-return out
-"""
-
-
 class SeedQueue:
     """The ``<spider>:start_urls`` key in Redis (list, set or sorted set).
 
     Knows Redis (an asyncio redis-py client), not Scrapy. Lists are consumed
     oldest first (users ``LPUSH``, we ``RPOP``), sorted sets highest score
     first. A batch is taken atomically and kept as *claims* until
-    :meth:`release` says the requests made from it are in the frontier; claims
-    of a node that died are put back by the next :meth:`claim` after
-    ``claim_ttl`` seconds, so no seed is lost between pop and enqueue.
+    :meth:`release` says the requests made from it are in the frontier; while
+    it waits, the node :meth:`renew`\\ s them. Claims of a node that died are
+    put back by the next :meth:`claim` once ``claim_ttl`` seconds passed, so no
+    seed is lost between pop and enqueue. The invalid list keeps at most
+    ``invalid_max`` records (the newest).
     """
 
-    def __init__(self, client, key: str, kind: str = "list", invalid_key: str | None = None,
-                 claim_ttl: float = 60.0, clock=None):
+    def __init__(self, client, key: str, kind: str = "list", claim_ttl: float = 15.0,
+                 invalid_max: int = 10_000, clock=None):
         if kind not in ("list", "set", "zset"):
             raise ValueError(f"unknown seed key type {kind!r}")
         self.client = client
+        self.keys = SeedKeys(key)
         self.key = key
         self.kind = kind
-        self.invalid_key = invalid_key or f"{key}:invalid"
-        tag = f"{{{key}}}"
-        self.claims_key, self.deadlines_key, self.counter_key = (
-            f"{tag}:claims", f"{tag}:claims:due", f"{tag}:claims:seq")
+        self.invalid_key = self.keys.invalid
         self.claim_ttl_ms = int(claim_ttl * 1000)
+        self.invalid_max = max(1, int(invalid_max))
         self.clock = clock
         self._claim = client.register_script(CLAIM_SEEDS)
+        self._renew = client.register_script(RENEW_CLAIMS)
+
+    def _now(self) -> str:
+        return str(self.clock()) if self.clock else ""
 
     async def claim(self, count: int) -> tuple[int, list[tuple[str, bytes]]]:
         """Take up to *count* seeds as claims: (restored, [(claim id, raw seed)])."""
-        out = await self._claim(
-            keys=[self.key, self.claims_key, self.deadlines_key, self.counter_key],
-            args=[self.kind, count, self.claim_ttl_ms, str(self.clock()) if self.clock else ""])
+        out = await self._claim(keys=self.keys.claim_keys(),
+                                args=[self.kind, count, self.claim_ttl_ms, self._now()])
         pairs = [(_s(out[i]), self._raw(out[i + 1])) for i in range(1, len(out), 2)]
         return int(out[0]), pairs
 
@@ -241,17 +280,28 @@ class SeedQueue:
             value = value.split(b"\n", 1)[1]
         return value
 
+    async def renew(self, ids: list[str]) -> None:
+        """Push the deadline of claims this node still holds ``claim_ttl`` ahead."""
+        if ids:
+            await self._renew(keys=[self.keys.claims_due],
+                              args=[self.claim_ttl_ms, self._now(), *ids])
+
     async def release(self, ids: list[str]) -> None:
         """Forget claims whose requests are safely stored."""
         if ids:
             async with self.client.pipeline(transaction=False) as pipe:
-                pipe.hdel(self.claims_key, *ids)
-                pipe.zrem(self.deadlines_key, *ids)
+                pipe.hdel(self.keys.claims, *ids)
+                pipe.zrem(self.keys.claims_due, *ids)
                 await pipe.execute()
 
-    async def reject(self, raw: bytes | str, error: InvalidSeed, node: str = "") -> None:
-        """Keep a rejected seed, with its reason, in the invalid list."""
-        await self.client.lpush(self.invalid_key, invalid_record(raw, error, node))
+    async def reject(self, raw: bytes | str, error: InvalidSeed, node: str = "") -> int:
+        """Keep a rejected seed, with its reason, in the invalid list; returns how
+        many old records were trimmed to keep the list at ``invalid_max``."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.lpush(self.invalid_key, invalid_record(raw, error, node))
+            pipe.ltrim(self.invalid_key, 0, self.invalid_max - 1)
+            length, _ = await pipe.execute()
+        return max(0, int(length) - self.invalid_max)
 
     async def size(self) -> int:
         if self.kind == "list":
@@ -263,3 +313,8 @@ class SeedQueue:
 
 def _s(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -3,12 +3,18 @@
 Nothing read from Redis is ever unpickled or used to import arbitrary code:
 whoever can write to Redis must not be able to run code on every node.
 
-* Callbacks and errbacks travel by name and are resolved with ``getattr`` on
-  the running spider (a name the spider lacks is an error, never an import).
+* Callbacks and errbacks travel by name and are resolved on the running
+  spider only if the spider published them (:mod:`crawlproject.policy`: a
+  public method of the spider's own classes, or its ``allowed_callbacks``);
+  a name is never imported.
 * ``meta`` and ``cb_kwargs`` must hold JSON data (str, int, float, bool, None,
   lists, dicts with str keys), ``bytes``, or scrapy-playwright ``PageMethod``
   objects; anything else raises :class:`RequestEncodeError` naming the key.
+  Browser actions (page methods, context options) must pass the policy's
+  allow-lists, when a request is stored and again when it is read back.
 * The request class is kept only if it is one of :data:`ALLOWED_CLASSES`.
+* Decoding raises :class:`RequestDecodeError` and nothing else, whatever
+  the payload holds: the caller moves it aside with the reason.
 
 The module also offers ``dumps``/``loads`` with the dict-level signature that
 scrapy-redis expects from ``SCHEDULER_SERIALIZER``, so scrapy-redis' own
@@ -26,6 +32,8 @@ from scrapy import Request, Spider
 from scrapy.http import FormRequest, JsonRequest
 from scrapy.utils.request import request_from_dict as _scrapy_request_from_dict
 
+from crawlproject.policy import InputPolicy, Refused
+
 FORMAT_VERSION = 1
 
 #: Request classes a stored payload may name in ``_class``.
@@ -41,6 +49,7 @@ TRANSIENT_META_KEYS = frozenset(
 )
 
 _TAG = "__t__"
+_NO_SPIDER = InputPolicy()
 # Values a Request gets anyway when the key is absent.
 _DEFAULTS = {"callback": None, "errback": None, "headers": {}, "body": "", "cookies": {},
              "meta": {}, "encoding": "utf-8", "flags": [], "cb_kwargs": {},
@@ -106,30 +115,39 @@ def _encode_page_method(value: Any, path: str) -> dict:
     }
 
 
-def decode_value(value: Any) -> Any:
-    """Inverse of :func:`encode_value`."""
+def decode_value(value: Any, policy: InputPolicy = _NO_SPIDER) -> Any:
+    """Inverse of :func:`encode_value`; page methods must pass *policy*."""
     if isinstance(value, list):
-        return [decode_value(v) for v in value]
+        return [decode_value(v, policy) for v in value]
     if not isinstance(value, dict):
         return value
     tag = value.get(_TAG)
     if tag is None:
-        return {k: decode_value(v) for k, v in value.items()}
+        return {k: decode_value(v, policy) for k, v in value.items()}
     if tag == "bytes":
-        return base64.b64decode(value["b64"])
+        return base64.b64decode(value["b64"], validate=True)
     if tag == "dict":
-        return {k: decode_value(v) for k, v in value["items"].items()}
+        return {k: decode_value(v, policy) for k, v in value["items"].items()}
     if tag == "PageMethod":
-        from scrapy_playwright.page import PageMethod
-
-        return PageMethod(
-            value["method"], *decode_value(value["args"]), **decode_value(value["kwargs"])
-        )
+        try:
+            return policy.page_method(value["method"], decode_value(value["args"], policy),
+                                      decode_value(value["kwargs"], policy))
+        except Refused as exc:
+            raise RequestDecodeError(str(exc)) from None
     raise RequestDecodeError(f"unknown value tag {tag!r}")
 
 
-def encode_request_dict(d: dict[str, Any]) -> dict[str, Any]:
-    """Make a ``Request.to_dict()`` result JSON-safe."""
+def encode_request_dict(d: dict[str, Any], policy: InputPolicy = _NO_SPIDER) -> dict[str, Any]:
+    """Make a ``Request.to_dict()`` result JSON-safe; callbacks and browser
+    actions must pass *policy* (the same checks as when it is read back)."""
+    meta = {k: v for k, v in (d.get("meta") or {}).items() if k not in TRANSIENT_META_KEYS}
+    try:
+        for key in ("callback", "errback"):
+            if isinstance(d.get(key), str):
+                policy.check_callback(d[key], key)
+        policy.check_meta(meta)
+    except Refused as exc:
+        raise RequestEncodeError(str(exc)) from None
     out = dict(d)
     out["v"] = FORMAT_VERSION
     out["body"] = base64.b64encode(d.get("body") or b"").decode("ascii")
@@ -137,7 +155,6 @@ def encode_request_dict(d: dict[str, Any]) -> dict[str, Any]:
         _latin1(k): [_latin1(v) for v in (vs if isinstance(vs, list) else [vs])]
         for k, vs in (d.get("headers") or {}).items()
     }
-    meta = {k: v for k, v in (d.get("meta") or {}).items() if k not in TRANSIENT_META_KEYS}
     out["meta"] = encode_value(meta, "meta")
     out["cb_kwargs"] = encode_value(d.get("cb_kwargs") or {}, "cb_kwargs")
     for key in ("callback", "errback"):
@@ -153,27 +170,34 @@ def encode_request_dict(d: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def decode_request_dict(d: Any) -> dict[str, Any]:
+def decode_request_dict(d: Any, policy: InputPolicy = _NO_SPIDER) -> dict[str, Any]:
     """Validate and decode a stored payload into ``request_from_dict`` input."""
     if not isinstance(d, dict) or not isinstance(d.get("url"), str):
         raise RequestDecodeError("payload is not an object with a string 'url'")
     if "_class" in d and d["_class"] not in ALLOWED_CLASSES:
-        raise RequestDecodeError(f"request class {d['_class']!r} is not allowed")
-    for key in ("callback", "errback"):
-        if d.get(key) is not None and not _is_identifier(d[key]):
-            raise RequestDecodeError(f"{key} {d[key]!r} is not a method name")
+        raise RequestDecodeError(f"request class {str(d['_class'])[:100]!r} is not allowed")
     try:
+        for key in ("callback", "errback"):
+            if d.get(key) is not None:
+                policy.check_callback(d[key], key)
         out = dict(d)
         out.pop("v", None)
-        out["body"] = base64.b64decode(d.get("body") or "")
+        out["body"] = base64.b64decode(d.get("body") or "", validate=True)
         out["headers"] = {
             k.encode("latin-1"): [v.encode("latin-1") for v in vs]
             for k, vs in (d.get("headers") or {}).items()
         }
-        out["meta"] = decode_value(d.get("meta") or {})
-        out["cb_kwargs"] = decode_value(d.get("cb_kwargs") or {})
-    except (ValueError, TypeError, AttributeError, KeyError) as exc:
-        raise RequestDecodeError(f"malformed payload: {exc}") from exc
+        out["meta"] = decode_value(d.get("meta") or {}, policy)
+        out["cb_kwargs"] = decode_value(d.get("cb_kwargs") or {}, policy)
+        if not isinstance(out["meta"], dict) or not isinstance(out["cb_kwargs"], dict):
+            raise TypeError("meta and cb_kwargs must be objects")
+        policy.check_meta(out["meta"])
+    except RequestDecodeError:
+        raise
+    except Refused as exc:
+        raise RequestDecodeError(str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - whatever the payload holds
+        raise RequestDecodeError(f"malformed payload: {type(exc).__name__}: {exc}") from None
     return out
 
 
@@ -204,23 +228,35 @@ def _method_name(spider: Spider | None, func: Any, what: str) -> Any:
                              "only spider methods can be stored (by name)")
 
 
-def request_to_json(request: Request, spider: Spider | None) -> str:
-    """Encode *request* (callbacks must be methods of *spider*)."""
-    return json.dumps(encode_request_dict(request_to_dict(request, spider)), separators=(",", ":"))
+def _policy(spider: Spider | None, policy: InputPolicy | None) -> InputPolicy:
+    if policy is not None:
+        return policy
+    return InputPolicy(spidercls=type(spider)) if spider is not None else _NO_SPIDER
 
 
-def request_from_json(data: bytes | str, spider: Spider | None) -> Request:
-    """Decode a payload written by :func:`request_to_json`."""
+def request_to_json(request: Request, spider: Spider | None,
+                    policy: InputPolicy | None = None) -> str:
+    """Encode *request* (callbacks must be methods *spider* published)."""
+    d = encode_request_dict(request_to_dict(request, spider), _policy(spider, policy))
+    return json.dumps(d, separators=(",", ":"))
+
+
+def request_from_json(data: bytes | str, spider: Spider | None,
+                      policy: InputPolicy | None = None) -> Request:
+    """Decode a payload written by :func:`request_to_json`.
+
+    Raises :class:`RequestDecodeError`, and only that, for anything that is
+    not a request *spider* may run.
+    """
     try:
         d = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise RequestDecodeError(f"payload is not JSON: {exc}") from exc
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise RequestDecodeError(f"payload is not JSON: {exc}") from None
+    decoded = decode_request_dict(d, _policy(spider, policy))
     try:
-        return _scrapy_request_from_dict(decode_request_dict(d), spider=spider)
-    except RequestDecodeError:
-        raise
-    except (ValueError, TypeError) as exc:
-        raise RequestDecodeError(str(exc)) from exc
+        return _scrapy_request_from_dict(decoded, spider=spider)
+    except Exception as exc:  # noqa: BLE001 - whatever the payload holds
+        raise RequestDecodeError(f"not a valid request: {type(exc).__name__}: {exc}") from None
 
 
 # scrapy-redis SCHEDULER_SERIALIZER interface (dict in, dict out).
@@ -230,13 +266,18 @@ def dumps(obj: dict[str, Any]) -> str:
 
 
 def loads(data: bytes | str) -> dict[str, Any]:
-    """Deserialise data from :func:`dumps` (scrapy-redis interface)."""
-    return decode_request_dict(json.loads(data))
+    """Deserialise data from :func:`dumps` (scrapy-redis interface).
+
+    scrapy-redis resolves callbacks itself, without telling us the spider:
+    names are checked without it (no leading underscore, no framework hook).
+    """
+    try:
+        d = json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise RequestDecodeError(f"payload is not JSON: {exc}") from None
+    return decode_request_dict(d)
 
 
 def _latin1(value: Any) -> str:
     return value.decode("latin-1") if isinstance(value, bytes) else str(value)
 
-
-def _is_identifier(name: Any) -> bool:
-    return isinstance(name, str) and name.isidentifier()

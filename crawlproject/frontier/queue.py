@@ -12,9 +12,13 @@ Life of an entry (member ``"<priority>:<seq>"``, payload in ``payloads``):
   renewed by every call it makes, at least every ``lease_ttl / 3``;
 * **ack** — done (downloaded, callback output consumed, new requests added,
   items stored): forgotten; **fail** — forgotten, with a record kept in the
-  ``dead`` or ``invalid`` list; **nack** — not started: back in its place;
+  ``dead`` or ``invalid`` list; **nack** — not started: back in its place.
+  Only the node holding the lease can do these (or a node whose lease expired,
+  for an entry nobody took since): any other call is *stale*, counted and
+  ignored, so a node that lost its lease cannot undo another node's work;
 * **reclaim** — any node's call puts back the entries of nodes whose lease
-  deadline has passed (a node killed with SIGKILL loses nothing).
+  deadline has passed (a node killed with SIGKILL loses nothing); a *sweep*
+  also puts back entries whose owner is not a registered node at all.
 
 Every operation a node has pending travels in one ``SYNC`` script call.
 """
@@ -30,9 +34,15 @@ from crawlproject.frontier.scripts import REPLAY_DEAD, SYNC
 from crawlproject.keys import FrontierKeys
 
 MAX_PRIORITY = 4095  # |priority| < 2^12 keeps the queue score exact in a double
+#: Records kept in the dead-letter and invalid lists (newest first) by default.
+DEAD_MAX = 100_000
+INVALID_MAX = 10_000
+#: meta keys that count attempts; a replayed dead letter starts afresh.
+ATTEMPT_META_KEYS = ("retry_times", "crawlproject_callback_attempts")
 
 
 def clamp_priority(priority: int) -> int:
+    """*priority* within ±:data:`MAX_PRIORITY` (the queue score's exact range)."""
     return max(-MAX_PRIORITY, min(MAX_PRIORITY, int(priority)))
 
 
@@ -49,6 +59,8 @@ class Batch:
     maintenance: bool = True
     #: move due delayed entries to the queue (always done with maintenance)
     promote: bool = True
+    #: also reclaim entries held by ids that are not registered nodes
+    sweep: bool = False
 
     def add(self, payload: str, fingerprint: bytes | str | None = None,
             priority: int = 0, delay_ms: int = 0) -> None:
@@ -78,7 +90,10 @@ class SyncResult:
     """What one call returned: taken entries and the frontier's sizes.
 
     ``delayed`` and ``inflight`` are -1 unless the call did maintenance;
-    ``now_ms`` is -1 when the call did not need the time.
+    ``now_ms`` is -1 when the call did not need the time; ``stale`` counts
+    acks/fails/nacks of entries this node no longer held; ``missing`` queue
+    members that had no payload (set aside in the invalid list); ``trimmed``
+    old records dropped from the dead/invalid lists to keep them capped.
     """
 
     taken: list[tuple[str, bytes]]
@@ -89,17 +104,23 @@ class SyncResult:
     inflight: int
     reclaimed: int
     now_ms: int
+    stale: int = 0
+    missing: int = 0
+    trimmed: int = 0
 
 
 class Frontier:
     """A spider's shared frontier, used with a synchronous redis-py client."""
 
-    def __init__(self, client, spider: str, node: str, *, lease_ttl: float = 60.0,
-                 bloom: BloomConfig | None = None, clock=None):
+    def __init__(self, client, spider: str, node: str, *, lease_ttl: float = 10.0,
+                 bloom: BloomConfig | None = None, clock=None, dead_max: int = DEAD_MAX,
+                 invalid_max: int = INVALID_MAX):
         self.client = client
         self.keys = FrontierKeys(spider)
         self.node = node
         self.lease_ttl_ms = int(lease_ttl * 1000)
+        self.dead_max = max(1, int(dead_max))
+        self.invalid_max = max(1, int(invalid_max))
         self.bloom = bloom or BloomConfig()
         # clock() -> ms; None means Redis server time (node clocks never matter).
         self.clock = clock
@@ -109,10 +130,11 @@ class Frontier:
     # -- the one round trip ---------------------------------------------------
     def _sync_call(self, batch: Batch, leaving: bool):
         keys = self.keys.sync_keys()
-        flags = ("m" if batch.maintenance else "") + ("d" if batch.promote else "")
+        flags = (("m" if batch.maintenance else "") + ("d" if batch.promote else "")
+                 + ("s" if batch.sweep else ""))
         args = [str(self.clock()) if self.clock else "", self.node,
                 0 if leaving else self.lease_ttl_ms, batch.take, flags, self.keys.bloom,
-                *self.bloom.args(), len(batch.adds)]
+                *self.bloom.args(), self.dead_max, self.invalid_max, len(batch.adds)]
         for fp, prio, payload, delay in batch.adds:
             args += [fp, prio, payload, delay]
         args.append(len(batch.acks))
@@ -128,7 +150,7 @@ class Frontier:
     def _parse(raw) -> SyncResult:
         flat = raw[0]
         taken = [(_s(flat[i]), _b(flat[i + 1])) for i in range(0, len(flat), 2)]
-        return SyncResult(taken, *(int(x) for x in raw[1:8]))
+        return SyncResult(taken, *(int(x) for x in raw[1:11]))
 
     def sync(self, batch: Batch | None = None, *, leaving: bool = False) -> SyncResult:
         """Send *batch* (and renew this node's lease) in one atomic call."""
@@ -159,9 +181,14 @@ class Frontier:
 
     # -- operator views --------------------------------------------------------
     def replay_dead(self, count: int = 1000) -> int:
-        """Move up to *count* dead letters back into the queue."""
-        k = self.keys
-        return int(self._replay(keys=[k.dead, k.queue, k.payloads, k.seq], args=[count]))
+        """Move up to *count* dead letters (oldest first) back into the queue.
+
+        Each gets a fresh start: its attempt counters (``retry_times``,
+        callback attempts) are cleared, so it has all its retries again.
+        Records that are not JSON with a string ``payload`` stay in the list.
+        """
+        records = self.client.lrange(self.keys.dead, -count, -1)[::-1]
+        return int(self._replay(keys=self.keys.replay_keys(), args=_replay_args(records)))
 
     def dead_letters(self, count: int = 100) -> list[dict]:
         return [json.loads(r) for r in self.client.lrange(self.keys.dead, 0, count - 1)]
@@ -206,6 +233,35 @@ class AsyncFrontier(Frontier):
 
     async def bloom_estimates(self) -> dict:
         return filter_estimates(await self.client.hgetall(self.keys.bloom))
+
+
+def _replay_args(records: list) -> list:
+    args: list = []
+    for raw in records:
+        try:
+            record = json.loads(raw)
+            payload = record["payload"]
+            priority = clamp_priority(record.get("priority") or 0)
+        except (ValueError, TypeError, KeyError):
+            continue
+        if not isinstance(payload, str):
+            continue
+        args += [raw, fresh_payload(payload), priority]
+    return args
+
+
+def fresh_payload(payload: str) -> str:
+    """*payload* without its attempt counters (unchanged if it is not JSON)."""
+    try:
+        data = json.loads(payload)
+    except ValueError:
+        return payload
+    meta = data.get("meta") if isinstance(data, dict) else None
+    if not isinstance(meta, dict) or not any(k in meta for k in ATTEMPT_META_KEYS):
+        return payload
+    for key in ATTEMPT_META_KEYS:
+        meta.pop(key, None)
+    return json.dumps(data, separators=(",", ":"))
 
 
 def now_ms() -> int:

@@ -10,8 +10,17 @@ FIFO among equal priorities. The member carries its priority so that any
 script can put an entry back in its place without another lookup.
 """
 
+# Redis server time in ms (or the time a test passes in).
+_CLOCK = r"""
+local function server_now(arg)
+  if arg ~= nil and arg ~= '' then return tonumber(arg) end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+"""
+
 # Shared Lua helpers: scoring and the sharded, scalable Bloom filter.
-_LIB = r"""
+_LIB = _CLOCK + r"""
 local TWO32 = 4294967296
 local SHIFT = 1099511627776
 
@@ -20,12 +29,6 @@ local function fmt(x) return string.format('%.0f', x) end
 local function score(member)
   local p, s = string.match(member, '^(-?%d+):(%d+)$')
   return fmt(-tonumber(p) * SHIFT + tonumber(s))
-end
-
-local function server_now(arg)
-  if arg ~= nil and arg ~= '' then return tonumber(arg) end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
 local function call_chunked(cmd, key, args, width, counts)
@@ -219,32 +222,56 @@ SYNC = _LIB + r"""
 -- KEYS[1] queue (zset)      KEYS[2] payloads (hash)   KEYS[3] inflight (hash member->node)
 -- KEYS[4] nodes (zset node->lease deadline ms)        KEYS[5] delayed (zset member->due ms)
 -- KEYS[6] dead (list)       KEYS[7] invalid (list)    KEYS[8] seq (string)
--- KEYS[9] bloom meta (hash)
+-- KEYS[9] bloom meta (hash) KEYS[10] cluster stats (hash)
 -- ARGV[1] now in ms, or '' for Redis server time      ARGV[2] node id
 -- ARGV[3] lease ttl ms (0 = this node leaves: drop its heartbeat)
 -- ARGV[4] how many entries to take
 -- ARGV[5] flags: 'm' = maintenance (renew this node's lease, reclaim the leases
 --         of expired nodes, report delayed/inflight sizes), 'd' = promote due
---         delayed entries. A node sends 'm' at least every ttl/3 and whenever it
---         is idle, so busy calls stay cheap.
+--         delayed entries, 's' = sweep: also reclaim entries whose owner is not
+--         a registered node (implies 'm'). A node sends 'm' at least every
+--         heartbeat interval and whenever it is idle, so busy calls stay cheap.
 -- ARGV[6] bloom key prefix   ARGV[7..11] bloom capacity, error rate, growth,
 --         tightening, shard bits
+-- ARGV[12] most records kept in the dead list  ARGV[13] ... in the invalid list
 -- then four sections, each a count followed by its items:
 --   add:  n x (fingerprint hex or '' for no dedupe, priority, payload, delay ms or 0)
 --   ack:  n x member                     (done: forget it)
 --   fail: n x (member, 'dead'|'invalid', record)   (forget it, keep record)
 --   nack: n x member                     (not started: back to the queue)
+-- Ownership: ack, fail and nack change an entry only if this node holds its
+-- lease; a late ack or fail of an entry whose lease expired and that is back
+-- in the queue (not leased by anyone) also removes it (the work was done).
+-- Anything else (another node holds it now, or it is gone) is a stale call:
+-- counted, nothing changed. Every take registers the node with a deadline, so
+-- no entry is ever held by an id that cannot expire.
 -- Returns {taken = {member, payload, ...}, added, duplicates, queue length,
---          delayed length or -1, inflight length or -1, reclaimed, now or -1}
+--          delayed length or -1, inflight length or -1, reclaimed, now or -1,
+--          stale calls, queue members without payload set aside, records trimmed}
 local node, ttl, take_n = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local maintenance = string.find(ARGV[5], 'm', 1, true) ~= nil
+local sweep = string.find(ARGV[5], 's', 1, true) ~= nil
+local maintenance = sweep or string.find(ARGV[5], 'm', 1, true) ~= nil
 local promote = maintenance or string.find(ARGV[5], 'd', 1, true) ~= nil
+local dead_max, invalid_max = tonumber(ARGV[12]), tonumber(ARGV[13])
 local now_cache = nil
 local function now()
   if now_cache == nil then now_cache = server_now(ARGV[1]) end
   return now_cache
 end
-local pos = 12
+local trimmed = 0
+local function keep_record(kind, record)
+  -- Dead letters and invalid payloads are kept for operators, the newest
+  -- first, up to a cap; what falls off the end is counted.
+  local key, cap = KEYS[6], dead_max
+  if kind == 'invalid' then key, cap = KEYS[7], invalid_max end
+  local len = redis.call('LPUSH', key, record)
+  if len > cap then
+    redis.call('LTRIM', key, 0, cap - 1)
+    redis.call('HINCRBY', KEYS[10], kind .. '_trimmed', len - cap)
+    trimmed = trimmed + len - cap
+  end
+end
+local pos = 14
 
 -- add: dedupe (Bloom) and enqueue in the same atomic step
 local n_add = tonumber(ARGV[pos]); pos = pos + 1
@@ -285,17 +312,25 @@ if n_add > 0 then
   end
 end
 
+local stale = 0
+local function owned_or_requeued(member)
+  -- True when this call may finish MEMBER: this node holds it, or nobody
+  -- does and it went back to the queue (then it is taken out of the queue).
+  local owner = redis.call('HGET', KEYS[3], member)
+  if owner == node then
+    redis.call('HDEL', KEYS[3], member)
+    return true
+  end
+  if not owner and redis.call('ZREM', KEYS[1], member) == 1 then return true end
+  stale = stale + 1
+  return false
+end
+
 -- ack
 local n = tonumber(ARGV[pos]); pos = pos + 1
-if n > 0 then
-  local members = {}
-  for i = 1, n do members[i] = ARGV[pos + i - 1] end
-  pos = pos + n
-  local held = 0
-  for _, c in ipairs(call_chunked('HDEL', KEYS[3], members, 1, true)) do held = held + c end
-  call_chunked('HDEL', KEYS[2], members, 1)
-  -- A lease that expired was put back in the queue: the late ack removes it.
-  if held < n then call_chunked('ZREM', KEYS[1], members, 1) end
+for i = 1, n do
+  local member = ARGV[pos]; pos = pos + 1
+  if owned_or_requeued(member) then redis.call('HDEL', KEYS[2], member) end
 end
 
 -- fail
@@ -303,18 +338,21 @@ n = tonumber(ARGV[pos]); pos = pos + 1
 for i = 1, n do
   local member, kind, record = ARGV[pos], ARGV[pos + 1], ARGV[pos + 2]
   pos = pos + 3
-  redis.call('HDEL', KEYS[3], member)
-  redis.call('HDEL', KEYS[2], member)
-  redis.call('ZREM', KEYS[1], member)
-  redis.call('LPUSH', kind == 'invalid' and KEYS[7] or KEYS[6], record)
+  if owned_or_requeued(member) then
+    redis.call('HDEL', KEYS[2], member)
+    keep_record(kind, record)
+  end
 end
 
 -- nack
 n = tonumber(ARGV[pos]); pos = pos + 1
 for i = 1, n do
   local member = ARGV[pos]; pos = pos + 1
-  if redis.call('HDEL', KEYS[3], member) == 1 then
+  if redis.call('HGET', KEYS[3], member) == node then
+    redis.call('HDEL', KEYS[3], member)
     redis.call('ZADD', KEYS[1], score(member), member)
+  else
+    stale = stale + 1
   end
 end
 
@@ -327,13 +365,17 @@ if maintenance or ttl == 0 then
     redis.call('ZREM', KEYS[4], node)
   end
   local expired = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', fmt(now()))
-  if #expired > 0 then
-    local dead_nodes = {}
-    for _, nd in ipairs(expired) do dead_nodes[nd] = true end
+  if #expired > 0 or sweep then
+    local gone = {}
+    for _, nd in ipairs(expired) do gone[nd] = true end
     local flat = redis.call('HGETALL', KEYS[3])
     local back, drop = {}, {}
     for i = 1, #flat, 2 do
-      if dead_nodes[flat[i + 1]] then
+      local owner = flat[i + 1]
+      if gone[owner] == nil then
+        gone[owner] = sweep and redis.call('ZSCORE', KEYS[4], owner) == false
+      end
+      if gone[owner] then
         back[#back + 1] = score(flat[i]); back[#back + 1] = flat[i]
         drop[#drop + 1] = flat[i]
       end
@@ -342,7 +384,7 @@ if maintenance or ttl == 0 then
       call_chunked('HDEL', KEYS[3], drop, 1)
       call_chunked('ZADD', KEYS[1], back, 2)
     end
-    call_chunked('ZREM', KEYS[4], expired, 1)
+    if #expired > 0 then call_chunked('ZREM', KEYS[4], expired, 1) end
     reclaimed = #drop
   end
 end
@@ -358,9 +400,9 @@ if promote then
   end
 end
 
--- take
-local taken = {}
-if take_n > 0 then
+-- take (every take registers this node, so its leases can always expire)
+local taken, missing = {}, 0
+if take_n > 0 and ttl > 0 then
   local popped = redis.call('ZPOPMIN', KEYS[1], take_n)
   if #popped > 0 then
     local members = {}
@@ -371,9 +413,16 @@ if take_n > 0 then
       if payloads[i] then
         taken[#taken + 1] = member; taken[#taken + 1] = payloads[i]
         owned[#owned + 1] = member; owned[#owned + 1] = node
+      else
+        missing = missing + 1
+        keep_record('invalid', cjson.encode({member = member, reason = 'no payload',
+                                             node = node, at = now() / 1000}))
       end
     end
-    if #owned > 0 then call_chunked('HSET', KEYS[3], owned, 2) end
+    if #owned > 0 then
+      call_chunked('HSET', KEYS[3], owned, 2)
+      redis.call('ZADD', KEYS[4], fmt(now() + ttl), node)
+    end
   end
 end
 
@@ -383,7 +432,7 @@ if maintenance then
   inflight_len = redis.call('HLEN', KEYS[3])
 end
 return {taken, added, dups, redis.call('ZCARD', KEYS[1]), delayed_len, inflight_len,
-        reclaimed, now_cache and fmt(now_cache) or -1}
+        reclaimed, now_cache and fmt(now_cache) or -1, stale, missing, trimmed}
 """
 
 BLOOM_ADD = _LIB + r"""
@@ -403,25 +452,86 @@ return out
 """
 
 REPLAY_DEAD = _LIB + r"""
--- REPLAY_DEAD: move dead letters back into the queue, oldest first.
+-- REPLAY_DEAD: put dead letters back into the queue.
 -- KEYS[1] dead (list)  KEYS[2] queue (zset)  KEYS[3] payloads (hash)  KEYS[4] seq
--- ARGV[1] how many at most
--- Returns the number replayed. Records that are not valid JSON with a string
--- 'payload' stay in the dead list (moved to its head).
+-- ARGV: n x (dead record as stored, payload to queue, priority)
+-- Each record is removed from the dead list first: a record another replay
+-- already took (or that an operator deleted) is skipped, so two replays
+-- running at once never queue the same dead letter twice.
+-- Returns the number replayed.
 local replayed = 0
-for i = 1, tonumber(ARGV[1]) do
-  local record = redis.call('RPOP', KEYS[1])
-  if not record then break end
-  local ok, obj = pcall(cjson.decode, record)
-  if not ok or type(obj) ~= 'table' or type(obj['payload']) ~= 'string' then
-    redis.call('LPUSH', KEYS[1], record)
-  else
-    local prio = math.max(-4095, math.min(4095, math.floor(tonumber(obj['priority']) or 0)))
+for i = 1, #ARGV, 3 do
+  if redis.call('LREM', KEYS[1], 1, ARGV[i]) == 1 then
+    local prio = math.max(-4095, math.min(4095, math.floor(tonumber(ARGV[i + 2]) or 0)))
     local member = tostring(prio) .. ':' .. fmt(redis.call('INCR', KEYS[4]))
-    redis.call('HSET', KEYS[3], member, obj['payload'])
+    redis.call('HSET', KEYS[3], member, ARGV[i + 1])
     redis.call('ZADD', KEYS[2], score(member), member)
     replayed = replayed + 1
   end
 end
 return replayed
+"""
+
+CLAIM_SEEDS = _CLOCK + r"""
+-- CLAIM_SEEDS: take seeds, keeping each as a claim until the requests made from
+-- it are safely in the frontier; expired claims (their node died) go back first.
+-- KEYS[1] seed key (list | set | zset)   KEYS[2] claims (hash id -> seed)
+-- KEYS[3] claim deadlines (zset id -> ms) KEYS[4] claim counter (string)
+-- (KEYS[2..4] are tagged {<seed key>}, so all four share the seed key's slot.)
+-- ARGV[1] 'list' | 'set' | 'zset'  ARGV[2] how many  ARGV[3] claim ttl ms
+-- ARGV[4] now in ms, or '' for Redis server time
+-- Returns {restored count, id1, seed1, id2, seed2, ...}
+local now = server_now(ARGV[4])
+local kind, count = ARGV[1], tonumber(ARGV[2])
+local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', string.format('%.0f', now), 'LIMIT', 0, 500)
+for _, id in ipairs(expired) do
+  local seed = redis.call('HGET', KEYS[2], id)
+  if seed then
+    if kind == 'list' then redis.call('RPUSH', KEYS[1], seed)
+    elseif kind == 'set' then redis.call('SADD', KEYS[1], seed)
+    else
+      local score, raw = string.match(seed, '^([^\n]*)\n(.*)$')
+      redis.call('ZADD', KEYS[1], score, raw)
+    end
+  end
+  redis.call('HDEL', KEYS[2], id)
+  redis.call('ZREM', KEYS[3], id)
+end
+local got = {}
+if kind == 'list' then
+  got = redis.call('RPOP', KEYS[1], count) or {}
+elseif kind == 'set' then
+  got = redis.call('SPOP', KEYS[1], count) or {}
+else
+  local flat = redis.call('ZPOPMAX', KEYS[1], count)
+  for i = 1, #flat, 2 do got[#got + 1] = flat[i + 1] .. '\n' .. flat[i] end
+end
+local out = {#expired}
+if type(got) ~= 'table' or #got == 0 then return out end
+local last = redis.call('INCRBY', KEYS[4], #got)
+local deadline = string.format('%.0f', now + tonumber(ARGV[3]))
+local fields, scores = {}, {}
+for i, seed in ipairs(got) do
+  local id = tostring(last - #got + i)
+  fields[#fields + 1] = id; fields[#fields + 1] = seed
+  scores[#scores + 1] = deadline; scores[#scores + 1] = id
+  out[#out + 1] = id
+  out[#out + 1] = seed
+end
+redis.call('HSET', KEYS[2], unpack(fields))
+redis.call('ZADD', KEYS[3], unpack(scores))
+return out
+"""
+
+RENEW_CLAIMS = _CLOCK + r"""
+-- RENEW_CLAIMS: a live node still holds these seed claims: push their deadline.
+-- KEYS[1] claim deadlines (zset id -> ms)
+-- ARGV[1] claim ttl ms  ARGV[2] now in ms, or '' for Redis server time  ARGV[3..] claim ids
+-- Returns how many claims were renewed (claims already put back are not revived).
+local deadline = string.format('%.0f', server_now(ARGV[2]) + tonumber(ARGV[1]))
+local renewed = 0
+for i = 3, #ARGV do
+  renewed = renewed + redis.call('ZADD', KEYS[1], 'XX', 'CH', deadline, ARGV[i])
+end
+return renewed
 """

@@ -14,7 +14,8 @@ from __future__ import annotations
 from scrapy import Request
 from scrapy.downloadermiddlewares.retry import RetryMiddleware
 
-from crawlproject.scheduler import RETRY_DELAY_META, RedisScheduler, backoff_delay
+from crawlproject.backoff import backoff_delay
+from crawlproject.scheduler import RETRY_DELAY_META, RedisScheduler
 
 
 class BackoffRetryMiddleware(RetryMiddleware):

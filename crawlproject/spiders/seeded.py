@@ -7,23 +7,31 @@ on Redis), and with back-pressure: a batch is taken only while this node holds
 fewer than ``SEEDS_MAX_PENDING`` requests not yet in the shared frontier.
 
 A node is long-lived: it keeps polling for seeds. With
-``MAX_IDLE_TIME_BEFORE_CLOSE = N`` (seconds, 0 = never) it closes once it has
-had nothing at all to do for N seconds.
+``MAX_IDLE_TIME_BEFORE_CLOSE = N`` (seconds, 0 = never; setting or environment
+variable) it closes once it has had nothing at all to do for N seconds.
+
+Seeds are untrusted (see :mod:`crawlproject.policy`): one that cannot become
+a request the spider published, for any reason, is set aside in
+``<spider>:start_urls:invalid`` with the reason, and the rest of its batch
+goes on. Nothing a seed holds can stop the seed reader.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import time
 from typing import Any, AsyncIterator
 
 from scrapy import Request, Spider
-from scrapy.http import FormRequest
 
-from crawlproject.connection import redact_url, redis_from_settings
-from crawlproject.seeds import InvalidSeed, Seed, SeedQueue, parse_seed
+from crawlproject.connection import redact_url, redis_from_settings, redis_url_from_settings, setting
+from crawlproject.identity import node_id
+from crawlproject.keys import START_URLS, start_urls_key
+from crawlproject.outage import outage_log
+from crawlproject.policy import InputPolicy
+from crawlproject.seeds import InvalidSeed, Seed, SeedQueue, build_request, request_from_seed
+from crawlproject.serialization import request_to_json
 
 logger = logging.getLogger(__name__)
 
@@ -34,12 +42,17 @@ class RedisSpider(Spider):
     Attributes (each overrides the setting of the same meaning):
     ``redis_key`` (``REDIS_START_URLS_KEY``, default ``"<name>:start_urls"``),
     ``redis_batch_size`` (``REDIS_START_URLS_BATCH_SIZE``),
-    ``max_idle_time`` (``MAX_IDLE_TIME_BEFORE_CLOSE``).
+    ``max_idle_time`` (``MAX_IDLE_TIME_BEFORE_CLOSE``),
+    ``seed_meta_allow`` (added to ``SEED_META_ALLOW``: the meta keys a seed may set),
+    ``allowed_callbacks`` (when set, exactly the callbacks seeds and stored
+    requests may name; by default every public method of the spider's own
+    classes).
     """
 
     redis_key: str | None = None
     redis_batch_size: int | None = None
     max_idle_time: float | None = None
+    seed_meta_allow: tuple[str, ...] = ()
 
     @classmethod
     def from_crawler(cls, crawler, *args: Any, **kwargs: Any):
@@ -49,8 +62,8 @@ class RedisSpider(Spider):
 
     def _setup_seeds(self, crawler) -> None:
         s = crawler.settings
-        key = self.redis_key or s.get("REDIS_START_URLS_KEY", "%(name)s:start_urls")
-        self.redis_key = key % {"name": self.name, "spider": self.name}
+        self.redis_key = start_urls_key(self.name, self.redis_key or s.get("REDIS_START_URLS_KEY")
+                                        or START_URLS)
         if s.getbool("REDIS_START_URLS_AS_SET"):
             kind = "set"
         elif s.getbool("REDIS_START_URLS_AS_ZSET"):
@@ -61,18 +74,21 @@ class RedisSpider(Spider):
             self.redis_batch_size or s.getint("REDIS_START_URLS_BATCH_SIZE") or 100
         ))
         if self.max_idle_time is None:
-            self.max_idle_time = s.getfloat("MAX_IDLE_TIME_BEFORE_CLOSE", 0)
+            self.max_idle_time = float(setting(s, "MAX_IDLE_TIME_BEFORE_CLOSE", 0) or 0)
         self.seed_poll_interval = s.getfloat("SEEDS_POLL_INTERVAL", 1.0)
         self.seed_max_pending = s.getint("SEEDS_MAX_PENDING") or 2 * self.redis_batch_size
         self.seed_encoding = s.get("REDIS_ENCODING", "utf-8")
-        self.node_id = s.get("NODE_ID") or f"{socket.gethostname()}:{id(self):x}"
+        self.seed_policy = InputPolicy.from_settings(s, type(self))
+        self.node_id = node_id(crawler)
+        url = redact_url(redis_url_from_settings(s))
+        self._redis_outage = outage_log(crawler, "redis", f"Redis at {url}")
         client = redis_from_settings(s, asyncio=True)
         self.seed_queue = SeedQueue(client, self.redis_key, kind,
-                                    claim_ttl=s.getfloat("SEEDS_CLAIM_TTL", 60.0))
+                                    claim_ttl=s.getfloat("SEEDS_CLAIM_TTL", 15.0),
+                                    invalid_max=s.getint("SEEDS_INVALID_MAX", 10_000))
         logger.info(
             "Reading seeds from %s key %r of %s (batch %d, idle close %ss)",
-            kind, self.redis_key, redact_url(s.get("REDIS_URL")),
-            self.redis_batch_size, self.max_idle_time or "never",
+            kind, self.redis_key, url, self.redis_batch_size, self.max_idle_time or "never",
             extra={"spider": self},
         )
 
@@ -83,7 +99,13 @@ class RedisSpider(Spider):
             if self._scheduler_backlog() >= self.seed_max_pending:
                 await asyncio.sleep(0.05)  # back-pressure: let the crawl catch up
                 continue
-            batch, claims = await self._next_seed_batch()
+            try:
+                batch, claims = await self._next_seed_batch()
+            except Exception:  # a bug must not end the seed reader: log, go on
+                logger.exception("Reading seeds failed; retrying", extra={"spider": self})
+                self.crawler.stats.inc_value("seeds/errors")
+                await asyncio.sleep(self.seed_poll_interval)
+                continue
             if claims:
                 idle_since = None
                 for request in batch:
@@ -102,64 +124,85 @@ class RedisSpider(Spider):
             await asyncio.sleep(self.seed_poll_interval)
 
     async def _next_seed_batch(self) -> tuple[list[Request], list[str]]:
+        """Claim a batch; returns its requests and the claims to release once
+        they are stored (a rejected seed's claim too, once it is set aside)."""
         try:
             restored, claimed = await self.seed_queue.claim(self.redis_batch_size)
         except Exception as exc:  # Redis down: keep the node alive, retry later
-            logger.error("Cannot read seeds from Redis: %s", exc, extra={"spider": self})
+            self._redis_outage.failed("reading seeds", exc, {"spider": self})
             self.crawler.stats.inc_value("seeds/redis_errors")
             return [], []
+        self._redis_outage.ok({"spider": self})
         if restored:
             logger.warning("Put back %d seeds claimed by a node that died", restored,
                            extra={"spider": self})
             self.crawler.stats.inc_value("seeds/restored", restored)
-        requests = []
-        for _claim_id, raw in claimed:
-            request = await self._request_from_raw(raw)
+        requests, release = [], []
+        for claim_id, raw in claimed:
+            request, settled = await self._request_from_raw(raw)
             if request is not None:
                 requests.append(request)
-        return requests, [claim_id for claim_id, _ in claimed]
+            if settled:
+                release.append(claim_id)
+        return requests, release
 
     async def _release_when_stored(self, claims: list[str]) -> None:
+        """Release *claims* once their requests are in the frontier, renewing
+        them meanwhile (a slow flush must not make live claims expire)."""
         flushed = getattr(self.crawler.engine.scheduler, "flushed", None)
+        renew_every = max(0.5, self.seed_queue.claim_ttl_ms / 3000)
         try:
             if flushed is not None:
-                await flushed()
+                done = asyncio.ensure_future(flushed())
+                while True:
+                    finished, _ = await asyncio.wait({done}, timeout=renew_every)
+                    if finished:
+                        done.result()
+                        break
+                    try:
+                        await self.seed_queue.renew(claims)
+                    except Exception as exc:
+                        self._redis_outage.failed("renewing seed claims", exc, {"spider": self})
             await self.seed_queue.release(claims)
         except Exception as exc:  # the claims expire and the seeds come back
-            logger.error("Cannot release seed claims: %s", exc, extra={"spider": self})
+            self._redis_outage.failed("releasing seed claims", exc, {"spider": self})
 
-    async def _request_from_raw(self, raw: bytes) -> Request | None:
+    async def _request_from_raw(self, raw: bytes) -> tuple[Request | None, bool]:
+        """(request or None, whether the seed is settled: a request to store,
+        or a rejected seed safely kept in the invalid list)."""
         stats = self.crawler.stats
         try:
-            request = self.make_request_from_seed(parse_seed(raw, self.seed_encoding))
+            request = request_from_seed(raw, self, self.seed_policy, self.seed_encoding,
+                                        check=self._check_storable)
         except InvalidSeed as exc:
             logger.warning("Invalid seed %r moved to %s: %s", raw[:200],
                            self.seed_queue.invalid_key, exc, extra={"spider": self})
             stats.inc_value("seeds/invalid")
             stats.inc_value(f"seeds/invalid/{exc.code}")
-            await self.seed_queue.reject(raw, exc, self.node_id)
-            return None
+            try:
+                trimmed = await self.seed_queue.reject(raw, exc, self.node_id)
+            except Exception as err:  # keep it claimed: it comes back after the claim TTL
+                self._redis_outage.failed("setting an invalid seed aside", err, {"spider": self})
+                return None, False
+            if trimmed:
+                stats.inc_value("seeds/invalid_trimmed", trimmed)
+            return None, True
         stats.inc_value("seeds/read")
-        return request
+        return request, True
+
+    def _check_storable(self, request: Request) -> None:
+        # The frontier stores requests as JSON: refuse here, with the seed,
+        # what the scheduler would refuse later (and lose) at enqueue time.
+        request_to_json(request, self, self.seed_policy)
 
     def make_request_from_seed(self, seed: Seed) -> Request:
-        """Build the request for a parsed seed; override to customise."""
-        callback = self._method(seed.callback, "callback") if seed.callback else None
-        errback = self._method(seed.errback, "errback") if seed.errback else None
-        common = dict(
-            method=seed.method, headers=seed.headers or None, meta=seed.meta,
-            priority=seed.priority, dont_filter=seed.dont_filter,
-            callback=callback, errback=errback, cb_kwargs=seed.cb_kwargs,
-        )
-        if seed.formdata:
-            return FormRequest(seed.url, formdata=seed.formdata, **common)
-        return Request(seed.url, body=seed.body, **common)
+        """Build the request for a parsed seed; override to customise.
 
-    def _method(self, name: str, what: str):
-        method = getattr(self, name, None)
-        if not callable(method):
-            raise InvalidSeed("unknown_callback", f"{what} {name!r} is not a method of {self.name}")
-        return method
+        Callbacks, errbacks and meta are checked against the spider's input
+        policy (:mod:`crawlproject.policy`); raise :class:`InvalidSeed` to
+        reject a seed with a reason.
+        """
+        return build_request(seed, self, self.seed_policy)
 
     def _scheduler_backlog(self) -> int:
         # This node's own backlog: the shared queue may hold millions of

@@ -1,0 +1,298 @@
+"""What data read from Redis may make a node do.
+
+Seeds (``<spider>:start_urls``) and frontier payloads (``{spider}:payloads``)
+are written by whoever can write to Redis: operators, scripts, other teams,
+an attacker who reached Redis. They are *untrusted*: they may name which
+spider method handles a page, carry request ``meta`` and browser actions, but
+only within what the spider and the operator published. Everything here is an
+allow-list:
+
+* **Callbacks** (seeds and payloads, callbacks and errbacks, and
+  ``playwright_page_event_handlers`` given by name): a public method defined
+  by the spider's own classes, below the framework base classes (``scrapy.*``,
+  ``scrapy_redis.*``, :class:`~crawlproject.spiders.seeded.RedisSpider`):
+  a plain function, no leading underscore, not one of the base classes'
+  methods or hooks (``parse``, the default callback, excepted). A spider that
+  sets ``allowed_callbacks = (...)`` publishes exactly those names instead.
+* **Seed meta**: only the keys of ``SEED_META_ALLOW`` (setting) and the
+  spider's ``seed_meta_allow`` attribute; nothing else, in particular none of
+  Scrapy's or this project's behaviour keys (``proxy``, ``download_slot``,
+  ``dont_filter``, ``playwright_*``, ``crawlproject_*``...) unless allowed.
+* **Browser actions** (seeds and payloads): ``playwright_*`` meta keys from a
+  known list, each checked: page methods from ``PLAYWRIGHT_PAGE_METHODS_ALLOW``
+  (default :data:`DEFAULT_PAGE_METHODS`; methods that read or write files or
+  run code outside the page are never allowed), their arguments plain values
+  and their keyword arguments from :data:`PAGE_METHOD_KWARGS` (no ``path``);
+  browser-context options from :data:`CONTEXT_KWARGS` (no HAR/video
+  recording, no user data or storage-state files, no downloads).
+
+A refusal raises :class:`Refused` with a short ``code`` (a stats key) and a
+message naming what was refused; callers set the seed or payload aside with
+the reason.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+__all__ = ["Refused", "InputPolicy", "DEFAULT_PAGE_METHODS", "published_callbacks"]
+
+
+class Refused(ValueError):
+    """Data from Redis asks for something it may not do; ``code`` is a stats key."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+#: Page methods a payload may ask a rendering node to call, by default.
+DEFAULT_PAGE_METHODS = frozenset({
+    "wait_for_selector", "wait_for_timeout", "wait_for_load_state", "wait_for_url",
+    "click", "dblclick", "hover", "focus", "press", "tap", "check", "uncheck",
+})
+#: Never allowed, whatever the settings say: they read or write files, load
+#: other URLs (``file://``, internal hosts) or run code outside the page.
+NEVER_PAGE_METHODS = frozenset({
+    "set_input_files", "pdf", "add_script_tag", "add_style_tag",
+    "add_init_script", "route", "route_from_har", "unroute", "expose_binding",
+    "expose_function", "goto", "go_back", "go_forward", "reload", "close",
+    "set_content", "context", "video", "wait_for_event", "expect_download",
+})
+#: Keyword arguments a page method may get (no file paths).
+PAGE_METHOD_KWARGS = frozenset({
+    "timeout", "state", "strict", "button", "click_count", "delay", "force", "modifiers",
+    "no_wait_after", "position", "trial", "wait_until", "arg", "polling", "has_text",
+})
+#: Browser-context options a payload may set (``playwright_context_kwargs``).
+CONTEXT_KWARGS = frozenset({
+    "user_agent", "locale", "timezone_id", "viewport", "screen", "no_viewport",
+    "java_script_enabled", "ignore_https_errors", "extra_http_headers", "color_scheme",
+    "reduced_motion", "forced_colors", "device_scale_factor", "is_mobile", "has_touch",
+    "geolocation", "permissions", "bypass_csp", "offline", "http_credentials", "proxy",
+    "base_url", "service_workers", "strict_selectors",
+})
+GOTO_KWARGS = frozenset({"timeout", "wait_until", "referer"})
+#: ``playwright_*`` meta keys a request may carry, and how each is checked.
+PLAYWRIGHT_META = frozenset({
+    "playwright", "playwright_context", "playwright_context_kwargs", "playwright_include_page",
+    "playwright_page_methods", "playwright_page_goto_kwargs", "playwright_page_event_handlers",
+    # set by scrapy-playwright on a downloaded request: plain data
+    "playwright_security_details", "playwright_suggested_filename",
+})
+#: Spider hooks Scrapy calls by name; never callbacks, even when a spider defines them.
+NEVER_CALLBACKS = frozenset({
+    "closed", "close", "start", "start_requests", "from_crawler", "update_settings",
+    "handles_request", "make_request_from_seed", "log",
+})
+MAX_NAME = 100
+MAX_CONTEXT_NAME = 64
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _is_framework(cls: type) -> bool:
+    """A base class of the framework (its methods are never callbacks)."""
+    module = getattr(cls, "__module__", "") or ""
+    return (cls is object or module == "scrapy" or module.startswith(("scrapy.", "scrapy_redis.",
+                                                                       "scrapy_playwright."))
+            or module == "crawlproject.spiders.seeded")
+
+
+@functools.lru_cache(maxsize=256)
+def published_callbacks(spidercls: type) -> frozenset[str]:
+    """Names a seed or payload may use as callback or errback of *spidercls*."""
+    explicit = getattr(spidercls, "allowed_callbacks", None)
+    if explicit is not None:
+        if isinstance(explicit, str):
+            explicit = (explicit,)
+        return frozenset(n for n in explicit if isinstance(n, str) and not n.startswith("__")
+                         and callable(getattr(spidercls, n, None)))
+    framework = set()
+    for cls in spidercls.__mro__:
+        if _is_framework(cls):
+            framework.update(vars(cls))
+    names = set()
+    for cls in reversed(spidercls.__mro__):
+        if _is_framework(cls):
+            continue
+        for name, attr in vars(cls).items():
+            if (not name.startswith("_") and inspect.isfunction(attr)
+                    and name not in NEVER_CALLBACKS
+                    and (name == "parse" or name not in framework)):
+                names.add(name)
+            elif name in names and not inspect.isfunction(attr):
+                names.discard(name)  # a subclass replaced the method by something else
+    return frozenset(names)
+
+
+@dataclass(frozen=True)
+class InputPolicy:
+    """The allow-lists that apply to one spider's seeds and payloads.
+
+    ``spidercls`` None (scrapy-redis' ``SCHEDULER_SERIALIZER`` interface, which
+    never sees the spider) checks callbacks by name only: identifiers without
+    a leading underscore that are not framework hooks.
+    """
+
+    spidercls: type | None = None
+    seed_meta_allow: frozenset[str] = frozenset()
+    page_methods_allow: frozenset[str] = DEFAULT_PAGE_METHODS
+
+    @classmethod
+    def from_settings(cls, settings, spidercls: type | None = None) -> "InputPolicy":
+        """``SEED_META_ALLOW`` + ``spidercls.seed_meta_allow``, and
+        ``PLAYWRIGHT_PAGE_METHODS_ALLOW`` (default :data:`DEFAULT_PAGE_METHODS`)."""
+        meta = set(_names(settings.getlist("SEED_META_ALLOW")) if settings is not None else ())
+        meta.update(_names(getattr(spidercls, "seed_meta_allow", None) or ()))
+        pages = settings.getlist("PLAYWRIGHT_PAGE_METHODS_ALLOW") if settings is not None else None
+        methods = frozenset(_names(pages)) if pages else DEFAULT_PAGE_METHODS
+        return cls(spidercls, frozenset(meta), methods - NEVER_PAGE_METHODS)
+
+    @classmethod
+    def from_crawler(cls, crawler) -> "InputPolicy":
+        return cls.from_settings(crawler.settings, crawler.spidercls)
+
+    # -- callbacks -----------------------------------------------------------
+    def check_callback(self, name: Any, what: str = "callback") -> str:
+        """Return *name* if it may be called as a *what*; raise :class:`Refused`."""
+        if not isinstance(name, str) or not name.isidentifier() or len(name) > MAX_NAME:
+            raise Refused("callback_not_allowed",
+                          f"{what} must be a method name, got {_short(name)}")
+        if self.spidercls is None:
+            if name.startswith("_") or name in NEVER_CALLBACKS:
+                raise Refused("callback_not_allowed",
+                              f"{what} {name!r} is not a spider callback")
+            return name
+        if name not in published_callbacks(self.spidercls):
+            raise Refused("callback_not_allowed",
+                          f"{what} {name!r} is not a callback published by spider "
+                          f"{self.spidercls.__name__} (public methods of the spider's own "
+                          f"classes, or its allowed_callbacks)")
+        return name
+
+    def resolve(self, spider, name: str, what: str = "callback"):
+        """The bound method *name* of *spider*, if it may be a *what*."""
+        self.check_callback(name, what)
+        return getattr(spider, name)
+
+    # -- meta -----------------------------------------------------------------
+    def check_seed_meta(self, meta: dict) -> dict:
+        """Seed meta: allowed keys only; browser keys checked and page methods
+        given as ``{"method", "args", "kwargs"}`` objects made into PageMethods."""
+        for key in meta:
+            if key not in self.seed_meta_allow:
+                raise Refused("meta_not_allowed",
+                              f"meta key {_short(key)} is not allowed in seeds (allow it with "
+                              f"the SEED_META_ALLOW setting or the spider's seed_meta_allow)")
+        meta = dict(meta)
+        methods = meta.get("playwright_page_methods")
+        if methods is not None:
+            meta["playwright_page_methods"] = [
+                pm if _is_page_method(pm) else self._page_method_from_json(pm)
+                for pm in _page_method_list(methods)]
+        self.check_meta(meta)
+        return meta
+
+    def check_meta(self, meta: dict) -> None:
+        """Any request meta read from Redis: the ``playwright_*`` keys."""
+        for key, value in meta.items():
+            if not isinstance(key, str) or not key.startswith("playwright"):
+                continue
+            if key not in PLAYWRIGHT_META:
+                raise Refused("meta_not_allowed", f"meta key {_short(key)} is not allowed")
+            check = getattr(self, f"_check_{key}", None)
+            if check is not None and value is not None:
+                check(value)
+
+    def _check_playwright_context(self, value: Any) -> None:
+        if not isinstance(value, str) or not value or len(value) > MAX_CONTEXT_NAME:
+            raise Refused("meta_not_allowed", "playwright_context must be a short name")
+
+    def _check_playwright_context_kwargs(self, value: Any) -> None:
+        _check_options(value, CONTEXT_KWARGS, "playwright_context_kwargs")
+
+    def _check_playwright_page_goto_kwargs(self, value: Any) -> None:
+        _check_options(value, GOTO_KWARGS, "playwright_page_goto_kwargs")
+
+    def _check_playwright_page_event_handlers(self, value: Any) -> None:
+        if not isinstance(value, dict):
+            raise Refused("meta_not_allowed", "playwright_page_event_handlers must be an object")
+        for event, handler in value.items():
+            if isinstance(handler, str) or not callable(handler):
+                self.check_callback(handler, f"page event handler for {_short(event)}")
+
+    def _check_playwright_page_methods(self, value: Any) -> None:
+        for pm in _page_method_list(value):
+            if not _is_page_method(pm):
+                raise Refused("page_method_not_allowed",
+                              f"playwright_page_methods holds a {type(pm).__name__}, "
+                              "not a PageMethod")
+            self.check_page_method(pm.method, pm.args, pm.kwargs)
+
+    # -- page methods -----------------------------------------------------------
+    def check_page_method(self, method: Any, args: Iterable, kwargs: dict) -> None:
+        """Raise :class:`Refused` unless ``page.<method>(*args, **kwargs)`` is allowed."""
+        if not isinstance(method, str) or method not in self.page_methods_allow:
+            raise Refused("page_method_not_allowed",
+                          f"page method {_short(method)} is not allowed (allowed: "
+                          f"{', '.join(sorted(self.page_methods_allow))}; see "
+                          "PLAYWRIGHT_PAGE_METHODS_ALLOW)")
+        for arg in args:
+            if not isinstance(arg, _SCALARS):
+                raise Refused("page_method_not_allowed",
+                              f"page method {method!r}: positional arguments must be plain values")
+        if not isinstance(kwargs, dict):
+            raise Refused("page_method_not_allowed", f"page method {method!r}: bad kwargs")
+        _check_options(kwargs, PAGE_METHOD_KWARGS, f"page method {method!r}")
+
+    def page_method(self, method: Any, args: Any, kwargs: Any):
+        """A checked scrapy-playwright ``PageMethod``."""
+        if not isinstance(args, (list, tuple)) or not isinstance(kwargs, dict):
+            raise Refused("page_method_not_allowed", "a page method needs args (list) and "
+                                                     "kwargs (object)")
+        self.check_page_method(method, args, kwargs)
+        from scrapy_playwright.page import PageMethod
+
+        return PageMethod(method, *args, **kwargs)
+
+    def _page_method_from_json(self, value: Any):
+        if not isinstance(value, dict) or set(value) - {"method", "args", "kwargs"}:
+            raise Refused("page_method_not_allowed",
+                          'a seed page method is {"method": ..., "args": [...], "kwargs": {...}}')
+        return self.page_method(value.get("method"), value.get("args", []),
+                                value.get("kwargs", {}))
+
+
+def _check_options(value: Any, allowed: frozenset[str], what: str) -> None:
+    if not isinstance(value, dict):
+        raise Refused("meta_not_allowed", f"{what} must be an object")
+    for key in value:
+        if key not in allowed:
+            raise Refused("meta_not_allowed", f"{what}: option {_short(key)} is not allowed "
+                                              f"(allowed: {', '.join(sorted(allowed))})")
+
+
+def _page_method_list(value: Any) -> list:
+    if isinstance(value, dict):
+        return list(value.values())
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    raise Refused("page_method_not_allowed", "playwright_page_methods must be a list")
+
+
+def _is_page_method(value: Any) -> bool:
+    cls = type(value)
+    return cls.__name__ == "PageMethod" and cls.__module__.startswith("scrapy_playwright")
+
+
+def _names(values: Iterable) -> list[str]:
+    return [v.strip() for v in values if isinstance(v, str) and v.strip()]
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
