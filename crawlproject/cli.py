@@ -4,11 +4,15 @@
     python -m crawlproject.cli seed products http://127.0.0.1:8000/ '{"url": "...", "priority": 5}'
     python -m crawlproject.cli dead products [-n 20]
     python -m crawlproject.cli replay products [-n 1000]
-    python -m crawlproject.cli invalid products
+    python -m crawlproject.cli invalid products          # payloads moved aside
+    python -m crawlproject.cli invalid-seeds products    # seeds moved aside
     python -m crawlproject.cli reset products --yes [--keep-seeds]
 
 Connects to ``--redis-url`` (default: ``$REDIS_URL``, then the local default);
-add ``--cluster`` for Redis Cluster. Passwords are never printed.
+add ``--cluster`` for Redis Cluster. Passwords are never printed. Seeds are
+checked exactly as the nodes check them (the project's spider class and
+settings: published callbacks, ``SEED_META_ALLOW``) before they are pushed.
+Errors are one line on stderr: exit 1 for Redis, 2 for bad input.
 """
 
 from __future__ import annotations
@@ -19,23 +23,66 @@ import sys
 
 from crawlproject.connection import DEFAULT_REDIS_URL, env_default, redact_url, redis_from_url
 from crawlproject.frontier.queue import Frontier
-from crawlproject.keys import START_URLS, START_URLS_INVALID, reset_spider
-from crawlproject.seeds import InvalidSeed, parse_seed
+from crawlproject.keys import SeedKeys, reset_spider, spider_keys, start_urls_key
+from crawlproject.policy import InputPolicy
+from crawlproject.seeds import InvalidSeed, check_seed
+
+
+class UsageError(Exception):
+    """Bad input from the command line (exit 2)."""
+
+
+def _client(args):
+    return redis_from_url(args.redis_url, cluster=args.cluster)
 
 
 def _frontier(args) -> Frontier:
-    client = redis_from_url(args.redis_url, cluster=args.cluster)
-    return Frontier(client, args.spider, node="cli")
+    return Frontier(_client(args), args.spider, node="cli")
+
+
+def _project():
+    """(settings, spider loader) of the Scrapy project around us, if any."""
+    from scrapy.spiderloader import get_spider_loader
+    from scrapy.utils.project import get_project_settings
+
+    settings = get_project_settings()
+    try:
+        return settings, get_spider_loader(settings)
+    except Exception:  # noqa: BLE001 - no project here: checks without it
+        return settings, None
+
+
+def _spider_class(args):
+    settings, loader = _project()
+    try:
+        return settings, loader.load(args.spider) if loader is not None else None
+    except KeyError:
+        return settings, None
+
+
+def _seed_keys(args, settings=None, spidercls=None) -> SeedKeys:
+    pattern = getattr(spidercls, "redis_key", None) or (
+        settings.get("REDIS_START_URLS_KEY") if settings is not None else None)
+    return SeedKeys(start_urls_key(args.spider, pattern))
 
 
 def cmd_status(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    settings, spidercls = _spider_class(args)
     f = _frontier(args)
+    seeds = _seed_keys(args, settings, spidercls)
+    if not spider_keys(f.client, args.spider, seeds.key):
+        if spidercls is None:
+            print(f"error: unknown spider {args.spider!r}: no such spider in this project and "
+                  f"no crawl state in Redis at {redact_url(args.redis_url)}", file=sys.stderr)
+            return 1
+        print(f"{args.spider}: no crawl state in Redis yet (push seeds to {seeds.key})")
     counts = f.counts()
-    counts["seeds"] = f.client.llen(START_URLS % {"spider": args.spider})
-    counts["invalid seeds"] = f.client.llen(START_URLS_INVALID % {"spider": args.spider})
+    counts["seeds"] = _seed_count(f.client, seeds.key)
+    counts["seeds claimed"] = f.client.hlen(seeds.claims)
+    counts["invalid seeds"] = f.client.llen(seeds.invalid)
     table = Table(title=f"{args.spider} on {redact_url(args.redis_url)}")
     table.add_column("what")
     table.add_column("value", justify="right")
@@ -53,18 +100,27 @@ def cmd_status(args) -> int:
     return 0
 
 
+def _seed_count(client, key: str) -> int:
+    kind = client.type(key)
+    kind = kind.decode() if isinstance(kind, bytes) else kind
+    return {"list": client.llen, "set": client.scard, "zset": client.zcard}.get(
+        kind, lambda _k: 0)(key)
+
+
 def cmd_seed(args) -> int:
-    f = _frontier(args)
-    good = []
+    settings, spidercls = _spider_class(args)
+    if spidercls is None:
+        print(f"note: spider {args.spider!r} is not in this project: seeds are checked "
+              "without its callbacks", file=sys.stderr)
+    policy = InputPolicy.from_settings(settings, spidercls)
     for raw in args.seeds:
         try:
-            parse_seed(raw)
+            check_seed(raw, policy)
         except InvalidSeed as exc:
-            print(f"invalid seed {raw[:100]!r}: {exc}", file=sys.stderr)
-            return 2
-        good.append(raw)
-    f.client.lpush(START_URLS % {"spider": args.spider}, *good)
-    print(f"pushed {len(good)} seed(s) to {START_URLS % {'spider': args.spider}}")
+            raise UsageError(f"invalid seed {raw[:100]!r} ({exc.code}): {exc}") from None
+    key = _seed_keys(args, settings, spidercls).key
+    _client(args).lpush(key, *args.seeds)
+    print(f"pushed {len(args.seeds)} seed(s) to {key}")
     return 0
 
 
@@ -81,6 +137,17 @@ def cmd_invalid(args) -> int:
     return 0
 
 
+def cmd_invalid_seeds(args) -> int:
+    settings, spidercls = _spider_class(args)
+    key = _seed_keys(args, settings, spidercls).invalid
+    for raw in _client(args).lrange(key, 0, args.n - 1):
+        try:
+            print(json.dumps(json.loads(raw)))
+        except ValueError:
+            print(json.dumps({"seed": raw.decode("utf-8", "replace"), "reason": "unreadable"}))
+    return 0
+
+
 def cmd_replay(args) -> int:
     print(f"replayed {_frontier(args).replay_dead(args.n)} dead letter(s)")
     return 0
@@ -88,10 +155,10 @@ def cmd_replay(args) -> int:
 
 def cmd_reset(args) -> int:
     if not args.yes:
-        print("refusing to delete shared state without --yes", file=sys.stderr)
-        return 2
-    client = redis_from_url(args.redis_url, cluster=args.cluster)
-    deleted = reset_spider(client, args.spider, keep_seeds=args.keep_seeds)
+        raise UsageError("refusing to delete shared state without --yes")
+    settings, spidercls = _spider_class(args)
+    deleted = reset_spider(_client(args), args.spider, keep_seeds=args.keep_seeds,
+                           seed_key=_seed_keys(args, settings, spidercls).key)
     print(f"deleted {deleted} key(s) of {args.spider}")
     return 0
 
@@ -105,18 +172,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for name, func, help_ in [
         ("status", cmd_status, "queue, in-flight, delayed, dead, nodes, Bloom filter"),
-        ("seed", cmd_seed, "push seeds (plain URL or JSON) to <spider>:start_urls"),
+        ("seed", cmd_seed, "check seeds as the nodes do, then push them to <spider>:start_urls"),
         ("dead", cmd_dead, "list dead letters with their reason and attempts"),
         ("invalid", cmd_invalid, "list payloads that were moved aside"),
-        ("replay", cmd_replay, "move dead letters back into the queue"),
-        ("reset", cmd_reset, "delete the spider's queue, filter and seeds"),
+        ("invalid-seeds", cmd_invalid_seeds, "list seeds that were moved aside, with the reason"),
+        ("replay", cmd_replay, "move dead letters back into the queue (with fresh retries)"),
+        ("reset", cmd_reset, "delete the spider's queue, filter, seeds and seed claims"),
     ]:
         p = sub.add_parser(name, help=help_)
         p.add_argument("spider")
         p.set_defaults(func=func)
         if name == "seed":
             p.add_argument("seeds", nargs="+")
-        if name in ("dead", "invalid", "replay"):
+        if name in ("dead", "invalid", "invalid-seeds", "replay"):
             p.add_argument("-n", type=int, default=20 if name != "replay" else 1000)
         if name == "reset":
             p.add_argument("--yes", action="store_true")
@@ -128,12 +196,18 @@ def main(argv: list[str] | None = None) -> int:
     from redis.exceptions import RedisError
 
     args = build_parser().parse_args(argv)
+    where = redact_url(args.redis_url)
     try:
         return args.func(args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # e.g. an http:// REDIS_URL
+        print(f"error: {str(exc).replace(args.redis_url, where)}", file=sys.stderr)
+        return 2
     except RedisError as exc:
-        message = str(exc).replace(args.redis_url, redact_url(args.redis_url))
-        print(f"error: Redis at {redact_url(args.redis_url)}: {type(exc).__name__}: {message}",
-              file=sys.stderr)
+        message = str(exc).replace(args.redis_url, where)
+        print(f"error: Redis at {where}: {type(exc).__name__}: {message}", file=sys.stderr)
         return 1
 
 

@@ -183,13 +183,21 @@ def _check_name(value: Any, key: str) -> str | None:
 
 
 def build_request(seed: Seed, spider, policy: InputPolicy) -> Request:
-    """The request for a parsed *seed*: callback, errback and meta must pass *policy*."""
+    """The request for a parsed *seed*: callback, errback and meta must pass
+    *policy*. With *spider* None (the command line checking a seed before it
+    pushes it) the names are checked but not bound."""
     try:
-        callback = policy.resolve(spider, seed.callback, "callback") if seed.callback else None
-        errback = policy.resolve(spider, seed.errback, "errback") if seed.errback else None
+        callback, errback = (policy.check_callback(name, what) if name else None
+                             for name, what in ((seed.callback, "callback"),
+                                                (seed.errback, "errback")))
         meta = policy.check_seed_meta(seed.meta)
     except Refused as exc:
         raise InvalidSeed(exc.code, str(exc)) from None
+    if spider is not None:
+        callback = getattr(spider, callback) if callback else None
+        errback = getattr(spider, errback) if errback else None
+    else:
+        callback = errback = None
     common = dict(
         method=seed.method, headers=seed.headers or None, meta=meta,
         priority=seed.priority, dont_filter=seed.dont_filter,
@@ -221,6 +229,23 @@ def request_from_seed(raw: bytes | str, spider, policy: InputPolicy,
     except Refused as exc:
         raise InvalidSeed(exc.code, str(exc)) from None
     except Exception as exc:  # noqa: BLE001 - untrusted input must not stop a node
+        raise InvalidSeed("error", f"cannot build a request: {type(exc).__name__}: "
+                                   f"{str(exc)[:300]}") from None
+
+
+def check_seed(raw: bytes | str, policy: InputPolicy, encoding: str = "utf-8") -> Seed:
+    """What a node would do with *raw*, without a spider instance: parse it,
+    check it against *policy*, build and encode its request. Returns the
+    parsed seed or raises :class:`InvalidSeed` (the command line's check)."""
+    from crawlproject.serialization import request_to_json
+
+    try:
+        seed = parse_seed(raw, encoding)
+        request_to_json(build_request(seed, None, policy), None, policy)
+        return seed
+    except InvalidSeed:
+        raise
+    except Exception as exc:  # noqa: BLE001 - same contract as request_from_seed
         raise InvalidSeed("error", f"cannot build a request: {type(exc).__name__}: "
                                    f"{str(exc)[:300]}") from None
 

@@ -199,3 +199,98 @@ def test_one_round_trip_per_batch(node, redis):
     assert stats["cmdstat_evalsha"]["calls"] + stats.get("cmdstat_eval", {}).get("calls", 0) == 1
     total = sum(v["calls"] for v in stats.values())
     assert total < 40                            # commands inside the script, for 200 adds
+
+
+# -- lease ownership: only the holder changes an entry ------------------------
+
+def expire_and_retake(node, clock):
+    """a takes x, a's lease expires, b reclaims and takes x: (a, b, member)."""
+    a, b = node("a"), node("b")
+    add_all(a, [("x", 0)])
+    member = a.take(1)[0][0]
+    clock.advance(11)
+    taken = b.sync(Batch(take=1)).taken
+    assert [m for m, _ in taken] == [member]
+    return a, b, member
+
+
+def test_a_node_that_lost_its_lease_cannot_ack_anothers(node, clock, redis):
+    a, b, member = expire_and_retake(node, clock)
+    res = a.sync(Batch(acks=[member]))
+    assert res.stale == 1
+    assert redis.hget(a.keys.inflight, member) == b"b"          # b's lease untouched
+    assert redis.hexists(a.keys.payloads, member)               # and its payload
+    b.ack(member)
+    assert a.counts()["inflight"] == 0 and redis.hlen(a.keys.payloads) == 0
+
+
+def test_a_node_that_lost_its_lease_cannot_requeue_or_dead_letter_it(node, clock, redis):
+    a, b, member = expire_and_retake(node, clock)
+    assert a.sync(Batch(nacks=[member])).stale == 1
+    fail = Batch()
+    fail.fail(member, "dead", {"payload": "x", "reason": "stale"})
+    assert a.sync(fail).stale == 1
+    assert a.counts()["queued"] == 0 and a.dead_letters() == []
+    assert redis.hget(a.keys.inflight, member) == b"b"
+
+
+def test_every_take_registers_the_taker(node, clock, redis):
+    """A node id that takes without maintenance (e.g. the new identity after a
+    failed call) still gets a deadline, so its entries come back if it dies."""
+    a, b = node("a~1"), node("b")
+    add_all(b, [("x", 0)])
+    taken = a.sync(Batch(take=1, maintenance=False, promote=False)).taken
+    assert len(taken) == 1
+    assert redis.zscore(a.keys.nodes, "a~1") is not None
+    clock.advance(11)
+    res = b.sync(Batch(take=1))
+    assert res.reclaimed == 1 and payloads(res.taken) == ["x"]
+
+
+def test_a_sweep_reclaims_entries_of_unregistered_owners(node, redis):
+    a, b = node("a"), node("b")
+    add_all(a, [("x", 0)])
+    member = a.take(1)[0][0]
+    redis.zrem(a.keys.nodes, "a")                 # an owner nobody knows
+    assert b.sync(Batch(take=1)).taken == []       # no expired node: nothing to reclaim
+    res = b.sync(Batch(take=1, sweep=True))
+    assert res.reclaimed == 1 and [m for m, _ in res.taken] == [member]
+
+
+def test_a_queue_member_without_payload_is_set_aside(node, redis):
+    a = node("a")
+    add_all(a, [("x", 0), ("y", 0)])
+    first = redis.zrange(a.keys.queue, 0, 0)[0]
+    redis.hdel(a.keys.payloads, first)
+    res = a.sync(Batch(take=5))
+    assert payloads(res.taken) == ["y"] and res.missing == 1
+    (record,) = a.invalid_entries()
+    assert record["member"] == first.decode() and record["reason"] == "no payload"
+    assert record["node"] == "a"
+
+
+def test_dead_and_invalid_lists_are_capped_and_trims_counted(redis, clock):
+    a = Frontier(redis, "spider", "a", clock=clock, dead_max=3, invalid_max=2,
+                 bloom=BloomConfig(capacity=1000))
+    add_all(a, [(f"p{i}", 0) for i in range(5)])
+    batch = Batch()
+    for member, _ in a.take(5):
+        batch.fail(member, "dead", {"payload": member, "reason": "x"})
+    res = a.sync(batch)
+    assert res.trimmed == 2 and len(a.dead_letters()) == 3
+    assert a.stats()["dead_trimmed"] == 2
+
+
+def test_replayed_dead_letters_start_with_fresh_attempt_counters(node):
+    a = node("a")
+    add_all(a, [("doomed", 3)])
+    member = a.take(1)[0][0]
+    stored = json.dumps({"url": "http://127.0.0.1/x", "meta": {
+        "retry_times": 2, "crawlproject_callback_attempts": 3, "campaign": "c"}})
+    batch = Batch()
+    batch.fail(member, "dead", {"payload": stored, "priority": 3, "reason": "HTTP 503"})
+    a.sync(batch)
+    assert a.replay_dead() == 1
+    (member, replayed), = a.take(1)
+    assert member.startswith("3:")
+    assert json.loads(replayed)["meta"] == {"campaign": "c"}

@@ -53,3 +53,115 @@ def test_malformed_seeds_are_rejected_with_a_reason(raw, code):
         parse_seed(raw)
     assert info.value.code == code
     assert str(info.value)
+
+
+# -- untrusted seeds: nothing a seed holds may raise anything but InvalidSeed --
+
+import string  # noqa: E402
+
+from hypothesis import HealthCheck, given, settings as hsettings, strategies as st  # noqa: E402
+from scrapy import Request  # noqa: E402
+from scrapy.utils.test import get_crawler  # noqa: E402
+
+from crawlproject.policy import InputPolicy  # noqa: E402
+from crawlproject.seeds import request_from_seed  # noqa: E402
+from crawlproject.spiders.products import ProductsSpider  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def spider():
+    crawler = get_crawler(ProductsSpider, {"SEED_META_ALLOW": ["campaign"],
+                                           "REDIS_URL": "redis://127.0.0.1:1/0"})
+    return crawler._create_spider()
+
+
+def build(spider, raw):
+    return request_from_seed(raw, spider, spider.seed_policy, check=spider._check_storable)
+
+
+@pytest.mark.parametrize("raw,code", [
+    ('{"url": "http://127.0.0.1/", "headers": {"X-A": [1, {}]}}', "bad_field"),
+    ('{"url": "http://127.0.0.1/", "headers": {"X-A": 5}}', "bad_field"),
+    ("http://[::1", "bad_url"),
+    ('{"url": "http://[::1/x"}', "bad_url"),
+    ('{"url": "http://127.0.0.1:99999999/"}', "bad_url"),
+    ('{"url": "http://127.0.0.1/", "priority": 100000}', "bad_field"),
+    ('{"url": "http://127.0.0.1/", "priority": 1e400}', "bad_field"),
+    ('{"url": "http://127.0.0.1/", "dont_filter": "no"}', "bad_field"),
+    ('{"url": "http://127.0.0.1/", "page": {"a": 1}}', "bad_field"),
+    ('{"url": "http://127.0.0.1/", "body": "x", "page": "2"}', "bad_field"),
+    ('{"url": "http://127.0.0.1/", "callback": "__init__"}', "callback_not_allowed"),
+    ('{"url": "http://127.0.0.1/", "callback": "_set_crawler"}', "callback_not_allowed"),
+    ('{"url": "http://127.0.0.1/", "callback": "close"}', "callback_not_allowed"),
+    ('{"url": "http://127.0.0.1/", "callback": "start"}', "callback_not_allowed"),
+    ('{"url": "http://127.0.0.1/", "errback": "make_request_from_seed"}', "callback_not_allowed"),
+    ('{"url": "http://127.0.0.1/", "callback": "no_such_method"}', "callback_not_allowed"),
+    ('{"url": "http://127.0.0.1/", "meta": {"proxy": "http://evil:1"}}', "meta_not_allowed"),
+    ('{"url": "http://127.0.0.1/", "meta": {"download_slot": "x"}}', "meta_not_allowed"),
+    ('{"url": "http://127.0.0.1/", "meta": {"playwright": true, "playwright_context_kwargs":'
+     ' {"record_har_path": "/tmp/x.har"}}}', "meta_not_allowed"),
+    ('{"url": "http://127.0.0.1/", "cb_kwargs": {"x": {"__t__": "PageMethod"}}, '
+     '"meta": {"campaign": {"__t__": "bytes", "b64": "!!"}}}', None),
+    ('{"url": "http://127.0.0.1/", "method": "POST", "body": 5}', "bad_field"),
+    ('{"url": "http://127.0.0.1/", "meta": {"campaign": 1e999}}', None),
+])
+def test_bad_seeds_are_rejected_with_a_reason_never_raised(spider, raw, code):
+    try:
+        request = build(spider, raw)
+    except InvalidSeed as exc:
+        assert code is None or exc.code == code, (exc.code, str(exc))
+        assert str(exc)
+    else:
+        assert code is None, f"accepted: {request}"
+        assert isinstance(request, Request)
+
+
+def test_a_good_seed_becomes_its_request(spider):
+    request = build(spider, json.dumps({
+        "url": "http://127.0.0.1/p", "callback": "parse_product", "priority": 7,
+        "meta": {"campaign": "x"}, "headers": {"X-A": "1"}}))
+    assert request.callback == spider.parse_product and request.priority == 7
+    assert request.meta == {"campaign": "x"} and request.headers["X-A"] == b"1"
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    max_leaves=12,
+)
+_keys = st.sampled_from(["url", "meta", "method", "body", "headers", "priority", "callback",
+                         "errback", "dont_filter", "cb_kwargs", "page", "__t__"])
+_url = st.one_of(
+    st.just("http://127.0.0.1/x"), st.just("http://[::1"), st.just("https://[zz]/"),
+    st.text(alphabet=string.printable, max_size=30).map(lambda t: "http://" + t),
+    st.text(max_size=30),
+)
+
+
+@st.composite
+def json_seeds(draw):
+    seed = draw(st.dictionaries(_keys, _json, max_size=6))
+    if draw(st.booleans()):
+        seed["url"] = draw(_url)
+    for key in ("meta", "headers", "cb_kwargs"):
+        if draw(st.booleans()):
+            seed[key] = draw(st.dictionaries(st.text(max_size=12), _json, max_size=3))
+    if draw(st.booleans()):
+        seed["callback"] = draw(st.sampled_from(
+            ["parse", "parse_product", "__init__", "_set_crawler", "close", "closed", "start",
+             "logger", "crawler", "from_crawler", "__class__", "x y"]))
+    return json.dumps(seed)
+
+
+@hsettings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(raw=st.one_of(json_seeds(), st.binary(max_size=60), st.text(max_size=60)))
+def test_fuzz_any_seed_is_a_request_or_an_invalid_seed(spider, raw):
+    try:
+        request = build(spider, raw)
+    except InvalidSeed as exc:
+        assert exc.code and str(exc)
+        return
+    assert isinstance(request, Request)
+    assert request.callback in (None, spider.parse, spider.parse_product)
+    assert set(request.meta) <= {"campaign"}

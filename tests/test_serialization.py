@@ -103,3 +103,102 @@ def test_scrapy_redis_serializer_interface(spider):
     assert isinstance(data, str) and "pickle" not in data
     d = serialization.loads(data)
     assert d["meta"] == {"k": "v"} and d["callback"] == "parse_item"
+
+
+# -- payloads written to the frontier by someone else -------------------------
+
+def payload(**fields):
+    return json.dumps({"url": "http://127.0.0.1/x", **fields})
+
+
+def page_method(method, *args, **kwargs):
+    return {"__t__": "PageMethod", "method": method, "args": list(args), "kwargs": kwargs}
+
+
+@pytest.mark.parametrize("fields", [
+    {"callback": "__init__"},
+    {"callback": "_set_crawler"},
+    {"callback": "close"},
+    {"callback": "closed"},
+    {"callback": "start"},
+    {"errback": "from_crawler"},
+    {"callback": "log"},
+    {"meta": {"playwright_page_methods": [page_method("screenshot", path="/tmp/pwned.png")]}},
+    {"meta": {"playwright_page_methods": [page_method("goto", "file:///etc/passwd")]}},
+    {"meta": {"playwright_page_methods": [page_method("set_input_files", "input", "/etc/passwd")]}},
+    {"meta": {"playwright_page_methods": [page_method("evaluate", "fetch('http://x')")]}},
+    {"meta": {"playwright_page_methods": [page_method("click", "#a", path="/tmp/x")]}},
+    {"meta": {"playwright_page_methods": [page_method("click", {"nested": 1})]}},
+    {"meta": {"playwright_context_kwargs": {"record_har_path": "/tmp/x.har"}}},
+    {"meta": {"playwright_context_kwargs": {"record_video_dir": "/tmp"}}},
+    {"meta": {"playwright_context_kwargs": {"storage_state": "/etc/passwd"}}},
+    {"meta": {"playwright_page_event_handlers": {"dialog": "_set_crawler"}}},
+    {"meta": {"playwright_page": {"fake": True}}},
+    {"meta": {"x": {"__t__": "bytes", "b64": "not base64!"}}},
+    {"meta": {"x": {"__t__": "PageMethod"}}},
+    {"meta": [1]},
+    {"encoding": "no-such-codec"},
+    {"flags": 5},
+    {"_class": "os.system"},
+])
+def test_hostile_payloads_are_refused_with_a_decode_error(spider, fields):
+    with pytest.raises(RequestDecodeError) as info:
+        request_from_json(payload(**fields), spider)
+    assert str(info.value)
+
+
+def test_allowed_page_methods_decode(spider):
+    data = payload(meta={"playwright": True, "playwright_page_methods": [
+        page_method("wait_for_selector", "#app", timeout=5000), page_method("click", "#more")]})
+    methods = request_from_json(data, spider).meta["playwright_page_methods"]
+    assert [m.method for m in methods] == ["wait_for_selector", "click"]
+
+
+def test_a_spider_cannot_store_what_it_could_not_read_back(spider):
+    """The same rules at enqueue: the spider author sees the refusal at once."""
+    with pytest.raises(RequestEncodeError):
+        request_to_json(Request("http://127.0.0.1/", meta={
+            "playwright_page_methods": [PageMethod("screenshot", path="/tmp/x.png")]}), spider)
+
+    class Private(DemoSpider):
+        def _parse_private(self, response):
+            pass
+
+    private = Private()
+    with pytest.raises(RequestEncodeError):
+        request_to_json(Request("http://127.0.0.1/", callback=private._parse_private), private)
+
+
+from hypothesis import HealthCheck, given, settings as hsettings, strategies as st  # noqa: E402
+
+_value = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12)
+    | st.builds(lambda m, a: page_method(m, *a), st.sampled_from(
+        ["wait_for_selector", "click", "screenshot", "goto", "evaluate"]),
+        st.lists(st.text(max_size=8), max_size=2))
+    | st.builds(lambda b: {"__t__": "bytes", "b64": b}, st.text(max_size=8))
+    | st.just({"__t__": "weird"}),
+    lambda children: st.lists(children, max_size=3)
+    | st.dictionaries(st.text(max_size=8), children, max_size=3),
+    max_leaves=10,
+)
+_fields = st.fixed_dictionaries({}, optional={
+    "url": st.one_of(st.just("http://127.0.0.1/"), st.text(max_size=20), st.integers()),
+    "meta": _value, "cb_kwargs": _value, "headers": _value, "body": _value,
+    "callback": st.sampled_from(["parse_item", "__init__", "close", "x", 5, None]),
+    "method": _value, "priority": _value, "encoding": st.sampled_from(["utf-8", "zz", 5]),
+    "flags": _value, "cookies": _value, "dont_filter": _value,
+    "_class": st.sampled_from(["scrapy.http.request.Request", "os.system", 3]),
+})
+
+
+@hsettings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.one_of(_fields.map(json.dumps), st.binary(max_size=40)))
+def test_fuzz_payloads_decode_or_raise_a_decode_error(data):
+    spider = DemoSpider()
+    try:
+        request = request_from_json(data, spider)
+    except RequestDecodeError:
+        return
+    assert isinstance(request, Request)
+    assert request.callback in (None, spider.parse_item)
