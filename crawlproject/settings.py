@@ -18,6 +18,8 @@ from crawlproject.connection import (
 BOT_NAME = "crawlproject"
 SPIDER_MODULES = ["crawlproject.spiders"]
 NEWSPIDER_MODULE = "crawlproject.spiders"
+# `scrapy crawl` that exits non-zero when the crawl did not finish normally.
+COMMANDS_MODULE = "crawlproject.commands"
 
 ROBOTSTXT_OBEY = True
 CONCURRENT_REQUESTS = 32
@@ -36,7 +38,8 @@ REDIS_CLUSTER = env_default("REDIS_CLUSTER", "false").lower() in ("1", "true", "
 # The shared frontier (crawlproject.scheduler): leased at-least-once delivery,
 # Bloom-filter dedupe in the same atomic call as the enqueue, JSON payloads.
 SCHEDULER = "crawlproject.scheduler.RedisScheduler"
-SCHEDULER_LEASE_TTL = 60
+SCHEDULER_LEASE_TTL = 10            # a dead node's requests come back within ~12 s
+SCHEDULER_HEARTBEAT_INTERVAL = 2
 SCHEDULER_BATCH_SIZE = 100
 SCHEDULER_FLUSH_INTERVAL = 0.05
 DUPEFILTER_CAPACITY = 10_000_000
@@ -53,6 +56,8 @@ DOWNLOADER_MIDDLEWARES = {
 REDIS_START_URLS_KEY = "%(name)s:start_urls"
 REDIS_START_URLS_BATCH_SIZE = 100
 SEEDS_POLL_INTERVAL = 1.0
+# Seeds are untrusted: the only meta keys a seed may set (see crawlproject/policy.py).
+SEED_META_ALLOW = ["campaign"]
 MAX_IDLE_TIME_BEFORE_CLOSE = int(env_default("MAX_IDLE_TIME_BEFORE_CLOSE", "0"))
 
 # --- MongoDB -------------------------------------------------------------------

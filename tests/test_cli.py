@@ -45,7 +45,8 @@ def test_status_dead_replay_and_reset(redis, redis_url):
     assert not list(redis.scan_iter("{shop}:*"))
 
 
-def test_password_is_not_printed(redis_url):
+def test_password_is_not_printed(redis, redis_url):
+    redis.lpush("shop:start_urls", "http://127.0.0.1/")
     url = redis_url.replace("redis://", "redis://:topsecret@")
     out = cli(url, "status", "shop")
     assert out.returncode == 0 and "redis://***@" in out.stdout.replace("\n", "")
@@ -58,3 +59,81 @@ def test_unreachable_redis_gives_a_clear_error():
     out = cli(f"redis://:topsecret@127.0.0.1:{free_port()}/0", "status", "shop")
     assert out.returncode == 1 and out.stderr.startswith("error: Redis at redis://***@127.0.0.1")
     assert "topsecret" not in out.stdout + out.stderr and "Traceback" not in out.stderr
+
+
+def test_seed_checks_seeds_as_the_nodes_do(redis, redis_url):
+    """Seeds that would be refused by a node are refused before they are pushed."""
+    for bad in ['{"url": "http://[::1"}', "http://[::1",
+                '{"url": "http://127.0.0.1/", "headers": {"X": [1]}}',
+                '{"url": "http://127.0.0.1/", "callback": "__init__"}',
+                '{"url": "http://127.0.0.1/", "callback": "_set_crawler"}',
+                '{"url": "http://127.0.0.1/", "callback": "close"}',
+                '{"url": "http://127.0.0.1/", "meta": {"proxy": "http://x:1"}}']:
+        out = cli(redis_url, "seed", "products", bad)
+        assert out.returncode == 2, (bad, out.stdout, out.stderr)
+        assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr, bad
+    assert redis.llen("products:start_urls") == 0
+    ok = cli(redis_url, "seed", "products", '{"url": "http://127.0.0.1/", "callback": '
+             '"parse_product", "meta": {"campaign": "c"}}')
+    assert ok.returncode == 0, ok.stderr
+    assert redis.llen("products:start_urls") == 1
+
+
+def test_http_redis_url_is_a_one_line_error():
+    out = cli("http://:topsecret@127.0.0.1:6379/0", "status", "products")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "not a Redis URL" in out.stderr
+    assert "topsecret" not in out.stderr
+
+
+def test_status_of_an_unknown_spider_says_so(redis_url):
+    out = cli(redis_url, "status", "no_such_spider")
+    assert out.returncode == 1 and "unknown spider 'no_such_spider'" in out.stderr
+    known = cli(redis_url, "status", "products")        # a spider of this project, no state yet
+    assert known.returncode == 0 and "no crawl state" in known.stdout
+
+
+def test_invalid_seeds_are_listed(redis, redis_url):
+    redis.lpush("products:start_urls:invalid", json.dumps(
+        {"seed": "not a url", "reason": "bad_url", "error": "not an absolute http(s) URL"}))
+    out = cli(redis_url, "invalid-seeds", "products")
+    assert out.returncode == 0
+    assert json.loads(out.stdout.splitlines()[0])["reason"] == "bad_url"
+
+
+def test_reset_deletes_every_key_of_the_spider_and_only_those(redis, redis_url):
+    """Seeds, seed claims, invalid seeds, the frontier, both Bloom filters."""
+    import asyncio
+
+    from redis import asyncio as aioredis
+
+    from crawlproject.frontier.bloom import BloomConfig, BloomFilter
+    from crawlproject.keys import FrontierKeys
+    from crawlproject.seeds import SeedQueue
+
+    redis.lpush("shop:start_urls", "http://127.0.0.1/a", "http://127.0.0.1/b")
+    redis.lpush("shop:start_urls:invalid", "{}")
+    redis.lpush("other:start_urls", "http://127.0.0.1/keep")
+
+    async def claim():
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            await SeedQueue(client, "shop:start_urls").claim(1)   # claimed, never released
+        finally:
+            await client.aclose()
+
+    asyncio.run(claim())
+    f = Frontier(redis, "shop", "n1", bloom=BloomConfig(capacity=1000))
+    batch = Batch(take=1)
+    batch.add('{"url": "http://127.0.0.1/x"}', b"x" * 20, 0)
+    f.sync(batch)
+    f.add_stats({"acked": 1})
+    BloomFilter(redis, FrontierKeys("shop").dupefilter, BloomConfig(capacity=1000)).add(b"y" * 20)
+    Frontier(redis, "other", "n1").sync(batch)
+    before = {k.decode() for k in redis.keys("*")}
+    assert {"{shop:start_urls}:claims", "{shop:start_urls}:claims:due",
+            "{shop:start_urls}:claims:seq", "{shop}:bloom:0:0", "{shop}:dupefilter:0:0"} <= before
+    assert cli(redis_url, "reset", "shop", "--yes").returncode == 0
+    after = {k.decode() for k in redis.keys("*")}
+    assert not [k for k in after if "shop" in k], after
+    assert {k for k in before if "other" in k} == after

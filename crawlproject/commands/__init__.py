@@ -1,0 +1,1 @@
+"""Project commands (``COMMANDS_MODULE``): ``crawl`` with a meaningful exit code."""
