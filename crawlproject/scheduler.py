@@ -116,6 +116,8 @@ class RedisScheduler(BaseScheduler):
         self.frontier: AsyncFrontier | None = None
         self._buffer: deque[tuple[str, Request]] = deque()
         self._held: dict[str, Request] = {}
+        #: member -> the node id it was leased under (changes after a failed call)
+        self._owners: dict[str, str] = {}
         self._scraping: set[str] = set()
         self._replaced: set[str] = set()
         self._failed: dict[str, tuple[str, str]] = {}
@@ -357,6 +359,7 @@ class RedisScheduler(BaseScheduler):
             return gap  # coalesce: more work per round trip
         waiters, self._flush_waiters = self._flush_waiters, []
         batch = self._next_batch()
+        batch.adopt = self._adoptions()
         if self._outbox:
             waiters, self._flush_waiters = [], waiters  # resolved by a later call
             self._wake.set()
@@ -371,6 +374,13 @@ class RedisScheduler(BaseScheduler):
             self._flush_waiters[:0] = waiters
             raise
         self._redis_outage.ok({"spider": self.spider})
+        for member, _ in batch.adopt:
+            if member in self._owners:
+                self._owners[member] = self.frontier.node
+        # Forgotten only once the call that settles them went through: until
+        # then a changed id must still adopt them for the settling call to count.
+        for member in (*batch.acks, *(f[0] for f in batch.fails), *batch.nacks):
+            self._owners.pop(member, None)
         self._last_sync = now
         if maintenance:
             self._last_maintenance = now
@@ -382,6 +392,11 @@ class RedisScheduler(BaseScheduler):
             self._last_report = now
             await self._report()
         return 0.0
+
+    def _adoptions(self) -> list[tuple[str, str]]:
+        """Leases this node holds under a former id of its own (see _requeue_batch)."""
+        current = self.frontier.node
+        return [(m, owner) for m, owner in self._owners.items() if owner != current]
 
     def _sweep_due(self, now: float) -> bool:
         # Entries held by an id that is not a registered node (an old frontier,
@@ -421,13 +436,14 @@ class RedisScheduler(BaseScheduler):
         """Keep the unsent work, and change identity: entries a lost reply may
         have leased to the old identity are reclaimed when its lease expires."""
         batch.take = 0
+        batch.adopt = []  # recomputed for the next call
         batch.merge(self._outbox)
         self._outbox = batch
         self._incarnation += 1
         self.frontier.node = self._node_id()
-        # Held requests still belong to the old id: acks of them are checked
-        # against the lease owner, so they come back (as stale) and the old
-        # id's leases are reclaimed once it expires.
+        # The next call adopts what this node knows it holds (buffer, engine);
+        # whatever else the old id got from a lost reply is reclaimed when the
+        # old id expires.
         self._last_maintenance = 0.0  # register the new id at once
 
     def _count(self, name: str, value: int = 1) -> None:
@@ -480,6 +496,7 @@ class RedisScheduler(BaseScheduler):
                 "reason": str(exc), "node": self.frontier.node, "at": time.time()})
             return
         request.meta[LEASE_META] = member
+        self._owners[member] = self.frontier.node
         self._buffer.append((member, request))
 
     def _nudge_engine(self) -> None:
@@ -555,7 +572,9 @@ class RedisScheduler(BaseScheduler):
         self._collect_done()
         unstarted = [m for m, _ in self._buffer] + list(self._held)
         batch, self._outbox = self._outbox, Batch()
+        batch.adopt = self._adoptions()
         batch.nacks += unstarted
+        self._owners.clear()
         await self._final_sync(batch)
         try:
             await self.frontier.add_stats(self._stat_deltas)

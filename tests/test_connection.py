@@ -52,3 +52,54 @@ def test_cluster_url_flag():
     assert is_cluster_url("redis://h:7000/0?cluster=true")
     assert not is_cluster_url("redis://h:7000/0")
     assert is_cluster_url("redis://h:7000/0", cluster_setting=True)
+
+
+def test_passwords_in_query_strings_are_redacted():
+    url = "redis://127.0.0.1:6379/0?password=hunter2&db=1"
+    assert "hunter2" not in redact_url(url) and "db=1" in redact_url(url)
+    assert "s3" not in redact_url("rediss://u:s3@h:1/0?ssl_keyfile_password=s3")
+
+
+def test_components_honour_the_environment_in_a_users_own_project(monkeypatch):
+    """A project whose settings.py does not mention REDIS_URL, MAX_IDLE... still
+    gets what the README promises: the environment variable, then the default."""
+    from scrapy.utils.test import get_crawler
+
+    from crawlproject.connection import redis_cluster_from_settings, redis_url_from_settings
+    from tests.spiders.leaf import LeafSpider
+
+    monkeypatch.setenv("REDIS_URL", "redis://10.9.8.7:6390/3")
+    monkeypatch.setenv("REDIS_CLUSTER", "true")
+    monkeypatch.setenv("MAX_IDLE_TIME_BEFORE_CLOSE", "42")
+    crawler = get_crawler(LeafSpider, {})          # no project settings at all
+    assert redis_url_from_settings(crawler.settings) == "redis://10.9.8.7:6390/3"
+    assert redis_cluster_from_settings(crawler.settings) is True
+    monkeypatch.setenv("REDIS_CLUSTER", "false")
+    spider = crawler._create_spider()
+    assert spider.max_idle_time == 42
+    # An explicit setting still wins over the environment.
+    crawler = get_crawler(LeafSpider, {"REDIS_URL": "redis://127.0.0.1:1/0",
+                                       "MAX_IDLE_TIME_BEFORE_CLOSE": 5})
+    assert redis_url_from_settings(crawler.settings) == "redis://127.0.0.1:1/0"
+    assert crawler._create_spider().max_idle_time == 5
+
+
+def test_scrapy_redis_host_and_port_settings_are_honoured(monkeypatch):
+    from scrapy.settings import Settings
+
+    from crawlproject.connection import redis_url_from_settings
+
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    assert redis_url_from_settings(Settings({"REDIS_HOST": "10.0.0.5", "REDIS_PORT": 6380})) == \
+        "redis://10.0.0.5:6380/0"
+
+
+def test_node_ids_are_unique_per_process_incarnation():
+    from scrapy.settings import Settings
+
+    from crawlproject.identity import new_node_id, node_name
+
+    settings = Settings({"NODE_ID": "worker 1.example"})
+    first, second = new_node_id(settings), new_node_id(settings)
+    assert first != second and first.startswith("worker_1_example-")
+    assert node_name(settings) == "worker_1_example"

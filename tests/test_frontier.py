@@ -294,3 +294,13 @@ def test_replayed_dead_letters_start_with_fresh_attempt_counters(node):
     (member, replayed), = a.take(1)
     assert member.startswith("3:")
     assert json.loads(replayed)["meta"] == {"campaign": "c"}
+
+
+def test_a_node_adopts_its_leases_under_its_new_id(node, redis):
+    a, a1 = node("a"), node("a~1")
+    add_all(a, [("x", 0), ("y", 0)])
+    x, y = (m for m, _ in a.take(2))
+    res = a1.sync(Batch(adopt=[(x, "a")], acks=[x]))   # the id changed after a failed call
+    assert res.stale == 0 and not redis.hexists(a.keys.payloads, x)
+    assert redis.hget(a.keys.inflight, y) == b"a"       # not adopted: comes back when "a" expires
+    assert a1.sync(Batch(adopt=[(y, "zzz")])).stale == 0 and redis.hget(a.keys.inflight, y) == b"a"

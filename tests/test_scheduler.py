@@ -240,3 +240,36 @@ def test_a_nodes_own_repeats_are_dropped_before_encoding(redis_url):
     assert scheduler.enqueue_request(Request("http://127.0.0.1/a"))   # the shared filter decides
     assert crawler.stats.get_value("dupefilter/filtered_locally") == 1
     assert len(scheduler._outbox.adds) == 7
+
+
+def test_open_fails_loudly_without_the_engine_state_acks_rely_on(redis_url):
+    """If a Scrapy upgrade renamed engine._slot.inprogress, nothing would ever be
+    acknowledged, silently: refuse to start instead, saying why."""
+    from types import SimpleNamespace
+
+    crawler = get_crawler(MetaSpider, {"REDIS_URL": redis_url})
+    crawler.spider = MetaSpider.from_crawler(crawler)
+    scheduler = RedisScheduler.from_crawler(crawler)
+    crawler.engine = SimpleNamespace(_slot=SimpleNamespace(in_progress=set()))  # "renamed"
+    with pytest.raises(RuntimeError, match=r"_slot.inprogress.*supported: Scrapy 2\.13"):
+        scheduler.open(crawler.spider)
+
+
+def test_priorities_beyond_the_bound_are_clamped_and_counted(redis_url):
+    crawler = get_crawler(MetaSpider, {"REDIS_URL": redis_url})
+    crawler.spider = MetaSpider.from_crawler(crawler)
+    scheduler = RedisScheduler.from_crawler(crawler)
+    scheduler.spider = crawler.spider
+    crawler.stats.open_spider()
+    assert scheduler.enqueue_request(Request("http://127.0.0.1/deep", priority=-10_000))
+    assert crawler.stats.get_value("scheduler/priority_clamped") == 1
+    assert scheduler._outbox.adds[0][1] == -4095
+
+
+def test_lease_ttl_and_heartbeat_defaults_recover_within_15_seconds(redis_url):
+    crawler = get_crawler(MetaSpider, {"REDIS_URL": redis_url})
+    scheduler = RedisScheduler.from_crawler(crawler)
+    assert scheduler.lease_ttl + scheduler.heartbeat <= 15
+    with pytest.raises(ValueError):
+        RedisScheduler.from_crawler(get_crawler(MetaSpider, {
+            "REDIS_URL": redis_url, "SCHEDULER_HEARTBEAT_INTERVAL": 20}))

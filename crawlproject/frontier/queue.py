@@ -50,6 +50,7 @@ def clamp_priority(priority: int) -> int:
 class Batch:
     """Everything one node sends in one call."""
 
+    adopt: list[tuple[str, str]] = field(default_factory=list)
     adds: list[tuple[str, int, str, int]] = field(default_factory=list)
     acks: list[str] = field(default_factory=list)
     fails: list[tuple[str, str, str]] = field(default_factory=list)
@@ -75,10 +76,12 @@ class Batch:
         self.fails.append((member, kind, json.dumps(record, separators=(",", ":"))))
 
     def __bool__(self) -> bool:
-        return bool(self.adds or self.acks or self.fails or self.nacks or self.take)
+        return bool(self.adopt or self.adds or self.acks or self.fails or self.nacks
+                    or self.take)
 
     def merge(self, other: "Batch") -> None:
         """Append *other*'s operations after this batch's."""
+        self.adopt += other.adopt
         self.adds += other.adds
         self.acks += other.acks
         self.fails += other.fails
@@ -134,7 +137,10 @@ class Frontier:
                  + ("s" if batch.sweep else ""))
         args = [str(self.clock()) if self.clock else "", self.node,
                 0 if leaving else self.lease_ttl_ms, batch.take, flags, self.keys.bloom,
-                *self.bloom.args(), self.dead_max, self.invalid_max, len(batch.adds)]
+                *self.bloom.args(), self.dead_max, self.invalid_max, len(batch.adopt)]
+        for member, former in batch.adopt:
+            args += [member, former]
+        args.append(len(batch.adds))
         for fp, prio, payload, delay in batch.adds:
             args += [fp, prio, payload, delay]
         args.append(len(batch.acks))

@@ -234,7 +234,9 @@ SYNC = _LIB + r"""
 -- ARGV[6] bloom key prefix   ARGV[7..11] bloom capacity, error rate, growth,
 --         tightening, shard bits
 -- ARGV[12] most records kept in the dead list  ARGV[13] ... in the invalid list
--- then four sections, each a count followed by its items:
+-- then five sections, each a count followed by its items:
+--   adopt: n x (member, former owner)    (leases this node took under a former
+--                                          id of its own: now held under this id)
 --   add:  n x (fingerprint hex or '' for no dedupe, priority, payload, delay ms or 0)
 --   ack:  n x member                     (done: forget it)
 --   fail: n x (member, 'dead'|'invalid', record)   (forget it, keep record)
@@ -272,6 +274,19 @@ local function keep_record(kind, record)
   end
 end
 local pos = 14
+
+-- adopt: after a failed call a node changes its id (entries a lost reply may
+-- have leased to the old id are unknown to it and must come back when that id
+-- expires); the entries it does know it holds move to the new id.
+local n_adopt = tonumber(ARGV[pos]); pos = pos + 1
+for i = 1, n_adopt do
+  local member, former = ARGV[pos], ARGV[pos + 1]
+  pos = pos + 2
+  if redis.call('HGET', KEYS[3], member) == former then
+    redis.call('HSET', KEYS[3], member, node)
+  end
+end
+if n_adopt > 0 and ttl > 0 then redis.call('ZADD', KEYS[4], fmt(now() + ttl), node) end
 
 -- add: dedupe (Bloom) and enqueue in the same atomic step
 local n_add = tonumber(ARGV[pos]); pos = pos + 1
