@@ -75,10 +75,37 @@ def node_env(redis_url: str, mongo_uri: str, database: str) -> dict:
 
 
 def stored_products(collection) -> dict[str, dict]:
-    docs = list(collection.find({}, {"_id": 0}))
-    urls = [d["url"] for d in docs]
-    assert len(urls) == len(set(urls)), "a product is stored twice"
-    return {d["url"]: d for d in docs}
+    """The stored documents by URL.
+
+    The URL is the document's key, so MongoDB itself keeps one document per
+    URL: this cannot show an item stored twice. Duplicates are checked where
+    they can appear: pages fetched (:func:`assert_fetched_once`) and writes
+    made (:func:`assert_written_once`)."""
+    return {d["url"]: d for d in collection.find({}, {"_id": 0})}
+
+
+def expected_hits(pid: int) -> int:
+    """How often the demo site serves product *pid* in a correct crawl: once,
+    twice for the pages that answer 503 the first time."""
+    from crawlproject.demo.site import FLAKY_EVERY
+
+    return 2 if pid % FLAKY_EVERY == 0 else 1
+
+
+def assert_fetched_once(served: dict, products: int, faults: bool = True) -> None:
+    """Every product page fetched exactly as often as a correct crawl does:
+    a broken dupefilter, a lost ack or a lease handed out twice shows here."""
+    wrong = {pid: served.get(f"/product/{pid}", 0) for pid in range(1, products + 1)
+             if served.get(f"/product/{pid}", 0) != (expected_hits(pid) if faults else 1)}
+    assert not wrong, f"product pages fetched a wrong number of times: {wrong}"
+
+
+def assert_written_once(nodes, products: int) -> None:
+    """Across *nodes*: each product scraped once, inserted once, never rewritten."""
+    total = {key: sum(n.stat(key) for n in nodes)
+             for key in ("item_scraped_count", "mongo/upserted", "mongo/modified")}
+    assert total == {"item_scraped_count": products, "mongo/upserted": products,
+                     "mongo/modified": 0}, total
 
 
 def assert_matches_catalog(stored: dict, expected: dict) -> None:

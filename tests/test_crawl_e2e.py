@@ -4,7 +4,14 @@ seeded with ``LPUSH``, storing into a MongoDB-wire server, on the demo site."""
 import pytest
 
 from crawlproject.demo.site import DemoSite, expected_items
-from tests.crawl_helpers import Node, assert_matches_catalog, node_env, stored_products
+from tests.crawl_helpers import (
+    Node,
+    assert_fetched_once,
+    assert_matches_catalog,
+    assert_written_once,
+    node_env,
+    stored_products,
+)
 
 pytestmark = pytest.mark.slow
 PRODUCTS = 60
@@ -12,7 +19,7 @@ PRODUCTS = 60
 
 
 def test_two_nodes_crawl_every_product_exactly_once(redis, redis_url, mongo_uri, database, tmp_path):
-    with DemoSite(products=PRODUCTS, latency_ms=50) as site:
+    with DemoSite(products=PRODUCTS, latency_ms=150) as site:
         env = node_env(redis_url, mongo_uri, database.name)
         # A small concurrency per node, so that one node cannot swallow the
         # whole (small) crawl before the other polls the frontier.
@@ -29,16 +36,16 @@ def test_two_nodes_crawl_every_product_exactly_once(redis, redis_url, mongo_uri,
         served = site.stats()
     assert codes == [0, 0], [n.tail() for n in nodes]
     assert_matches_catalog(stored_products(database["products"]), expected_items(site.url, PRODUCTS))
-    # The site saw every page: all listings, every product, the dead link.
-    for pid in range(1, PRODUCTS + 1):
-        assert served.get(f"/product/{pid}", 0) >= 1, pid
-        if pid % 17 == 0:
-            assert served[f"/product/{pid}"] >= 2     # 503 once, then retried
+    # Each page fetched exactly as often as a correct crawl does (the 503-once
+    # pages twice), each item scraped once and inserted once: a page crawled
+    # twice by the two nodes would show in the site's counts and the writes.
+    assert_fetched_once(served, PRODUCTS)
     assert served.get("/product/999999") == 1
-    assert all(served.get(f"/list/{n}", 0) >= 1 for n in range(2, PRODUCTS // 10 + 1))
-    # Both nodes worked; the JavaScript page was rendered by Chromium.
+    assert all(served.get(f"/list/{n}", 0) == 1 for n in range(2, PRODUCTS // 10 + 1))
+    assert_written_once(nodes, PRODUCTS)
+    # Both nodes worked (the crawl lasts seconds at 150 ms a page; a node polls
+    # an empty frontier every 0.2 s); the JavaScript page was rendered by Chromium.
     assert all(n.stat("item_scraped_count") > 0 for n in nodes), [n.tail() for n in nodes]
-    assert sum(n.stat("item_scraped_count") for n in nodes) >= PRODUCTS
     js = database["products"].find_one({"url": f"{site.url}product/7"})
     assert js["rendered"] is True and js["title"]
     # The malformed seed was reported and kept aside, not lost.

@@ -1,8 +1,10 @@
 """Kill test: SIGKILL one of two nodes mid-crawl; the other finishes the crawl.
 
-Every product ends up in MongoDB exactly once, every page was fetched, and the
-pages fetched twice are bounded by what the killed node held (its leases,
-reclaimed by the survivor once they expired)."""
+Every product ends up in MongoDB, every page was fetched, and the pages
+fetched twice are bounded by what the killed node held (its leases, reclaimed
+by the survivor once they expired). With the default lease settings the
+victim's work is back in the queue within 15 s of the kill (reported).
+"""
 
 import time
 
@@ -16,14 +18,17 @@ pytestmark = pytest.mark.slow
 PRODUCTS = 240
 CONCURRENCY = 4
 PREFETCH = 4
+# Default SCHEDULER_LEASE_TTL / SCHEDULER_HEARTBEAT_INTERVAL: the recovery
+# time measured is the one users get.
 SETTINGS = {"MAX_IDLE_TIME_BEFORE_CLOSE": 3, "CONCURRENT_REQUESTS": CONCURRENCY,
-            "SCHEDULER_PREFETCH": PREFETCH, "SCHEDULER_LEASE_TTL": 4}
-
+            "SCHEDULER_PREFETCH": PREFETCH}
+RECOVERY_TARGET = 15.0
 
 
 def held_by(redis, node):
+    """Members leased to any id of the node named *node* (ids are name-pid-random)."""
     inflight = redis.hgetall(FrontierKeys("products").inflight)
-    return [m for m, owner in inflight.items() if owner.decode() == node]
+    return [m for m, owner in inflight.items() if owner.decode().startswith(f"{node}-")]
 
 
 def test_sigkill_loses_nothing(redis, redis_url, mongo_uri, database, tmp_path):
@@ -40,9 +45,18 @@ def test_sigkill_loses_nothing(redis, redis_url, mongo_uri, database, tmp_path):
                 time.sleep(0.1)
             held = held_by(redis, "victim")
             victim.kill()
+            killed_at = time.monotonic()
             assert held, "the victim held no leases when killed: the test proves nothing"
             stored_at_kill = database["products"].count_documents({})
             assert stored_at_kill < PRODUCTS, "the crawl was over before the kill"
+            # Recovery: every lease of the victim back in the queue (or taken by
+            # the survivor).
+            while held_by(redis, "victim"):
+                assert time.monotonic() - killed_at < 120, "the victim's leases never came back"
+                time.sleep(0.05)
+            recovery = time.monotonic() - killed_at
+            print(f"\ntime to recover after SIGKILL: {recovery:.1f} s "
+                  f"({len(held)} leases held; target {RECOVERY_TARGET:.0f} s)")
             assert survivor.wait(240) == 0, survivor.tail()
         finally:
             victim.stop()
@@ -61,5 +75,6 @@ def test_sigkill_loses_nothing(redis, redis_url, mongo_uri, database, tmp_path):
     # downloading, or downloaded with items still on their way to MongoDB),
     # read just before the kill (it may have taken one more batch since).
     assert extra <= reclaimed <= len(held) + PREFETCH, (extra, reclaimed, len(held))
+    assert recovery <= RECOVERY_TARGET, f"recovered in {recovery:.1f} s"
     counts = {k: redis.zcard(FrontierKeys("products").queue) for k in ("queue",)}
     assert counts["queue"] == 0 and redis.hlen(FrontierKeys("products").inflight) == 0
