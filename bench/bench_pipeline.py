@@ -116,7 +116,7 @@ def project_pipeline(uri: str, database: str, spool_dir: str) -> tuple[MongoPipe
 
     crawler = get_crawler(BenchSpider, {
         "MONGO_URI": uri, "MONGO_DATABASE": database, "MONGO_COLLECTION": "products",
-        "MONGO_SPOOL_DIR": spool_dir, "LOG_LEVEL": "WARNING"})
+        "MONGO_SPOOL_DIR": spool_dir, "MONGO_SPOOL_HANDOFF": False, "LOG_LEVEL": "WARNING"})
     crawler.spider = crawler._create_spider()
     crawler.stats.open_spider()
     return MongoPipeline.from_crawler(crawler), crawler

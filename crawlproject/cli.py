@@ -7,6 +7,7 @@
     python -m crawlproject.cli invalid products          # payloads moved aside
     python -m crawlproject.cli invalid-seeds products    # seeds moved aside
     python -m crawlproject.cli reset products --yes [--keep-seeds]
+    python -m crawlproject.cli spool-replay [--mongo-uri URI] [--database DB] [--spool-dir DIR] [--spider products]
 
 Connects to ``--redis-url`` (default: ``$REDIS_URL``, then the local default);
 add ``--cluster`` for Redis Cluster. Passwords are never printed. Seeds are
@@ -163,6 +164,50 @@ def cmd_reset(args) -> int:
     return 0
 
 
+def cmd_spool_replay(args) -> int:
+    """Store the items a node left in its MongoDB spool, without crawling.
+
+    Defaults as for the pipeline: the project's setting, else the environment
+    variable (``MONGO_URI``, ``MONGO_DATABASE``, ``MONGO_SPOOL_DIR``), else the
+    local default; a relative spool directory is under the project's ``.scrapy/``.
+    """
+    import asyncio
+
+    from crawlproject.connection import (mongo_client_options, mongo_database_from_settings,
+                                         mongo_uri_from_settings, setting)
+    from crawlproject.pipelines.errors import MongoPipelineError
+    from crawlproject.pipelines.replay import replay_spool
+    from crawlproject.pipelines.spool import spool_path, target_dir
+
+    settings, _ = _project()
+    uri = args.mongo_uri or mongo_uri_from_settings(settings)
+    database = args.database or mongo_database_from_settings(settings)
+    base = spool_path(args.spool_dir or setting(settings, "MONGO_SPOOL_DIR", "mongo-spool"))
+
+    async def run():
+        redis = redis_from_url(args.redis_url, cluster=args.cluster, asyncio=True) \
+            if args.spider else None
+        try:
+            return await replay_spool(uri, database, base, redis=redis, spider=args.spider,
+                                      client_options=mongo_client_options(settings))
+        finally:
+            if redis is not None:
+                await redis.aclose()
+
+    try:
+        replayed, left = asyncio.run(run())
+    except MongoPipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    also = f" and Redis ({args.spider})" if args.spider else ""
+    print(f"replayed {replayed} item(s) from {target_dir(base, uri, database)}{also}")
+    if left:
+        print(f"{left} item(s) still waiting (spool segments of a running node are left to it)",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m crawlproject.cli",
                                      description=__doc__.splitlines()[0])
@@ -189,6 +234,13 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "reset":
             p.add_argument("--yes", action="store_true")
             p.add_argument("--keep-seeds", action="store_true")
+    p = sub.add_parser("spool-replay", help="store the items a node left in its MongoDB spool "
+                       "(no crawl); exit 0 when none is left")
+    p.add_argument("--mongo-uri", help="default: MONGO_URI (setting, then environment)")
+    p.add_argument("--database", help="default: MONGO_DATABASE (setting, then environment)")
+    p.add_argument("--spool-dir", help="MONGO_SPOOL_DIR of the node (setting, then environment)")
+    p.add_argument("--spider", help="also store the items nodes of this spider handed to Redis")
+    p.set_defaults(func=cmd_spool_replay)
     return parser
 
 

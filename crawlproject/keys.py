@@ -43,6 +43,12 @@ key                                type    contents / written by
 ``{<spider>}:dupefilter``          hash    (standalone ``RedisBloomDupeFilter`` for
                                            scrapy-redis' scheduler: same layout as
                                            ``bloom``, bits in ``...:dupefilter:<i>:<s>``)
+``{<spider>}:mongo_spool:<target>`` list   items a node could not store in MongoDB
+                                           before closing: chunks of spool lines;
+                                           ``<target>`` = ``<database>-<hash of hosts>``;
+                                           RPUSHed by the closing node, any node removes
+                                           a chunk (LREM) after writing it
+                                           (:mod:`crawlproject.pipelines.handoff`)
 =================================  ======  ==========================================
 
 Derived keys: a Bloom filter's shards are ``<meta key>:<layer>:<shard>``
@@ -51,6 +57,8 @@ that is given the meta key in KEYS touches only keys of its slot.
 
 Nothing in these keys is ever unpickled. One node closing never deletes them;
 :func:`reset_spider` (``python -m crawlproject.cli reset``) is the explicit reset.
+It leaves ``mongo_spool`` lists alone: they hold scraped items not yet stored,
+not crawl state.
 """
 
 from __future__ import annotations
@@ -138,6 +146,10 @@ class FrontierKeys:
     def bloom(self) -> str: return self._k("bloom")
     @property
     def dupefilter(self) -> str: return DUPEFILTER % {"spider": self.spider}
+
+    def mongo_spool(self, target: str) -> str:
+        """The list of spooled items handed over for MongoDB target *target*."""
+        return self._k(f"mongo_spool:{target}")
 
     def sync_keys(self) -> list[str]:
         """KEYS of the SYNC script, in its order."""

@@ -3,8 +3,12 @@ demo site, a MongoDB-wire server):
 
 * a page crawled twice, and the same items stored by two nodes at once, are
   one document each (and the second write changes nothing);
-* MongoDB stopped mid-crawl for 20 s: the crawl goes on through the spool,
-  then every item is in MongoDB exactly once and the spool is empty;
+* MongoDB stopped mid-crawl: the crawl goes on through the spool, then
+  every item is in MongoDB exactly once and the spool is empty;
+* MongoDB still down when the crawl runs out of pages: the node does not
+  close while ``MONGO_CLOSE_WAIT`` lasts, and finishes normally once MongoDB
+  is back; or, with a short wait, it closes with ``mongo_unavailable``,
+  hands its spool to Redis, and another node stores every item;
 * a node SIGKILLed while its items are still in the pipeline's memory
   buffer: those items were never acknowledged, so the other node crawls and
   stores them.
@@ -12,6 +16,7 @@ demo site, a MongoDB-wire server):
 
 from __future__ import annotations
 
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -20,6 +25,8 @@ import pymongo
 import pytest
 
 from crawlproject.demo.site import DemoSite, expected_items
+from crawlproject.keys import FrontierKeys
+from crawlproject.pipelines.spool import target_dir
 from crawlproject.services import MongoServer
 from tests.crawl_helpers import Node, assert_matches_catalog, node_env, stored_products
 
@@ -45,6 +52,24 @@ def run_nodes(*nodes: Node, timeout: float = 240) -> list[int]:
 
 def spool_files(path: Path) -> list[Path]:
     return sorted(path.rglob("*.jsonl"))
+
+
+def spooled_lines(path: Path) -> int:
+    """Complete lines in the spool files under *path* (items spooled so far)."""
+    total = 0
+    for file in spool_files(path):
+        try:
+            total += file.read_bytes().count(b"\n")
+        except FileNotFoundError:  # replayed and deleted meanwhile
+            pass
+    return total
+
+
+def wait_until(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
 
 
 def test_a_page_crawled_twice_is_one_unchanged_document(redis, redis_url, mongo_uri, database,
@@ -121,9 +146,17 @@ def test_mongodb_outage_mid_crawl_spools_and_loses_nothing(redis, redis_url, tmp
                     time.sleep(0.1)
                 server.stop()
                 fetched_before = sum(site.stats().values())
-                time.sleep(20)
-                fetched_during = sum(site.stats().values()) - fetched_before
-                files_during = spool_files(spool)
+                # Wait for the outage to be visible in what the node did: pages
+                # still fetched, items in the spool (however slow the machine).
+                deadline = time.monotonic() + 180
+                while True:
+                    fetched_during = sum(site.stats().values()) - fetched_before
+                    files_during = spool_files(spool)
+                    if ((fetched_during >= 60 and spooled_lines(spool) >= 40)
+                            or time.monotonic() > deadline):
+                        break
+                    assert node.proc.poll() is None, "the crawl ended during the outage"
+                    time.sleep(0.2)
                 assert node.proc.poll() is None, "the crawl ended during the outage"
                 server.start()
                 assert node.wait(240) == 0, node.tail()
@@ -181,3 +214,99 @@ def test_items_in_memory_of_a_sigkilled_node_are_stored_by_the_other(redis, redi
     assert_matches_catalog(stored, expected_items(site.url, products))
     assert in_memory <= set(stored)
     assert survivor.stat("scheduler/reclaimed") >= 1
+
+
+def crawl_until_mongodb_stops(redis, redis_url, tmp_path, server, client, database, settings,
+                              products):
+    """Start a node on the demo site; stop MongoDB once a few items are stored."""
+    site = DemoSite(products=products, latency_ms=150)
+    site.start()
+    node = Node("holder", tmp_path, node_env(redis_url, server.uri, database), settings=settings)
+    node.wait_for_log("Reading seeds from")
+    redis.lpush("products:start_urls", site.url)
+    wait_until(lambda: client[database]["products"].count_documents({}) >= 10, 60,
+               "the first items in MongoDB")
+    server.stop()
+    return site, node
+
+
+def test_a_node_waits_for_mongodb_before_closing_then_finishes(redis, redis_url, tmp_path):
+    products = 100
+    spool = tmp_path / "spool"
+    server = MongoServer(storage_path=tmp_path / "mongo-data")
+    server.start()
+    client = pymongo.MongoClient(server.uri, tz_aware=True, serverSelectionTimeoutMS=20_000)
+    settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": 2, "CONCURRENT_REQUESTS": 2,
+                "MONGO_SPOOL_DIR": spool, "MONGO_SPOOL_AFTER": 1, "MONGO_PROBE_INTERVAL": 0.5,
+                "MONGO_CLOSE_WAIT": 120}
+    site = node = None
+    try:
+        site, node = crawl_until_mongodb_stops(redis, redis_url, tmp_path, server, client,
+                                               "held", settings, products)
+        # Out of pages with items spooled and MongoDB down: the close is held...
+        node.wait_for_log("Not closing yet: MongoDB is unreachable", timeout=180)
+        assert spool_files(spool)
+        # ... and stays held while the wait lasts (idle is re-checked every 5 s).
+        with pytest.raises(subprocess.TimeoutExpired):
+            node.proc.wait(8)
+        server.start()
+        assert node.wait(180) == 0, node.tail()
+        stored = stored_products(client["held"]["products"])
+    finally:
+        if node is not None:
+            node.stop()
+        if site is not None:
+            site.stop()
+        client.close()
+        server.stop()
+    assert "'finish_reason': 'finished'" in node.text()
+    assert_matches_catalog(stored, expected_items(site.url, products))
+    assert spool_files(spool) == []
+    assert node.stat("mongo/replayed") == node.stat("mongo/spooled") > 0
+    assert not node.stat("mongo/spool_left_items")
+
+
+def test_a_node_gives_up_after_the_close_wait_and_another_node_stores_its_spool(
+        redis, redis_url, tmp_path):
+    products = 100
+    spool = tmp_path / "spool"
+    server = MongoServer(storage_path=tmp_path / "mongo-data")
+    server.start()
+    client = pymongo.MongoClient(server.uri, tz_aware=True, serverSelectionTimeoutMS=20_000)
+    settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": 2, "CONCURRENT_REQUESTS": 2,
+                "MONGO_SPOOL_DIR": spool, "MONGO_SPOOL_AFTER": 1, "MONGO_PROBE_INTERVAL": 0.5,
+                "MONGO_CLOSE_WAIT": 3}
+    key = FrontierKeys("products").mongo_spool(target_dir(spool, server.uri, "gaveup").name)
+    site = node = other = None
+    try:
+        site, node = crawl_until_mongodb_stops(redis, redis_url, tmp_path, server, client,
+                                               "gaveup", settings, products)
+        assert node.wait(180) == 1, node.tail()      # MongoDB still down: exit 1
+        text = node.text()
+        assert "'finish_reason': 'mongo_unavailable'" in text
+        left = node.stat("mongo/spool_left_items")
+        assert left > 0
+        (error,) = [line for line in node.errors() if "still unreachable at close" in line]
+        assert f"{left} items" in error and key in error and str(spool) in error
+        assert node.stat("mongo/spool_handed_off") == left
+        assert spool_files(spool) == []               # nothing left on the machine...
+        assert redis.llen(key) >= 1                   # ... it is in Redis
+        server.start()
+        # Another machine (its own spool directory) stores them once MongoDB answers.
+        other = Node("other", tmp_path, node_env(redis_url, server.uri, "gaveup"),
+                     settings={"MAX_IDLE_TIME_BEFORE_CLOSE": 2,
+                               "MONGO_SPOOL_DIR": tmp_path / "other-spool"})
+        assert other.wait(180) == 0, other.tail()
+        stored = stored_products(client["gaveup"]["products"])
+    finally:
+        for running in (node, other):
+            if running is not None:
+                running.stop()
+        if site is not None:
+            site.stop()
+        client.close()
+        server.stop()
+    assert_matches_catalog(stored, expected_items(site.url, products))
+    assert other.stat("mongo/handoff_replayed") == left
+    assert "'finish_reason': 'finished'" in other.text()
+    assert not redis.exists(key)

@@ -25,10 +25,12 @@ from pathlib import Path
 import pymongo
 import pytest
 from bson.decimal128 import Decimal128
-from scrapy import Spider
-from scrapy.exceptions import DropItem, NotConfigured
+from scrapy import Spider, signals
+from scrapy.exceptions import CloseSpider, DontCloseSpider, DropItem, NotConfigured
 from scrapy.utils.test import get_crawler
+from twisted.python.failure import Failure
 
+from crawlproject.identity import node_id
 from crawlproject.items import ProductItem
 from crawlproject.pipelines.documents import WriteOp
 from crawlproject.pipelines.mongo import MongoPipeline
@@ -42,10 +44,13 @@ class ShopSpider(Spider):
 
 
 def make_pipeline(uri: str, database: str, spool_dir, **settings):
-    """A MongoPipeline (and its crawler) built from settings, as Scrapy does."""
+    """A MongoPipeline (and its crawler) built from settings, as Scrapy does.
+
+    The Redis handoff is off unless a test turns it on (with its own Redis):
+    nothing here may reach a Redis on the default port."""
     crawler = get_crawler(ShopSpider, {
         "MONGO_URI": uri, "MONGO_DATABASE": database, "MONGO_SPOOL_DIR": str(spool_dir),
-        **settings})
+        "MONGO_SPOOL_HANDOFF": False, **settings})
     crawler.spider = crawler._create_spider()
     crawler.stats.open_spider()
     return MongoPipeline.from_crawler(crawler), crawler.stats
@@ -171,7 +176,7 @@ def test_a_stale_version_never_overwrites_a_newer_one(mongo_uri, db, tmp_path):
         await pipeline.open_spider()
         try:
             for op in (newer, older):  # e.g. a late replay of a spooled version
-                outcome = await pipeline._write([op], budget=2, mode="upsert")
+                outcome = await pipeline.writer.write([op], budget=2, mode="upsert")
                 assert not outcome.failed and not outcome.unavailable
         finally:
             await pipeline.close_spider()
@@ -543,3 +548,148 @@ def test_one_collection_per_item_type(mongo_uri, db, tmp_path):
     asyncio.run(store(pipeline, [product(1), product(2)]))
     assert db.list_collection_names() == ["productitem"]
     assert db["productitem"].count_documents({}) == 2
+
+
+# ----------------------------------------------------------------------------- environment
+
+
+def test_a_project_without_mongo_settings_uses_the_environment(mongo_uri, db, redis_url,
+                                                               tmp_path, monkeypatch):
+    """A user's own project sets nothing: MONGO_URI, MONGO_DATABASE and
+    MONGO_SPOOL_DIR come from the environment (as the README promises), and
+    the spool is named after the node's one id."""
+    monkeypatch.setenv("MONGO_URI", mongo_uri)
+    monkeypatch.setenv("MONGO_DATABASE", db.name)
+    monkeypatch.setenv("MONGO_SPOOL_DIR", str(tmp_path / "env-spool"))
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    monkeypatch.setenv("NODE_ID", "env node/1")
+    crawler = get_crawler(ShopSpider)
+    crawler.spider = crawler._create_spider()
+    crawler.stats.open_spider()
+    pipeline = MongoPipeline.from_crawler(crawler)
+
+    async def run():
+        await pipeline.open_spider()
+        try:
+            assert pipeline.spool.directory.parent == tmp_path / "env-spool"
+            assert pipeline.spool.owner == node_id(crawler)
+            await asyncio.gather(*(pipeline.process_item(product(i)) for i in range(5)))
+        finally:
+            await pipeline.close_spider()
+
+    asyncio.run(run())
+    assert node_id(crawler).startswith("env_node_1-")
+    assert len(docs(db["shop"])) == 5
+
+
+def test_a_setting_wins_over_the_environment(mongo_uri, db, tmp_path, monkeypatch):
+    monkeypatch.setenv("MONGO_DATABASE", "not_this_one")
+    monkeypatch.setenv("MONGO_SPOOL_DIR", str(tmp_path / "not-this-one"))
+    pipeline, _ = make_pipeline(mongo_uri, db.name, tmp_path / "spool")
+    asyncio.run(store(pipeline, [product(1)]))
+    assert len(docs(db["shop"])) == 1
+    assert pipeline.spool.directory.parent == tmp_path / "spool"
+
+
+# ----------------------------------------------------------------------------- closing
+
+
+def send_idle(crawler):
+    """Fire spider_idle as the engine does; the exceptions handlers raised."""
+    results = crawler.signals.send_catch_log(signals.spider_idle, spider=crawler.spider,
+                                             dont_log=(DontCloseSpider, CloseSpider))
+    return [r.value for _, r in results if isinstance(r, Failure)]
+
+
+def test_idle_close_is_held_while_mongodb_is_down_then_given_up(own_mongo, tmp_path):
+    pipeline, stats = make_pipeline(own_mongo.uri, "held", tmp_path / "spool",
+                                    MONGO_SPOOL_AFTER=0.5, MONGO_CLOSE_WAIT=30)
+    crawler = pipeline.crawler
+    now = [1000.0]
+    pipeline.clock = lambda: now[0]
+
+    async def run():
+        await pipeline.open_spider()
+        try:
+            assert send_idle(crawler) == []           # nothing spooled: close at will
+            own_mongo.stop()
+            await asyncio.gather(*(pipeline.process_item(product(i)) for i in range(10)))
+            assert stats.get_value("mongo/spooled") == 10
+            (held,) = send_idle(crawler)
+            assert isinstance(held, DontCloseSpider)
+            now[0] += 29
+            assert [type(e) for e in send_idle(crawler)] == [DontCloseSpider]
+            now[0] += 2                               # MONGO_CLOSE_WAIT is over
+            (given_up,) = send_idle(crawler)
+            assert isinstance(given_up, CloseSpider) and given_up.reason == "mongo_unavailable"
+        finally:
+            await pipeline.close_spider()
+
+    asyncio.run(run())
+
+
+def test_no_close_wait_closes_at_once_with_a_distinct_reason(own_mongo, tmp_path):
+    pipeline, _ = make_pipeline(own_mongo.uri, "nowait", tmp_path / "spool",
+                                MONGO_SPOOL_AFTER=0.5, MONGO_CLOSE_WAIT=0)
+
+    async def run():
+        await pipeline.open_spider()
+        try:
+            own_mongo.stop()
+            await asyncio.gather(*(pipeline.process_item(product(i)) for i in range(3)))
+            (given_up,) = send_idle(pipeline.crawler)
+            assert isinstance(given_up, CloseSpider) and given_up.reason == "mongo_unavailable"
+        finally:
+            await pipeline.close_spider()
+
+    asyncio.run(run())
+
+
+def test_mongodb_back_during_the_wait_lets_the_node_close_normally(own_mongo, tmp_path):
+    pipeline, stats = make_pipeline(own_mongo.uri, "back", tmp_path / "spool",
+                                    MONGO_SPOOL_AFTER=0.5, MONGO_PROBE_INTERVAL=0.2,
+                                    MONGO_CLOSE_WAIT=300)
+
+    async def run():
+        await pipeline.open_spider()
+        try:
+            own_mongo.stop()
+            await asyncio.gather(*(pipeline.process_item(product(i)) for i in range(20)))
+            assert [type(e) for e in send_idle(pipeline.crawler)] == [DontCloseSpider]
+            own_mongo.start()
+            deadline = time.monotonic() + 60
+            while send_idle(pipeline.crawler) and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            assert send_idle(pipeline.crawler) == []
+        finally:
+            await pipeline.close_spider()
+
+    asyncio.run(run())
+    assert stats.get_value("mongo/replayed") == 20
+    assert not stats.get_value("mongo/spool_left_items")
+    assert spool_files(tmp_path / "spool") == []
+
+
+def test_items_left_at_close_are_reported_once_with_their_count_and_path(own_mongo, tmp_path,
+                                                                         caplog):
+    spool_dir = tmp_path / "spool"
+    pipeline, stats = make_pipeline(own_mongo.uri, "left", spool_dir, MONGO_SPOOL_AFTER=0.5,
+                                    MONGO_BULK_SIZE=10)
+
+    async def run():
+        await pipeline.open_spider()
+        own_mongo.stop()
+        try:
+            await asyncio.gather(*(pipeline.process_item(product(i)) for i in range(35)))
+            caplog.clear()
+        finally:
+            await pipeline.close_spider()
+
+    with caplog.at_level("INFO"):
+        asyncio.run(run())
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1, errors
+    assert "35 items" in errors[0] and str(pipeline.spool.directory) in errors[0]
+    assert "spool-replay" in errors[0]
+    assert stats.get_value("mongo/spool_left_items") == 35
+    assert stats.get_value("mongo/spool_left") == len(spool_files(spool_dir)) >= 1

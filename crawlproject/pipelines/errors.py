@@ -10,6 +10,7 @@
   ``"permanent"``.
 * :class:`Scrubber` – removes a URI's password (raw and URL-encoded) from
   any text, for logs, stats and exception messages.
+* :class:`MongoPipelineError` – MongoDB cannot be used at all.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pymongo.errors import (
 from crawlproject.connection import redact_url
 
 __all__ = ["DUPLICATE_KEY", "AUTH_CODES", "RETRYABLE_CODES", "is_transient", "is_auth_error",
-           "classify_write_error", "Scrubber"]
+           "classify_write_error", "Scrubber", "MongoPipelineError"]
 
 DUPLICATE_KEY = 11000
 AUTH_CODES = frozenset({13, 18})  # Unauthorized, AuthenticationFailed
@@ -37,6 +38,10 @@ RETRYABLE_CODES = frozenset({
     6, 7, 50, 63, 64, 89, 91, 112, 134, 150, 189, 262, 279, 9001, 10058, 10107,
     11600, 11602, 13435, 13436,
 })
+
+
+class MongoPipelineError(RuntimeError):
+    """MongoDB cannot be used at all (bad credentials, unreachable...); the message is scrubbed."""
 
 
 def is_auth_error(exc: BaseException) -> bool:

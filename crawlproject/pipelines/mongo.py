@@ -19,81 +19,71 @@ How:
   attribute, else ``MONGO_UNIQUE_KEY``, default ``url``). With
   ``MONGO_KEY_AS_ID`` (default) the key is also the ``_id``, so MongoDB's own
   unique ``_id`` index keeps one document per key; otherwise a unique index
-  on the key field is created at open. Writes are idempotent (see
-  :mod:`crawlproject.pipelines.documents`): ``first_seen`` on insert only,
-  ``updated_at`` when the content changes, a ``content_hash`` so an unchanged
-  item is not rewritten. In ``auto`` mode (``MONGO_WRITE_MODE``) a batch of
-  mostly new keys is inserted with one ``insert_many(ordered=False)`` and the
-  keys that already existed (E11000) are upserted; otherwise every item is an
-  ``UpdateOne(..., upsert=True)`` in one ``bulk_write(ordered=False)``. A
-  duplicate-key race between nodes is retried as an update.
-* Transient errors (connection lost, no primary, timeouts, retryable codes)
-  are retried with exponential backoff for ``MONGO_SPOOL_AFTER`` seconds,
-  then the batch goes to the spool (:mod:`crawlproject.pipelines.spool`) and
-  later batches go straight there, until a background probe sees MongoDB
+  on the key field is created at open. The writes themselves (insert first or
+  upsert, retries, idempotence) are :class:`~.writer.MongoWriter`'s.
+* Transient errors are retried with backoff for ``MONGO_SPOOL_AFTER``
+  seconds, then the batch goes to the spool (:mod:`crawlproject.pipelines.spool`)
+  and later batches go straight there, until a background probe sees MongoDB
   answer and replays the spool. Spool segments left by a node that died are
   replayed by the next node started on the machine. Replays are upserts:
   nothing is written twice.
+* A node does not idle-close while MongoDB is unreachable and items are
+  spooled, for at most ``MONGO_CLOSE_WAIT`` seconds; then it closes with the
+  finish reason ``mongo_unavailable``, hands its spool to Redis
+  (:mod:`.handoff`, ``MONGO_SPOOL_HANDOFF``) so that any node replays it, and
+  logs one ERROR with what is left and where.
 * The MongoDB password never reaches logs, stats or exception messages.
 
 Stats (all ``mongo/...``): ``items``, ``batches``, ``upserted``, ``modified``,
 ``unchanged``, ``retries``, ``duplicate_key_retries``, ``spooled``,
-``replayed``, ``outages``, ``failed`` (+ ``failed/<code>``),
+``replayed``, ``handoff_replayed``, ``outages``, ``failed`` (+ ``failed/<code>``),
 ``dropped/no_key``, ``dropped/unencodable``, ``spool_errors``,
-``spool_corrupt_lines``, ``spool_left`` (spool files left at close).
+``spool_corrupt_lines``; at close, when MongoDB is still down:
+``spool_left_items`` (items not stored), ``spool_handed_off`` (of which
+handed to Redis), ``spool_left`` (spool files left on this machine).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import random
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import bson
-import pymongo
-from pymongo import ASCENDING, AsyncMongoClient, UpdateOne
-from pymongo.errors import BulkWriteError, PyMongoError
-from scrapy.exceptions import DropItem, NotConfigured
-from scrapy.utils.conf import closest_scrapy_cfg, get_config
-from scrapy.utils.project import inside_project
+from pymongo.errors import PyMongoError
+from scrapy import signals
+from scrapy.exceptions import CloseSpider, DontCloseSpider, DropItem, NotConfigured
 
-from crawlproject.connection import mongo_client_options
-from crawlproject.pipelines.documents import (
-    WriteOp,
-    insert_document,
-    item_fields,
-    to_mongo,
-    upsert_update,
+from crawlproject.connection import (
+    mongo_client_options,
+    mongo_database_from_settings,
+    mongo_uri_from_settings,
+    redis_from_settings,
+    redis_url_from_settings,
+    setting,
 )
-from crawlproject.pipelines.errors import (
-    Scrubber,
-    classify_write_error,
-    is_auth_error,
-    is_transient,
-)
-from crawlproject.pipelines.spool import Spool, target_dir
+from crawlproject.identity import node_id
+from crawlproject.keys import FrontierKeys
+from crawlproject.pipelines.documents import WriteOp, item_fields, to_mongo
+from crawlproject.pipelines.errors import MongoPipelineError, Scrubber, is_auth_error
+from crawlproject.pipelines.handoff import RedisHandoff
+from crawlproject.pipelines.replay import replay_segment
+from crawlproject.pipelines.spool import Spool, count_records, spool_path, target_dir
+from crawlproject.pipelines.writer import MongoWriter
 from crawlproject.validation import item_type_name
 
-__all__ = ["MongoPipeline", "MongoPipelineError", "to_mongo"]
+__all__ = ["MongoPipeline", "MongoPipelineError", "to_mongo", "spool_path",
+           "CLOSE_REASON"]
 
 logger = logging.getLogger(__name__)
 
-WRITE_MODES = ("auto", "upsert")
-MIN_ATTEMPT_TIMEOUT = 1.0
-PROBE_TIMEOUT = 2.0
-DUPLICATE_RETRIES = 5
-HEARTBEAT_MS = 1000
-
-
-class MongoPipelineError(RuntimeError):
-    """MongoDB cannot be used at all (bad credentials, unreachable at open...)."""
+#: Finish reason of a node that stopped waiting for MongoDB (see ``MONGO_CLOSE_WAIT``).
+CLOSE_REASON = "mongo_unavailable"
+REPLAY_COMMAND = "python -m crawlproject.cli spool-replay"
 
 
 @dataclass(slots=True)
@@ -101,15 +91,6 @@ class _Pending:
     op: WriteOp
     future: asyncio.Future
     at: float
-
-
-@dataclass
-class _Outcome:
-    """What a write attempt left: failed ops (with a reason) and ops to retry later."""
-
-    failed: dict[int, str] = field(default_factory=dict)
-    unavailable: list[WriteOp] = field(default_factory=list)
-    error: str = ""
 
 
 class MongoPipeline:
@@ -121,7 +102,13 @@ class MongoPipeline:
     ``MONGO_CLIENT_OPTIONS``, ``MONGO_BULK_SIZE``, ``MONGO_FLUSH_INTERVAL``,
     ``MONGO_FLUSH_WHEN_IDLE``, ``MONGO_CONCURRENT_WRITES``, ``MONGO_WRITE_MODE``,
     ``MONGO_SPOOL_AFTER``, ``MONGO_SPOOL_DIR``, ``MONGO_PROBE_INTERVAL``,
-    ``MONGO_RETRY_BACKOFF_BASE``, ``MONGO_RETRY_BACKOFF_MAX``.
+    ``MONGO_RETRY_BACKOFF_BASE``, ``MONGO_RETRY_BACKOFF_MAX``,
+    ``MONGO_CLOSE_WAIT``, ``MONGO_SPOOL_HANDOFF``, ``MONGO_SPOOL_HANDOFF_MAX_MB``.
+    ``MONGO_URI``, ``MONGO_DATABASE`` and ``MONGO_SPOOL_DIR`` fall back to the
+    environment variables of the same name.
+
+    *redis* (an asyncio Redis client, or ``None``) receives the spool of a
+    node that closes while MongoDB is down.
     """
 
     def __init__(self, crawler, *, uri: str, database: str, collection: str = "%(spider)s",
@@ -130,39 +117,35 @@ class MongoPipeline:
                  write_mode: str = "auto", max_flushes: int = 2, flush_when_idle: bool = True,
                  spool_after: float = 5.0, spool_dir: str = "mongo-spool",
                  probe_interval: float = 1.0, backoff_base: float = 0.1,
-                 backoff_max: float = 2.0):
-        if write_mode not in WRITE_MODES:
-            raise ValueError(f"MONGO_WRITE_MODE must be one of {WRITE_MODES}, got {write_mode!r}")
+                 backoff_max: float = 2.0, close_wait: float = 300.0, redis=None,
+                 redis_url: str = "", handoff_max_bytes: int = 256 << 20):
         if bulk_size < 1:
             raise ValueError(f"MONGO_BULK_SIZE must be >= 1, got {bulk_size}")
         self.crawler = crawler
         self.stats = crawler.stats
+        self.writer = MongoWriter(uri, client_options=client_options, stats=crawler.stats,
+                                  write_mode=write_mode, backoff_base=backoff_base,
+                                  backoff_max=backoff_max)
         self.uri = uri
         self.database = database
         self.collection_pattern = collection
         self.default_key = key
         self.key_as_id = key_as_id
-        self.client_options = dict(client_options or {})
-        if ("heartbeatfrequencyms" not in uri.lower()
-                and "heartbeatFrequencyMS" not in self.client_options):
-            # After "not primary" / "shutting down" errors pymongo waits for
-            # the next server check: check every second, not every 10 s, so a
-            # step-down is over well within MONGO_SPOOL_AFTER.
-            self.client_options["heartbeatFrequencyMS"] = HEARTBEAT_MS
         self.bulk_size = bulk_size
         self.flush_interval = flush_interval
-        self.write_mode = write_mode
         self.spool_after = spool_after
         self.spool_dir = spool_dir
         self.probe_interval = probe_interval
-        self.backoff_base = backoff_base
         self.backoff_max = backoff_max
-        self.scrub = Scrubber(uri)
-        self.client: AsyncMongoClient | None = None
+        self.close_wait = close_wait
+        self.redis = redis
+        self.redis_scrub = Scrubber(redis_url)
+        self.handoff_max_bytes = handoff_max_bytes
+        self.handoff: RedisHandoff | None = None
+        self.scrub = self.writer.scrub
         self.spool: Spool | None = None
+        self.clock = time.monotonic  # of the close wait (tests replace it)
         self._targets: dict[type, tuple[str, str]] = {}
-        self._indexed: set[tuple[str, str, str]] = set()
-        self._existing_ratio: dict[str, float] = {}
         self._pending: deque[_Pending] = deque()
         self._wake = asyncio.Event()
         self._flusher: asyncio.Task | None = None
@@ -172,9 +155,11 @@ class MongoPipeline:
         self.flush_when_idle = flush_when_idle
         self._slots = asyncio.Semaphore(max_flushes)
         self._probe: asyncio.Task | None = None
+        self._drain: asyncio.Task | None = None
         self._replay_lock = asyncio.Lock()
         self._outage = False
         self._outage_since = 0.0
+        self._held_since: float | None = None
         self._closing = False
 
     @classmethod
@@ -183,14 +168,19 @@ class MongoPipeline:
         s = crawler.settings
         if not s.getbool("MONGO_PIPELINE_ENABLED", True):
             raise NotConfigured("MONGO_PIPELINE_ENABLED is off")
-        uri = s.get("MONGO_URI")
-        if not uri:
-            raise NotConfigured("MONGO_URI is not set")
-        spool_dir = s.get("MONGO_SPOOL_DIR") or "mongo-spool"
-        return cls(
+        redis = None
+        if s.getbool("MONGO_SPOOL_HANDOFF", True):
+            try:
+                # Short timeouts: the handoff runs while the node is closing.
+                redis = redis_from_settings(s, asyncio=True, socket_connect_timeout=5,
+                                            socket_timeout=10)
+            except ValueError as exc:
+                logger.warning("MONGO_SPOOL_HANDOFF is on but REDIS_URL is not usable (%s): "
+                               "a spool left at close stays on this machine", exc)
+        pipeline = cls(
             crawler,
-            uri=uri,
-            database=s.get("MONGO_DATABASE") or "crawlproject",
+            uri=mongo_uri_from_settings(s),
+            database=mongo_database_from_settings(s),
             collection=s.get("MONGO_COLLECTION") or "%(spider)s",
             key=s.get("MONGO_UNIQUE_KEY") or "url",
             key_as_id=s.getbool("MONGO_KEY_AS_ID", True),
@@ -201,11 +191,21 @@ class MongoPipeline:
             max_flushes=max(1, s.getint("MONGO_CONCURRENT_WRITES", 2)),
             flush_when_idle=s.getbool("MONGO_FLUSH_WHEN_IDLE", True),
             spool_after=s.getfloat("MONGO_SPOOL_AFTER", 5.0),
-            spool_dir=str(spool_path(spool_dir)),
+            spool_dir=str(spool_path(setting(s, "MONGO_SPOOL_DIR", "mongo-spool"))),
             probe_interval=s.getfloat("MONGO_PROBE_INTERVAL", 1.0),
             backoff_base=s.getfloat("MONGO_RETRY_BACKOFF_BASE", 0.1),
             backoff_max=s.getfloat("MONGO_RETRY_BACKOFF_MAX", 2.0),
+            close_wait=max(0.0, s.getfloat("MONGO_CLOSE_WAIT", 300.0)),
+            redis=redis,
+            redis_url=redis_url_from_settings(s) if redis is not None else "",
+            handoff_max_bytes=int(s.getfloat("MONGO_SPOOL_HANDOFF_MAX_MB", 256) * 2**20),
         )
+        crawler.signals.connect(pipeline._on_spider_idle, signal=signals.spider_idle)
+        return pipeline
+
+    @property
+    def _extra(self) -> dict:
+        return {"spider": self.crawler.spider}
 
     # -- lifecycle -----------------------------------------------------------
     async def open_spider(self) -> None:
@@ -214,42 +214,48 @@ class MongoPipeline:
         Raises :class:`MongoPipelineError` (with the password scrubbed) when
         MongoDB refuses the credentials or cannot be reached.
         """
-        spider = self.crawler.spider
-        self.client = AsyncMongoClient(self.uri, **self.client_options)
+        self.writer.log_extra = self._extra
         per_item = "%(item)" in self.collection_pattern
         collection = "<one per item type>" if per_item else self._collection_name(None)
         try:
             if per_item:  # no collection known yet: check we may read the database
-                await self.client[self.database].list_collection_names(
+                await self.writer.client[self.database].list_collection_names(
                     filter={"name": collection})
             else:
-                await self._ensure_index(self.database, collection, self.default_key,
-                                         self.key_as_id)
+                await self.writer.ensure_index(self.database, collection, self.default_key,
+                                               self.key_as_id)
         except PyMongoError as exc:
-            await self._close_client()
+            await self._close_clients()
             message = self._open_error_message(exc)
-            logger.error("%s", message, extra={"spider": spider})
+            logger.error("%s", message, extra=self._extra)
             raise MongoPipelineError(message) from None
-        self.spool = Spool(target_dir(self.spool_dir, self.uri, self.database)).open()
+        directory = target_dir(self.spool_dir, self.uri, self.database)
+        self.spool = Spool(directory, owner=node_id(self.crawler)).open()
+        if self.redis is not None:
+            key = FrontierKeys(self.crawler.spider.name).mongo_spool(directory.name)
+            self.handoff = RedisHandoff(self.redis, key)
         self._flusher = asyncio.ensure_future(self._flush_loop())
         logger.info("Storing items in %s, database %r, collection %r, unique on %r%s "
-                    "(bulk %d, flush %.2fs, spool after %.1fs in %s)",
+                    "(bulk %d, flush %.2fs, spool after %.1fs in %s, close wait %.0fs)",
                     self.scrub.redacted, self.database, collection, self.default_key,
                     " (as _id)" if self.key_as_id else "",
                     self.bulk_size, self.flush_interval, self.spool_after,
-                    self.spool.directory, extra={"spider": spider})
+                    self.spool.directory, self.close_wait, extra=self._extra)
         if self.spool.replayable():
-            logger.info("Replaying spooled items left by an earlier run", extra={"spider": spider})
+            logger.info("Replaying spooled items left by an earlier run", extra=self._extra)
             try:
                 replayed = await self._replay()
             except Exception:
-                logger.exception("Replaying the spool failed", extra={"spider": spider})
+                logger.exception("Replaying the spool failed", extra=self._extra)
                 replayed = False
             if not replayed:  # the probe keeps trying, new items go to the spool meanwhile
                 self._enter_outage("the replay of the spool failed")
+        if not self._outage:
+            self._start_drain()
 
     async def close_spider(self) -> None:
-        """Write everything still buffered, try a last replay, release the spool."""
+        """Write everything still buffered, try a last replay; if MongoDB is
+        still down, hand the spool to Redis and report what is left."""
         self._closing = True
         self._wake.set()
         if self._flusher is not None:
@@ -260,24 +266,45 @@ class MongoPipeline:
                 await self._probe
             except (asyncio.CancelledError, Exception):
                 pass
+        if self._drain is not None:
+            await self._drain  # stops by itself if MongoDB stops answering
         if self.spool is not None:
             if self._outage or self.spool.replayable():
-                if await self._ping():
+                if await self.writer.ping():
                     await self._replay()
+            await self._report_leftovers()
             self.spool.close()
-            files = self.spool.pending_files()
-            if files:
-                self.stats.set_value("mongo/spool_left", len(files))
-                logger.warning("MongoDB still unreachable at close: %d spool file(s) stay in %s; "
-                               "the next node started with this MONGO_SPOOL_DIR replays them",
-                               len(files), self.spool.directory,
-                               extra={"spider": self.crawler.spider})
-        await self._close_client()
+        await self._close_clients()
 
-    async def _close_client(self) -> None:
-        if self.client is not None:
-            client, self.client = self.client, None
-            await client.close()
+    async def _close_clients(self) -> None:
+        await self.writer.close()
+        if self.redis is not None:
+            redis, self.redis = self.redis, None
+            await redis.aclose()
+
+    def _on_spider_idle(self) -> None:
+        """Hold the idle close while items are spooled and MongoDB is down.
+
+        Items in a local spool are lost with the machine (ephemeral
+        containers), so wait up to ``MONGO_CLOSE_WAIT`` seconds for the probe
+        to replay them; then close with a finish reason of its own.
+        """
+        if not self._outage or self.spool is None:
+            self._held_since = None
+            return
+        now = self.clock()
+        if self._held_since is None:
+            self._held_since = now
+            if self.close_wait > 0:
+                logger.warning("Not closing yet: MongoDB is unreachable and items are spooled "
+                               "in %s; waiting up to %.0fs for it to answer (MONGO_CLOSE_WAIT)",
+                               self.spool.directory, self.close_wait, extra=self._extra)
+        if now - self._held_since < self.close_wait:
+            raise DontCloseSpider
+        logger.warning("MongoDB still unreachable after %.0fs of MONGO_CLOSE_WAIT: closing "
+                       "(finish reason %r)", now - self._held_since, CLOSE_REASON,
+                       extra=self._extra)
+        raise CloseSpider(CLOSE_REASON)
 
     def _open_error_message(self, exc: PyMongoError) -> str:
         where = f"MongoDB at {self.scrub.redacted} (database {self.database!r})"
@@ -371,7 +398,7 @@ class MongoPipeline:
         try:
             await self._flush(batch)
         except Exception as exc:  # a bug: never leave process_item waiting forever
-            logger.exception("MongoPipeline flush failed", extra={"spider": self.crawler.spider})
+            logger.exception("MongoPipeline flush failed", extra=self._extra)
             for entry in batch:
                 _settle(entry.future, RuntimeError(f"MongoPipeline flush failed: {exc!r}"))
         finally:
@@ -383,7 +410,7 @@ class MongoPipeline:
         self.stats.inc_value("mongo/batches")
         leftover = batch
         if not self._outage:
-            outcome = await self._write([e.op for e in batch], budget=self.spool_after)
+            outcome = await self.writer.write([e.op for e in batch], budget=self.spool_after)
             unavailable = {id(op) for op in outcome.unavailable}
             leftover = []
             for entry in batch:
@@ -406,7 +433,7 @@ class MongoPipeline:
             self.stats.inc_value("mongo/spool_errors")
             logger.error("Cannot write the spool in %s (%s); keeping %d items in memory and "
                          "retrying", self.spool.directory, exc, len(leftover),
-                         extra={"spider": self.crawler.spider})
+                         extra=self._extra)
             self._pending.extendleft(reversed(leftover))
             await asyncio.sleep(self.backoff_max)
             return
@@ -417,186 +444,6 @@ class MongoPipeline:
         for entry in leftover:
             _settle(entry.future)
 
-    # -- writing -------------------------------------------------------------
-    async def _write(self, ops: list[WriteOp], budget: float, mode: str | None = None) -> _Outcome:
-        """Write *ops*, retrying transient errors for *budget* seconds.
-
-        Returns the ops that failed for good and those still unwritten when
-        the budget ran out; every other op is stored.
-        """
-        outcome = _Outcome()
-        deadline = time.monotonic() + budget
-        pending = ops
-        mode = mode or self.write_mode
-        attempt = 0
-        while pending:
-            remaining = deadline - time.monotonic()
-            try:
-                with pymongo.timeout(max(remaining, MIN_ATTEMPT_TIMEOUT)):
-                    retry = await self._write_once(pending, mode, outcome)
-            except Exception as exc:
-                if not is_transient(exc):
-                    retry = await self._write_isolated(pending, exc, outcome)
-                else:  # some ops may be done: the upsert retry is idempotent
-                    retry = [op for op in pending if id(op) not in outcome.failed]
-                outcome.error = self.scrub.exception(exc)[:400]
-            if not retry:
-                break
-            attempt += 1
-            mode = "upsert"  # an interrupted insert may have partly happened
-            if time.monotonic() >= deadline:
-                outcome.unavailable = retry
-                break
-            self.stats.inc_value("mongo/retries")
-            delay = min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1))
-            delay = min(delay * random.uniform(0.5, 1.0), max(0.0, deadline - time.monotonic()))
-            log = logger.warning if attempt == 1 else logger.debug
-            log("MongoDB write of %d items failed (%s); retry %d in %.2fs", len(retry),
-                outcome.error or "transient write errors", attempt, delay,
-                extra={"spider": self.crawler.spider})
-            await asyncio.sleep(delay)
-            pending = retry
-        return outcome
-
-    async def _write_isolated(self, ops: list[WriteOp], exc: Exception,
-                              outcome: _Outcome) -> list[WriteOp]:
-        """A batch failed with a non-transient error: write its ops one by one
-        so only the culprits fail. Returns the ops to retry."""
-        if len(ops) == 1:
-            self._fail(ops[0], self.scrub.exception(exc), outcome, code=getattr(exc, "code", None))
-            return []
-        retry: list[WriteOp] = []
-        for op in ops:
-            try:
-                retry += await self._write_once([op], "upsert", outcome)
-            except Exception as single:
-                if is_transient(single):
-                    retry.append(op)
-                else:
-                    self._fail(op, self.scrub.exception(single), outcome,
-                               code=getattr(single, "code", None))
-        return retry
-
-    def _fail(self, op: WriteOp, reason: str, outcome: _Outcome, code: Any = None) -> None:
-        outcome.failed[id(op)] = f"MongoDB refused {op.key_field}={op.key!r}: {reason}"
-        self.stats.inc_value("mongo/failed")
-        if code is not None:
-            self.stats.inc_value(f"mongo/failed/{code}")
-        logger.error("MongoDB refused %s=%r in %s: %s", op.key_field, op.key, op.collection,
-                     reason, extra={"spider": self.crawler.spider})
-
-    async def _write_once(self, ops: list[WriteOp], mode: str, outcome: _Outcome) -> list[WriteOp]:
-        """One attempt; returns the ops to retry (transient per-op errors)."""
-        groups: dict[tuple[str, str, str, bool], list[WriteOp]] = {}
-        for op in ops:
-            groups.setdefault((op.database, op.collection, op.key_field, op.key_as_id),
-                              []).append(op)
-        retry: list[WriteOp] = []
-        for (database, collection, key_field, key_as_id), group in groups.items():
-            await self._ensure_index(database, collection, key_field, key_as_id)
-            coll = self.client[database][collection]
-            if mode == "auto" and self._existing_ratio.get(collection, 0.0) < 0.5:
-                to_upsert = await self._insert(coll, group, outcome, retry)
-                existing = len(to_upsert)
-            else:
-                to_upsert, existing = group, None
-            if to_upsert:
-                matched = await self._upsert(coll, to_upsert, outcome, retry)
-                existing = matched if existing is None else existing
-            self._note_existing(collection, existing or 0, len(group))
-        return retry
-
-    async def _insert(self, coll, ops: list[WriteOp], outcome: _Outcome,
-                      retry: list[WriteOp]) -> list[WriteOp]:
-        """insert_many the batch; returns the ops whose key already existed."""
-        existing: list[WriteOp] = []
-        try:
-            await coll.insert_many([insert_document(op) for op in ops], ordered=False)
-            inserted = len(ops)
-        except BulkWriteError as exc:
-            details = exc.details
-            inserted = details.get("nInserted", 0)
-            if details.get("writeConcernErrors"):
-                # Applied but not replicated as asked: upsert them all again (idempotent).
-                existing = list(ops)
-            else:
-                for error in details.get("writeErrors", []):
-                    op = ops[error["index"]]
-                    kind = classify_write_error(error)
-                    if kind == "duplicate":
-                        existing.append(op)
-                    elif kind == "transient":
-                        retry.append(op)
-                    else:
-                        self._fail(op, self.scrub(error.get("errmsg", "")), outcome,
-                                   code=error.get("code"))
-        self.stats.inc_value("mongo/upserted", inserted)
-        return existing
-
-    async def _upsert(self, coll, ops: list[WriteOp], outcome: _Outcome,
-                      retry: list[WriteOp]) -> int:
-        """bulk_write conditional upserts; E11000 races are retried as updates.
-
-        Returns how many keys already existed (matched)."""
-        matched = 0
-        for race in range(DUPLICATE_RETRIES + 1):
-            requests = [UpdateOne(op.filter, upsert_update(op), upsert=True) for op in ops]
-            duplicates: list[WriteOp] = []
-            try:
-                result = await coll.bulk_write(requests, ordered=False)
-                details = result.bulk_api_result
-            except BulkWriteError as exc:
-                details = exc.details
-                if details.get("writeConcernErrors"):
-                    retry.extend(ops)
-                    return matched
-                for error in details.get("writeErrors", []):
-                    op = ops[error["index"]]
-                    kind = classify_write_error(error)
-                    if kind == "duplicate" and race < DUPLICATE_RETRIES:
-                        duplicates.append(op)
-                    elif kind == "transient":
-                        retry.append(op)
-                    else:
-                        self._fail(op, self.scrub(error.get("errmsg", "")), outcome,
-                                   code=error.get("code"))
-            upserted = details.get("nUpserted", 0)
-            modified = details.get("nModified", 0)
-            matched += details.get("nMatched", 0)
-            self.stats.inc_value("mongo/upserted", upserted)
-            self.stats.inc_value("mongo/modified", modified)
-            self.stats.inc_value("mongo/unchanged", details.get("nMatched", 0) - modified)
-            if not duplicates:
-                break
-            self.stats.inc_value("mongo/duplicate_key_retries", len(duplicates))
-            ops = duplicates
-        return matched
-
-    def _note_existing(self, collection: str, existing: int, total: int) -> None:
-        if total <= 0:
-            return
-        ratio = min(1.0, existing / total)
-        previous = self._existing_ratio.get(collection, 0.0)
-        self._existing_ratio[collection] = 0.5 * previous + 0.5 * ratio
-
-    async def _ensure_index(self, database: str, collection: str, key_field: str,
-                            key_as_id: bool) -> None:
-        """Create the unique index on the key (once per collection).
-
-        With the key as ``_id``, MongoDB's ``_id`` index is the unique index;
-        asking for it anyway creates the collection and checks the user may
-        write there (createIndexes needs the readWrite role).
-        """
-        marker = (database, collection, key_field, key_as_id)
-        if marker in self._indexed:
-            return
-        coll = self.client[database][collection]
-        if key_as_id:
-            await coll.create_index([("_id", ASCENDING)], name="_id_")
-        else:
-            await coll.create_index([(key_field, ASCENDING)], unique=True)
-        self._indexed.add(marker)
-
     # -- outages, spool and replay ---------------------------------------------
     def _enter_outage(self, reason: str) -> None:
         if self._outage:
@@ -606,24 +453,15 @@ class MongoPipeline:
         self.stats.inc_value("mongo/outages")
         logger.error("MongoDB unavailable for more than %.1fs (%s): spooling items to %s until it "
                      "answers again", self.spool_after, reason or "unknown error",
-                     self.spool.directory, extra={"spider": self.crawler.spider})
+                     self.spool.directory, extra=self._extra)
         if self._probe is None or self._probe.done():
             self._probe = asyncio.ensure_future(self._probe_loop())
 
     def _leave_outage(self) -> None:
         self._outage = False
         logger.info("MongoDB answers again after %.1fs; the spool is replayed and empty",
-                    time.monotonic() - self._outage_since, extra={"spider": self.crawler.spider})
-
-    async def _ping(self) -> bool:
-        if self.client is None:
-            return False
-        try:
-            with pymongo.timeout(PROBE_TIMEOUT):
-                await self.client.admin.command("ping")
-            return True
-        except PyMongoError:
-            return False
+                    time.monotonic() - self._outage_since, extra=self._extra)
+        self._start_drain()  # nodes that closed meanwhile may have handed items over
 
     async def _probe_loop(self) -> None:
         while self._outage and not self._closing:
@@ -631,11 +469,10 @@ class MongoPipeline:
             if self._closing:
                 return
             try:
-                if await self._ping() and await self._replay():
+                if await self.writer.ping() and await self._replay():
                     return
             except Exception:  # e.g. the spool directory became unreadable: keep trying
-                logger.exception("Replaying the spool failed; retrying",
-                                 extra={"spider": self.crawler.spider})
+                logger.exception("Replaying the spool failed; retrying", extra=self._extra)
 
     async def _replay(self) -> bool:
         """Write every replayable spool segment; True when the spool is empty
@@ -653,44 +490,87 @@ class MongoPipeline:
                             return True
                     continue
                 for path in paths:
-                    if not await self._replay_segment(path):
+                    if await replay_segment(self.writer, self.spool, path,
+                                            bulk_size=self.bulk_size,
+                                            budget=self.spool_after) is None:
                         return False
 
-    async def _replay_segment(self, path) -> bool:
-        segment = await self.spool.read(path)
-        if segment.corrupt_lines:
-            self.stats.inc_value("mongo/spool_corrupt_lines", segment.corrupt_lines)
-        for start in range(0, len(segment.ops), self.bulk_size):
-            chunk = segment.ops[start:start + self.bulk_size]
-            outcome = await self._write(chunk, budget=self.spool_after, mode="upsert")
-            if outcome.unavailable:
-                logger.warning("Replay of %s interrupted (%s); retrying later", path,
-                               outcome.error, extra={"spider": self.crawler.spider})
-                return False
-            self.stats.inc_value("mongo/replayed", len(chunk) - len(outcome.failed))
-        await self.spool.remove(segment)
-        logger.info("Replayed %d spooled items from %s", len(segment.ops), path.name,
-                    extra={"spider": self.crawler.spider})
-        return True
+    # -- handoff through Redis -------------------------------------------------
+    def _start_drain(self) -> None:
+        if self.handoff is not None and not self._closing and (
+                self._drain is None or self._drain.done()):
+            self._drain = asyncio.ensure_future(self._drain_handoff())
 
+    async def _drain_handoff(self) -> None:
+        """Store the items other nodes handed over to Redis (in the background)."""
+        try:
+            await self.handoff.drain(self.writer, bulk_size=self.bulk_size,
+                                     budget=self.spool_after, log_extra=self._extra)
+        except Exception as exc:  # Redis down: they wait for the next node or the next outage end
+            logger.warning("Cannot replay the spooled items handed over in Redis list %s (%s); "
+                           "set MONGO_SPOOL_HANDOFF = False if this project has no Redis",
+                           self.handoff.key, self.redis_scrub.exception(exc)[:300],
+                           extra=self._extra)
 
-def spool_path(setting: str) -> Path:
-    """``MONGO_SPOOL_DIR`` as a path: relative paths are under the project's
-    data directory (``.scrapy/``, or ``[datadir]`` in scrapy.cfg), as with
-    ``scrapy.utils.project.data_path`` but without its mkdir, which races
-    when two nodes start at once on a fresh machine. Created on open."""
-    path = Path(setting)
-    if path.is_absolute():
-        return path
-    if inside_project():
-        config = get_config()
-        project = os.environ.get("SCRAPY_PROJECT", "default")
-        if config.has_option("datadir", project):
-            return Path(config.get("datadir", project), path)
-        scrapy_cfg = closest_scrapy_cfg()
-        if scrapy_cfg:
-            return (Path(scrapy_cfg).parent / ".scrapy").resolve() / path
-    return Path(".scrapy", path)
+    async def _report_leftovers(self) -> None:
+        """MongoDB is still down at close: hand what this node spooled (and
+        adopted) to Redis, and log one ERROR with what is left and where."""
+        await self.spool.seal()
+        paths = self.spool.replayable()
+        if not paths:
+            return
+        if self.handoff is None:
+            handed, reason = 0, "MONGO_SPOOL_HANDOFF is off"
+        else:
+            handed, reason = await self._hand_off(paths)
+        kept_paths = [path for path in paths if path.exists()]
+        kept = await asyncio.to_thread(count_records, kept_paths)
+        if handed + kept == 0:
+            return
+        self.stats.set_value("mongo/spool_left_items", handed + kept)
+        if handed:
+            self.stats.set_value("mongo/spool_handed_off", handed)
+        if kept_paths:
+            self.stats.set_value("mongo/spool_left", len(kept_paths))
+        directory = self.spool.directory
+        if not kept:
+            logger.error("MongoDB still unreachable at close: %d items not stored were moved "
+                         "from the spool in %s to Redis list %s; any node of this spider "
+                         "stores them when MongoDB answers (or run: %s --spider %s)",
+                         handed, directory, self.handoff.key, REPLAY_COMMAND,
+                         self.crawler.spider.name, extra=self._extra)
+            return
+        moved = (f", {handed} moved to Redis list {self.handoff.key}" if handed else "")
+        logger.error("MongoDB still unreachable at close: %d items not stored%s, %d left in "
+                     "%d spool file(s) in %s (not handed to Redis: %s); replay them with: "
+                     "%s --spool-dir %s (or start a node with this MONGO_SPOOL_DIR)",
+                     handed + kept, moved, kept, len(kept_paths), directory, reason,
+                     REPLAY_COMMAND, self.spool_dir, extra=self._extra)
+
+    async def _hand_off(self, paths) -> tuple[int, str]:
+        """Push whole segments to Redis, deleting each once pushed.
+
+        Returns the items moved and, if some stay, why. A crash between a push
+        and the delete leaves the items in both places: replayed twice, harmlessly.
+        """
+        room = self.handoff_max_bytes
+        handed = 0
+        for path in paths:
+            try:
+                size = path.stat().st_size
+            except FileNotFoundError:
+                continue
+            if size > room:
+                return handed, f"over MONGO_SPOOL_HANDOFF_MAX_MB ({self.handoff_max_bytes >> 20})"
+            segment = await self.spool.read(path)
+            try:
+                await self.handoff.push(segment.ops)
+            except Exception as exc:
+                return handed, f"Redis: {self.redis_scrub.exception(exc)[:300]}"
+            await self.spool.remove(segment)
+            room -= size
+            handed += len(segment.ops)
+        return handed, ""
 
 
 def _settle(future: asyncio.Future, exc: BaseException | None = None) -> None:

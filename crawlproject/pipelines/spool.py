@@ -4,7 +4,9 @@ When MongoDB stays unreachable, :class:`~crawlproject.pipelines.mongo.MongoPipel
 appends the batch here (one line of extended JSON per item, see
 :func:`~crawlproject.pipelines.documents.to_spool_line`) and ``fsync``\\ s it
 before telling Scrapy the items are done. The lines are replayed into MongoDB
-when it answers again, or by the next node started on this machine.
+when it answers again, by the next node started on this machine, or by
+``python -m crawlproject.cli spool-replay``; a node that has to close while
+MongoDB is still down hands them to Redis (:mod:`.handoff`).
 
 Layout of a spool directory (one per MongoDB target, see :func:`target_dir`)::
 
@@ -32,15 +34,17 @@ import hashlib
 import logging
 import os
 import re
-import socket
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from scrapy.utils.conf import closest_scrapy_cfg, get_config
+from scrapy.utils.project import inside_project
+
+from crawlproject.identity import new_node_id
 from crawlproject.pipelines.documents import WriteOp, from_spool_line, to_spool_line
 
-__all__ = ["Spool", "Segment", "target_dir", "new_owner_id"]
+__all__ = ["Spool", "Segment", "target_dir", "spool_path", "read_segment", "count_records"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,10 +52,23 @@ SEGMENT_RE = re.compile(r"^(?P<owner>[A-Za-z0-9_-]+)\.(?P<seq>\d{6,})\.jsonl$")
 DEFAULT_SEGMENT_RECORDS = 10_000
 
 
-def new_owner_id() -> str:
-    """A name for this process's segments: host, pid and a random part."""
-    host = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:40] or "host"
-    return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+def spool_path(setting: str | os.PathLike) -> Path:
+    """``MONGO_SPOOL_DIR`` as a path: relative paths are under the project's
+    data directory (``.scrapy/``, or ``[datadir]`` in scrapy.cfg), as with
+    ``scrapy.utils.project.data_path`` but without its mkdir, which races
+    when two nodes start at once on a fresh machine. Created on open."""
+    path = Path(setting)
+    if path.is_absolute():
+        return path
+    if inside_project():
+        config = get_config()
+        project = os.environ.get("SCRAPY_PROJECT", "default")
+        if config.has_option("datadir", project):
+            return Path(config.get("datadir", project), path)
+        scrapy_cfg = closest_scrapy_cfg()
+        if scrapy_cfg:
+            return (Path(scrapy_cfg).parent / ".scrapy").resolve() / path
+    return Path(".scrapy", path)
 
 
 def target_dir(base: str | os.PathLike, uri: str, database: str) -> Path:
@@ -93,7 +110,8 @@ class Spool:
     def __init__(self, directory: str | os.PathLike, owner: str | None = None,
                  segment_records: int = DEFAULT_SEGMENT_RECORDS):
         self.directory = Path(directory)
-        self.owner = owner or new_owner_id()
+        # A node passes its id (crawlproject.identity.node_id): file-name safe.
+        self.owner = owner or new_node_id()
         self.segment_records = segment_records
         self.lock = asyncio.Lock()
         self._lock_fd: int | None = None
@@ -343,6 +361,18 @@ def read_segment(path: Path) -> Segment:
             segment.corrupt_lines += 1
             logger.error("Malformed line %d in %s: %s", number, path, exc)
     return segment
+
+
+def count_records(paths: list[Path]) -> int:
+    """Complete lines in the segments *paths* (blocking: call it in a thread)."""
+    total = 0
+    for path in paths:
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            continue
+        total += sum(1 for line in data.split(b"\n")[:-1] if line.strip())
+    return total
 
 
 def _fsync_dir(path: Path) -> None:
