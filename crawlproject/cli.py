@@ -24,7 +24,13 @@ import sys
 
 from crawlproject.connection import DEFAULT_REDIS_URL, env_default, redact_url, redis_from_url
 from crawlproject.frontier.queue import Frontier
-from crawlproject.keys import SeedKeys, reset_spider, spider_keys, start_urls_key
+from crawlproject.keys import (
+    SeedKeys,
+    reset_spider,
+    spider_keys,
+    spooled_item_keys,
+    start_urls_key,
+)
 from crawlproject.policy import InputPolicy
 from crawlproject.seeds import InvalidSeed, check_seed
 
@@ -158,7 +164,14 @@ def cmd_reset(args) -> int:
     if not args.yes:
         raise UsageError("refusing to delete shared state without --yes")
     settings, spidercls = _spider_class(args)
-    deleted = reset_spider(_client(args), args.spider, keep_seeds=args.keep_seeds,
+    client = _client(args)
+    spooled = {k: client.llen(k) for k in spooled_item_keys(client, args.spider)}
+    if any(spooled.values()) and not args.drop_spooled_items:
+        raise UsageError(
+            f"{sum(spooled.values())} chunk(s) of items that nodes could not store in MongoDB "
+            f"wait in {', '.join(spooled)}: store them first (spool-replay --spider "
+            f"{args.spider}) or add --drop-spooled-items")
+    deleted = reset_spider(client, args.spider, keep_seeds=args.keep_seeds,
                            seed_key=_seed_keys(args, settings, spidercls).key)
     print(f"deleted {deleted} key(s) of {args.spider}")
     return 0
@@ -234,6 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "reset":
             p.add_argument("--yes", action="store_true")
             p.add_argument("--keep-seeds", action="store_true")
+            p.add_argument("--drop-spooled-items", action="store_true",
+                           help="also delete items handed to Redis that are not in MongoDB yet")
     p = sub.add_parser("spool-replay", help="store the items a node left in its MongoDB spool "
                        "(no crawl); exit 0 when none is left")
     p.add_argument("--mongo-uri", help="default: MONGO_URI (setting, then environment)")

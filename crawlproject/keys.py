@@ -56,9 +56,9 @@ Derived keys: a Bloom filter's shards are ``<meta key>:<layer>:<shard>``
 that is given the meta key in KEYS touches only keys of its slot.
 
 Nothing in these keys is ever unpickled. One node closing never deletes them;
-:func:`reset_spider` (``python -m crawlproject.cli reset``) is the explicit reset.
-It leaves ``mongo_spool`` lists alone: they hold scraped items not yet stored,
-not crawl state.
+:func:`reset_spider` (``python -m crawlproject.cli reset``) is the explicit reset:
+it deletes every key of the spider. (The command line refuses while
+``mongo_spool`` lists hold items not yet in MongoDB, unless told to drop them.)
 """
 
 from __future__ import annotations
@@ -175,7 +175,13 @@ def spider_keys(client, spider: str, seed_key: str | None = None) -> list[str]:
     for meta in (frontier.bloom, frontier.dupefilter):
         pattern = _glob_escape(meta) + ":*"
         found += [_s(k) for k in client.scan_iter(match=pattern, count=1000)]
-    return found
+    return found + spooled_item_keys(client, spider)
+
+
+def spooled_item_keys(client, spider: str) -> list[str]:
+    """The ``mongo_spool`` lists of *spider* that exist (items not yet in MongoDB)."""
+    pattern = _glob_escape(FrontierKeys(spider).mongo_spool("")) + "*"
+    return [_s(k) for k in client.scan_iter(match=pattern, count=1000)]
 
 
 def reset_spider(client, spider: str, keep_seeds: bool = False,

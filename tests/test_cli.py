@@ -130,10 +130,15 @@ def test_reset_deletes_every_key_of_the_spider_and_only_those(redis, redis_url):
     f.add_stats({"acked": 1})
     BloomFilter(redis, FrontierKeys("shop").dupefilter, BloomConfig(capacity=1000)).add(b"y" * 20)
     Frontier(redis, "other", "n1").sync(batch)
+    spooled = FrontierKeys("shop").mongo_spool("crawl-0123456789")
+    redis.rpush(spooled, "chunk of items")
     before = {k.decode() for k in redis.keys("*")}
     assert {"{shop:start_urls}:claims", "{shop:start_urls}:claims:due",
             "{shop:start_urls}:claims:seq", "{shop}:bloom:0:0", "{shop}:dupefilter:0:0"} <= before
-    assert cli(redis_url, "reset", "shop", "--yes").returncode == 0
+    refused = cli(redis_url, "reset", "shop", "--yes")     # items not in MongoDB yet
+    assert refused.returncode == 2 and "spool-replay --spider shop" in refused.stderr
+    assert {k.decode() for k in redis.keys("*")} == before
+    assert cli(redis_url, "reset", "shop", "--yes", "--drop-spooled-items").returncode == 0
     after = {k.decode() for k in redis.keys("*")}
     assert not [k for k in after if "shop" in k], after
     assert {k for k in before if "other" in k} == after
