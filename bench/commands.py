@@ -17,6 +17,7 @@ import time
 
 import psutil
 
+from crawlproject.keys import start_urls_key
 from crawlproject.demo.site import DemoSite
 from bench.common import (LABELS, BenchRedis, base_parser, crawl_commands, mode_of, ratio,
                           run_nodes, strip_series, table, write_result)
@@ -41,7 +42,7 @@ def one_run(redis: BenchRedis, site: DemoSite, system: str, nodes: int, products
     client = redis.client
     client.config_set("slowlog-log-slower-than", 0)
     client.config_set("slowlog-max-len", 200_000)
-    client.lpush(f"bench_{system.replace('-', '_')}:start_urls", site.url)
+    client.lpush(start_urls_key(f"bench_{system.replace('-', '_')}"), site.url)
     server = psutil.Process(redis.server.pid)
     cpu0 = sum(server.cpu_times()[:2])
     run = run_nodes(system, nodes, redis_url=redis.url,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 
+from crawlproject.keys import start_urls_key
 from crawlproject.demo.site import DemoSite
 from bench.common import (LABELS, BenchRedis, base_parser, crawl_commands, median, mode_of,
                           ratio, rerun_disturbed, run_nodes, strip_series, table,
@@ -39,7 +40,7 @@ def configs(mode: str):
 
 
 def seed_key(system: str) -> str:
-    return f"bench_{system.replace('-', '_')}:start_urls"
+    return start_urls_key(f"bench_{system.replace('-', '_')}")
 
 
 def one_run(redis: BenchRedis, site: DemoSite, system: str, nodes: int, products: int) -> dict:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import time
 
+from crawlproject.keys import start_urls_key
 from crawlproject.demo.site import DemoSite
 from bench.common import (LABELS, BenchRedis, base_parser, median, mode_of, ratio, run_nodes,
                           strip_series, table, write_result)
@@ -35,7 +36,7 @@ def crawl(redis: BenchRedis, site: DemoSite, system: str, products: int, interva
     if system == "plain":
         args["start_url"] = site.url
     else:
-        redis.client.lpush(f"bench_{system}:start_urls", site.url)
+        redis.client.lpush(start_urls_key(f"bench_{system}"), site.url)
     return run_nodes(system, 1, redis_url=redis.url if system != "plain" else None,
                      settings={"CONCURRENT_REQUESTS": CONCURRENCY,
                                "CONCURRENT_REQUESTS_PER_DOMAIN": CONCURRENCY},

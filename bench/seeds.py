@@ -23,6 +23,7 @@ import threading
 import time
 from pathlib import Path
 
+from crawlproject.keys import start_urls_key
 from crawlproject.demo.site import DemoSite
 from bench.common import (LABELS, BenchRedis, base_parser, crawl_commands, median, mode_of,
                           ratio, rerun_disturbed, run_nodes, strip_series, table,
@@ -43,7 +44,7 @@ def one_run(redis: BenchRedis, system: str, urls: list[str], seeds_file: Path,
     if system == "plain":
         args["seeds_file"] = str(seeds_file)
     else:
-        key = f"bench_{system.replace('-', '_')}:start_urls"
+        key = start_urls_key(f"bench_{system.replace('-', '_')}")
         pipe = redis.client.pipeline(transaction=False)
         for i in range(0, len(urls), 500):
             pipe.lpush(key, *[json.dumps({"url": u}) for u in reversed(urls[i:i + 500])])
@@ -73,7 +74,7 @@ def seed_wait(redis: BenchRedis, products: int) -> dict:
     seeds are pushed; the seed list is polled every 0.25 s until it is empty.
     """
     redis.reset()
-    key = "bench_ours:start_urls"
+    key = start_urls_key("bench_ours")
     queue_key = "{bench_ours}:queue"
     samples: list[tuple[float, int, int]] = []
     pushed: dict = {}

@@ -56,6 +56,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from crawlproject.connection import mongo_client
+
 __all__ = [
     "ServiceError",
     "PortInUseError",
@@ -782,7 +784,7 @@ class MongoServer(ManagedServer):
 
     def client(self, **kwargs) -> pymongo.MongoClient:
         """A new ``pymongo.MongoClient`` for this server."""
-        return pymongo.MongoClient(self.uri, **kwargs)
+        return mongo_client(self.uri, asyncio=False, **kwargs)
 
     def ping_options(self) -> dict:
         """pymongo options of the readiness probe (a TLS server adds its CA)."""
@@ -790,9 +792,9 @@ class MongoServer(ManagedServer):
 
     def ping(self) -> bool:
         """True when the server answers (an auth refusal counts as an answer)."""
-        client = pymongo.MongoClient(self.uri, directConnection=True,
-                                     serverSelectionTimeoutMS=500, connectTimeoutMS=500,
-                                     **self.ping_options())
+        client = mongo_client(self.uri, asyncio=False, directConnection=True,
+                              serverSelectionTimeoutMS=500, connectTimeoutMS=500,
+                              **self.ping_options())
         try:
             client.admin.command("ping")
             return True
@@ -816,7 +818,7 @@ def create_mongo_user(
     Roles are role names in ``database`` or ``{"role": ..., "db": ...}``
     dicts. Run it while the server runs without ``--auth``.
     """
-    client = pymongo.MongoClient(uri, serverSelectionTimeoutMS=5000)
+    client = mongo_client(uri, asyncio=False, serverSelectionTimeoutMS=5000)
     try:
         client[database].command("createUser", user, pwd=password, roles=list(roles),
                                  mechanisms=["SCRAM-SHA-256"])

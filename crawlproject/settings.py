@@ -14,6 +14,7 @@ from crawlproject.connection import (
     DEFAULT_REDIS_URL,
     env_default,
 )
+from crawlproject.keys import START_URLS
 
 BOT_NAME = "crawlproject"
 SPIDER_MODULES = ["crawlproject.spiders"]
@@ -53,7 +54,7 @@ DOWNLOADER_MIDDLEWARES = {
 }
 
 # Seeds (see crawlproject.spiders.seeded.RedisSpider)
-REDIS_START_URLS_KEY = "%(name)s:start_urls"
+REDIS_START_URLS_KEY = START_URLS     # "%(name)s:start_urls", scrapy-redis' key
 REDIS_START_URLS_BATCH_SIZE = 100
 SEEDS_POLL_INTERVAL = 1.0
 # Seeds are untrusted: the only meta keys a seed may set (see crawlproject/policy.py).

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 from crawlproject.frontier.queue import Batch, Frontier
+from crawlproject.keys import SeedKeys, start_urls_key
 
 
 def cli(redis_url, *args):
@@ -15,11 +16,11 @@ def cli(redis_url, *args):
 def test_seed_validates_and_pushes(redis, redis_url):
     out = cli(redis_url, "seed", "shop", "http://127.0.0.1/a", '{"url": "http://127.0.0.1/b"}')
     assert out.returncode == 0, out.stderr
-    assert redis.lrange("shop:start_urls", 0, -1) == [b'{"url": "http://127.0.0.1/b"}',
+    assert redis.lrange(start_urls_key("shop"), 0, -1) == [b'{"url": "http://127.0.0.1/b"}',
                                                       b"http://127.0.0.1/a"]
     bad = cli(redis_url, "seed", "shop", "not a url")
     assert bad.returncode == 2 and "bad" not in bad.stdout and "not an absolute" in bad.stderr
-    assert redis.llen("shop:start_urls") == 2
+    assert redis.llen(start_urls_key("shop")) == 2
 
 
 def test_status_dead_replay_and_reset(redis, redis_url):
@@ -46,7 +47,7 @@ def test_status_dead_replay_and_reset(redis, redis_url):
 
 
 def test_password_is_not_printed(redis, redis_url):
-    redis.lpush("shop:start_urls", "http://127.0.0.1/")
+    redis.lpush(start_urls_key("shop"), "http://127.0.0.1/")
     url = redis_url.replace("redis://", "redis://:topsecret@")
     out = cli(url, "status", "shop")
     assert out.returncode == 0 and "redis://***@" in out.stdout.replace("\n", "")
@@ -72,11 +73,11 @@ def test_seed_checks_seeds_as_the_nodes_do(redis, redis_url):
         out = cli(redis_url, "seed", "products", bad)
         assert out.returncode == 2, (bad, out.stdout, out.stderr)
         assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr, bad
-    assert redis.llen("products:start_urls") == 0
+    assert redis.llen(start_urls_key("products")) == 0
     ok = cli(redis_url, "seed", "products", '{"url": "http://127.0.0.1/", "callback": '
              '"parse_product", "meta": {"campaign": "c"}}')
     assert ok.returncode == 0, ok.stderr
-    assert redis.llen("products:start_urls") == 1
+    assert redis.llen(start_urls_key("products")) == 1
 
 
 def test_http_redis_url_is_a_one_line_error():
@@ -94,7 +95,7 @@ def test_status_of_an_unknown_spider_says_so(redis_url):
 
 
 def test_invalid_seeds_are_listed(redis, redis_url):
-    redis.lpush("products:start_urls:invalid", json.dumps(
+    redis.lpush(SeedKeys(start_urls_key("products")).invalid, json.dumps(
         {"seed": "not a url", "reason": "bad_url", "error": "not an absolute http(s) URL"}))
     out = cli(redis_url, "invalid-seeds", "products")
     assert out.returncode == 0
@@ -108,17 +109,17 @@ def test_reset_deletes_every_key_of_the_spider_and_only_those(redis, redis_url):
     from redis import asyncio as aioredis
 
     from crawlproject.frontier.bloom import BloomConfig, BloomFilter
-    from crawlproject.keys import FrontierKeys
+    from crawlproject.keys import FrontierKeys, SeedKeys, start_urls_key
     from crawlproject.seeds import SeedQueue
 
-    redis.lpush("shop:start_urls", "http://127.0.0.1/a", "http://127.0.0.1/b")
-    redis.lpush("shop:start_urls:invalid", "{}")
-    redis.lpush("other:start_urls", "http://127.0.0.1/keep")
+    redis.lpush(start_urls_key("shop"), "http://127.0.0.1/a", "http://127.0.0.1/b")
+    redis.lpush(SeedKeys(start_urls_key("shop")).invalid, "{}")
+    redis.lpush(start_urls_key("other"), "http://127.0.0.1/keep")
 
     async def claim():
         client = aioredis.Redis.from_url(redis_url)
         try:
-            await SeedQueue(client, "shop:start_urls").claim(1)   # claimed, never released
+            await SeedQueue(client, start_urls_key("shop")).claim(1)   # claimed, never released
         finally:
             await client.aclose()
 
@@ -133,8 +134,8 @@ def test_reset_deletes_every_key_of_the_spider_and_only_those(redis, redis_url):
     spooled = FrontierKeys("shop").mongo_spool("crawl-0123456789")
     redis.rpush(spooled, "chunk of items")
     before = {k.decode() for k in redis.keys("*")}
-    assert {"{shop:start_urls}:claims", "{shop:start_urls}:claims:due",
-            "{shop:start_urls}:claims:seq", "{shop}:bloom:0:0", "{shop}:dupefilter:0:0"} <= before
+    assert {SeedKeys(start_urls_key("shop")).claims, SeedKeys(start_urls_key("shop")).claims_due,
+            SeedKeys(start_urls_key("shop")).claims_seq, "{shop}:bloom:0:0", "{shop}:dupefilter:0:0"} <= before
     refused = cli(redis_url, "reset", "shop", "--yes")     # items not in MongoDB yet
     assert refused.returncode == 2 and "spool-replay --spider shop" in refused.stderr
     assert {k.decode() for k in redis.keys("*")} == before

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from crawlproject.keys import start_urls_key
 from crawlproject.demo.site import DemoSite
 from crawlproject.outage import OutageLog
 from crawlproject.services import RedisServer
@@ -53,7 +54,7 @@ def test_a_redis_outage_mid_crawl_is_logged_once(mongo_uri, database, tmp_path):
             try:
                 node.wait_for_log("Reading seeds from")
                 client = server.client()
-                client.lpush("products:start_urls", site.url)
+                client.lpush(start_urls_key("products"), site.url)
                 deadline = time.monotonic() + 60
                 while database["products"].count_documents({}) < 5:
                     assert time.monotonic() < deadline, node.tail()

@@ -15,6 +15,7 @@ from urllib.parse import quote_plus
 import pymongo
 import pytest
 
+from crawlproject.keys import start_urls_key
 from crawlproject.demo.site import DemoSite, expected_items
 from crawlproject.pipelines.mongo import MongoPipelineError
 from crawlproject.services import MongoServer, create_mongo_user
@@ -91,7 +92,7 @@ def test_no_credentials_on_an_auth_server_says_so(auth_mongo, tmp_path):
 def test_wrong_password_node_fails_and_loses_nothing(auth_mongo, redis, redis_url, tmp_path):
     products = 20
     with DemoSite(products=products) as site:
-        redis.lpush("products:start_urls", site.url)
+        redis.lpush(start_urls_key("products"), site.url)
         settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": 2, "MONGO_SPOOL_DIR": tmp_path / "spool"}
         bad = Node("bad-password", tmp_path,
                    node_env(redis_url, uri_for(auth_mongo, WRONG), DATABASE), settings=settings)
@@ -103,7 +104,7 @@ def test_wrong_password_node_fails_and_loses_nothing(auth_mongo, redis, redis_ur
         for secret in (WRONG, quote_plus(WRONG)):
             assert secret not in log and secret not in stderr
         # Nothing was consumed: the seed is still there...
-        assert redis.lrange("products:start_urls", 0, -1) == [site.url.encode()]
+        assert redis.lrange(start_urls_key("products"), 0, -1) == [site.url.encode()]
         # ...and a node with the right password crawls everything.
         good = Node("good-password", tmp_path,
                     node_env(redis_url, uri_for(auth_mongo, PASSWORD), DATABASE),

@@ -25,7 +25,7 @@ import pymongo
 import pytest
 
 from crawlproject.demo.site import DemoSite, expected_items
-from crawlproject.keys import FrontierKeys
+from crawlproject.keys import FrontierKeys, start_urls_key
 from crawlproject.pipelines.spool import target_dir
 from crawlproject.services import MongoServer
 from tests.crawl_helpers import Node, assert_matches_catalog, node_env, stored_products
@@ -83,7 +83,7 @@ def test_a_page_crawled_twice_is_one_unchanged_document(redis, redis_url, mongo_
             redis.flushall()  # a fresh frontier: every page is fetched again
             node = Node(run, tmp_path, env, settings=settings)
             node.wait_for_log("Reading seeds from")
-            redis.lpush("products:start_urls", site.url)
+            redis.lpush(start_urls_key("products"), site.url)
             assert run_nodes(node) == [0], node.tail()
             runs.append((node, stored_products(database["products"])))
     (first, before), (second, after) = runs
@@ -112,7 +112,7 @@ def test_two_nodes_storing_the_same_items_at_once_make_one_document(redis, redis
             node.wait_for_log("Reading seeds from")
         for url in (redis_url, other_db_url):
             client = type(redis).from_url(url)
-            client.lpush("products:start_urls", site.url)
+            client.lpush(start_urls_key("products"), site.url)
             client.close()
         assert run_nodes(*nodes) == [0, 0], [n.tail() for n in nodes]
         served = site.stats()
@@ -139,7 +139,7 @@ def test_mongodb_outage_mid_crawl_spools_and_loses_nothing(redis, redis_url, tmp
                         settings=settings)
             try:
                 node.wait_for_log("Reading seeds from")
-                redis.lpush("products:start_urls", site.url)
+                redis.lpush(start_urls_key("products"), site.url)
                 deadline = time.monotonic() + 60
                 while (client["outage"]["products"].count_documents({}) < 15
                        and time.monotonic() < deadline):
@@ -195,7 +195,7 @@ def test_items_in_memory_of_a_sigkilled_node_are_stored_by_the_other(redis, redi
         try:
             for node in (victim, survivor):
                 node.wait_for_log("Reading seeds from")
-            redis.lpush("marking:start_urls", site.url)
+            redis.lpush(start_urls_key("marking"), site.url)
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
                 if marks.exists() and len(marks.read_text().splitlines()) >= 10:
@@ -223,7 +223,7 @@ def crawl_until_mongodb_stops(redis, redis_url, tmp_path, server, client, databa
     site.start()
     node = Node("holder", tmp_path, node_env(redis_url, server.uri, database), settings=settings)
     node.wait_for_log("Reading seeds from")
-    redis.lpush("products:start_urls", site.url)
+    redis.lpush(start_urls_key("products"), site.url)
     wait_until(lambda: client[database]["products"].count_documents({}) >= 10, 60,
                "the first items in MongoDB")
     server.stop()

@@ -3,6 +3,7 @@ payloads moved aside, refusal of unserialisable requests, Redis Cluster."""
 
 import json
 import socket
+import time
 
 import pytest
 import redis as redis_lib
@@ -11,7 +12,7 @@ from scrapy.utils.test import get_crawler
 
 from crawlproject.demo.site import DemoSite, expected_items
 from crawlproject.frontier.queue import Frontier
-from crawlproject.keys import FrontierKeys
+from crawlproject.keys import FrontierKeys, start_urls_key
 from crawlproject.scheduler import RedisScheduler
 from tests.crawl_helpers import Node, assert_matches_catalog, node_env, stored_products
 
@@ -52,7 +53,7 @@ def test_retries_backoff_and_dead_letters(redis, redis_url, mongo_uri, database,
         node = Node("n1", tmp_path, node_env(redis_url, mongo_uri, database.name),
                     spider="crashy", settings=settings)
         node.wait_for_log("Reading seeds from")
-        redis.lpush("crashy:start_urls", site.url, json.dumps({"url": dead_url, "priority": 3}))
+        redis.lpush(start_urls_key("crashy"), site.url, json.dumps({"url": dead_url, "priority": 3}))
         assert node.wait(120) == 0, node.tail()
         served = site.stats()
     frontier = Frontier(redis, "crashy", "test")
@@ -83,7 +84,7 @@ def test_invalid_payload_is_moved_aside_and_crawl_goes_on(redis, redis_url, mong
         node = Node("n1", tmp_path, node_env(redis_url, mongo_uri, database.name),
                     settings={"MAX_IDLE_TIME_BEFORE_CLOSE": 2})
         node.wait_for_log("Reading seeds from")
-        redis.lpush("products:start_urls", site.url)
+        redis.lpush(start_urls_key("products"), site.url)
         assert node.wait(120) == 0, node.tail()
     (record,) = Frontier(redis, "products", "test").invalid_entries()
     assert record["member"] == "9:1" and "not JSON" in record["reason"]
@@ -94,7 +95,7 @@ def test_invalid_payload_is_moved_aside_and_crawl_goes_on(redis, redis_url, mong
 @pytest.mark.slow
 def test_crawl_on_a_three_master_redis_cluster(redis_cluster, mongo_uri, database, tmp_path):
     client = redis_cluster.client()
-    for key in ("products:start_urls", *FrontierKeys("products").sync_keys()):
+    for key in (start_urls_key("products"), *FrontierKeys("products").sync_keys()):
         client.delete(key)
     products = 40
     with DemoSite(products=products, latency_ms=10) as site:
@@ -104,7 +105,7 @@ def test_crawl_on_a_three_master_redis_cluster(redis_cluster, mongo_uri, databas
         try:
             for node in nodes:
                 node.wait_for_log("Reading seeds from")
-            client.lpush("products:start_urls", site.url)
+            client.lpush(start_urls_key("products"), site.url)
             assert [n.wait(180) for n in nodes] == [0, 0], [n.tail() for n in nodes]
         finally:
             for node in nodes:
@@ -119,8 +120,6 @@ def test_crawl_on_a_three_master_redis_cluster(redis_cluster, mongo_uri, databas
 @pytest.mark.slow
 def test_graceful_stop_returns_prefetched_requests_at_once(redis, redis_url, mongo_uri, database, tmp_path):
     import signal
-    import time
-
     keys = FrontierKeys("products")
     products = 40
     with DemoSite(products=products, latency_ms=400) as site:
@@ -129,7 +128,7 @@ def test_graceful_stop_returns_prefetched_requests_at_once(redis, redis_url, mon
                     "SCHEDULER_PREFETCH": 6, "SCHEDULER_LEASE_TTL": 600}
         first = Node("first", tmp_path, env, settings=settings)
         first.wait_for_log("Reading seeds from")
-        redis.lpush("products:start_urls", site.url)
+        redis.lpush(start_urls_key("products"), site.url)
         deadline = time.monotonic() + 60
         while database["products"].count_documents({}) < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -147,8 +146,6 @@ def test_graceful_stop_returns_prefetched_requests_at_once(redis, redis_url, mon
 
 @pytest.mark.slow
 def test_redis_unreachable_at_start_then_back_and_password_never_logged(mongo_uri, database, tmp_path):
-    import time
-
     from crawlproject.services import RedisServer, free_port
 
     password = "s3cr3t-Pa55word"
@@ -164,7 +161,7 @@ def test_redis_unreachable_at_start_then_back_and_password_never_logged(mongo_ur
             assert node.proc.poll() is None               # still alive, waiting for Redis
             server.start()
             client = redis_lib.Redis.from_url(url)
-            client.lpush("products:start_urls", site.url)
+            client.lpush(start_urls_key("products"), site.url)
             assert node.wait(180) == 0, node.tail()
         finally:
             node.stop()
@@ -182,7 +179,7 @@ def test_seeds_stream_in_with_back_pressure(redis, redis_url, mongo_uri, databas
 
     seeds = 600
     with DemoSite(products=seeds, latency_ms=20, faults=False) as site:
-        redis.lpush("leaf:start_urls", *[f"{site.url}product/{i}" for i in range(1, seeds + 1)])
+        redis.lpush(start_urls_key("leaf"), *[f"{site.url}product/{i}" for i in range(1, seeds + 1)])
         settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": 2, "CONCURRENT_REQUESTS": 8,
                     "REDIS_START_URLS_BATCH_SIZE": 20, "SEEDS_MAX_PENDING": 20,
                     "SPIDER_MODULES": "tests.spiders", "ROBOTSTXT_OBEY": False}
@@ -191,7 +188,7 @@ def test_seeds_stream_in_with_back_pressure(redis, redis_url, mongo_uri, databas
 
         def watch():
             while not done.is_set():
-                samples.append((watcher.llen("leaf:start_urls"),
+                samples.append((watcher.llen(start_urls_key("leaf")),
                                 watcher.hlen(FrontierKeys("leaf").inflight)))
                 done.wait(0.01)
 
@@ -210,7 +207,7 @@ def test_seeds_stream_in_with_back_pressure(redis, redis_url, mongo_uri, databas
     # Seeds were fed in batches while the crawl ran: pages were being crawled
     # while seeds were still waiting in Redis.
     assert any(seeds_left > 0 and leased > 0 for seeds_left, leased in samples), samples[:50]
-    assert redis.llen("leaf:start_urls") == 0
+    assert redis.llen(start_urls_key("leaf")) == 0
 
 
 def test_huge_outbox_is_sent_in_bounded_calls_acks_last(redis_url):

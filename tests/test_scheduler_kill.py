@@ -11,7 +11,7 @@ import time
 import pytest
 
 from crawlproject.demo.site import FLAKY_EVERY, DemoSite, expected_items
-from crawlproject.keys import FrontierKeys
+from crawlproject.keys import FrontierKeys, start_urls_key
 from tests.crawl_helpers import Node, assert_matches_catalog, node_env, stored_products
 
 pytestmark = pytest.mark.slow
@@ -39,7 +39,7 @@ def test_sigkill_loses_nothing(redis, redis_url, mongo_uri, database, tmp_path):
         try:
             for node in (victim, survivor):
                 node.wait_for_log("Reading seeds from")
-            redis.lpush("products:start_urls", site.url)
+            redis.lpush(start_urls_key("products"), site.url)
             deadline = time.monotonic() + 60
             while database["products"].count_documents({}) < 30 and time.monotonic() < deadline:
                 time.sleep(0.1)

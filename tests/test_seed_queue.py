@@ -6,6 +6,7 @@ import asyncio
 import pytest
 from redis import asyncio as aioredis
 
+from crawlproject.keys import SeedKeys, start_urls_key
 from crawlproject.seeds import SeedQueue
 
 
@@ -23,42 +24,42 @@ class Clock:
 async def _with_queue(redis_url, kind, body, **kw):
     client = aioredis.Redis.from_url(redis_url)
     try:
-        return await body(SeedQueue(client, "shop:start_urls", kind, **kw))
+        return await body(SeedQueue(client, start_urls_key("shop"), kind, **kw))
     finally:
         await client.aclose()
 
 
 def test_list_seeds_oldest_first_in_one_batch(redis, redis_url):
-    redis.lpush("shop:start_urls", "u1", "u2", "u3")
+    redis.lpush(start_urls_key("shop"), "u1", "u2", "u3")
 
     async def body(q):
         restored, got = await q.claim(2)
         return restored, [raw for _, raw in got], await q.size()
 
     assert run(_with_queue(redis_url, "list", body)) == (0, [b"u1", b"u2"], 1)
-    assert redis.hlen("{shop:start_urls}:claims") == 2
+    assert redis.hlen(SeedKeys(start_urls_key("shop")).claims) == 2
 
 
 def test_release_forgets_claims(redis, redis_url):
-    redis.lpush("shop:start_urls", "u1")
+    redis.lpush(start_urls_key("shop"), "u1")
 
     async def body(q):
         _, got = await q.claim(5)
         await q.release([cid for cid, _ in got])
 
     run(_with_queue(redis_url, "list", body))
-    assert redis.hlen("{shop:start_urls}:claims") == 0
-    assert redis.zcard("{shop:start_urls}:claims:due") == 0
+    assert redis.hlen(SeedKeys(start_urls_key("shop")).claims) == 0
+    assert redis.zcard(SeedKeys(start_urls_key("shop")).claims_due) == 0
 
 
 @pytest.mark.parametrize("kind", ["list", "set", "zset"])
 def test_claims_of_a_dead_node_come_back(redis, redis_url, kind):
     if kind == "list":
-        redis.lpush("shop:start_urls", "u1", "u2")
+        redis.lpush(start_urls_key("shop"), "u1", "u2")
     elif kind == "set":
-        redis.sadd("shop:start_urls", "u1", "u2")
+        redis.sadd(start_urls_key("shop"), "u1", "u2")
     else:
-        redis.zadd("shop:start_urls", {"u1": 5, "u2": 1})
+        redis.zadd(start_urls_key("shop"), {"u1": 5, "u2": 1})
     clock = Clock()
 
     async def body(q):
@@ -81,6 +82,6 @@ def test_claim_keys_share_the_seed_key_slot():
     """The claim script's keys must live on one Redis Cluster slot."""
     from redis.crc import key_slot
 
-    keys = ("products:start_urls", "{products:start_urls}:claims",
-            "{products:start_urls}:claims:due", "{products:start_urls}:claims:seq")
+    keys = (start_urls_key("products"), SeedKeys(start_urls_key("products")).claims,
+            SeedKeys(start_urls_key("products")).claims_due, SeedKeys(start_urls_key("products")).claims_seq)
     assert len({key_slot(k.encode()) for k in keys}) == 1

@@ -9,7 +9,7 @@ import pytest
 
 from crawlproject.demo.site import DemoSite
 from crawlproject.frontier.queue import Frontier
-from crawlproject.keys import SeedKeys
+from crawlproject.keys import SeedKeys, start_urls_key
 from tests.crawl_helpers import Node, node_env
 
 pytestmark = pytest.mark.slow
@@ -68,7 +68,7 @@ def test_hostile_seeds_and_payloads_never_stop_a_node(redis, redis_url, mongo_ur
         ]
         for p in hostile_payloads:
             frontier.push(json.dumps(p))
-        redis.lpush("leaf:start_urls", *seeds)
+        redis.lpush(start_urls_key("leaf"), *seeds)
         node = Node("n1", tmp_path, node_env(redis_url, mongo_uri, database.name), spider="leaf",
                     settings={"MAX_IDLE_TIME_BEFORE_CLOSE": 2, "ROBOTSTXT_OBEY": False,
                               "SPIDER_MODULES": "tests.spiders"})
@@ -82,7 +82,7 @@ def test_hostile_seeds_and_payloads_never_stop_a_node(redis, redis_url, mongo_ur
     # Every good seed crawled and stored; every bad one set aside with a reason.
     assert database["leaf"].count_documents({}) == GOOD
     assert all(served.get(f"/product/{i}", 0) >= 1 for i in range(1, GOOD + 1))
-    keys = SeedKeys("leaf:start_urls")
+    keys = SeedKeys(start_urls_key("leaf"))
     invalid = [json.loads(r) for r in redis.lrange(keys.invalid, 0, -1)]
     assert len(invalid) == BAD and all(r["reason"] and r["error"] for r in invalid)
     assert node.stat("seeds/invalid") == BAD and node.stat("seeds/read") == GOOD

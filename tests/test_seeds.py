@@ -63,7 +63,6 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 from scrapy import Request  # noqa: E402
 from scrapy.utils.test import get_crawler  # noqa: E402
 
-from crawlproject.policy import InputPolicy  # noqa: E402
 from crawlproject.seeds import request_from_seed  # noqa: E402
 from crawlproject.spiders.products import ProductsSpider  # noqa: E402
 

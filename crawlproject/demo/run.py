@@ -17,11 +17,11 @@ import sys
 import time
 from pathlib import Path
 
-import pymongo
 import redis
 
+from crawlproject.connection import mongo_client
 from crawlproject.demo.site import DemoSite
-from crawlproject.keys import reset_spider
+from crawlproject.keys import reset_spider, start_urls_key
 from crawlproject.services import MongoServer, RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,10 +71,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"Redis {redis_server.url} | MongoDB-wire {mongo_server.uri} | demo site {site.url}")
         client = redis.Redis.from_url(redis_server.url)
         reset_spider(client, "products")
-        mongo = pymongo.MongoClient(mongo_server.uri)
+        mongo = mongo_client(mongo_server.uri, asyncio=False)
         collection = mongo[args.database]["products"]
         collection.delete_many({})
-        client.lpush("products:start_urls", site.url)
+        client.lpush(start_urls_key("products"), site.url)
         print(f"LPUSH products:start_urls {site.url}")
         env = dict(os.environ, REDIS_URL=redis_server.url, MONGO_URI=mongo_server.uri,
                    MONGO_DATABASE=args.database)

@@ -29,7 +29,12 @@ from itemadapter import ItemAdapter
 from pymongo import AsyncMongoClient
 from scrapy.exceptions import DropItem, NotConfigured
 
-from crawlproject.connection import mongo_client_options
+from crawlproject.connection import (
+    mongo_client,
+    mongo_client_options,
+    mongo_database_from_settings,
+    mongo_uri_from_settings,
+)
 from crawlproject.pipelines.documents import to_mongo
 from crawlproject.pipelines.errors import Scrubber
 from crawlproject.validation import Violation, item_type_name, validate
@@ -68,14 +73,14 @@ class ValidationPipeline:
             raise NotConfigured("VALIDATION_ENABLED is off")
         return cls(crawler,
                    invalid_collection=s.get("VALIDATION_INVALID_COLLECTION") or "",
-                   uri=s.get("MONGO_URI") or "",
-                   database=s.get("MONGO_DATABASE") or "crawlproject",
+                   uri=mongo_uri_from_settings(s),
+                   database=mongo_database_from_settings(s),
                    client_options=mongo_client_options(s))
 
     async def open_spider(self) -> None:
         """Create the MongoDB client when invalid items are to be stored."""
         if self.invalid_collection and self.uri:
-            self.client = AsyncMongoClient(self.uri, **self.client_options)
+            self.client = mongo_client(self.uri, **self.client_options)
 
     async def close_spider(self) -> None:
         """Close the MongoDB client, if any."""
