@@ -226,7 +226,7 @@ def test_large_catalog_without_faults():
         assert page(big, "/product/49997").css("h1.title")  # flaky id, faults disabled
         product_page = page(big, "/product/50000")
         assert clean_text(product_page.css("h1.title::text").get()) == product(50_000, 50_000).title
-        assert time.monotonic() - started < 5
+        assert time.monotonic() - started < 30  # no O(catalogue) work per page, even under load
         assert fetch(big.url + "list/5001")[0] == 404
         code = big.stop()
     assert code == 0

@@ -12,9 +12,16 @@ from scrapy.utils.test import get_crawler
 
 from crawlproject.demo.site import DemoSite, expected_items
 from crawlproject.frontier.queue import Frontier
-from crawlproject.keys import FrontierKeys, start_urls_key
+from crawlproject.keys import FrontierKeys, reset_spider, start_urls_key
 from crawlproject.scheduler import RedisScheduler
-from tests.crawl_helpers import Node, assert_matches_catalog, node_env, stored_products
+from tests.crawl_helpers import (
+    Node,
+    assert_fetched_once,
+    assert_matches_catalog,
+    assert_written_once,
+    node_env,
+    stored_products,
+)
 
 
 
@@ -95,8 +102,7 @@ def test_invalid_payload_is_moved_aside_and_crawl_goes_on(redis, redis_url, mong
 @pytest.mark.slow
 def test_crawl_on_a_three_master_redis_cluster(redis_cluster, mongo_uri, database, tmp_path):
     client = redis_cluster.client()
-    for key in (start_urls_key("products"), *FrontierKeys("products").sync_keys()):
-        client.delete(key)
+    reset_spider(client, "products")
     products = 40
     with DemoSite(products=products, latency_ms=10) as site:
         env = {**node_env(redis_cluster.url, mongo_uri, database.name), "REDIS_CLUSTER": "true"}
@@ -110,7 +116,10 @@ def test_crawl_on_a_three_master_redis_cluster(redis_cluster, mongo_uri, databas
         finally:
             for node in nodes:
                 node.stop()
+        served = site.stats()
     assert_matches_catalog(stored_products(database["products"]), expected_items(site.url, products))
+    assert_fetched_once(served, products)
+    assert_written_once(nodes, products)
     assert not [e for n in nodes for e in n.errors()]
     # The frontier keys share one slot; seeds live wherever their key hashes.
     slots = {client.keyslot(k) for k in FrontierKeys("products").sync_keys()}
