@@ -51,12 +51,6 @@ def memory_usage(client, keys) -> int:
     return sum(int(client.memory_usage(k, samples=0) or 0) for k in keys)
 
 
-def shard_keys(bloom: BloomFilter) -> list[str]:
-    meta = bloom.meta()
-    return [f"{bloom.meta_key}:{layer}:{s}" for layer in range(int(meta["layers"]))
-            for s in range(int(meta[f"shards{layer}"]))]
-
-
 def bench_ours(client, fps, batch: int, fresh: list[bytes]) -> dict:
     client.flushall()
     bloom = BloomFilter(client, "{bench}:bloom", BloomConfig(capacity=len(fps), error_rate=ERROR_RATE))
@@ -66,7 +60,7 @@ def bench_ours(client, fps, batch: int, fresh: list[bytes]) -> dict:
         new += sum(bloom.add_many(fps[i:i + batch]))
     elapsed = time.perf_counter() - t
     est = bloom.estimates()
-    mem = memory_usage(client, [bloom.meta_key] + shard_keys(bloom))
+    mem = memory_usage(client, [bloom.meta_key] + bloom.shard_keys())
     false_pos = sum(sum(bloom.check_many(fresh[i:i + 1000])) for i in range(0, len(fresh), 1000))
     variant = f"ours: BloomFilter.add_many, batches of {batch:,}"
     return {"variant": variant, "count": len(fps),
@@ -86,7 +80,7 @@ def bench_ours_growth(client, fps, batch: int) -> dict:
     for i in range(0, len(fps), batch):
         bloom.add_many(fps[i:i + batch])
     elapsed = time.perf_counter() - t
-    mem = memory_usage(client, [bloom.meta_key] + shard_keys(bloom))
+    mem = memory_usage(client, [bloom.meta_key] + bloom.shard_keys())
     est = bloom.estimates()
     return {"variant": f"ours, planned for 1/8 of it then grown (growth {config.growth:g}, "
                        f"tightening {config.tightening:g}), batches of {batch:,}",

@@ -6,8 +6,13 @@ uses, one Lua call per check-and-add, fingerprints from Scrapy's configured
 ``REQUEST_FINGERPRINTER_CLASS``. (With ``RedisScheduler`` you do not need it:
 there the dedupe happens inside the enqueue call, for whole batches.)
 
-Settings: ``DUPEFILTER_KEY`` (default ``"{%(spider)s}:dupefilter"``),
-``DUPEFILTER_CAPACITY``, ``DUPEFILTER_ERROR_RATE``, ``DUPEFILTER_DEBUG``.
+It connects like scrapy-redis does (:func:`~crawlproject.connection.redis_from_settings`:
+``REDIS_URL`` setting, then the ``REDIS_URL`` environment variable, then
+``REDIS_HOST``/``REDIS_PORT``, plus ``REDIS_PARAMS`` and ``REDIS_CLUSTER``).
+Its key is ``SCHEDULER_DUPEFILTER_KEY`` when set (scrapy-redis' name), else
+``DUPEFILTER_KEY``, else :data:`crawlproject.keys.DUPEFILTER`
+(``"{%(spider)s}:dupefilter"``). Other settings: ``DUPEFILTER_CAPACITY``,
+``DUPEFILTER_ERROR_RATE``, ``DUPEFILTER_DEBUG``.
 """
 
 from __future__ import annotations
@@ -16,10 +21,36 @@ import logging
 
 from scrapy.dupefilters import BaseDupeFilter
 
-from crawlproject.connection import redis_from_settings
+from crawlproject import keys
+from crawlproject.connection import (is_cluster_url, redis_cluster_from_settings,
+                                     redis_from_settings, redis_url_from_settings)
 from crawlproject.frontier.bloom import BloomConfig, BloomFilter
 
 logger = logging.getLogger(__name__)
+
+
+def dupefilter_key(settings, spider_name: str) -> str:
+    """The filter's meta key for *spider_name*, from the first of
+    ``SCHEDULER_DUPEFILTER_KEY`` and ``DUPEFILTER_KEY`` that is set.
+
+    Raises ``ValueError`` on a Redis Cluster for a key without a hash tag: its
+    shards (``<key>:<layer>:<shard>``) would hash to other slots than the key.
+    """
+    name, pattern = "DUPEFILTER_KEY", keys.DUPEFILTER
+    for setting in ("SCHEDULER_DUPEFILTER_KEY", "DUPEFILTER_KEY"):
+        if settings.get(setting):
+            name, pattern = setting, settings.get(setting)
+            break
+    if "%(spider)s" not in pattern and "%(timestamp)s" in pattern:
+        pattern = keys.DUPEFILTER  # scrapy-redis' throwaway standalone default
+    key = pattern % {"spider": spider_name}
+    cluster = is_cluster_url(redis_url_from_settings(settings), redis_cluster_from_settings(settings))
+    if cluster and not keys.has_hash_tag(key):
+        raise ValueError(
+            f"{name} = {pattern!r} has no hash tag: on a Redis Cluster the dupefilter's "
+            f"shards would land in other slots than {key!r}. Use a key such as "
+            f"'{{%(spider)s}}:dupefilter'.")
+    return key
 
 
 class RedisBloomDupeFilter(BaseDupeFilter):
@@ -35,18 +66,22 @@ class RedisBloomDupeFilter(BaseDupeFilter):
 
     @classmethod
     def from_crawler(cls, crawler):
-        s = crawler.settings
+        """Constructor Scrapy's scheduler calls."""
         name = crawler.spider.name if crawler.spider is not None else crawler.spidercls.name
-        key = s.get("DUPEFILTER_KEY") or "{%(spider)s}:dupefilter"
-        if "%(spider)s" not in key and "%(timestamp)s" in key:
-            key = "{%(spider)s}:dupefilter"  # scrapy-redis' throwaway default
-        return cls(redis_from_settings(s), key % {"spider": name}, BloomConfig.from_settings(s),
-                   crawler.request_fingerprinter, s.getbool("DUPEFILTER_DEBUG"), crawler.stats)
+        return cls._build(crawler, name)
 
     @classmethod
     def from_spider(cls, spider):
-        """Constructor scrapy-redis' scheduler calls."""
-        return cls.from_crawler(spider.crawler)
+        """Constructor scrapy-redis' scheduler calls (the spider's own name
+        counts: scrapy-redis does not set ``crawler.spider`` first)."""
+        return cls._build(spider.crawler, spider.name)
+
+    @classmethod
+    def _build(cls, crawler, spider_name: str):
+        s = crawler.settings
+        key = dupefilter_key(s, spider_name)
+        return cls(redis_from_settings(s), key, BloomConfig.from_settings(s),
+                   crawler.request_fingerprinter, s.getbool("DUPEFILTER_DEBUG"), crawler.stats)
 
     def request_seen(self, request) -> bool:
         return not self.filter.add(self.fingerprinter.fingerprint(request))

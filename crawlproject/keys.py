@@ -38,8 +38,11 @@ key                                type    contents / written by
                                            every ``SCHEDULER_LOG_INTERVAL`` and at close
 ``{<spider>}:bloom``               hash    Bloom layer table: capacity, error_rate,
                                            growth, tightening, shard_bits, layers,
-                                           and per layer i: cap/p/k/bits/shards/n
-``{<spider>}:bloom:<i>:<s>``       string  bits of shard s of layer i
+                                           and per layer i: cap/p/k/bits/shards/n;
+                                           ahead = shards of the next layer made
+                                           before it opens
+``{<spider>}:bloom:<i>:<s>``       string  bits of shard s of layer i (i = layers
+                                           for shards made ahead)
 ``{<spider>}:dupefilter``          hash    (standalone ``RedisBloomDupeFilter`` for
                                            scrapy-redis' scheduler: same layout as
                                            ``bloom``, bits in ``...:dupefilter:<i>:<s>``)

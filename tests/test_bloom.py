@@ -1,11 +1,17 @@
 """The Redis Bloom filter: no false negatives, measured false-positive rates,
 growth past capacity, sharding, and use as a standalone DUPEFILTER_CLASS."""
 
+import contextlib
 import hashlib
 
 import pytest
 
 from crawlproject.frontier.bloom import BloomConfig, BloomFilter, filter_estimates
+from crawlproject.keys import spider_keys
+
+#: Longest a single Bloom script call may block Redis (ms). The work per call
+#: is ~10-30 ms; the margin is for a loaded 2-core machine.
+SCRIPT_CALL_BOUND_MS = 250
 
 
 def keys(prefix, n):
@@ -94,3 +100,72 @@ def test_invalid_config_is_refused():
         BloomConfig(error_rate=2)
     with pytest.raises(ValueError):
         BloomConfig(shard_bits=2**33)
+
+
+@contextlib.contextmanager
+def slowlog_every_command(client):
+    """Log every command's duration in SLOWLOG; restore the config after."""
+    old = client.config_get("slowlog-*")
+    client.config_set("slowlog-log-slower-than", 0)
+    client.config_set("slowlog-max-len", 100_000)
+    client.slowlog_reset()
+    try:
+        yield
+    finally:
+        for name in ("slowlog-log-slower-than", "slowlog-max-len"):
+            client.config_set(name, old[name])
+        client.slowlog_reset()
+
+
+def longest_script_ms(client) -> float:
+    scripts = [entry["duration"] for entry in client.slowlog_get(100_000)
+               if entry["command"].split(b" ", 1)[0].upper() in (b"EVALSHA", b"EVAL")]
+    assert scripts
+    return max(scripts) / 1000
+
+
+def test_growth_never_blocks_redis(redis):
+    """A 240 MB layer 1 is allocated a shard per call while layer 0 fills up,
+    never in the one call that opens it."""
+    capacity = 100_000
+    config = BloomConfig(capacity=capacity, error_rate=0.001, growth=1000)
+    bf = BloomFilter(redis, "{t}:bloom", config)
+    inserted = keys("in", capacity + 5_000)
+    with slowlog_every_command(redis):
+        add_in_batches(bf, inserted[:capacity - 2_000], size=1000)
+        # Shards of layer 1 made ahead of time are found by the key listings.
+        ahead = set(redis.scan_iter("{t}:bloom:1:*"))
+        assert ahead and bf.meta()["layers"] == "1"
+        assert ahead <= {k.encode() for k in spider_keys(redis, "t")}
+        assert ahead <= {k.encode() for k in bf.shard_keys()}
+        add_in_batches(bf, inserted[capacity - 2_000:], size=1000)
+        longest = longest_script_ms(redis)
+    print(f"longest Bloom script call: {longest:.1f} ms")
+    meta = bf.meta()
+    assert meta["layers"] == "2" and int(meta["n1"]) >= 4_900
+    shards = [f"{{t}}:bloom:1:{s}" for s in range(int(meta["shards1"]))]
+    assert len(shards) > 1 and all(redis.exists(k) for k in shards)
+    # Made at their final size: no allocator slack beyond the string header.
+    assert all(redis.memory_usage(k, samples=0) <= redis.strlen(k) * 1.01 + 4096 for k in shards)
+    assert all(bf.check_many(inserted))
+    assert sum(bf.add_many(keys("more", 5_000))) >= 4_990
+    assert fp_rate(bf, n=20_000) <= 2 * config.error_rate
+    assert longest <= SCRIPT_CALL_BOUND_MS, longest
+    bf.clear()
+    assert not list(redis.scan_iter("{t}:bloom*"))
+
+
+def test_sync_derives_shard_keys_from_the_meta_key_in_keys(redis):
+    """SYNC gets no key name in ARGV: shards are <KEYS[9]>:<layer>:<shard>, in its slot."""
+    from crawlproject.frontier.queue import Batch, Frontier
+    from crawlproject.frontier.scripts import SYNC
+
+    assert "prefix" not in SYNC.split("local node, ttl")[0].lower()
+    frontier = Frontier(redis, "t", "node", bloom=BloomConfig(capacity=1000))
+    fingerprint = hashlib.sha1(b"page").digest()
+    for expected_added in (1, 0):                    # the second one is a duplicate
+        batch = Batch()
+        batch.add("{}", fingerprint)
+        assert frontier.sync(batch).added == expected_added
+    assert redis.exists(f"{frontier.keys.bloom}:0:0")
+    assert all(k.decode().startswith("{t}:") for k in redis.scan_iter("*"))

@@ -19,6 +19,18 @@ A layer is split into shards of at most ``shard_bits`` bits (one fingerprint's
 bits all fall in one shard), so no Redis string nears its 512 MB limit. Each
 shard is sized to fill the allocator's size class that Redis will reserve for
 it anyway: the spare bits lower the false-positive rate at no memory cost.
+
+Shard keys are derived from the meta key, ``<meta key>:<layer>:<shard>``
+(:func:`crawlproject.keys.bloom_shard_key`): scripts get only the meta key in
+KEYS, and the shards share its hash tag, hence its Redis Cluster slot.
+
+Growth never blocks Redis for long: a shard is created at its final size in
+one allocation (``SETRANGE`` on a missing key), and while the newest layer
+nears capacity (from 90 % full) each adding call makes at most one shard of
+the next layer (counted in the meta field ``ahead``), so opening a 100 MB
+layer is not one 100 MB call. The exceptions are listed in
+:mod:`crawlproject.frontier.scripts`. Shards made ahead are real keys: they
+count in memory figures and :meth:`BloomFilter.clear` deletes them.
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from crawlproject.frontier.scripts import BLOOM_ADD
+from crawlproject.keys import bloom_shard_key
 
 MAX_SHARD_BITS = 2**32 - 1  # a Redis string holds at most 512 MB
 
@@ -76,6 +89,17 @@ def fingerprint_hex(fp: bytes | str) -> str:
     if len(fp) == 20:
         return fp.hex()
     return hashlib.sha1(fp).hexdigest()
+
+
+def shard_keys(meta_key: str, meta: dict) -> list[str]:
+    """Every shard key of the filter at *meta_key*: those of its layers and
+    those of the next layer already made ahead of time."""
+    meta = {_s(k): _s(v) for k, v in meta.items()}
+    layers = int(meta.get("layers", 0))
+    keys = [bloom_shard_key(meta_key, i, s)
+            for i in range(layers) for s in range(int(meta[f"shards{i}"]))]
+    keys += [bloom_shard_key(meta_key, layers, s) for s in range(int(meta.get("ahead", 0)))]
+    return keys
 
 
 def layer_estimates(meta: dict) -> list[dict]:
@@ -127,8 +151,7 @@ class BloomFilter:
         fps = [fingerprint_hex(fp) for fp in fingerprints]
         if not fps:
             return []
-        out = self._script(keys=[self.meta_key],
-                           args=[self.meta_key, *self.config.args(), mode, *fps])
+        out = self._script(keys=[self.meta_key], args=[*self.config.args(), mode, *fps])
         return [bool(x) for x in out]
 
     def add(self, fingerprint: bytes | str) -> bool:
@@ -136,18 +159,22 @@ class BloomFilter:
         return self.add_many([fingerprint])[0]
 
     def meta(self) -> dict:
+        """The layer table (the meta hash) as strings."""
         return {_s(k): _s(v) for k, v in self.client.hgetall(self.meta_key).items()}
 
     def estimates(self) -> dict:
+        """Fill ratio and false-positive estimates (see :func:`filter_estimates`)."""
         return filter_estimates(self.meta())
+
+    def shard_keys(self) -> list[str]:
+        """Every shard key, including shards of the next layer made ahead."""
+        return shard_keys(self.meta_key, self.meta())
 
     def clear(self) -> None:
         """Delete the layer table and every shard."""
-        meta = self.meta()
-        keys = [self.meta_key]
-        for i in range(int(meta.get("layers", 0))):
-            keys += [f"{self.meta_key}:{i}:{s}" for s in range(int(meta[f"shards{i}"]))]
-        for key in keys:
+        # Shards first: until the meta key goes, it still lists what is left.
+        # One key per DELETE, which any cluster client accepts.
+        for key in [*self.shard_keys(), self.meta_key]:
             self.client.delete(key)
 
 

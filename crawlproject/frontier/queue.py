@@ -136,7 +136,7 @@ class Frontier:
         flags = (("m" if batch.maintenance else "") + ("d" if batch.promote else "")
                  + ("s" if batch.sweep else ""))
         args = [str(self.clock()) if self.clock else "", self.node,
-                0 if leaving else self.lease_ttl_ms, batch.take, flags, self.keys.bloom,
+                0 if leaving else self.lease_ttl_ms, batch.take, flags,
                 *self.bloom.args(), self.dead_max, self.invalid_max, len(batch.adopt)]
         for member, former in batch.adopt:
             args += [member, former]
