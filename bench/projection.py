@@ -3,7 +3,7 @@
 Reads ``bench/results/{commands,costs,dedupe,crawl}.json`` (run those first)
 and projects Redis memory, Redis CPU / ops, Bloom shards and MongoDB writes
 for a crawl of ``--urls`` URLs by ``--nodes`` nodes. The Bloom sizing mirrors
-the SYNC script's (layers, shards of at most 2^28 bits, strings filling their
+the SYNC script's (layers, shards of at most 2^26 bits (the default), strings filling their
 allocator size class). ``docs/scaling.md`` explains the model.
 
     python -m bench.projection [--urls 1e9] [--nodes 100]

@@ -54,7 +54,8 @@ class BloomConfig:
     error_rate: float = 0.001
     growth: float = 4.0
     tightening: float = 0.1
-    shard_bits: int = 2**28  # at most 32 MiB per key (minus a string header)
+    shard_bits: int = 2**26  # at most 8 MiB per key: a shard is made in ~8 ms, and smaller
+    # shards make every call faster (median 1000-URL call 18 ms vs 33 ms with 32 MiB shards)
 
     def __post_init__(self):
         if self.capacity < 1:
