@@ -122,10 +122,10 @@ def test_two_nodes_draining_at_once_store_everything_and_remove_only_what_was_wr
         clients = [aioredis.Redis.from_url(redis_url) for _ in range(3)]
         writers = [MongoWriter(mongo_uri) for _ in range(2)]
         try:
-            await RedisHandoff(clients[0], key, chunk_records=7).push(ops(100, database))
-            assert await RedisHandoff(clients[0], key).count_items() == 100
+            await RedisHandoff(clients[0], key, database, chunk_records=7).push(ops(100, database))
+            assert await RedisHandoff(clients[0], key, database).count_items() == 100
             results = await asyncio.gather(*(
-                RedisHandoff(client, key).drain(writer, bulk_size=5, budget=5)
+                RedisHandoff(client, key, database).drain(writer, bulk_size=5, budget=5)
                 for client, writer in zip(clients[1:], writers)))
             return results
         finally:
@@ -154,11 +154,50 @@ def test_a_drain_stops_when_mongodb_is_down_and_keeps_every_chunk(redis_url, red
         client = aioredis.Redis.from_url(redis_url)
         writer = MongoWriter(dead_mongo, client_options={"serverSelectionTimeoutMS": 300})
         try:
-            await RedisHandoff(client, key, chunk_records=10).push(ops(30, "x"))
-            return await RedisHandoff(client, key).drain(writer, bulk_size=10, budget=0.5)
+            await RedisHandoff(client, key, "x", chunk_records=10).push(ops(30, "x"))
+            return await RedisHandoff(client, key, "x").drain(writer, bulk_size=10, budget=0.5)
         finally:
             await writer.close()
             await client.aclose()
 
     assert asyncio.run(run()) is None
     assert redis.llen(key) == 3
+
+
+def test_lines_written_into_the_handoff_list_by_others_are_refused(mongo_uri, redis_url, redis,
+                                                                  caplog):
+    """The list is in Redis: a line naming another database, a system collection,
+    or garbage is refused (counted, logged), never written; good lines are."""
+    from crawlproject.pipelines.documents import to_spool_line
+
+    database = f"drain_{uuid.uuid4().hex[:8]}"
+    key = FrontierKeys("shop").mongo_spool("hostile")
+    good = ops(3, database)
+    hostile = [to_spool_line(op) for op in ops(2, "admin")]
+    system = to_spool_line(WriteOp.build(database, "system.users", "url", {"url": "u"}))
+    chunk = "\n".join([to_spool_line(good[0]), *hostile, system, "{not json", "[1, 2]",
+                        '{"db": [], "coll": 5}', "{" * 5000, to_spool_line(good[1]),
+                        to_spool_line(good[2])])
+    redis.rpush(key, chunk)
+
+    async def run():
+        client = aioredis.Redis.from_url(redis_url)
+        writer = MongoWriter(mongo_uri)
+        try:
+            return await RedisHandoff(client, key, database).drain(writer, bulk_size=10, budget=5)
+        finally:
+            await writer.close()
+            await client.aclose()
+
+    with caplog.at_level("ERROR"):
+        assert asyncio.run(run()) == 3
+    assert len([r for r in caplog.records if r.levelname == "ERROR"]) == 7
+    client = pymongo.MongoClient(mongo_uri)
+    try:
+        assert len(docs(client[database]["shop"])) == 3
+        assert "system.users" not in client[database].list_collection_names()
+        assert client["admin"]["shop"].count_documents({}) == 0
+    finally:
+        client.drop_database(database)
+        client.close()
+    assert not redis.exists(key)

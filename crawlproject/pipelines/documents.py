@@ -199,10 +199,27 @@ def to_spool_line(op: WriteOp) -> str:
 
 
 def from_spool_line(line: str) -> WriteOp:
-    """The WriteOp of a line written by :func:`to_spool_line` (``ValueError`` if malformed)."""
+    """The WriteOp of a line written by :func:`to_spool_line`.
+
+    Raises ``ValueError``, and nothing else, for anything else: lines come
+    from local files and from Redis (the handoff list), where anyone who can
+    write to Redis could put them.
+    """
     try:
         r = json_util.loads(line, json_options=_SPOOL_JSON)
-        return WriteOp(r["db"], r["coll"], r["kf"], r["k"], r["f"], r["h"], r["s"],
-                       bool(r.get("id", False)))
-    except (KeyError, TypeError, bson.errors.BSONError) as exc:
-        raise ValueError(f"malformed spool record: {exc}") from exc
+        op = WriteOp(r["db"], r["coll"], r["kf"], r["k"], r["f"], r["h"], r["s"],
+                     bool(r.get("id", False)))
+    except Exception as exc:  # noqa: BLE001 - whatever the line holds
+        raise ValueError(f"malformed spool record: {type(exc).__name__}: {exc}") from None
+    if not (isinstance(op.database, str) and _valid_name(op.collection)
+            and isinstance(op.key_field, str) and op.key_field and not op.key_field.startswith("$")
+            and isinstance(op.fields, dict) and isinstance(op.hash, str)
+            and isinstance(op.seen, datetime)):
+        raise ValueError("malformed spool record: wrong field types or collection name")
+    return op
+
+
+def _valid_name(collection: Any) -> bool:
+    return (isinstance(collection, str) and 0 < len(collection) < 200
+            and not collection.startswith("system.") and "$" not in collection
+            and "\0" not in collection)

@@ -36,9 +36,12 @@ COUNT_PAGE = 100
 class RedisHandoff:
     """The handoff list *key* on the asyncio Redis *client*."""
 
-    def __init__(self, client, key: str, chunk_records: int = CHUNK_RECORDS):
+    def __init__(self, client, key: str, database: str, chunk_records: int = CHUNK_RECORDS):
         self.client = client
         self.key = key
+        #: the only database lines of this list may write to (the list is in
+        #: Redis: a line naming another database is refused, not written)
+        self.database = database
         self.chunk_records = chunk_records
 
     async def push(self, ops: list[WriteOp]) -> None:
@@ -91,7 +94,11 @@ class RedisHandoff:
         ops = []
         for number, line in enumerate(_raw(chunk).split(b"\n"), 1):
             try:
-                ops.append(from_spool_line(line.decode("utf-8")))
+                op = from_spool_line(line.decode("utf-8"))
+                if op.database != self.database:
+                    raise ValueError(f"names database {op.database[:100]!r}, not "
+                                     f"{self.database!r}")
+                ops.append(op)
             except (ValueError, UnicodeDecodeError) as exc:
                 # Only lines parsed from a spool segment are pushed: this is
                 # damage in Redis. Say what is lost rather than block the list.

@@ -233,7 +233,7 @@ class MongoPipeline:
         self.spool = Spool(directory, owner=node_id(self.crawler)).open()
         if self.redis is not None:
             key = FrontierKeys(self.crawler.spider.name).mongo_spool(directory.name)
-            self.handoff = RedisHandoff(self.redis, key)
+            self.handoff = RedisHandoff(self.redis, key, self.database)
         self._flusher = asyncio.ensure_future(self._flush_loop())
         logger.info("Storing items in %s, database %r, collection %r, unique on %r%s "
                     "(bulk %d, flush %.2fs, spool after %.1fs in %s, close wait %.0fs)",

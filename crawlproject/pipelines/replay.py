@@ -89,7 +89,8 @@ async def replay_spool(uri: str, database: str, spool_dir: str | os.PathLike, *,
                 spool.close()
         left = await asyncio.to_thread(_left_in, directory)
         if redis is not None and spider and not interrupted:
-            handoff = RedisHandoff(redis, FrontierKeys(spider).mongo_spool(directory.name))
+            handoff = RedisHandoff(redis, FrontierKeys(spider).mongo_spool(directory.name),
+                                   database)
             interrupted = await handoff.drain(writer, bulk_size=bulk_size, budget=budget) is None
             left += await handoff.count_items()
         replayed = stats.get_value("mongo/replayed", 0)
