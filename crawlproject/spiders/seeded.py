@@ -217,6 +217,8 @@ class RedisSpider(Spider):
             return 0
 
     def _node_is_idle(self) -> bool:
+        if self._redis_outage.down:
+            return False  # cannot tell whether the cluster has work: never idle-close blind
         engine = self.crawler.engine
         slot = getattr(engine, "_slot", None)
         if slot is not None and slot.inprogress:
