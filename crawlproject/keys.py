@@ -1,8 +1,12 @@
 """Every Redis key the project uses, in one place.
 
-Frontier keys carry the hash tag ``{<spider>}`` so that every multi-key script
-runs on one Redis Cluster slot. Seed keys keep scrapy-redis' names, which
-users already push to; they are only touched by single-key commands.
+Frontier keys carry a hash tag so that every multi-key script runs on one
+Redis Cluster slot. With ``FRONTIER_PARTITIONS = 1`` (the default) the tag is
+``{<spider>}``; with P > 1 partition p's tag is ``{<spider>:<p>}`` and each
+politeness key (a host) lives in partition ``crc32(key) % P``, with its queue,
+its state and the Bloom filter of its URLs. Below, ``T`` is a partition's tag.
+Seed keys keep scrapy-redis' names, which users already push to; they are only
+touched by single-key commands or scripts on their own slot.
 
 =================================  ======  ==========================================
 key                                type    contents / written by
@@ -18,30 +22,48 @@ key                                type    contents / written by
 ``{<spider>:start_urls}:claims:due`` zset  claim id → deadline (ms); expired claims are
                                            put back by the next CLAIM_SEEDS
 ``{<spider>:start_urls}:claims:seq`` string claim id counter
-``{<spider>}:queue``               zset    member ``"<priority>:<seq>"``, score
-                                           ``-priority*2^40 + seq``; SYNC script
-``{<spider>}:payloads``            hash    member → request JSON
-                                           (:mod:`crawlproject.serialization`); SYNC
-``{<spider>}:inflight``            hash    member → node id holding its lease; SYNC
-``{<spider>}:nodes``               zset    node id → lease deadline (ms, Redis time);
-                                           every SYNC of that node renews it
-``{<spider>}:delayed``             zset    member → due time (ms): retries waiting
-                                           out their backoff; SYNC
-``{<spider>}:dead``                list    dead letters ``{member, payload, priority,
-                                           url, reason, attempts, node, at}``; SYNC,
-                                           replayed by REPLAY_DEAD
-``{<spider>}:invalid``             list    payloads that could not be decoded
-                                           ``{member, payload, reason, node, at}``
-``{<spider>}:seq``                 string  entry counter (FIFO order); SYNC
+``{<spider>}:config``              hash    ``partitions``: the partition count the crawl
+                                           was started with (a node with another count
+                                           refuses to start)
 ``{<spider>}:stats``               hash    cluster-wide counters (enqueued, duplicates,
                                            acked, dead, reclaimed, ...) that nodes add
                                            every ``SCHEDULER_LOG_INTERVAL`` and at close
-``{<spider>}:bloom``               hash    Bloom layer table: capacity, error_rate,
-                                           growth, tightening, shard_bits, layers,
-                                           and per layer i: cap/p/k/bits/shards/n;
-                                           ahead = shards of the next layer made
-                                           before it opens
-``{<spider>}:bloom:<i>:<s>``       string  bits of shard s of layer i (i = layers
+``T:q:<key>``                      zset    the queue of politeness key ``<key>`` (a
+                                           host): member ``"<priority>:<seq>@<key>"``,
+                                           score ``-priority*2^40 + seq``; SYNC
+``T:ready``                        zset    politeness key → when it may start its next
+                                           request (ms, Redis time); only keys that may
+                                           have queued entries and are below their
+                                           concurrency; SYNC
+``T:qlen``                         string  entries queued in the partition; SYNC
+``T:kstate``                       hash    politeness key → ``"inflight|last start ms|
+                                           blocked until ms|backoff ms|crawl delay ms"``
+``T:limits``                       hash    politeness key → ``"delay ms|concurrency|
+                                           source"`` overrides (``c`` set with the
+                                           command line, ``s`` from settings)
+``T:payloads``                     hash    member → request JSON
+                                           (:mod:`crawlproject.serialization`); SYNC
+``T:inflight``                     hash    member → node id holding its lease; SYNC
+``T:held:<node>``                  set     members leased to that node (reclaim reads
+                                           only the dead node's set)
+``T:nodes``                        zset    node id → lease deadline (ms, Redis time);
+                                           every SYNC of that node renews it
+``T:delayed``                      zset    member → due time (ms): retries waiting
+                                           out their backoff; SYNC
+``T:dead``                         list    dead letters ``{member, key, payload,
+                                           priority, url, reason, attempts, node, at}``;
+                                           SYNC, replayed by REPLAY_DEAD
+``T:invalid``                      list    payloads that could not be decoded
+                                           ``{member, payload, reason, node, at}``
+``T:seq``                          string  entry counter (FIFO order); SYNC
+``T:stats``                        hash    counters the scripts keep (trims); with one
+                                           partition the same key as ``{<spider>}:stats``
+``T:bloom``                        hash    Bloom layer table of the partition's URLs:
+                                           capacity, error_rate, growth, tightening,
+                                           shard_bits, layers, and per layer i:
+                                           cap/p/k/bits/shards/n; ahead = shards of the
+                                           next layer made before it opens
+``T:bloom:<i>:<s>``                string  bits of shard s of layer i (i = layers
                                            for shards made ahead)
 ``{<spider>}:dupefilter``          hash    (standalone ``RedisBloomDupeFilter`` for
                                            scrapy-redis' scheduler: same layout as
@@ -54,9 +76,11 @@ key                                type    contents / written by
                                            (:mod:`crawlproject.pipelines.handoff`)
 =================================  ======  ==========================================
 
-Derived keys: a Bloom filter's shards are ``<meta key>:<layer>:<shard>``
-(:func:`bloom_shard_key`); they share the meta key's hash tag, so a script
-that is given the meta key in KEYS touches only keys of its slot.
+Derived keys: a script gets in KEYS the keys it touches, plus *prefix keys*
+from which it derives the others by one rule each, under the same hash tag:
+``T:q:<key>`` from the prefix ``T:q``, ``T:held:<node>`` from ``T:held``, and a
+Bloom filter's shards ``<meta key>:<layer>:<shard>`` (:func:`bloom_shard_key`)
+from its meta key. So every call stays on one slot.
 
 Nothing in these keys is ever unpickled. One node closing never deletes them;
 :func:`reset_spider` (``python -m crawlproject.cli reset``) is the explicit reset:
@@ -120,19 +144,40 @@ class SeedKeys:
 
 @dataclass(frozen=True)
 class FrontierKeys:
-    """Concrete key names of one spider's frontier."""
+    """Concrete key names of one partition of a spider's frontier."""
 
     spider: str
-
-    def _k(self, name: str) -> str:
-        return f"{{{self.spider}}}:{name}"
+    partition: int = 0
+    partitions: int = 1
 
     @property
-    def queue(self) -> str: return self._k("queue")
+    def tag(self) -> str:
+        """The partition's hash tag: ``{spider}``, or ``{spider:p}`` with P > 1."""
+        if self.partitions == 1:
+            return f"{{{self.spider}}}"
+        return f"{{{self.spider}:{self.partition}}}"
+
+    def _k(self, name: str) -> str:
+        return f"{self.tag}:{name}"
+
+    @property
+    def queue_prefix(self) -> str: return self._k("q")
+    def queue(self, key: str) -> str: return f"{self.queue_prefix}:{key}"
+    @property
+    def ready(self) -> str: return self._k("ready")
+    @property
+    def qlen(self) -> str: return self._k("qlen")
+    @property
+    def kstate(self) -> str: return self._k("kstate")
+    @property
+    def limits(self) -> str: return self._k("limits")
     @property
     def payloads(self) -> str: return self._k("payloads")
     @property
     def inflight(self) -> str: return self._k("inflight")
+    @property
+    def held_prefix(self) -> str: return self._k("held")
+    def held(self, node: str) -> str: return f"{self.held_prefix}:{node}"
     @property
     def nodes(self) -> str: return self._k("nodes")
     @property
@@ -147,38 +192,57 @@ class FrontierKeys:
     def stats(self) -> str: return self._k("stats")
     @property
     def bloom(self) -> str: return self._k("bloom")
+    # Spider-wide keys (the same for every partition).
+    @property
+    def config(self) -> str: return f"{{{self.spider}}}:config"
+    @property
+    def cluster_stats(self) -> str: return f"{{{self.spider}}}:stats"
     @property
     def dupefilter(self) -> str: return DUPEFILTER % {"spider": self.spider}
 
     def mongo_spool(self, target: str) -> str:
         """The list of spooled items handed over for MongoDB target *target*."""
-        return self._k(f"mongo_spool:{target}")
+        return f"{{{self.spider}}}:mongo_spool:{target}"
 
     def sync_keys(self) -> list[str]:
         """KEYS of the SYNC script, in its order."""
-        return [self.queue, self.payloads, self.inflight, self.nodes, self.delayed,
-                self.dead, self.invalid, self.seq, self.bloom, self.stats]
+        return [self.ready, self.payloads, self.inflight, self.nodes, self.delayed,
+                self.dead, self.invalid, self.seq, self.bloom, self.stats, self.kstate,
+                self.limits, self.queue_prefix, self.held_prefix, self.qlen]
 
     def replay_keys(self) -> list[str]:
         """KEYS of the REPLAY_DEAD script, in its order."""
-        return [self.dead, self.queue, self.payloads, self.seq]
+        return [self.dead, self.payloads, self.seq, self.delayed]
 
     def fixed(self) -> list[str]:
-        """Every key of the frontier except Bloom shards (see :func:`bloom_shard_key`)."""
-        return [*self.sync_keys(), self.dupefilter]
+        """Every key of this partition with a fixed name (not queues, held sets, shards)."""
+        return [*self.sync_keys()[:12], self.qlen, self.config, self.cluster_stats,
+                self.dupefilter]
+
+    def patterns(self) -> list[str]:
+        """SCAN patterns of this partition's derived keys."""
+        return [_glob_escape(p) + ":*" for p in (self.queue_prefix, self.held_prefix,
+                                                 self.bloom, self.dupefilter)]
+
+
+def partitions_of(spider: str, partitions: int) -> list[FrontierKeys]:
+    """The keys of every partition of *spider*."""
+    return [FrontierKeys(spider, p, partitions) for p in range(partitions)]
 
 
 def spider_keys(client, spider: str, seed_key: str | None = None) -> list[str]:
-    """Every key of *spider* that exists: seeds and their claims, the frontier,
-    both Bloom filters and their shards."""
+    """Every key of *spider* that exists: seeds and their claims, every
+    partition of the frontier (whatever the partition count), both Bloom
+    filters and their shards, handed-over items."""
     seeds = SeedKeys(seed_key or start_urls_key(spider))
-    frontier = FrontierKeys(spider)
-    candidates = [*seeds.all(), *frontier.fixed()]
-    found = [k for k in candidates if client.exists(k)]
-    for meta in (frontier.bloom, frontier.dupefilter):
-        pattern = _glob_escape(meta) + ":*"
-        found += [_s(k) for k in client.scan_iter(match=pattern, count=1000)]
-    return found + spooled_item_keys(client, spider)
+    found = {k for k in seeds.all() if client.exists(k)}
+    base = FrontierKeys(spider)
+    found.update(k for k in base.fixed() if client.exists(k))
+    # {spider}:... and the partitions' {spider:<digits>}:... (never another spider's)
+    patterns = [_glob_escape(f"{{{spider}}}:") + "*", _glob_escape(f"{{{spider}:") + "[0-9]*}:*"]
+    for pattern in patterns:
+        found.update(_s(k) for k in client.scan_iter(match=pattern, count=1000))
+    return sorted(found)
 
 
 def spooled_item_keys(client, spider: str) -> list[str]:

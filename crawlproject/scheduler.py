@@ -1,17 +1,23 @@
 """RedisScheduler: Scrapy's scheduler over the shared Redis frontier.
 
-A thin adapter over :class:`crawlproject.frontier.queue.AsyncFrontier`:
+A thin adapter: the frontier's rules live in :mod:`crawlproject.frontier`
+(per-partition Lua calls in ``queue.py``, the node's sync loop in
+``client.py``, politeness in ``politeness.py``, retries in
+``retrypolicy.py``); this module turns requests into JSON payloads and back,
+and tells the loop when the engine is done with a request.
 
 * ``next_request()`` returns from a local prefetch buffer, never waiting on
-  Redis; a background task refills it, sends new requests (deduplicated and
-  enqueued in the same atomic call, in batches), acknowledges finished ones
-  and renews this node's lease: one round trip per batch.
+  Redis; the loop refills it with requests whose site may be fetched *now*
+  (politeness is enforced cluster-wide when requests are leased: see
+  :mod:`crawlproject.frontier.politeness`), sends new requests (deduplicated
+  and enqueued in the same atomic call, in batches), acknowledges finished
+  ones and renews this node's lease.
 * A request is acknowledged only when it has left the engine: downloaded, its
-  callback's output consumed, its new requests handed to this scheduler (and
-  sent in the same call as the ack) and its items through the pipelines.
-  A node killed at any moment loses nothing: its leased requests are put
-  back by any other node once its lease (``SCHEDULER_LEASE_TTL``, 10 s by
-  default, renewed every ``SCHEDULER_HEARTBEAT_INTERVAL``) expires.
+  callback's output consumed, its new requests stored and its items through
+  the pipelines. A node killed at any moment loses nothing: its leased
+  requests are put back by any other node once its lease
+  (``SCHEDULER_LEASE_TTL``, 10 s by default, renewed every
+  ``SCHEDULER_HEARTBEAT_INTERVAL``) expires.
 * Downloads that keep failing are retried with exponential backoff through
   Redis (see :mod:`crawlproject.middlewares.retry`), then dead-lettered; a
   callback that keeps crashing is retried ``CALLBACK_RETRY_TIMES`` times,
@@ -20,10 +26,15 @@ A thin adapter over :class:`crawlproject.frontier.queue.AsyncFrontier`:
   cannot be serialised is refused at enqueue time with the offending key. A
   stored payload is untrusted: one that does not decode into a request the
   spider published (:mod:`crawlproject.policy`) is moved to ``{spider}:invalid``.
+* What sites say reaches every node: a 429/503 (``FRONTIER_BACKOFF_HTTP_CODES``)
+  with ``Retry-After`` blocks the site, without it slows it down
+  (:mod:`crawlproject.middlewares.politeness`), and a robots.txt
+  ``Crawl-delay`` applies when ``ROBOTSTXT_OBEY`` is on.
 * Acknowledgements rely on the engine's private slot (``_slot.inprogress`` and
   ``_slot.nextcall``, Scrapy 2.13–2.19); :meth:`RedisScheduler.open` refuses
   to start, with a clear message, on a Scrapy without them rather than never
-  acknowledging anything.
+  acknowledging anything. The same for the downloader attributes that keep
+  Scrapy's own per-domain delay from adding to the frontier's.
 """
 
 from __future__ import annotations
@@ -31,23 +42,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 
 import scrapy
 from scrapy import Request, signals
 from scrapy.core.scheduler import BaseScheduler
-from redis.exceptions import RedisError
 from scrapy.utils.defer import deferred_from_coro
 
-from crawlproject.backoff import backoff_delay
 from crawlproject.connection import redact_url, redis_from_settings, redis_url_from_settings
 from crawlproject.frontier.bloom import BloomConfig
-from crawlproject.frontier.queue import (
-    DEAD_MAX,
-    INVALID_MAX,
-    MAX_PRIORITY,
-    AsyncFrontier,
-    Batch,
+from crawlproject.frontier.client import FrontierClient, Rejected
+from crawlproject.frontier.politeness import PolitenessConfig
+from crawlproject.frontier.queue import DEAD_MAX, INVALID_MAX, MAX_PRIORITY, AsyncFrontier
+from crawlproject.frontier.retrypolicy import (
+    CALLBACK_ATTEMPTS_META,
+    LEASE_META,
+    RETRY_DELAY_META,
+    SLOW_DOWN_META,
+    RetryPolicy,
 )
 from crawlproject.identity import node_id
 from crawlproject.outage import outage_log
@@ -61,17 +72,9 @@ from crawlproject.serialization import (
 
 logger = logging.getLogger(__name__)
 
-LEASE_META = "_crawlproject_lease"
-RETRY_DELAY_META = "_crawlproject_retry_delay"
-CALLBACK_ATTEMPTS_META = "crawlproject_callback_attempts"
 #: Scrapy versions whose engine internals the acknowledgements were checked on.
 SUPPORTED_SCRAPY = ((2, 13), (2, 19))
-
-
-def _resolve(waiters: list[asyncio.Future]) -> None:
-    for waiter in waiters:
-        if not waiter.done():
-            waiter.set_result(None)
+__all__ = ["RedisScheduler", "LEASE_META", "RETRY_DELAY_META", "CALLBACK_ATTEMPTS_META"]
 
 
 class RedisScheduler(BaseScheduler):
@@ -80,62 +83,36 @@ class RedisScheduler(BaseScheduler):
     def __init__(self, crawler, *, prefetch: int, batch_size: int, flush_interval: float,
                  min_sync_interval: float, idle_poll: float, local_dedupe_size: int,
                  lease_ttl: float, heartbeat: float, bloom: BloomConfig,
-                 callback_retry_times: int, backoff_base: float, backoff_max: float,
-                 node_id: str, dead_max: int = DEAD_MAX, invalid_max: int = INVALID_MAX):
+                 retry: RetryPolicy, politeness: PolitenessConfig, node_id: str,
+                 dead_max: int = DEAD_MAX, invalid_max: int = INVALID_MAX):
         if heartbeat <= 0 or heartbeat >= lease_ttl:
             raise ValueError(f"SCHEDULER_HEARTBEAT_INTERVAL ({heartbeat}s) must be above 0 and "
                              f"well under SCHEDULER_LEASE_TTL ({lease_ttl}s)")
         self.crawler = crawler
         self.stats = crawler.stats
         self.fingerprinter = crawler.request_fingerprinter
-        self.prefetch = prefetch
-        self.batch_size = batch_size
-        self.flush_interval = flush_interval
-        self.max_call_adds = max(batch_size, 1000)
+        self.prefetch, self.batch_size = prefetch, batch_size
+        self.flush_interval, self.min_sync_interval = flush_interval, min_sync_interval
+        self.idle_poll, self.lease_ttl, self.heartbeat = idle_poll, lease_ttl, heartbeat
         self.local_dedupe_size = local_dedupe_size
         self._recent: set[int] = set()
         self._recent_old: set[int] = set()
-        self.min_sync_interval = min_sync_interval
-        self.idle_poll = idle_poll
-        self.lease_ttl = lease_ttl
-        self.heartbeat = heartbeat
-        self.dead_max = dead_max
-        self.invalid_max = invalid_max
         self.bloom = bloom
-        self.callback_retry_times = callback_retry_times
-        self.backoff_base = backoff_base
-        self.backoff_max = backoff_max
-        self.node_base = node_id
-        self._incarnation = 0
+        self.retry = retry
+        self.politeness = politeness
+        self.node = node_id
+        self.dead_max, self.invalid_max = dead_max, invalid_max
         self.spider = None
         self.policy: InputPolicy | None = None
-        self._redis_outage = outage_log(crawler, "redis",
-                                        f"Redis at {redact_url(redis_url_from_settings(crawler.settings))}")
-        self._last_sweep = time.monotonic()
+        self.client: FrontierClient | None = None
+        self._redis_url = redis_url_from_settings(crawler.settings)
+        self._redis_outage = outage_log(crawler, "redis", f"Redis at {redact_url(self._redis_url)}")
         self._warned_priority = False
-        self.frontier: AsyncFrontier | None = None
-        self._buffer: deque[tuple[str, Request]] = deque()
-        self._held: dict[str, Request] = {}
-        #: member -> the node id it was leased under (changes after a failed call)
-        self._owners: dict[str, str] = {}
         self._scraping: set[str] = set()
-        self._replaced: set[str] = set()
         self._failed: dict[str, tuple[str, str]] = {}
-        self._outbox = Batch()
-        self._remote_pending = 0
-        self._remote_queued = 0
-        self._remote_delayed = -1
-        self._remote_inflight = 0
         self._stat_deltas: dict[str, int] = {}
-        self._last_sync = 0.0
-        self._last_maintenance = 0.0
-        self._last_empty_take = 0.0
         self._last_report = time.monotonic()
         self.report_interval = crawler.settings.getfloat("SCHEDULER_LOG_INTERVAL", 60.0)
-        self._closing = False
-        self._flush_waiters: list[asyncio.Future] = []
-        self._wake = asyncio.Event()
-        self._task: asyncio.Future | None = None
 
     @classmethod
     def from_crawler(cls, crawler):
@@ -152,9 +129,8 @@ class RedisScheduler(BaseScheduler):
             lease_ttl=s.getfloat("SCHEDULER_LEASE_TTL", 10.0),
             heartbeat=s.getfloat("SCHEDULER_HEARTBEAT_INTERVAL", 2.0),
             bloom=BloomConfig.from_settings(s),
-            callback_retry_times=s.getint("CALLBACK_RETRY_TIMES", 2),
-            backoff_base=s.getfloat("RETRY_BACKOFF_BASE", 1.0),
-            backoff_max=s.getfloat("RETRY_BACKOFF_MAX", 60.0),
+            retry=RetryPolicy.from_settings(s),
+            politeness=PolitenessConfig.from_settings(s),
             node_id=node_id(crawler),
             dead_max=s.getint("SCHEDULER_DEAD_MAX", DEAD_MAX),
             invalid_max=s.getint("SCHEDULER_INVALID_MAX", INVALID_MAX),
@@ -163,21 +139,48 @@ class RedisScheduler(BaseScheduler):
     # -- Scrapy scheduler interface ------------------------------------------
     def open(self, spider):
         self._check_engine()
-        self.spider = spider
-        self.policy = InputPolicy.from_settings(self.crawler.settings, type(spider))
-        client = redis_from_settings(self.crawler.settings, asyncio=True)
-        self.frontier = AsyncFrontier(client, spider.name, self._node_id(),
-                                      lease_ttl=self.lease_ttl, bloom=self.bloom,
-                                      dead_max=self.dead_max, invalid_max=self.invalid_max)
+        self.setup(spider)
+        if self.politeness.enabled:
+            self._no_local_politeness()
         self.crawler.signals.connect(self._on_response, signal=signals.response_received)
         self.crawler.signals.connect(self._on_spider_error, signal=signals.spider_error)
-        logger.info("Shared frontier for %r on %s as node %s (prefetch %d, lease %ss, "
-                    "heartbeat %ss)", spider.name,
-                    redact_url(redis_url_from_settings(self.crawler.settings)),
-                    self.frontier.node, self.prefetch, self.lease_ttl, self.heartbeat,
+        self.crawler.signals.connect(self._on_robots, signal=signals.robots_parsed)
+        pol = self.politeness
+        logger.info("Shared frontier for %r on %s as node %s (prefetch %d, lease %ss, heartbeat "
+                    "%ss, %d partition(s); politeness per %s %s)", spider.name,
+                    redact_url(self._redis_url), self.node, self.prefetch, self.lease_ttl,
+                    self.heartbeat, pol.partitions, pol.key_mode,
+                    f"cluster-wide: {pol.default.delay:g}s between starts, at most "
+                    f"{pol.default.concurrency} in flight" if pol.enabled else "off",
                     extra={"spider": spider})
-        self._task = asyncio.ensure_future(self._run())
+        self.client.start()
         return None
+
+    def setup(self, spider) -> None:
+        """Everything :meth:`open` does that needs neither the engine nor Redis."""
+        self.spider = spider
+        self.policy = InputPolicy.from_settings(self.crawler.settings, type(spider))
+        redis = redis_from_settings(self.crawler.settings, asyncio=True)
+        parts = self.politeness.partitions
+        # Each partition's Bloom filter holds the URLs of its keys: plan a share.
+        bloom = self.bloom if parts == 1 else BloomConfig(
+            capacity=max(1, self.bloom.capacity // parts), error_rate=self.bloom.error_rate,
+            growth=self.bloom.growth, tightening=self.bloom.tightening,
+            shard_bits=self.bloom.shard_bits)
+        frontiers = [AsyncFrontier(redis, spider.name, self.node, lease_ttl=self.lease_ttl,
+                                   bloom=bloom, dead_max=self.dead_max,
+                                   invalid_max=self.invalid_max, partition=p, partitions=parts,
+                                   politeness=self.politeness)
+                     for p in range(parts)]
+        extra = {"spider": spider}
+        self.client = FrontierClient(
+            frontiers, self.politeness, accept=self._accept, before_tick=self._collect_done,
+            count=self._count, outage=self._redis_outage, log_extra=extra,
+            prefetch=self.prefetch, batch_size=self.batch_size,
+            flush_interval=self.flush_interval, min_sync_interval=self.min_sync_interval,
+            idle_poll=self.idle_poll, heartbeat=self.heartbeat, lease_ttl=self.lease_ttl,
+            nudge=self._nudge_engine)
+        self.client.on_first_sync = self._on_first_sync
 
     def close(self, reason: str):
         return deferred_from_coro(self._close(reason))
@@ -193,15 +196,60 @@ class RedisScheduler(BaseScheduler):
         inprogress = getattr(slot, "inprogress", None)
         nextcall = getattr(slot, "nextcall", None)
         if not isinstance(inprogress, set) or not callable(getattr(nextcall, "schedule", None)):
-            (lo_major, lo_minor), (hi_major, hi_minor) = SUPPORTED_SCRAPY
-            raise RuntimeError(
-                f"crawlproject.scheduler.RedisScheduler cannot run on Scrapy "
-                f"{scrapy.__version__}: its engine has no _slot.inprogress set / "
-                f"_slot.nextcall, which tell when a request is done (supported: Scrapy "
-                f"{lo_major}.{lo_minor} to {hi_major}.{hi_minor}; see requirements.txt)")
+            raise RuntimeError(self._unsupported("its engine has no _slot.inprogress set / "
+                                                 "_slot.nextcall, which tell when a request "
+                                                 "is done"))
+
+    def _unsupported(self, what: str) -> str:
+        (lo_major, lo_minor), (hi_major, hi_minor) = SUPPORTED_SCRAPY
+        return (f"crawlproject.scheduler.RedisScheduler cannot run on Scrapy "
+                f"{scrapy.__version__}: {what} (supported: Scrapy {lo_major}.{lo_minor} to "
+                f"{hi_major}.{hi_minor}; see requirements.txt)")
+
+    def _no_local_politeness(self) -> None:
+        """Keep Scrapy's per-process download slots from delaying or limiting a
+        second time what the frontier already spaced out for all nodes."""
+        downloader = getattr(self.crawler.engine, "downloader", None)
+        if not all(hasattr(downloader, a) for a in ("_delay", "domain_concurrency",
+                                                     "ip_concurrency", "per_slot_settings")):
+            raise RuntimeError(self._unsupported("its downloader has no _delay / "
+                                                 "domain_concurrency / per_slot_settings"))
+        downloader._delay = 0.0
+        downloader._jitter = 0.0
+        downloader.domain_concurrency = max(1, downloader.total_concurrency or 1_000_000)
+        downloader.ip_concurrency = 0
+        downloader.per_slot_settings = {}
+        for slot in downloader.slots.values():
+            slot.delay, slot.concurrency = 0.0, downloader.domain_concurrency
+        if self.crawler.settings.getbool("AUTOTHROTTLE_ENABLED"):
+            logger.warning("AUTOTHROTTLE_ENABLED adds a per-process delay on top of the "
+                           "frontier's cluster-wide politeness: turn it off (the frontier "
+                           "slows a site down for every node when it answers %s)",
+                           sorted(self.politeness.backoff_codes), extra={"spider": self.spider})
+
+    async def _on_first_sync(self) -> None:
+        """Redis answered: check the partition count, publish FRONTIER_HOST_LIMITS."""
+        frontier = self.client.partitions[0]
+        client = frontier.client
+        stored = await client.hsetnx(frontier.keys.config, "partitions",
+                                     self.politeness.partitions)
+        if not stored:
+            existing = int(await client.hget(frontier.keys.config, "partitions"))
+            if existing != self.politeness.partitions:
+                logger.error("This crawl's frontier has %d partition(s); FRONTIER_PARTITIONS is "
+                             "%d here. Use the crawl's count (or reset the spider): closing.",
+                             existing, self.politeness.partitions, extra={"spider": self.spider})
+                self.stats.set_value("scheduler/partition_mismatch", existing)
+                await self.crawler.engine.close_spider_async(reason="frontier_partitions_mismatch")
+                return
+        overrides: dict[int, dict] = {}
+        for key, limits in self.politeness.overrides.items():
+            overrides.setdefault(self.client.partition_of(key), {})[key] = limits
+        for p, limits in overrides.items():
+            await self.client.partitions[p].set_limits(limits, source="s")
 
     def has_pending_requests(self) -> bool:
-        return bool(self._buffer or self._outbox.adds or self._remote_pending > 0)
+        return self.client is not None and self.client.has_pending()
 
     def enqueue_request(self, request: Request) -> bool:
         try:
@@ -214,6 +262,7 @@ class RedisScheduler(BaseScheduler):
     def _enqueue(self, request: Request) -> bool:
         member = request.meta.pop(LEASE_META, None)
         delay = request.meta.pop(RETRY_DELAY_META, 0)
+        request.meta.pop(SLOW_DOWN_META, None)
         fp = None if request.dont_filter else self.fingerprinter.fingerprint(request)
         if fp is not None and self._seen_here(fp):
             # This node already sent it: the shared filter has it (or will have
@@ -227,21 +276,18 @@ class RedisScheduler(BaseScheduler):
             logger.error("Cannot enqueue %s: %s", request, exc, extra={"spider": self.spider})
             self.stats.inc_value("scheduler/unserialisable")
             return False
-        if member is not None and member in self._held and member not in self._scraping:
-            # A downloader middleware (redirect, retry) replaced a leased request:
-            # the old entry is done once the new one is in, in the same call.
-            self._replaced.add(member)
-            self._outbox.acks.append(member)
         if fp is not None:
             self._remember(fp)
         if abs(request.priority) > MAX_PRIORITY:
             self._priority_clamped(request)
-        self._outbox.add(payload, fp, request.priority, int(delay * 1000))
+        self.client.add(payload, fp, request.priority, int(delay * 1000),
+                        self.politeness.key(request))
+        if member is not None and member in self.client.held and member not in self._scraping:
+            # A downloader middleware (redirect, retry) replaced a leased request:
+            # the old entry is done once the new one is stored (the client sends
+            # the ack after it).
+            self.client.ack(member, relieve=False)
         self.stats.inc_value("scheduler/enqueued/redis")
-        if len(self._outbox.adds) >= self.batch_size or not self._buffer:
-            # A full batch, or nothing prefetched: the engine may be waiting for
-            # exactly these requests (e.g. the next listing page).
-            self._wake.set()
         return True
 
     def _priority_clamped(self, request: Request) -> None:
@@ -254,18 +300,14 @@ class RedisScheduler(BaseScheduler):
                            request, MAX_PRIORITY, MAX_PRIORITY, extra={"spider": self.spider})
 
     def next_request(self) -> Request | None:
-        if not self._buffer:
-            self._wake.set()
+        entry = self.client.next()
+        if entry is None:
             return None
-        member, request = self._buffer.popleft()
-        self._held[member] = request
         self.stats.inc_value("scheduler/dequeued/redis")
-        if len(self._buffer) <= self.prefetch // 2:
-            self._wake.set()
-        return request
+        return entry.item
 
     def __len__(self) -> int:
-        return len(self._buffer) + len(self._outbox.adds) + self._remote_queued
+        return self.client.local_backlog() + self.client.remote_queued() if self.client else 0
 
     def _seen_here(self, fp: bytes) -> bool:
         key = hash(fp)
@@ -280,224 +322,70 @@ class RedisScheduler(BaseScheduler):
 
     def local_backlog(self) -> int:
         """Requests this node holds that Redis has not handed to the engine yet."""
-        return len(self._buffer) + len(self._outbox.adds)
+        return self.client.local_backlog() if self.client else 0
 
-    def flushed(self) -> asyncio.Future:
+    def flushed(self):
         """A future that resolves once everything enqueued so far is in Redis."""
-        future = asyncio.get_running_loop().create_future()
-        self._flush_waiters.append(future)
-        self._wake.set()
-        return future
+        return self.client.flushed()
 
-    # -- failures reported by middlewares and signals --------------------------
+    # -- what sites and middlewares report -------------------------------------
     def mark_failed(self, request: Request, reason: str, kind: str = "download") -> None:
         """Dead-letter *request* when it leaves the engine (retries exhausted)."""
         member = request.meta.get(LEASE_META)
-        if member in self._held:
+        if member in self.client.held:
             self._failed[member] = (kind, reason)
+
+    def slow_down(self, request: Request, retry_after: float | None) -> None:
+        """*request*'s site answered a slow-down status: block its politeness key
+        for *retry_after* seconds for every node, or back it off."""
+        key = self.politeness.key(request)
+        if retry_after is not None:
+            self.client.feedback(key, "block", retry_after)
+        else:
+            self.client.feedback(key, "backoff")
+        request.meta[SLOW_DOWN_META] = True
+        self.stats.inc_value("politeness/blocked" if retry_after is not None
+                             else "politeness/backoffs")
+
+    def _on_robots(self, robotparser, request, **kwargs):
+        agent = (self.crawler.settings.get("ROBOTSTXT_USER_AGENT")
+                 or self.crawler.settings.get("USER_AGENT") or "*")
+        try:
+            delay = robotparser.crawl_delay(agent)
+        except Exception:  # a parser that cannot tell: no crawl delay
+            delay = None
+        if delay:
+            self.client.feedback(self.politeness.key(request), "crawldelay", float(delay))
+            self.stats.inc_value("politeness/crawl_delays")
 
     def _on_response(self, response, request, spider):
         member = request.meta.get(LEASE_META)
-        if member in self._held:
+        if member in self.client.held:
             self._scraping.add(member)
 
     def _on_spider_error(self, failure, response, spider):
         request = getattr(response, "request", None)
         member = request.meta.get(LEASE_META) if request is not None else None
-        if member in self._held:
+        if member in self.client.held:
             exc = failure.value
             self._failed[member] = ("callback", f"{type(exc).__name__}: {exc}")
 
-    # -- background loop ---------------------------------------------------------
-    async def _run(self) -> None:
-        errors = 0
-        while not self._closing:
-            try:
-                pause = await self._tick()
-                errors = 0
-            except (RedisError, OSError, asyncio.TimeoutError) as exc:
-                # Redis unreachable: keep everything, retry
-                errors += 1
-                self.stats.inc_value("scheduler/redis_errors")
-                self._redis_outage.failed("frontier call", exc, {"spider": self.spider})
-                await asyncio.sleep(backoff_delay(errors, 0.4, 5.0))
-                continue
-            except Exception:  # a bug: say so, keep the loop (and the leases) alive
-                errors += 1
-                self.stats.inc_value("scheduler/loop_errors")
-                logger.exception("Frontier loop error; retrying", extra={"spider": self.spider})
-                await asyncio.sleep(backoff_delay(errors, 0.4, 5.0))
-                continue
-            if pause:
-                await asyncio.sleep(pause)
-            else:
-                await self._wait()
-
-    async def _wait(self) -> None:
-        busy = self._held or self._outbox or len(self._buffer) <= self.prefetch // 2
-        timeout = self.flush_interval if busy else self.idle_poll
-        try:
-            await asyncio.wait_for(self._wake.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
-        self._wake.clear()
-
-    async def _tick(self) -> float:
-        """Send what is pending if it is time to; return how long to pause."""
-        self._collect_done()
-        now = time.monotonic()
-        want = self.prefetch - len(self._buffer) if len(self._buffer) <= self.prefetch // 2 else 0
-        if want and self._remote_queued == 0 and now - self._last_empty_take < self.idle_poll:
-            want = 0  # the queue was empty a moment ago: poll it at idle pace
-        maintenance = now - self._last_maintenance >= self.heartbeat or not (
-            self._held or self._buffer)
-        urgent = (not self._buffer and want) or self._flush_waiters or maintenance
-        if not (self._outbox or want or urgent):
-            return 0.0
-        gap = self.min_sync_interval - (now - self._last_sync)
-        if gap > 0 and not urgent and len(self._outbox.adds) < self.batch_size:
-            return gap  # coalesce: more work per round trip
-        waiters, self._flush_waiters = self._flush_waiters, []
-        batch = self._next_batch()
-        batch.adopt = self._adoptions()
-        if self._outbox:
-            waiters, self._flush_waiters = [], waiters  # resolved by a later call
-            self._wake.set()
-        batch.take = max(0, want)
-        batch.maintenance = maintenance
-        batch.sweep = maintenance and self._sweep_due(now)
-        batch.promote = maintenance or self._remote_delayed != 0 or any(a[3] for a in batch.adds)
-        try:
-            result = await self.frontier.sync(batch)
-        except Exception:
-            self._requeue_batch(batch)
-            self._flush_waiters[:0] = waiters
-            raise
-        self._redis_outage.ok({"spider": self.spider})
-        for member, _ in batch.adopt:
-            if member in self._owners:
-                self._owners[member] = self.frontier.node
-        # Forgotten only once the call that settles them went through: until
-        # then a changed id must still adopt them for the settling call to count.
-        for member in (*batch.acks, *(f[0] for f in batch.fails), *batch.nacks):
-            self._owners.pop(member, None)
-        self._last_sync = now
-        if maintenance:
-            self._last_maintenance = now
-        if batch.sweep:
-            self._last_sweep = now
-        _resolve(waiters)
-        self._apply(result, asked=batch.take)
-        if now - self._last_report >= self.report_interval:
-            self._last_report = now
-            await self._report()
-        return 0.0
-
-    def _adoptions(self) -> list[tuple[str, str]]:
-        """Leases this node holds under a former id of its own (see _requeue_batch)."""
-        current = self.frontier.node
-        return [(m, owner) for m, owner in self._owners.items() if owner != current]
-
-    def _sweep_due(self, now: float) -> bool:
-        # Entries held by an id that is not a registered node (an old frontier,
-        # a hand-edited key) would never come back and would keep every node
-        # from idle-closing. While this node holds nothing and others seem to,
-        # check for such entries once per lease TTL.
-        return (not self._held and self._remote_inflight > 0
-                and now - self._last_sweep >= self.lease_ttl)
-
-    def _next_batch(self) -> Batch:
-        """The outbox, or its first ``max_call_adds`` new requests.
-
-        One script call blocks Redis for every node while it runs, so a huge
-        outbox (a callback yielding 10,000 links, or work kept through an
-        outage) is sent in several calls. Acknowledgements wait for the last
-        one: a request is never acknowledged before all its new requests are in.
-        """
-        if len(self._outbox.adds) <= self.max_call_adds:
-            batch, self._outbox = self._outbox, Batch()
-            return batch
-        batch = Batch(adds=self._outbox.adds[:self.max_call_adds])
-        self._outbox.adds = self._outbox.adds[self.max_call_adds:]
-        return batch
-
-    async def _report(self) -> None:
-        logger.info("Frontier: %d queued, %d delayed, %d in flight across nodes; "
-                    "%d prefetched here", self._remote_queued, max(0, self._remote_delayed),
-                    self._remote_inflight, len(self._buffer), extra={"spider": self.spider})
-        deltas, self._stat_deltas = self._stat_deltas, {}
-        try:
-            await self.frontier.add_stats(deltas)
-        except Exception:
-            self._stat_deltas = deltas
-        await self._record_bloom_stats()
-
-    def _requeue_batch(self, batch: Batch) -> None:
-        """Keep the unsent work, and change identity: entries a lost reply may
-        have leased to the old identity are reclaimed when its lease expires."""
-        batch.take = 0
-        batch.adopt = []  # recomputed for the next call
-        batch.merge(self._outbox)
-        self._outbox = batch
-        self._incarnation += 1
-        self.frontier.node = self._node_id()
-        # The next call adopts what this node knows it holds (buffer, engine);
-        # whatever else the old id got from a lost reply is reclaimed when the
-        # old id expires.
-        self._last_maintenance = 0.0  # register the new id at once
-
+    # -- the loop's hooks --------------------------------------------------------
     def _count(self, name: str, value: int = 1) -> None:
         """A scheduler stat, also added to the cluster-wide counters."""
         if value:
             self.stats.inc_value(name, value)
             self._stat_deltas[name] = self._stat_deltas.get(name, 0) + value
 
-    def _apply(self, result, asked: int) -> None:
-        self._remote_queued = result.queued
-        if result.delayed >= 0:
-            self._remote_delayed = result.delayed
-            self._remote_inflight = result.inflight
-            self._remote_pending = (result.queued + result.delayed
-                                    + max(0, result.inflight - len(self._held)))
-        else:
-            self._remote_pending = result.queued + max(0, self._remote_delayed)
-        self._count("scheduler/added", result.added)
-        self._count("dupefilter/filtered", result.duplicates)
-        self._count("scheduler/stale", result.stale)
-        self._count("scheduler/trimmed", result.trimmed)
-        if result.stale:
-            logger.warning("%d acknowledgement(s) for requests this node no longer held (its "
-                           "lease had expired and another node took them): ignored",
-                           result.stale, extra={"spider": self.spider})
-        if result.missing:
-            self._count("scheduler/invalid", result.missing)
-            logger.error("%d queue entries had no payload: moved to %s", result.missing,
-                         self.frontier.keys.invalid, extra={"spider": self.spider})
-        if result.reclaimed:
-            self._count("scheduler/reclaimed", result.reclaimed)
-            logger.warning("Reclaimed %d requests leased by nodes that stopped answering",
-                           result.reclaimed, extra={"spider": self.spider})
-        if asked and not result.taken:
-            self._last_empty_take = time.monotonic()
-        for member, payload in result.taken:
-            self._accept(member, payload)
-        if result.taken:
-            self._nudge_engine()
-
-    def _accept(self, member: str, payload: bytes) -> None:
+    def _accept(self, partition: int, member: str, payload: bytes) -> Request:
         try:
             request = request_from_json(payload, self.spider, self.policy)
         except RequestDecodeError as exc:
             logger.error("Invalid payload %s moved aside: %s", member, exc,
                          extra={"spider": self.spider})
-            self._count("scheduler/invalid")
-            self._outbox.fail(member, "invalid", {
-                "member": member, "payload": payload.decode("utf-8", "replace"),
-                "reason": str(exc), "node": self.frontier.node, "at": time.time()})
-            return
+            raise Rejected(str(exc)) from None
         request.meta[LEASE_META] = member
-        self._owners[member] = self.frontier.node
-        self._buffer.append((member, request))
+        return request
 
     def _nudge_engine(self) -> None:
         # The engine polls next_request() only every few seconds when it got
@@ -514,35 +402,34 @@ class RedisScheduler(BaseScheduler):
         if slot is None:
             return  # no engine slot: nothing can be known done; leases are kept
         inprogress = slot.inprogress
-        for member, request in list(self._held.items()):
+        for member, entry in list(self.client.held.items()):
+            request = entry.item
             if request in inprogress:
                 continue
-            del self._held[member]
             self._scraping.discard(member)
-            if member in self._replaced:
-                self._replaced.discard(member)
-                continue
             failure = self._failed.pop(member, None)
             if failure is None:
-                self._outbox.acks.append(member)
+                self.client.ack(member, relieve=not request.meta.get(SLOW_DOWN_META))
                 self._count("scheduler/acked")
             else:
                 self._handle_failure(member, request, *failure)
+        self._maybe_report()
 
     def _handle_failure(self, member: str, request: Request, kind: str, reason: str) -> None:
         attempts = request.meta.get(CALLBACK_ATTEMPTS_META, 0) + 1
-        if kind == "callback" and attempts <= self.callback_retry_times:
+        key = self.politeness.key(request)
+        if kind == "callback" and self.retry.retry_callback(attempts):
             retry = request.replace(dont_filter=True)
             retry.meta.pop(LEASE_META, None)
             retry.meta[CALLBACK_ATTEMPTS_META] = attempts
-            delay = backoff_delay(attempts, self.backoff_base, self.backoff_max)
             try:
                 payload = request_to_json(retry, self.spider, self.policy)
             except RequestEncodeError as exc:  # a callback put something odd in meta
                 reason = f"{reason}; cannot be retried: {exc}"
             else:
-                self._outbox.add(payload, None, retry.priority, int(delay * 1000))
-                self._outbox.acks.append(member)
+                self.client.add(payload, None, retry.priority,
+                                int(self.retry.delay(attempts) * 1000), key)
+                self.client.ack(member)
                 self._count("scheduler/callback_retries")
                 return
         request.meta.pop(LEASE_META, None)
@@ -551,67 +438,56 @@ class RedisScheduler(BaseScheduler):
             payload = request_to_json(request, self.spider, self.policy)
         except RequestEncodeError as exc:  # kept without a payload: visible, not replayable
             payload, reason = None, f"{reason}; request not storable: {exc}"
-        record = {"member": member, "payload": payload,
+        record = {"member": member, "key": key, "payload": payload,
                   "priority": request.priority, "url": request.url, "kind": kind,
                   "reason": reason, "attempts": (attempts if kind == "callback" else retries + 1),
-                  "node": self.frontier.node, "at": time.time()}
-        self._outbox.fail(member, "dead", record)
+                  "node": self.client.node, "at": time.time()}
+        self.client.fail(member, "dead", record)
         self._count("scheduler/dead")
         self._count(f"scheduler/dead/{kind}")
         logger.error("Dead-lettered %s after %s attempt(s): %s", request, record["attempts"],
                      reason, extra={"spider": self.spider})
 
-    async def _close(self, reason: str) -> None:
-        self._closing = True
-        self._wake.set()
-        if self._task is not None:
-            try:
-                await self._task
-            except Exception:
-                logger.exception("Frontier loop failed", extra={"spider": self.spider})
-        self._collect_done()
-        unstarted = [m for m, _ in self._buffer] + list(self._held)
-        batch, self._outbox = self._outbox, Batch()
-        batch.adopt = self._adoptions()
-        batch.nacks += unstarted
-        self._owners.clear()
-        await self._final_sync(batch)
+    def _maybe_report(self) -> None:
+        now = time.monotonic()
+        if now - self._last_report >= self.report_interval:
+            self._last_report = now
+            asyncio.ensure_future(self._report())
+
+    async def _report(self) -> None:
+        sizes = self.client.sizes()
+        logger.info("Frontier: %d queued, %d delayed, %d in flight across nodes; %d prefetched "
+                    "here", sizes["queued"], sizes["delayed"], sizes["inflight"],
+                    sizes["prefetched"], extra={"spider": self.spider})
+        deltas, self._stat_deltas = self._stat_deltas, {}
         try:
-            await self.frontier.add_stats(self._stat_deltas)
+            await self.client.partitions[0].add_stats(deltas)
+        except Exception:
+            self._stat_deltas = deltas
+        await self._record_bloom_stats()
+
+    async def _close(self, reason: str) -> None:
+        if self.client is None:
+            return
+        await self.client.close()
+        try:
+            await self.client.partitions[0].add_stats(self._stat_deltas)
         except Exception:
             pass
-        for waiter in self._flush_waiters:
-            if not waiter.done():
-                waiter.cancel()
         await self._record_bloom_stats()
-        await self.frontier.client.aclose()
-
-    async def _final_sync(self, batch: Batch) -> None:
-        for attempt in range(3):
-            try:
-                result = await self.frontier.sync(batch, leaving=True)
-                self._apply(result, asked=0)
-                logger.info("Left the frontier: returned %d unstarted requests", len(batch.nacks),
-                            extra={"spider": self.spider})
-                return
-            except Exception as exc:
-                logger.error("Cannot reach Redis at close (%s); attempt %d/3", exc, attempt + 1,
-                             extra={"spider": self.spider})
-                await asyncio.sleep(1.0)
-        logger.error("Gave up: %d new requests not sent; %d leased requests come back when "
-                     "this node's lease expires", len(batch.adds), len(batch.nacks),
-                     extra={"spider": self.spider})
+        await self.client.partitions[0].client.aclose()
 
     async def _record_bloom_stats(self) -> None:
         try:
-            est = await self.frontier.bloom_estimates()
+            estimates = [await f.bloom_estimates() for f in self.client.partitions]
         except Exception:
             return
-        if est["layers"]:
-            self.stats.set_value("bloom/layers", est["layers"])
-            self.stats.set_value("bloom/items", est["count"])
-            self.stats.set_value("bloom/fill_ratio", round(est["fill_ratio"], 6))
-            self.stats.set_value("bloom/est_fp_rate", est["est_fp_rate"])
-
-    def _node_id(self) -> str:
-        return self.node_base if not self._incarnation else f"{self.node_base}~{self._incarnation}"
+        layers = max((e["layers"] for e in estimates), default=0)
+        if layers:
+            count = sum(e["count"] for e in estimates)
+            bits = sum(e["bits"] for e in estimates)
+            self.stats.set_value("bloom/layers", layers)
+            self.stats.set_value("bloom/items", count)
+            self.stats.set_value("bloom/fill_ratio", round(
+                sum(e["fill_ratio"] * e["bits"] for e in estimates) / bits, 6) if bits else 0.0)
+            self.stats.set_value("bloom/est_fp_rate", max(e["est_fp_rate"] for e in estimates))

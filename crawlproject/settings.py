@@ -51,7 +51,16 @@ RETRY_BACKOFF_MAX = 60.0
 DOWNLOADER_MIDDLEWARES = {
     "scrapy.downloadermiddlewares.retry.RetryMiddleware": None,
     "crawlproject.middlewares.retry.BackoffRetryMiddleware": 550,
+    "crawlproject.middlewares.politeness.FrontierPolitenessMiddleware": 560,
 }
+# Politeness is enforced by the frontier for all nodes together (see
+# crawlproject/frontier/politeness.py): DOWNLOAD_DELAY is the interval between
+# request starts of one host across the cluster, CONCURRENT_REQUESTS_PER_DOMAIN
+# the most requests of one host in flight across the cluster.
+FRONTIER_POLITENESS = True
+FRONTIER_POLITENESS_KEY = "host"        # or "domain" (public suffix list), "ip"
+FRONTIER_PARTITIONS = 1                 # more spreads the frontier over Redis Cluster masters
+FRONTIER_HOST_LIMITS = {}               # {"example.com": {"delay": 2.0, "concurrency": 1}}
 
 # Seeds (see crawlproject.spiders.seeded.RedisSpider)
 REDIS_START_URLS_KEY = START_URLS     # "%(name)s:start_urls", scrapy-redis' key

@@ -165,7 +165,7 @@ def test_invalid_payload_is_moved_aside(node):
     a.sync(batch)
     assert a.invalid_entries()[0]["reason"] == "not JSON"
     assert a.counts() == {"queued": 0, "delayed": 0, "inflight": 0, "dead": 0,
-                          "invalid": 1, "nodes": 1}
+                          "invalid": 1, "nodes": 1, "hosts": 1}
 
 
 def test_ack_after_reclaim_removes_the_requeued_copy(node, clock):
@@ -260,7 +260,7 @@ def test_a_sweep_reclaims_entries_of_unregistered_owners(node, redis):
 def test_a_queue_member_without_payload_is_set_aside(node, redis):
     a = node("a")
     add_all(a, [("x", 0), ("y", 0)])
-    first = redis.zrange(a.keys.queue, 0, 0)[0]
+    first = redis.zrange(a.keys.queue(""), 0, 0)[0]
     redis.hdel(a.keys.payloads, first)
     res = a.sync(Batch(take=5))
     assert payloads(res.taken) == ["y"] and res.missing == 1

@@ -1,15 +1,21 @@
-"""The shared frontier: leased, at-least-once delivery of requests in Redis.
+"""The shared frontier: leased, at-least-once, polite delivery of requests in Redis.
 
 Plain classes that know Redis, not Scrapy: the scheduler adapter, the
-command-line tool, the tests and the benchmarks all use them.
+command-line tool, the tests and the benchmarks all use them. One
+:class:`Frontier` is one *partition* (see :mod:`crawlproject.keys`); with
+``FRONTIER_PARTITIONS = 1`` there is one.
 
-Life of an entry (member ``"<priority>:<seq>"``, payload in ``payloads``):
+Life of an entry (member ``"<priority>:<seq>@<politeness key>"``, payload in
+``payloads``):
 
-* **add** — deduplicated against the Bloom filter and queued in the same
-  atomic call (or put in ``delayed`` until its due time);
-* **take** — popped by priority, recorded in ``inflight`` as owned by the
-  node; the node's lease deadline (``nodes`` zset, Redis server time) is
-  renewed by every call it makes, at least every ``lease_ttl / 3``;
+* **add** — deduplicated against the partition's Bloom filter and queued in
+  its politeness key's queue in the same atomic call (or put in ``delayed``
+  until its due time);
+* **take** — popped from a key whose *ready time* has come (its interval since
+  the last start passed, no block, fewer than its concurrency in flight),
+  recorded in ``inflight`` and in the node's held set as owned by the node;
+  the node's lease deadline (``nodes`` zset, Redis server time) is renewed by
+  every take and at least every heartbeat;
 * **ack** — done (downloaded, callback output consumed, new requests added,
   items stored): forgotten; **fail** — forgotten, with a record kept in the
   ``dead`` or ``invalid`` list; **nack** — not started: back in its place.
@@ -17,20 +23,27 @@ Life of an entry (member ``"<priority>:<seq>"``, payload in ``payloads``):
   for an entry nobody took since): any other call is *stale*, counted and
   ignored, so a node that lost its lease cannot undo another node's work;
 * **reclaim** — any node's call puts back the entries of nodes whose lease
-  deadline has passed (a node killed with SIGKILL loses nothing); a *sweep*
-  also puts back entries whose owner is not a registered node at all.
+  deadline has passed, reading only their held sets (a node killed with
+  SIGKILL loses nothing); a *sweep* also puts back entries whose owner is not
+  a registered node at all, and recounts each key's in-flight entries;
+* **feedback** — a node reports what a site said (429/503 with or without
+  ``Retry-After``, a robots.txt crawl delay): the key is blocked or slowed for
+  every node.
 
-Every operation a node has pending travels in one ``SYNC`` script call.
+Every operation a node has pending for a partition travels in one ``SYNC``
+script call.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import time
 from dataclasses import dataclass, field
 
 from crawlproject.frontier.bloom import BloomConfig, filter_estimates, fingerprint_hex
-from crawlproject.frontier.scripts import REPLAY_DEAD, SYNC
+from crawlproject.frontier.politeness import UNLIMITED, Limits, PolitenessConfig
+from crawlproject.frontier.scripts import REPLAY_DEAD, SET_LIMITS, SYNC
 from crawlproject.keys import FrontierKeys
 
 MAX_PRIORITY = 4095  # |priority| < 2^12 keeps the queue score exact in a double
@@ -51,10 +64,13 @@ class Batch:
     """Everything one node sends in one call."""
 
     adopt: list[tuple[str, str]] = field(default_factory=list)
-    adds: list[tuple[str, int, str, int]] = field(default_factory=list)
+    adds: list[tuple[str, str, int, str, int]] = field(default_factory=list)
     acks: list[str] = field(default_factory=list)
+    #: acked members whose response asked to slow down (no backoff relief)
+    unrelieved: set[str] = field(default_factory=set)
     fails: list[tuple[str, str, str]] = field(default_factory=list)
     nacks: list[str] = field(default_factory=list)
+    feedback: list[tuple[str, str, int]] = field(default_factory=list)
     take: int = 0
     #: renew the lease, reclaim expired ones, report delayed/inflight sizes
     maintenance: bool = True
@@ -64,11 +80,23 @@ class Batch:
     sweep: bool = False
 
     def add(self, payload: str, fingerprint: bytes | str | None = None,
-            priority: int = 0, delay_ms: int = 0) -> None:
-        """Queue *payload* (after *delay_ms*, counted in Redis server time);
-        with a fingerprint it is deduplicated first."""
+            priority: int = 0, delay_ms: int = 0, key: str = "") -> None:
+        """Queue *payload* in politeness key *key*'s queue (after *delay_ms*,
+        counted in Redis server time); with a fingerprint it is deduplicated first."""
         fp = fingerprint_hex(fingerprint) if fingerprint is not None else ""
-        self.adds.append((fp, clamp_priority(priority), payload, max(0, int(delay_ms))))
+        self.adds.append((key, fp, clamp_priority(priority), payload, max(0, int(delay_ms))))
+
+    def block(self, key: str, seconds: float) -> None:
+        """The site asked (``Retry-After``) not to be sent anything for *seconds*."""
+        self.feedback.append((key, "block", max(0, int(seconds * 1000))))
+
+    def backoff(self, key: str) -> None:
+        """The site answered a slow-down status without saying how long."""
+        self.feedback.append((key, "backoff", 0))
+
+    def crawl_delay(self, key: str, seconds: float) -> None:
+        """The site's robots.txt asks for *seconds* between requests."""
+        self.feedback.append((key, "crawldelay", max(0, int(seconds * 1000))))
 
     def fail(self, member: str, kind: str, record: dict) -> None:
         if kind not in ("dead", "invalid"):
@@ -77,15 +105,17 @@ class Batch:
 
     def __bool__(self) -> bool:
         return bool(self.adopt or self.adds or self.acks or self.fails or self.nacks
-                    or self.take)
+                    or self.feedback or self.take)
 
     def merge(self, other: "Batch") -> None:
         """Append *other*'s operations after this batch's."""
         self.adopt += other.adopt
         self.adds += other.adds
         self.acks += other.acks
+        self.unrelieved |= other.unrelieved
         self.fails += other.fails
         self.nacks += other.nacks
+        self.feedback += other.feedback
 
 
 @dataclass
@@ -110,16 +140,21 @@ class SyncResult:
     stale: int = 0
     missing: int = 0
     trimmed: int = 0
+    #: earliest ready time of a key of the partition (ms), -1 when none is queued
+    next_ready_ms: int = -1
 
 
 class Frontier:
-    """A spider's shared frontier, used with a synchronous redis-py client."""
+    """One partition of a spider's shared frontier, over a synchronous
+    redis-py client (``partition`` of ``partitions``)."""
 
     def __init__(self, client, spider: str, node: str, *, lease_ttl: float = 10.0,
                  bloom: BloomConfig | None = None, clock=None, dead_max: int = DEAD_MAX,
-                 invalid_max: int = INVALID_MAX):
+                 invalid_max: int = INVALID_MAX, partition: int = 0, partitions: int = 1,
+                 politeness: PolitenessConfig | None = None):
         self.client = client
-        self.keys = FrontierKeys(spider)
+        self.keys = FrontierKeys(spider, partition, partitions)
+        self.politeness = politeness or PolitenessConfig(enabled=False, default=Limits())
         self.node = node
         self.lease_ttl_ms = int(lease_ttl * 1000)
         self.dead_max = max(1, int(dead_max))
@@ -129,44 +164,54 @@ class Frontier:
         self.clock = clock
         self._sync = client.register_script(SYNC)
         self._replay = client.register_script(REPLAY_DEAD)
+        self._set_limits = client.register_script(SET_LIMITS)
 
     # -- the one round trip ---------------------------------------------------
     def _sync_call(self, batch: Batch, leaving: bool):
         keys = self.keys.sync_keys()
         flags = (("m" if batch.maintenance else "") + ("d" if batch.promote else "")
                  + ("s" if batch.sweep else ""))
+        pol = self.politeness
         args = [str(self.clock()) if self.clock else "", self.node,
                 0 if leaving else self.lease_ttl_ms, batch.take, flags,
-                *self.bloom.args(), self.dead_max, self.invalid_max, len(batch.adopt)]
+                *self.bloom.args(), self.dead_max, self.invalid_max,
+                int(round(pol.default.delay * 1000)), pol.default.concurrency or UNLIMITED,
+                pol.jitter, int(pol.backoff_max * 1000), int(pol.retry_after_max * 1000),
+                random.randrange(1, 2**31), len(batch.adopt)]
         for member, former in batch.adopt:
             args += [member, former]
         args.append(len(batch.adds))
-        for fp, prio, payload, delay in batch.adds:
-            args += [fp, prio, payload, delay]
+        for entry in batch.adds:
+            args += entry
         args.append(len(batch.acks))
-        args += batch.acks
+        for member in batch.acks:
+            args += [member, "0" if member in batch.unrelieved else "1"]
         args.append(len(batch.fails))
         for member, kind, record in batch.fails:
             args += [member, kind, record]
         args.append(len(batch.nacks))
         args += batch.nacks
+        args.append(len(batch.feedback))
+        for entry in batch.feedback:
+            args += entry
         return self._sync(keys=keys, args=args)
 
     @staticmethod
     def _parse(raw) -> SyncResult:
         flat = raw[0]
         taken = [(_s(flat[i]), _b(flat[i + 1])) for i in range(0, len(flat), 2)]
-        return SyncResult(taken, *(int(x) for x in raw[1:11]))
+        return SyncResult(taken, *(int(float(x)) for x in raw[1:12]))
 
     def sync(self, batch: Batch | None = None, *, leaving: bool = False) -> SyncResult:
         """Send *batch* (and renew this node's lease) in one atomic call."""
         return self._parse(self._sync_call(batch or Batch(), leaving))
 
     # -- conveniences over sync() -------------------------------------------
-    def push(self, payload: str, fingerprint=None, priority: int = 0, delay_ms: int = 0) -> bool:
-        """Add one entry; False when the fingerprint was seen before."""
+    def push(self, payload: str, fingerprint=None, priority: int = 0, delay_ms: int = 0,
+             key: str = "") -> bool:
+        """Add one entry to *key*'s queue; False when the fingerprint was seen before."""
         batch = Batch()
-        batch.add(payload, fingerprint, priority, delay_ms)
+        batch.add(payload, fingerprint, priority, delay_ms, key)
         return self.sync(batch).added == 1
 
     def take(self, count: int) -> list[tuple[str, bytes]]:
@@ -196,6 +241,44 @@ class Frontier:
         records = self.client.lrange(self.keys.dead, -count, -1)[::-1]
         return int(self._replay(keys=self.keys.replay_keys(), args=_replay_args(records)))
 
+    # -- politeness: per-key limits and state ----------------------------------
+    def set_limits(self, limits: dict[str, Limits | None], source: str = "c") -> int:
+        """Override (or, with None, clear) the limits of politeness keys of this
+        partition; in force at once (keys waiting in the ready set are
+        rescheduled). ``source`` ``"s"`` (settings) never replaces ``"c"``
+        (command line). Returns how many keys changed."""
+        args = [source]
+        for key, value in limits.items():
+            args += [key, value.encoded(source) if value is not None else ""]
+        return int(self._set_limits(keys=[self.keys.limits, self.keys.ready, self.keys.kstate],
+                                    args=args))
+
+    def limits(self) -> dict[str, dict]:
+        """Overrides stored in Redis: key → {delay, concurrency, source}."""
+        out = {}
+        for key, value in self.client.hgetall(self.keys.limits).items():
+            delay, concurrency, source = _s(value).split("|")
+            out[_s(key)] = {"delay": int(delay) / 1000, "concurrency": int(concurrency),
+                            "source": source}
+        return out
+
+    def key_states(self, keys: list[str] | None = None) -> dict[str, dict]:
+        """Politeness state: key → in flight, last start, blocked until, backoff,
+        crawl delay (ms, Redis time), queued, ready at."""
+        raw = (self.client.hgetall(self.keys.kstate) if keys is None else
+               dict(zip(keys, self.client.hmget(self.keys.kstate, keys))))
+        out = {}
+        for key, value in raw.items():
+            if value is None:
+                continue
+            n, last, block, backoff, delay = (int(x) for x in _s(value).split("|"))
+            key = _s(key)
+            out[key] = {"inflight": n, "last_start_ms": last, "blocked_until_ms": block,
+                        "backoff_ms": backoff, "crawl_delay_ms": delay,
+                        "queued": self.client.zcard(self.keys.queue(key)),
+                        "ready_at_ms": self.client.zscore(self.keys.ready, key)}
+        return out
+
     def dead_letters(self, count: int = 100) -> list[dict]:
         return [json.loads(r) for r in self.client.lrange(self.keys.dead, 0, count - 1)]
 
@@ -204,19 +287,25 @@ class Frontier:
 
     def counts(self) -> dict[str, int]:
         k, c = self.keys, self.client
-        return {"queued": c.zcard(k.queue), "delayed": c.zcard(k.delayed),
+        return {"queued": int(c.get(k.qlen) or 0), "delayed": c.zcard(k.delayed),
                 "inflight": c.hlen(k.inflight), "dead": c.llen(k.dead),
-                "invalid": c.llen(k.invalid), "nodes": c.zcard(k.nodes)}
+                "invalid": c.llen(k.invalid), "nodes": c.zcard(k.nodes),
+                "hosts": c.hlen(k.kstate)}
 
     def stats(self) -> dict[str, int]:
-        """Cluster-wide counters that nodes add with :meth:`add_stats`."""
-        return {_s(a): int(b) for a, b in self.client.hgetall(self.keys.stats).items()}
+        """Cluster-wide counters that nodes add with :meth:`add_stats`, plus
+        this partition's own (trims)."""
+        out: dict[str, int] = {}
+        for key in dict.fromkeys([self.keys.cluster_stats, self.keys.stats]):
+            for a, b in self.client.hgetall(key).items():
+                out[_s(a)] = out.get(_s(a), 0) + int(b)
+        return out
 
     def _stats_pipeline(self, deltas: dict[str, int]):
         pipe = self.client.pipeline(transaction=False)
         for name, value in deltas.items():
             if value:
-                pipe.hincrby(self.keys.stats, name, value)
+                pipe.hincrby(self.keys.cluster_stats, name, value)
         return pipe
 
     def bloom_estimates(self) -> dict:
@@ -248,11 +337,14 @@ def _replay_args(records: list) -> list:
             record = json.loads(raw)
             payload = record["payload"]
             priority = clamp_priority(record.get("priority") or 0)
-        except (ValueError, TypeError, KeyError):
+            key = record.get("key")
+            if key is None:
+                key = str(record.get("member", "")).partition("@")[2]
+        except (ValueError, TypeError, KeyError, AttributeError):
             continue
-        if not isinstance(payload, str):
+        if not isinstance(payload, str) or not isinstance(key, str):
             continue
-        args += [raw, fresh_payload(payload), priority]
+        args += [raw, fresh_payload(payload), priority, key]
     return args
 
 
@@ -268,6 +360,11 @@ def fresh_payload(payload: str) -> str:
     for key in ATTEMPT_META_KEYS:
         meta.pop(key, None)
     return json.dumps(data, separators=(",", ":"))
+
+
+def member_key(member: str) -> str:
+    """The politeness key of an entry's member (``"<prio>:<seq>@<key>"``)."""
+    return member.partition("@")[2]
 
 
 def now_ms() -> int:

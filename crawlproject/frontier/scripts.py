@@ -50,7 +50,8 @@ local BLOOM_AHEAD_ROOM = 0.1       -- make the next layer from 90 % full
 local function fmt(x) return string.format('%.0f', x) end
 
 local function score(member)
-  local p, s = string.match(member, '^(-?%d+):(%d+)$')
+  -- "<priority>:<seq>" or "<priority>:<seq>@<politeness key>"
+  local p, s = string.match(member, '^(-?%d+):(%d+)')
   return fmt(-tonumber(p) * SHIFT + tonumber(s))
 end
 
@@ -290,49 +291,72 @@ end
 """
 
 SYNC = _LIB + r"""
--- SYNC: one round trip of a node with the frontier.
--- KEYS[1] queue (zset)      KEYS[2] payloads (hash)   KEYS[3] inflight (hash member->node)
+-- SYNC: one round trip of a node with one partition of the frontier.
+-- KEYS[1] ready (zset politeness key -> ms it may start its next request)
+-- KEYS[2] payloads (hash)   KEYS[3] inflight (hash member->node)
 -- KEYS[4] nodes (zset node->lease deadline ms)        KEYS[5] delayed (zset member->due ms)
 -- KEYS[6] dead (list)       KEYS[7] invalid (list)    KEYS[8] seq (string)
 -- KEYS[9] bloom meta (hash); its shards are KEYS[9]:<layer>:<shard> (derived)
--- KEYS[10] cluster stats (hash)
+-- KEYS[10] partition stats (hash)  KEYS[11] kstate (hash key -> "n|last|block|backoff|crawl delay")
+-- KEYS[12] limits (hash key -> "delay ms|concurrency|source")
+-- KEYS[13] queue prefix: the queue of key K is KEYS[13]:K (derived)
+-- KEYS[14] held prefix: the members leased to node N are in the set KEYS[14]:N (derived)
+-- KEYS[15] qlen (string: entries queued in this partition)
 -- ARGV[1] now in ms, or '' for Redis server time      ARGV[2] node id
 -- ARGV[3] lease ttl ms (0 = this node leaves: drop its heartbeat)
 -- ARGV[4] how many entries to take
 -- ARGV[5] flags: 'm' = maintenance (renew this node's lease, reclaim the leases
 --         of expired nodes, report delayed/inflight sizes), 'd' = promote due
 --         delayed entries, 's' = sweep: also reclaim entries whose owner is not
---         a registered node (implies 'm'). A node sends 'm' at least every
---         heartbeat interval and whenever it is idle, so busy calls stay cheap.
+--         a registered node and recount each key's in-flight (implies 'm').
 -- ARGV[6..10] bloom capacity, error rate, growth, tightening, shard bits
 -- ARGV[11] most records kept in the dead list  ARGV[12] ... in the invalid list
--- then five sections, each a count followed by its items:
+-- ARGV[13] default interval ms between request starts of a key
+-- ARGV[14] default most requests of a key in flight   ARGV[15] jitter (0..1)
+-- ARGV[16] most backoff interval ms   ARGV[17] most Retry-After block ms
+-- ARGV[18] random seed (the interval jitter)
+-- then six sections, each a count followed by its items:
 --   adopt: n x (member, former owner)    (leases this node took under a former
 --                                          id of its own: now held under this id)
---   add:  n x (fingerprint hex or '' for no dedupe, priority, payload, delay ms or 0)
---   ack:  n x member                     (done: forget it)
+--   add:  n x (politeness key, fingerprint hex or '', priority, payload, delay ms or 0)
+--   ack:  n x (member, '1' = a success that relaxes the key's backoff | '0')
 --   fail: n x (member, 'dead'|'invalid', record)   (forget it, keep record)
---   nack: n x member                     (not started: back to the queue)
+--   nack: n x member                     (not started: back to its queue)
+--   feedback: n x (key, 'block'|'backoff'|'crawldelay', ms)
+--
+-- Politeness is enforced here, at lease time, for all nodes: a key is taken
+-- from only when its ready time has come (a minimum interval since its last
+-- start, a Retry-After block, a backoff, a robots.txt crawl delay) and while
+-- fewer than its concurrency are in flight. Ready keys are served oldest-ready
+-- first, each at most once per call (several entries only when it has no
+-- interval), highest priority first within a key.
 -- Ownership: ack, fail and nack change an entry only if this node holds its
 -- lease; a late ack or fail of an entry whose lease expired and that is back
--- in the queue (not leased by anyone) also removes it (the work was done).
--- Anything else (another node holds it now, or it is gone) is a stale call:
--- counted, nothing changed. Every take registers the node with a deadline, so
--- no entry is ever held by an id that cannot expire.
+-- in its queue (not leased by anyone) also removes it (the work was done).
+-- Anything else is a stale call: counted, nothing changed. Every take
+-- registers the node with a deadline, so no entry is held by an id that
+-- cannot expire.
 -- Returns {taken = {member, payload, ...}, added, duplicates, queue length,
 --          delayed length or -1, inflight length or -1, reclaimed, now or -1,
---          stale calls, queue members without payload set aside, records trimmed}
+--          stale calls, queue members without payload set aside, records trimmed,
+--          earliest ready time (ms) or -1}
 local node, ttl, take_n = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local sweep = string.find(ARGV[5], 's', 1, true) ~= nil
 local maintenance = sweep or string.find(ARGV[5], 'm', 1, true) ~= nil
 local promote = maintenance or string.find(ARGV[5], 'd', 1, true) ~= nil
 local dead_max, invalid_max = tonumber(ARGV[11]), tonumber(ARGV[12])
+local def_delay, def_conc, jitter = tonumber(ARGV[13]), tonumber(ARGV[14]), tonumber(ARGV[15])
+local backoff_max, block_max = tonumber(ARGV[16]), tonumber(ARGV[17])
+math.randomseed(tonumber(ARGV[18]))
+local QP, HP = KEYS[13], KEYS[14]
+local function Q(k) return QP .. ':' .. k end
+local function HELD(n) return HP .. ':' .. n end
 local now_cache = nil
 local function now()
   if now_cache == nil then now_cache = server_now(ARGV[1]) end
   return now_cache
 end
-local trimmed = 0
+local trimmed, stale, qdelta = 0, 0, 0
 local function keep_record(kind, record)
   -- Dead letters and invalid payloads are kept for operators, the newest
   -- first, up to a cap; what falls off the end is counted.
@@ -345,29 +369,101 @@ local function keep_record(kind, record)
     trimmed = trimmed + len - cap
   end
 end
-local pos = 13
 
--- adopt: after a failed call a node changes its id (entries a lost reply may
--- have leased to the old id are unknown to it and must come back when that id
--- expires); the entries it does know it holds move to the new id.
-local n_adopt = tonumber(ARGV[pos]); pos = pos + 1
-for i = 1, n_adopt do
-  local member, former = ARGV[pos], ARGV[pos + 1]
-  pos = pos + 2
-  if redis.call('HGET', KEYS[3], member) == former then
-    redis.call('HSET', KEYS[3], member, node)
+-- Per-key state, read once per call for all the keys it touches and written
+-- back once at the end.
+local ST, LIM, dirty = {}, {}, {}
+local function load(keys)
+  local need, seen = {}, {}
+  for _, k in ipairs(keys) do
+    if ST[k] == nil and not seen[k] then need[#need + 1] = k; seen[k] = true end
+  end
+  for i = 1, #need, 500 do
+    local last = math.min(i + 499, #need)
+    local states = redis.call('HMGET', KEYS[11], unpack(need, i, last))
+    local limits = redis.call('HMGET', KEYS[12], unpack(need, i, last))
+    for j = i, last do
+      local k, s, l = need[j], states[j - i + 1], limits[j - i + 1]
+      local n, la, bl, bo, cd = 0, 0, 0, 0, 0
+      if s then
+        n, la, bl, bo, cd = string.match(s, '^(%-?%d+)|(%d+)|(%d+)|(%d+)|(%d+)$')
+        n, la, bl, bo, cd = tonumber(n) or 0, tonumber(la) or 0, tonumber(bl) or 0,
+                            tonumber(bo) or 0, tonumber(cd) or 0
+      end
+      ST[k] = {n = math.max(0, n), last = la, block = bl, bo = bo, cd = cd}
+      local d, c = def_delay, def_conc
+      if l then
+        local ld, lc = string.match(l, '^(%d+)|(%d+)')
+        if ld then d, c = tonumber(ld), tonumber(lc) end
+        if c <= 0 then c = 1000000000 end
+      end
+      LIM[k] = {delay = d, conc = c}
+    end
   end
 end
-if n_adopt > 0 and ttl > 0 then redis.call('ZADD', KEYS[4], fmt(now() + ttl), node) end
+local function interval(k)
+  return math.max(LIM[k].delay, ST[k].cd, ST[k].bo)
+end
+local function next_start(k)
+  -- The earliest start of K's next request: its interval after the last
+  -- start (stretched by up to JITTER, never shortened), and not before a block.
+  local s = ST[k]
+  local gap = interval(k)
+  if gap > 0 and jitter > 0 then gap = gap * (1 + jitter * math.random()) end
+  return math.max(s.last + gap, s.block)
+end
+local function member_key(member) return string.match(member, '@(.*)$') end
 
--- add: dedupe (Bloom) and enqueue in the same atomic step
+-- What becomes of each touched key's entry in the ready set, decided at the end.
+local took, touched, raise = {}, {}, {}
+
+-- parse every section first: their keys are loaded in one go
+local pos = 19
+local adopt = {}
+for i = 1, tonumber(ARGV[pos]) do adopt[i] = {ARGV[pos + 2 * i - 1], ARGV[pos + 2 * i]} end
+pos = pos + 1 + 2 * #adopt
 local n_add = tonumber(ARGV[pos]); pos = pos + 1
 local entries, fps = {}, {}
 for i = 1, n_add do
-  entries[i] = {ARGV[pos], tonumber(ARGV[pos + 1]), ARGV[pos + 2], tonumber(ARGV[pos + 3])}
-  if ARGV[pos] ~= '' then fps[i] = ARGV[pos] end
-  pos = pos + 4
+  entries[i] = {ARGV[pos], ARGV[pos + 1], tonumber(ARGV[pos + 2]), ARGV[pos + 3],
+                tonumber(ARGV[pos + 4])}
+  if ARGV[pos + 1] ~= '' then fps[i] = ARGV[pos + 1] end
+  pos = pos + 5
 end
+local acks = {}
+for i = 1, tonumber(ARGV[pos]) do acks[i] = {ARGV[pos + 2 * i - 1], ARGV[pos + 2 * i]} end
+pos = pos + 1 + 2 * #acks
+local fails = {}
+for i = 1, tonumber(ARGV[pos]) do
+  fails[i] = {ARGV[pos + 3 * i - 2], ARGV[pos + 3 * i - 1], ARGV[pos + 3 * i]}
+end
+pos = pos + 1 + 3 * #fails
+local nacks = {}
+for i = 1, tonumber(ARGV[pos]) do nacks[i] = ARGV[pos + i] end
+pos = pos + 1 + #nacks
+local feedback = {}
+for i = 1, tonumber(ARGV[pos]) do
+  feedback[i] = {ARGV[pos + 3 * i - 2], ARGV[pos + 3 * i - 1], tonumber(ARGV[pos + 3 * i])}
+end
+
+local keys = {}
+for _, e in ipairs(entries) do keys[#keys + 1] = e[1] end
+for _, a in ipairs(acks) do keys[#keys + 1] = member_key(a[1]) end
+for _, f in ipairs(fails) do keys[#keys + 1] = member_key(f[1]) end
+for _, m in ipairs(nacks) do keys[#keys + 1] = member_key(m) end
+for _, f in ipairs(feedback) do keys[#keys + 1] = f[1] end
+load(keys)
+
+-- adopt
+for _, a in ipairs(adopt) do
+  if redis.call('HGET', KEYS[3], a[1]) == a[2] then
+    redis.call('HSET', KEYS[3], a[1], node)
+    redis.call('SMOVE', HELD(a[2]), HELD(node), a[1])
+  end
+end
+if #adopt > 0 and ttl > 0 then redis.call('ZADD', KEYS[4], fmt(now() + ttl), node) end
+
+-- add: dedupe (Bloom) and enqueue in the same atomic step
 local added, dups = 0, 0
 if n_add > 0 then
   local new = {}
@@ -378,148 +474,301 @@ if n_add > 0 then
   end
   local keep = {}
   for i = 1, n_add do
-    if entries[i][1] == '' or new[i] then keep[#keep + 1] = entries[i] end
+    if entries[i][2] == '' or new[i] then keep[#keep + 1] = entries[i] end
   end
   added, dups = #keep, n_add - #keep
   if added > 0 then
     local seq = redis.call('INCRBY', KEYS[8], added) - added
-    local qargs, dargs, pargs = {}, {}, {}
+    local byq, dargs, pargs = {}, {}, {}
     for j, e in ipairs(keep) do
-      local member = tostring(e[2]) .. ':' .. fmt(seq + j)
-      pargs[#pargs + 1] = member; pargs[#pargs + 1] = e[3]
-      if e[4] > 0 then
-        dargs[#dargs + 1] = fmt(now() + e[4]); dargs[#dargs + 1] = member
+      local member = tostring(e[3]) .. ':' .. fmt(seq + j) .. '@' .. e[1]
+      pargs[#pargs + 1] = member; pargs[#pargs + 1] = e[4]
+      if e[5] > 0 then
+        dargs[#dargs + 1] = fmt(now() + e[5]); dargs[#dargs + 1] = member
       else
-        qargs[#qargs + 1] = score(member); qargs[#qargs + 1] = member
+        local q = byq[e[1]]
+        if not q then q = {}; byq[e[1]] = q end
+        q[#q + 1] = score(member); q[#q + 1] = member
       end
     end
     call_chunked('HSET', KEYS[2], pargs, 2)
-    if #qargs > 0 then call_chunked('ZADD', KEYS[1], qargs, 2) end
+    for k, q in pairs(byq) do
+      call_chunked('ZADD', Q(k), q, 2)
+      qdelta = qdelta + #q / 2
+      touched[k] = true
+    end
     if #dargs > 0 then call_chunked('ZADD', KEYS[5], dargs, 2) end
   end
 end
 
-local stale = 0
-local function owned_or_requeued(member)
-  -- True when this call may finish MEMBER: this node holds it, or nobody
-  -- does and it went back to the queue (then it is taken out of the queue).
+-- Ownership: true when this call may finish MEMBER (see the header). Removes
+-- it from in-flight (or from its queue, for a late finisher).
+local unheld = {}
+local function settle(member)
   local owner = redis.call('HGET', KEYS[3], member)
+  local k = member_key(member)
   if owner == node then
     redis.call('HDEL', KEYS[3], member)
+    unheld[#unheld + 1] = member
+    ST[k].n = math.max(0, ST[k].n - 1); dirty[k] = true; touched[k] = true
     return true
   end
-  if not owner and redis.call('ZREM', KEYS[1], member) == 1 then return true end
+  if not owner and redis.call('ZREM', Q(k), member) == 1 then
+    qdelta = qdelta - 1
+    return true
+  end
   stale = stale + 1
   return false
 end
 
 -- ack
-local n = tonumber(ARGV[pos]); pos = pos + 1
-for i = 1, n do
-  local member = ARGV[pos]; pos = pos + 1
-  if owned_or_requeued(member) then redis.call('HDEL', KEYS[2], member) end
-end
-
--- fail
-n = tonumber(ARGV[pos]); pos = pos + 1
-for i = 1, n do
-  local member, kind, record = ARGV[pos], ARGV[pos + 1], ARGV[pos + 2]
-  pos = pos + 3
-  if owned_or_requeued(member) then
-    redis.call('HDEL', KEYS[2], member)
-    keep_record(kind, record)
+local gone = {}
+for _, a in ipairs(acks) do
+  if settle(a[1]) then
+    gone[#gone + 1] = a[1]
+    local s = ST[member_key(a[1])]
+    if a[2] == '1' and s.bo > 0 then
+      -- a success relaxes the key's backoff (halved; gone below its interval)
+      s.bo = math.floor(s.bo / 2)
+      if s.bo <= LIM[member_key(a[1])].delay then s.bo = 0 end
+      dirty[member_key(a[1])] = true
+    end
   end
 end
 
+-- fail
+for _, f in ipairs(fails) do
+  if settle(f[1]) then
+    gone[#gone + 1] = f[1]
+    keep_record(f[2], f[3])
+  end
+end
+if #gone > 0 then call_chunked('HDEL', KEYS[2], gone, 1) end
+
 -- nack
-n = tonumber(ARGV[pos]); pos = pos + 1
-for i = 1, n do
-  local member = ARGV[pos]; pos = pos + 1
+for _, member in ipairs(nacks) do
   if redis.call('HGET', KEYS[3], member) == node then
+    local k = member_key(member)
     redis.call('HDEL', KEYS[3], member)
-    redis.call('ZADD', KEYS[1], score(member), member)
+    unheld[#unheld + 1] = member
+    redis.call('ZADD', Q(k), score(member), member)
+    qdelta = qdelta + 1
+    ST[k].n = math.max(0, ST[k].n - 1); dirty[k] = true; touched[k] = true
   else
     stale = stale + 1
   end
 end
+if #unheld > 0 then call_chunked('SREM', HELD(node), unheld, 1) end
+
+-- feedback: the site's word (Retry-After, 429/503 without it, robots.txt)
+for _, f in ipairs(feedback) do
+  local k, kind, ms = f[1], f[2], f[3]
+  local s = ST[k]
+  if kind == 'block' then
+    s.block = math.max(s.block, now() + math.min(ms, block_max))
+  elseif kind == 'backoff' then
+    s.bo = math.min(backoff_max, math.max(s.bo * 2, LIM[k].delay * 2, 1000))
+  elseif kind == 'crawldelay' then
+    s.cd = math.min(ms, backoff_max)
+  end
+  dirty[k] = true; raise[k] = true
+end
 
 -- maintenance: renew this node's lease, then reclaim expired nodes' leases
 local reclaimed = 0
+local function requeue(members, owner)
+  -- Put MEMBERS (held by OWNER, which is gone) back in their queues.
+  local ks = {}
+  for _, member in ipairs(members) do ks[#ks + 1] = member_key(member) end
+  load(ks)
+  local back = {}
+  for _, member in ipairs(members) do
+    local k = member_key(member)
+    local q = back[k]
+    if not q then q = {}; back[k] = q end
+    q[#q + 1] = score(member); q[#q + 1] = member
+    ST[k].n = math.max(0, ST[k].n - 1); dirty[k] = true; touched[k] = true
+  end
+  call_chunked('HDEL', KEYS[3], members, 1)
+  for k, q in pairs(back) do call_chunked('ZADD', Q(k), q, 2) end
+  qdelta = qdelta + #members
+  reclaimed = reclaimed + #members
+end
 if maintenance or ttl == 0 then
   if ttl > 0 then
     redis.call('ZADD', KEYS[4], fmt(now() + ttl), node)
   else
     redis.call('ZREM', KEYS[4], node)
   end
-  local expired = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', fmt(now()))
-  if #expired > 0 or sweep then
-    local gone = {}
-    for _, nd in ipairs(expired) do gone[nd] = true end
+  local expired = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', fmt(now()), 'LIMIT', 0, 100)
+  for _, nd in ipairs(expired) do
+    -- Only the dead node's own set is read, not every lease of the partition.
+    local members = redis.call('SMEMBERS', HELD(nd))
+    local mine = {}
+    for i = 1, #members, 500 do
+      local last = math.min(i + 499, #members)
+      local owners = redis.call('HMGET', KEYS[3], unpack(members, i, last))
+      for j = i, last do
+        if owners[j - i + 1] == nd then mine[#mine + 1] = members[j] end
+      end
+    end
+    if #mine > 0 then requeue(mine, nd) end
+    redis.call('DEL', HELD(nd))
+    redis.call('ZREM', KEYS[4], nd)
+  end
+  if sweep then
+    -- Entries of owners that are not registered nodes; and each key's
+    -- in-flight count recomputed from the leases themselves (self-healing).
     local flat = redis.call('HGETALL', KEYS[3])
-    local back, drop = {}, {}
+    local alive, orphans, count = {}, {}, {}
     for i = 1, #flat, 2 do
       local owner = flat[i + 1]
-      if gone[owner] == nil then
-        gone[owner] = sweep and redis.call('ZSCORE', KEYS[4], owner) == false
-      end
-      if gone[owner] then
-        back[#back + 1] = score(flat[i]); back[#back + 1] = flat[i]
-        drop[#drop + 1] = flat[i]
+      if alive[owner] == nil then alive[owner] = redis.call('ZSCORE', KEYS[4], owner) ~= false end
+      if alive[owner] then
+        local k = member_key(flat[i])
+        count[k] = (count[k] or 0) + 1
+      else
+        orphans[#orphans + 1] = flat[i]
+        redis.call('SREM', HELD(owner), flat[i])
       end
     end
-    if #drop > 0 then
-      call_chunked('HDEL', KEYS[3], drop, 1)
-      call_chunked('ZADD', KEYS[1], back, 2)
+    if #orphans > 0 then requeue(orphans, nil) end
+    local all = redis.call('HKEYS', KEYS[11])
+    load(all)
+    for _, k in ipairs(all) do
+      if ST[k].n ~= (count[k] or 0) then ST[k].n = count[k] or 0; dirty[k] = true; touched[k] = true end
     end
-    if #expired > 0 then call_chunked('ZREM', KEYS[4], expired, 1) end
-    reclaimed = #drop
   end
 end
 
--- delayed entries whose time has come go back to the queue
+-- delayed entries whose time has come go back to their queues
 if promote then
   local due = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', fmt(now()), 'LIMIT', 0, 1000)
   if #due > 0 then
-    local qargs = {}
-    for _, member in ipairs(due) do qargs[#qargs + 1] = score(member); qargs[#qargs + 1] = member end
-    call_chunked('ZADD', KEYS[1], qargs, 2)
+    local byq, ks = {}, {}
+    for _, member in ipairs(due) do
+      local k = member_key(member)
+      local q = byq[k]
+      if not q then q = {}; byq[k] = q; ks[#ks + 1] = k end
+      q[#q + 1] = score(member); q[#q + 1] = member
+      touched[k] = true
+    end
+    load(ks)
+    for k, q in pairs(byq) do call_chunked('ZADD', Q(k), q, 2) end
     call_chunked('ZREM', KEYS[5], due, 1)
+    qdelta = qdelta + #due
   end
 end
 
--- take (every take registers this node, so its leases can always expire)
+-- Keys that got work, a free slot, a block or a backoff take their place in
+-- the ready set before the take: a key at its concurrency leaves it, one that
+-- got work or a free slot joins it at its next start (unless already there),
+-- a block or backoff pushes it later.
+do
+  local rem, nx, gt = {}, {}, {}
+  for k, _ in pairs(touched) do
+    if ST[k].n >= LIM[k].conc then rem[#rem + 1] = k
+    else nx[#nx + 1] = fmt(math.max(now(), next_start(k))); nx[#nx + 1] = k end
+  end
+  for k, _ in pairs(raise) do
+    if ST[k].n < LIM[k].conc then gt[#gt + 1] = fmt(next_start(k)); gt[#gt + 1] = k end
+  end
+  if #rem > 0 then call_chunked('ZREM', KEYS[1], rem, 1) end
+  for i = 1, #nx, 1200 do redis.call('ZADD', KEYS[1], 'NX', unpack(nx, i, math.min(i + 1199, #nx))) end
+  for i = 1, #gt, 1200 do redis.call('ZADD', KEYS[1], 'GT', unpack(gt, i, math.min(i + 1199, #gt))) end
+end
+
+-- take: from keys whose time has come, oldest-ready first, each once
 local taken, missing = {}, 0
+local members, unready = {}, {}
 if take_n > 0 and ttl > 0 then
-  local popped = redis.call('ZPOPMIN', KEYS[1], take_n)
-  if #popped > 0 then
-    local members = {}
-    for i = 1, #popped, 2 do members[#members + 1] = popped[i] end
-    local payloads = redis.call('HMGET', KEYS[2], unpack(members))
-    local owned = {}
-    for i, member in ipairs(members) do
-      if payloads[i] then
-        taken[#taken + 1] = member; taken[#taken + 1] = payloads[i]
-        owned[#owned + 1] = member; owned[#owned + 1] = node
+  local want, offset = take_n, 0
+  for _ = 1, 10 do
+    if want <= 0 then break end
+    local ks = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', fmt(now()), 'LIMIT', offset, want)
+    if #ks == 0 then break end
+    offset = offset + #ks
+    load(ks)
+    for _, k in ipairs(ks) do
+      if want <= 0 then break end
+      local s, l = ST[k], LIM[k]
+      if s.n >= l.conc then
+        unready[k] = true
       else
-        missing = missing + 1
-        keep_record('invalid', cjson.encode({member = member, reason = 'no payload',
-                                             node = node, at = now() / 1000}))
+        local count = math.min(want, l.conc - s.n)
+        if interval(k) > 0 then count = 1 end
+        local popped = redis.call('ZPOPMIN', Q(k), count)
+        if #popped == 0 then
+          unready[k] = true      -- its queue ran empty: out of the ready set
+        else
+          for i = 1, #popped, 2 do members[#members + 1] = popped[i] end
+          local got = #popped / 2
+          s.n = s.n + got; s.last = now(); dirty[k] = true; took[k] = true
+          want = want - got
+          qdelta = qdelta - got
+        end
+      end
+    end
+  end
+  if #members > 0 then
+    local owned, held = {}, {}
+    for i = 1, #members, 500 do
+      local last = math.min(i + 499, #members)
+      local payloads = redis.call('HMGET', KEYS[2], unpack(members, i, last))
+      for j = i, last do
+        local member, payload = members[j], payloads[j - i + 1]
+        if payload then
+          taken[#taken + 1] = member; taken[#taken + 1] = payload
+          owned[#owned + 1] = member; owned[#owned + 1] = node
+          held[#held + 1] = member
+        else
+          local k = member_key(member)
+          ST[k].n = math.max(0, ST[k].n - 1)
+          missing = missing + 1
+          keep_record('invalid', cjson.encode({member = member, reason = 'no payload',
+                                               node = node, at = now() / 1000}))
+        end
       end
     end
     if #owned > 0 then
       call_chunked('HSET', KEYS[3], owned, 2)
+      call_chunked('SADD', HELD(node), held, 1)
       redis.call('ZADD', KEYS[4], fmt(now() + ttl), node)
     end
   end
 end
 
-local delayed_len, inflight_len = -1, -1
+-- write back the touched keys' state; the keys taken from get their next
+-- start (or leave the ready set at their concurrency or found empty)
+local states, rem, set = {}, {}, {}
+for k, _ in pairs(dirty) do
+  local s = ST[k]
+  states[#states + 1] = k
+  states[#states + 1] = s.n .. '|' .. s.last .. '|' .. s.block .. '|' .. s.bo .. '|' .. s.cd
+end
+for k, _ in pairs(unready) do rem[#rem + 1] = k end
+for k, _ in pairs(took) do
+  if ST[k].n >= LIM[k].conc then rem[#rem + 1] = k
+  elseif not unready[k] then set[#set + 1] = fmt(next_start(k)); set[#set + 1] = k end
+end
+if #states > 0 then call_chunked('HSET', KEYS[11], states, 2) end
+if #rem > 0 then call_chunked('ZREM', KEYS[1], rem, 1) end
+if #set > 0 then call_chunked('ZADD', KEYS[1], set, 2) end
+
+local qlen
+if qdelta ~= 0 then qlen = redis.call('INCRBY', KEYS[15], qdelta)
+else qlen = tonumber(redis.call('GET', KEYS[15]) or '0') end
+local delayed_len, inflight_len, next_ready = -1, -1, -1
 if maintenance then
   delayed_len = redis.call('ZCARD', KEYS[5])
   inflight_len = redis.call('HLEN', KEYS[3])
 end
-return {taken, added, dups, redis.call('ZCARD', KEYS[1]), delayed_len, inflight_len,
-        reclaimed, now_cache and fmt(now_cache) or -1, stale, missing, trimmed}
+if take_n > 0 or maintenance then
+  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  if #first > 0 then next_ready = first[2] end
+end
+return {taken, added, dups, qlen, delayed_len, inflight_len, reclaimed,
+        now_cache and fmt(now_cache) or -1, stale, missing, trimmed, next_ready}
 """
 
 BLOOM_ADD = _LIB + r"""
@@ -539,24 +788,56 @@ return out
 """
 
 REPLAY_DEAD = _LIB + r"""
--- REPLAY_DEAD: put dead letters back into the queue.
--- KEYS[1] dead (list)  KEYS[2] queue (zset)  KEYS[3] payloads (hash)  KEYS[4] seq
--- ARGV: n x (dead record as stored, payload to queue, priority)
+-- REPLAY_DEAD: put dead letters back into the frontier of one partition.
+-- KEYS[1] dead (list)  KEYS[2] payloads (hash)  KEYS[3] seq  KEYS[4] delayed (zset)
+-- ARGV: n x (dead record as stored, payload to queue, priority, politeness key)
 -- Each record is removed from the dead list first: a record another replay
 -- already took (or that an operator deleted) is skipped, so two replays
--- running at once never queue the same dead letter twice.
+-- running at once never queue the same dead letter twice. Entries go to the
+-- delayed set, already due: the next node call moves them to their key's
+-- queue with the key's politeness applied.
 -- Returns the number replayed.
 local replayed = 0
-for i = 1, #ARGV, 3 do
+for i = 1, #ARGV, 4 do
   if redis.call('LREM', KEYS[1], 1, ARGV[i]) == 1 then
     local prio = math.max(-4095, math.min(4095, math.floor(tonumber(ARGV[i + 2]) or 0)))
-    local member = tostring(prio) .. ':' .. fmt(redis.call('INCR', KEYS[4]))
-    redis.call('HSET', KEYS[3], member, ARGV[i + 1])
-    redis.call('ZADD', KEYS[2], score(member), member)
+    local member = tostring(prio) .. ':' .. fmt(redis.call('INCR', KEYS[3])) .. '@' .. ARGV[i + 3]
+    redis.call('HSET', KEYS[2], member, ARGV[i + 1])
+    redis.call('ZADD', KEYS[4], 0, member)
     replayed = replayed + 1
   end
 end
 return replayed
+"""
+
+SET_LIMITS = _CLOCK + r"""
+-- SET_LIMITS: override (or clear) the politeness limits of keys, in force at once.
+-- KEYS[1] limits (hash key -> "delay ms|concurrency|source")  KEYS[2] ready (zset)
+-- KEYS[3] kstate (hash key -> "n|last|block|backoff|crawl delay")
+-- ARGV[1] source: 'c' (command line) or 's' (settings: never replaces a 'c')
+-- ARGV[2..] n x (key, "delay ms|concurrency|source", or '' to clear)
+-- A key waiting in the ready set is rescheduled for its last start plus the
+-- new delay (not before a block), so a shorter delay applies now, not after
+-- the old one ran out. Returns how many keys changed.
+local changed = 0
+for i = 2, #ARGV, 2 do
+  local key, value = ARGV[i], ARGV[i + 1]
+  local old = redis.call('HGET', KEYS[1], key)
+  if not (ARGV[1] == 's' and old and string.sub(old, -2) == '|c') and old ~= value then
+    if value == '' then redis.call('HDEL', KEYS[1], key) else redis.call('HSET', KEYS[1], key, value) end
+    changed = changed + 1
+    local ready = redis.call('ZSCORE', KEYS[2], key)
+    local state = redis.call('HGET', KEYS[3], key)
+    if ready and state and value ~= '' then
+      local _, last, block, bo, cd = string.match(state, '^(%-?%d+)|(%d+)|(%d+)|(%d+)|(%d+)$')
+      local delay = tonumber(string.match(value, '^(%d+)|'))
+      local at = math.max(tonumber(last) + math.max(delay, tonumber(bo), tonumber(cd)),
+                          tonumber(block))
+      redis.call('ZADD', KEYS[2], string.format('%.0f', at), key)
+    end
+  end
+end
+return changed
 """
 
 CLAIM_SEEDS = _CLOCK + r"""

@@ -6,7 +6,8 @@ A drop-in replacement for ``scrapy.downloadermiddlewares.retry.RetryMiddleware``
 the retry waits ``RETRY_BACKOFF_BASE * 2^(n-1)`` seconds (with jitter, at most
 ``RETRY_BACKOFF_MAX``) in the frontier's delayed set in Redis, not in node
 memory, so any node may pick it up; when retries are exhausted the request is
-dead-lettered with its reason and attempt count.
+dead-lettered with its reason and attempt count (see
+:mod:`crawlproject.frontier.retrypolicy`).
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ from __future__ import annotations
 from scrapy import Request
 from scrapy.downloadermiddlewares.retry import RetryMiddleware
 
-from crawlproject.backoff import backoff_delay
-from crawlproject.scheduler import RETRY_DELAY_META, RedisScheduler
+from crawlproject.frontier.retrypolicy import RETRY_DELAY_META, RetryPolicy
 
 
 class BackoffRetryMiddleware(RetryMiddleware):
@@ -24,19 +24,18 @@ class BackoffRetryMiddleware(RetryMiddleware):
     @classmethod
     def from_crawler(cls, crawler):
         mw = super().from_crawler(crawler)
-        mw.backoff_base = crawler.settings.getfloat("RETRY_BACKOFF_BASE", 1.0)
-        mw.backoff_max = crawler.settings.getfloat("RETRY_BACKOFF_MAX", 60.0)
+        mw.policy = RetryPolicy.from_settings(crawler.settings)
         return mw
 
     def _retry(self, request: Request, reason) -> Request | None:
         new = super()._retry(request, reason)
         scheduler = getattr(self.crawler.engine, "scheduler", None)
-        if not isinstance(scheduler, RedisScheduler):
+        mark_failed = getattr(scheduler, "mark_failed", None)
+        if mark_failed is None:  # not the shared frontier: Scrapy's own retries
             return new
         if new is None:
             text = reason if isinstance(reason, str) else f"{type(reason).__name__}: {reason}"
-            scheduler.mark_failed(request, text, kind="download")
+            mark_failed(request, text, kind="download")
             return None
-        new.meta[RETRY_DELAY_META] = backoff_delay(
-            new.meta.get("retry_times", 1), self.backoff_base, self.backoff_max)
+        new.meta[RETRY_DELAY_META] = self.policy.delay(new.meta.get("retry_times", 1))
         return new

@@ -1,0 +1,511 @@
+"""FrontierClient: a node's side of the shared frontier, without Scrapy.
+
+It keeps what the node has to tell the frontier (new requests, acknowledgements,
+failures, returned requests, what sites said) per partition, and the entries
+the node leased: a prefetch buffer and the ones being worked on. A background
+asyncio task sends it all, one ``SYNC`` call per partition that has something
+to say or ready work (calls to several partitions run concurrently):
+
+* **coalescing** — calls are at most every ``min_sync_interval`` unless the
+  buffer ran dry, a batch is full, or someone waits for a flush;
+* **bounded calls** — at most ``max_call_adds`` new requests per call; the
+  acknowledgements of a batch go with its last chunk, so a request is never
+  acknowledged before all the requests it produced are stored;
+* **heartbeat** — every ``heartbeat`` seconds (and whenever idle) each
+  partition is called with maintenance: the lease is renewed there, expired
+  nodes' leases are reclaimed, sizes are reported;
+* **polite takes** — a partition is asked for entries only when it reported
+  ready work (its earliest ready time has come) or, at idle pace, to look;
+  an entry is taken only when its key may start a request now, so what is
+  leased is started at once;
+* **identity** — a failed call may have leased entries whose reply was lost:
+  the client then changes its id (``<node>~<n>``); the entries it knows it
+  holds are adopted by the new id in the next call, the unknown ones come back
+  when the old id expires.
+
+The Scrapy adapter (:class:`crawlproject.scheduler.RedisScheduler`) turns
+payloads into requests (``accept``), tells which requests are done
+(``before_tick``), and counts stats (``count``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from redis.exceptions import RedisError
+
+from crawlproject.backoff import backoff_delay
+from crawlproject.frontier.politeness import PolitenessConfig
+from crawlproject.frontier.queue import AsyncFrontier, Batch, SyncResult, member_key
+
+logger = logging.getLogger(__name__)
+
+#: Most new requests in one call: one script call blocks Redis for every node.
+MAX_CALL_ADDS = 1000
+
+
+class Rejected(Exception):
+    """Raised by ``accept``: the payload is not a request this node may run."""
+
+
+@dataclass
+class Entry:
+    """A leased entry: its member, partition, and what ``accept`` made of it."""
+
+    member: str
+    partition: int
+    item: Any
+
+
+@dataclass
+class _Remote:
+    """What the last calls said about one partition."""
+
+    queued: int = 0
+    delayed: int = -1
+    inflight: int = 0
+    #: earliest ready time (Redis ms), -1 when nothing is queued, None unknown
+    next_ready_ms: int | None = None
+    #: Redis time of the last call that reported it, and our clock then
+    server_ms: int = -1
+    at: float = 0.0
+    last_poll: float = 0.0
+
+    def ready_now(self, now: float) -> bool:
+        if self.next_ready_ms is None:
+            return True
+        if self.next_ready_ms < 0 or self.server_ms < 0:
+            return False
+        return self.next_ready_ms <= self.server_ms + (now - self.at) * 1000
+
+
+class FrontierClient:
+    """See the module docstring. All methods run on the event loop's thread."""
+
+    def __init__(self, partitions: list[AsyncFrontier], politeness: PolitenessConfig, *,
+                 accept: Callable[[int, str, bytes], Any], before_tick: Callable[[], None],
+                 count: Callable[[str, int], None], outage, log_extra: dict,
+                 prefetch: int, batch_size: int, flush_interval: float,
+                 min_sync_interval: float, idle_poll: float, heartbeat: float,
+                 lease_ttl: float, nudge: Callable[[], None] = lambda: None):
+        self.partitions = partitions
+        self.politeness = politeness
+        self.accept, self.before_tick, self.count = accept, before_tick, count
+        self.outage, self.log_extra, self.nudge = outage, log_extra, nudge
+        self.prefetch, self.batch_size = prefetch, batch_size
+        self.flush_interval, self.min_sync_interval = flush_interval, min_sync_interval
+        self.idle_poll, self.heartbeat, self.lease_ttl = idle_poll, heartbeat, lease_ttl
+        self.node_base = partitions[0].node
+        self._incarnation = 0
+        self.buffer: deque[Entry] = deque()
+        self.held: dict[str, Entry] = {}
+        #: member -> the node id it is leased under (changes after a failed call)
+        self.owners: dict[str, str] = {}
+        self.outbox = [Batch() for _ in partitions]
+        self.remote = [_Remote() for _ in partitions]
+        # Acknowledgement order across partitions: every add gets a sequence
+        # number; an ack waits until every add made before it is stored (or
+        # goes in the same atomic call), so a request is never acknowledged
+        # before the requests it produced are safe.
+        self._seq = 0
+        self._unsent: list[deque[int]] = [deque() for _ in partitions]
+        self._acks: list[tuple[str, int, bool, int]] = []
+        self._last_sync = 0.0
+        self._last_maintenance = 0.0
+        self._last_sweep = time.monotonic()
+        self._closing = False
+        self._flush_waiters: list[asyncio.Future] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Future | None = None
+        self.on_first_sync: Callable[[], Any] | None = None
+
+    # -- what the adapter tells us ----------------------------------------------
+    @property
+    def node(self) -> str:
+        return self.partitions[0].node
+
+    def partition_of(self, key: str) -> int:
+        return self.politeness.partition(key) if len(self.partitions) > 1 else 0
+
+    def add(self, payload: str, fingerprint, priority: int, delay_ms: int, key: str) -> None:
+        """A new request for politeness key *key*."""
+        p = self.partition_of(key)
+        batch = self.outbox[p]
+        batch.add(payload, fingerprint, priority, delay_ms, key)
+        self._seq += 1
+        self._unsent[p].append(self._seq)
+        if len(batch.adds) >= self.batch_size or not self.buffer:
+            # A full batch, or nothing prefetched: the engine may be waiting for
+            # exactly these requests (e.g. the next listing page).
+            self._wake.set()
+
+    def next(self) -> Entry | None:
+        """The next prefetched entry, now held by the node, or None."""
+        if not self.buffer:
+            self._wake.set()
+            return None
+        entry = self.buffer.popleft()
+        self.held[entry.member] = entry
+        if len(self.buffer) <= self.prefetch // 2:
+            self._wake.set()
+        return entry
+
+    def ack(self, member: str, relieve: bool = True) -> None:
+        """*member* is done (also: replaced by a redirect or retry). Sent once
+        every request added before now is stored (see ``_attach_acks``)."""
+        entry = self.held.pop(member, None)
+        p = entry.partition if entry else self._partition_of_member(member)
+        self._acks.append((member, p, relieve, self._seq))
+
+    def fail(self, member: str, kind: str, record: dict) -> None:
+        """*member* is done for good: keep *record* in the dead/invalid list."""
+        entry = self.held.pop(member, None)
+        self.outbox[entry.partition if entry else 0].fail(member, kind, record)
+
+    def feedback(self, key: str, kind: str, seconds: float = 0.0) -> None:
+        """What a site said about politeness key *key* (see :class:`Batch`)."""
+        batch = self.outbox[self.partition_of(key)]
+        {"block": lambda: batch.block(key, seconds), "backoff": lambda: batch.backoff(key),
+         "crawldelay": lambda: batch.crawl_delay(key, seconds)}[kind]()
+        self._wake.set()
+
+    # -- what the adapter asks -----------------------------------------------
+    def _attach_acks(self, batches: dict[int, Batch]) -> None:
+        """Move the acks that may go now into the batches about to be sent.
+
+        An ack for partition p may go when every add made before it is either
+        stored, or in p's batch (the script stores adds before it applies
+        acks, atomically); adds still unsent or in another partition's call
+        (which may fail while p's succeeds) make it wait for a later call.
+        """
+        if not self._acks:
+            return
+        first = [q[0] if q else float("inf") for q in self._unsent]
+        sending = {p: len(b.adds) for p, b in batches.items()}
+        after = []  # first unsent add of each partition once this round is stored
+        for p, pending in enumerate(self._unsent):
+            n = sending.get(p, 0)
+            after.append(pending[n] if len(pending) > n else float("inf"))
+        keep = []
+        for member, p, relieve, epoch in self._acks:
+            limit = min([after[p]] + [first[q] for q in range(len(first)) if q != p])
+            batch = batches.get(p)
+            if batch is None or epoch >= limit:
+                keep.append((member, p, relieve, epoch))
+                continue
+            batch.acks.append(member)
+            if not relieve:
+                batch.unrelieved.add(member)
+        self._acks = keep
+
+    def local_backlog(self) -> int:
+        """Requests this node holds that Redis has not handed to the engine yet."""
+        return len(self.buffer) + sum(len(b.adds) for b in self.outbox)
+
+    def pending_adds(self) -> int:
+        return sum(len(b.adds) for b in self.outbox)
+
+    def remote_queued(self) -> int:
+        return sum(r.queued for r in self.remote)
+
+    def has_pending(self) -> bool:
+        """Work exists here or anywhere in the cluster that may reach this node."""
+        if self.buffer or self.pending_adds():
+            return True
+        held = {}
+        for entry in self.held.values():
+            held[entry.partition] = held.get(entry.partition, 0) + 1
+        for p, r in enumerate(self.remote):
+            if r.queued + max(0, r.delayed) + max(0, r.inflight - held.get(p, 0)) > 0:
+                return True
+        return False
+
+    def sizes(self) -> dict[str, int]:
+        return {"queued": self.remote_queued(),
+                "delayed": sum(max(0, r.delayed) for r in self.remote),
+                "inflight": sum(r.inflight for r in self.remote),
+                "prefetched": len(self.buffer)}
+
+    def flushed(self) -> asyncio.Future:
+        """A future that resolves once everything added so far is in Redis."""
+        future = asyncio.get_running_loop().create_future()
+        self._flush_waiters.append(future)
+        self._wake.set()
+        return future
+
+    # -- lifecycle ------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._run())
+
+    async def close(self) -> list[Entry]:
+        """Stop the loop and leave every partition, returning unstarted entries.
+
+        Returns the entries still held (the adapter's last word on them was
+        collected by ``before_tick``)."""
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            try:
+                await self._task
+            except Exception:
+                logger.exception("Frontier loop failed", extra=self.log_extra)
+        self.before_tick()
+        leftovers = list(self.buffer) + list(self.held.values())
+        batches = self.outbox
+        self.outbox = [Batch() for _ in self.partitions]
+        for member, p, relieve, _ in self._acks:  # the last word: everything goes now
+            batches[p].acks.append(member)
+            if not relieve:
+                batches[p].unrelieved.add(member)
+        self._acks = []
+        for p, batch in enumerate(batches):
+            batch.adopt = self._adoptions(p)
+        for entry in leftovers:
+            batches[entry.partition].nacks.append(entry.member)
+        self.buffer.clear()
+        self.held.clear()
+        self.owners.clear()
+        await asyncio.gather(*(self._final_sync(p, batch) for p, batch in enumerate(batches)))
+        for waiter in self._flush_waiters:
+            if not waiter.done():
+                waiter.cancel()
+        return leftovers
+
+    async def _final_sync(self, p: int, batch: Batch) -> None:
+        for attempt in range(3):
+            try:
+                result = await self.partitions[p].sync(batch, leaving=True)
+                self._apply(p, result, asked=0)
+                logger.info("Left the frontier%s: returned %d unstarted requests",
+                            f" partition {p}" if len(self.partitions) > 1 else "",
+                            len(batch.nacks), extra=self.log_extra)
+                return
+            except Exception as exc:
+                logger.error("Cannot reach Redis at close (%s); attempt %d/3", exc, attempt + 1,
+                             extra=self.log_extra)
+                await asyncio.sleep(1.0)
+        logger.error("Gave up: %d new requests not sent; %d leased requests come back when "
+                     "this node's lease expires", len(batch.adds), len(batch.nacks),
+                     extra=self.log_extra)
+
+    # -- the loop ---------------------------------------------------------------
+    async def _run(self) -> None:
+        errors = 0
+        while not self._closing:
+            try:
+                pause = await self._tick()
+                errors = 0
+            except (RedisError, OSError, asyncio.TimeoutError) as exc:
+                # Redis unreachable: keep everything, retry
+                errors += 1
+                self.count("scheduler/redis_errors", 1)
+                self.outage.failed("frontier call", exc, self.log_extra)
+                await asyncio.sleep(backoff_delay(errors, 0.4, 5.0))
+                continue
+            except Exception:  # a bug: say so, keep the loop (and the leases) alive
+                errors += 1
+                self.count("scheduler/loop_errors", 1)
+                logger.exception("Frontier loop error; retrying", extra=self.log_extra)
+                await asyncio.sleep(backoff_delay(errors, 0.4, 5.0))
+                continue
+            if pause:
+                await asyncio.sleep(pause)
+            else:
+                await self._wait()
+
+    async def _wait(self) -> None:
+        busy = (self.held or any(self.outbox) or len(self.buffer) <= self.prefetch // 2)
+        timeout = self.flush_interval if busy else self.idle_poll
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+        self._wake.clear()
+
+    async def _tick(self) -> float:
+        """Send what is pending if it is time to; return how long to pause."""
+        self.before_tick()
+        now = time.monotonic()
+        want = self.prefetch - len(self.buffer) if len(self.buffer) <= self.prefetch // 2 else 0
+        takes = self._plan_takes(want, now)
+        maintenance = now - self._last_maintenance >= self.heartbeat or not (
+            self.held or self.buffer)
+        urgent = (not self.buffer and takes) or self._flush_waiters or maintenance
+        if not (any(self.outbox) or self._acks or takes or urgent):
+            return 0.0
+        gap = self.min_sync_interval - (now - self._last_sync)
+        if gap > 0 and not urgent and self.pending_adds() < self.batch_size:
+            return gap  # coalesce: more work per round trip
+        waiters, self._flush_waiters = self._flush_waiters, []
+        calls: dict[int, Batch] = {}
+        for p in range(len(self.partitions)):
+            batch = self._next_batch(p)
+            batch.take = takes.get(p, 0)
+            batch.maintenance = maintenance
+            if not (batch or maintenance or any(a[1] == p for a in self._acks)):
+                continue
+            batch.adopt = self._adoptions(p)
+            batch.sweep = maintenance and self._sweep_due(now)
+            remote = self.remote[p]
+            batch.promote = maintenance or remote.delayed != 0 or any(a[4] for a in batch.adds)
+            calls[p] = batch
+        self._attach_acks(calls)
+        if any(self.outbox) or self._acks:
+            waiters, self._flush_waiters = [], waiters  # resolved by a later call
+            self._wake.set()
+        results = await asyncio.gather(
+            *(self.partitions[p].sync(batch) for p, batch in calls.items()),
+            return_exceptions=True)
+        failure = None
+        for (p, batch), result in zip(calls.items(), results):
+            if isinstance(result, BaseException):
+                failure = failure or result
+                self._requeue(p, batch)
+            else:
+                for _ in range(len(batch.adds)):
+                    self._unsent[p].popleft()
+                self._settled(p, batch, now)
+                self._apply(p, result, asked=batch.take, batch=batch)
+        if failure is not None:
+            self._change_identity()
+            self._flush_waiters[:0] = waiters
+            raise failure
+        self.outage.ok(self.log_extra)
+        self._last_sync = now
+        if maintenance:
+            self._last_maintenance = now
+            if any(b.sweep for b in calls.values()):
+                self._last_sweep = now
+        _resolve(waiters)
+        if self.on_first_sync is not None:
+            hook, self.on_first_sync = self.on_first_sync, None
+            await hook()
+        return 0.0
+
+    def _plan_takes(self, want: int, now: float) -> dict[int, int]:
+        """How many entries to ask each partition for."""
+        if want <= 0:
+            return {}
+        ready = [p for p, r in enumerate(self.remote) if r.ready_now(now)]
+        if not ready:
+            # Nothing ready that we know of: look at idle pace, in turn (new work
+            # from other nodes, or a key whose time came).
+            idle = [p for p, r in enumerate(self.remote) if now - r.last_poll >= self.idle_poll]
+            if not idle:
+                return {}
+            ready = [min(idle, key=lambda p: self.remote[p].last_poll)]
+        share = -(-want // len(ready))
+        return {p: share for p in ready}
+
+    def _next_batch(self, p: int) -> Batch:
+        """Partition *p*'s outbox, or its first ``MAX_CALL_ADDS`` new requests
+        (acknowledgements wait for the last chunk)."""
+        outbox = self.outbox[p]
+        if len(outbox.adds) <= MAX_CALL_ADDS:
+            self.outbox[p] = Batch()
+            return outbox
+        batch = Batch(adds=outbox.adds[:MAX_CALL_ADDS], feedback=outbox.feedback)
+        outbox.adds = outbox.adds[MAX_CALL_ADDS:]
+        outbox.feedback = []
+        return batch
+
+    def _requeue(self, p: int, batch: Batch) -> None:
+        """Keep the unsent work of a failed call (taken entries, if any, are
+        unknown to us: they come back when the old id expires)."""
+        batch.take = 0
+        batch.adopt = []  # recomputed for the next call
+        batch.merge(self.outbox[p])
+        self.outbox[p] = batch
+
+    def _change_identity(self) -> None:
+        # The next call adopts what this node knows it holds (buffer, engine);
+        # whatever else the old id got from a lost reply is reclaimed when the
+        # old id expires.
+        self._incarnation += 1
+        node = f"{self.node_base}~{self._incarnation}"
+        for frontier in self.partitions:
+            frontier.node = node
+        self._last_maintenance = 0.0  # register the new id at once
+
+    def _settled(self, p: int, batch: Batch, now: float) -> None:
+        for member, _ in batch.adopt:
+            if member in self.owners:
+                self.owners[member] = self.node
+        # Forgotten only once the call that settles them went through: until
+        # then a changed id must still adopt them for the settling call to count.
+        for member in (*batch.acks, *(f[0] for f in batch.fails), *batch.nacks):
+            self.owners.pop(member, None)
+        self.remote[p].last_poll = now
+
+    def _adoptions(self, p: int) -> list[tuple[str, str]]:
+        """Leases of partition *p* this node holds under a former id of its own."""
+        current = self.node
+        return [(m, owner) for m, owner in self.owners.items()
+                if owner != current and self._partition_of_member(m) == p]
+
+    def _partition_of_member(self, member: str) -> int:
+        return self.partition_of(member_key(member))
+
+    def _sweep_due(self, now: float) -> bool:
+        # Entries held by an id that is not a registered node (an old frontier,
+        # a hand-edited key) would never come back and would keep every node
+        # from idle-closing. While this node holds nothing and others seem to,
+        # check for such entries once per lease TTL.
+        return (not self.held and any(r.inflight > 0 for r in self.remote)
+                and now - self._last_sweep >= self.lease_ttl)
+
+    def _apply(self, p: int, result: SyncResult, asked: int, batch: Batch | None = None) -> None:
+        remote = self.remote[p]
+        remote.queued = result.queued
+        if result.delayed >= 0:
+            remote.delayed, remote.inflight = result.delayed, result.inflight
+        if asked or result.delayed >= 0:
+            remote.next_ready_ms = result.next_ready_ms
+        elif result.added or (batch is not None and (batch.acks or batch.nacks)):
+            # New work, or keys with a free slot again: ready times unknown.
+            remote.next_ready_ms = None
+        if result.now_ms >= 0:
+            remote.server_ms, remote.at = result.now_ms, time.monotonic()
+        self.count("scheduler/added", result.added)
+        self.count("dupefilter/filtered", result.duplicates)
+        self.count("scheduler/stale", result.stale)
+        self.count("scheduler/trimmed", result.trimmed)
+        if result.stale:
+            logger.warning("%d acknowledgement(s) for requests this node no longer held (its "
+                           "lease had expired and another node took them): ignored",
+                           result.stale, extra=self.log_extra)
+        if result.missing:
+            self.count("scheduler/invalid", result.missing)
+            logger.error("%d queue entries had no payload: moved to %s", result.missing,
+                         self.partitions[p].keys.invalid, extra=self.log_extra)
+        if result.reclaimed:
+            self.count("scheduler/reclaimed", result.reclaimed)
+            logger.warning("Reclaimed %d requests leased by nodes that stopped answering",
+                           result.reclaimed, extra=self.log_extra)
+        for member, payload in result.taken:
+            self._take(p, member, payload)
+        if result.taken:
+            self.nudge()
+
+    def _take(self, p: int, member: str, payload: bytes) -> None:
+        try:
+            item = self.accept(p, member, payload)
+        except Rejected as exc:
+            self.count("scheduler/invalid", 1)
+            self.outbox[p].fail(member, "invalid", {
+                "member": member, "payload": payload.decode("utf-8", "replace"),
+                "reason": str(exc), "node": self.node, "at": time.time()})
+            return
+        self.owners[member] = self.node
+        self.buffer.append(Entry(member, p, item))
+
+
+def _resolve(waiters: list[asyncio.Future]) -> None:
+    for waiter in waiters:
+        if not waiter.done():
+            waiter.set_result(None)

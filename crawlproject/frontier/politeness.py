@@ -1,0 +1,153 @@
+"""Politeness keys, partitions and limits: what the frontier is polite *to*.
+
+Every request belongs to a *politeness key*, by default its host name (what
+Scrapy uses as download slot), optionally its registered domain (public
+suffix list: ``tldextract`` with its bundled snapshot, never the network) or
+its IP address. The frontier keeps one queue per key and enforces, at lease
+time and for all nodes together, a minimum interval between the starts of two
+requests of a key and a maximum number of its requests in flight
+(:class:`Limits`). A key lives in partition ``crc32(key) % partitions``.
+
+Cluster-wide meaning of Scrapy's settings (with ``FRONTIER_POLITENESS``, the
+default): ``DOWNLOAD_DELAY`` is the interval between request starts of one key
+*across all nodes*; ``CONCURRENT_REQUESTS_PER_DOMAIN`` the most requests of a
+key in flight *across all nodes*; ``RANDOMIZE_DOWNLOAD_DELAY`` stretches each
+interval by a random 0–50 % (never shortens it: the interval is a floor).
+Two nodes with ``CONCURRENT_REQUESTS_PER_DOMAIN = 16`` used to allow 32 in
+flight to one site; now 16 in all. Each node's own Scrapy downloader no
+longer delays or limits per domain on top (its slots get no delay and the
+node's full concurrency), so the delay is applied once, cluster-wide.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import zlib
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from scrapy.utils.httpobj import urlparse_cached
+
+logger = logging.getLogger(__name__)
+
+KEY_MODES = ("host", "domain", "ip")
+#: Concurrency meaning "no limit" in the scripts.
+UNLIMITED = 1_000_000_000
+
+
+def partition_of(key: str, partitions: int) -> int:
+    """The partition of politeness key *key* (stable across processes)."""
+    if partitions <= 1:
+        return 0
+    return zlib.crc32(key.encode("utf-8", "surrogatepass")) % partitions
+
+
+@lru_cache(maxsize=1)
+def _extractor():
+    import tldextract
+
+    # The bundled public suffix snapshot only: nodes never fetch it.
+    return tldextract.TLDExtract(suffix_list_urls=(), cache_dir=None)
+
+
+@lru_cache(maxsize=65536)
+def registered_domain(host: str) -> str:
+    """``shop.example.co.uk`` → ``example.co.uk`` (IPs and unknown suffixes: the host)."""
+    ext = _extractor()(host)
+    return ext.top_domain_under_public_suffix or host
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How polite to be to one key: interval between starts, most in flight."""
+
+    delay: float = 0.0
+    concurrency: int = UNLIMITED
+
+    def encoded(self, source: str) -> str:
+        """The ``T:limits`` value: ``"delay ms|concurrency|source"``."""
+        return f"{int(round(self.delay * 1000))}|{self.concurrency}|{source}"
+
+
+@dataclass(frozen=True)
+class PolitenessConfig:
+    """Settings of the frontier's politeness (read once, from settings).
+
+    ``default`` applies to every key without an override; ``overrides`` come
+    from ``FRONTIER_HOST_LIMITS``; the command line sets more in Redis, which
+    win over both. ``backoff_codes`` are the statuses that slow a key down
+    (with ``Retry-After``: blocked that long, at most ``retry_after_max``;
+    without: its interval doubled, at most ``backoff_max``, relaxed again by
+    successes).
+    """
+
+    enabled: bool = True
+    key_mode: str = "host"
+    honour_download_slot: bool = False
+    default: Limits = Limits()
+    jitter: float = 0.0
+    overrides: dict = field(default_factory=dict)
+    backoff_codes: frozenset = frozenset({429, 503})
+    retry_after_max: float = 300.0
+    backoff_max: float = 60.0
+    partitions: int = 1
+
+    @classmethod
+    def from_settings(cls, settings) -> "PolitenessConfig":
+        mode = (settings.get("FRONTIER_POLITENESS_KEY") or "host").lower()
+        if mode not in KEY_MODES:
+            raise ValueError(f"FRONTIER_POLITENESS_KEY must be one of {KEY_MODES}, got {mode!r}")
+        partitions = settings.getint("FRONTIER_PARTITIONS", 1)
+        if partitions < 1:
+            raise ValueError(f"FRONTIER_PARTITIONS must be >= 1, got {partitions}")
+        enabled = settings.getbool("FRONTIER_POLITENESS", True)
+        concurrency = settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN", 8)
+        default = Limits(delay=max(0.0, settings.getfloat("DOWNLOAD_DELAY", 0.0)),
+                         concurrency=concurrency if concurrency > 0 else UNLIMITED)
+        overrides = {}
+        for key, value in (settings.getdict("FRONTIER_HOST_LIMITS") or {}).items():
+            overrides[str(key).lower()] = limits_from(value, default)
+        return cls(
+            enabled=enabled, key_mode=mode,
+            honour_download_slot=settings.getbool("FRONTIER_HONOUR_DOWNLOAD_SLOT", False),
+            default=default if enabled else Limits(),
+            jitter=0.5 if settings.getbool("RANDOMIZE_DOWNLOAD_DELAY", True) else 0.0,
+            overrides=overrides if enabled else {},
+            backoff_codes=frozenset(int(c) for c in settings.getlist(
+                "FRONTIER_BACKOFF_HTTP_CODES", [429, 503])),
+            retry_after_max=settings.getfloat("FRONTIER_RETRY_AFTER_MAX", 300.0),
+            backoff_max=settings.getfloat("FRONTIER_BACKOFF_MAX", 60.0),
+            partitions=partitions,
+        )
+
+    def key(self, request) -> str:
+        """The politeness key of *request*."""
+        if self.honour_download_slot:
+            slot = request.meta.get("download_slot")
+            if isinstance(slot, str) and slot:
+                return slot[:200]
+        host = (urlparse_cached(request).hostname or "").lower()
+        if self.key_mode == "domain":
+            return registered_domain(host)
+        if self.key_mode == "ip":
+            from scrapy.resolver import dnscache
+
+            # Only what this node already resolved: a DNS round trip here
+            # would block the reactor. Unresolved hosts count as themselves.
+            return dnscache.get(host, host)
+        return host
+
+    def partition(self, key: str) -> int:
+        return partition_of(key, self.partitions)
+
+
+def limits_from(value, default: Limits) -> Limits:
+    """A :class:`Limits` from ``{"delay": s, "concurrency": n}`` (missing: *default*'s)."""
+    if not isinstance(value, dict):
+        raise ValueError(f"a host limit must be {{'delay': s, 'concurrency': n}}, got {value!r}")
+    delay = float(value.get("delay", default.delay))
+    concurrency = int(value.get("concurrency", default.concurrency))
+    if delay < 0 or not math.isfinite(delay) or concurrency < 0:
+        raise ValueError(f"bad host limit {value!r}")
+    return Limits(delay, concurrency if concurrency > 0 else UNLIMITED)

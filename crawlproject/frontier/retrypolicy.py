@@ -1,0 +1,47 @@
+"""How requests that failed are tried again through the frontier (no Scrapy).
+
+A download that failed (Scrapy's ``RETRY_TIMES`` / ``RETRY_HTTP_CODES``, see
+:mod:`crawlproject.middlewares.retry`) or a callback that raised
+(``CALLBACK_RETRY_TIMES``) is retried after ``RETRY_BACKOFF_BASE * 2^(n-1)``
+seconds (jittered, at most ``RETRY_BACKOFF_MAX``), waiting in the frontier's
+delayed set in Redis so that any node may pick it up; when the retries are
+used up it is dead-lettered. The meta keys below carry that state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from crawlproject.backoff import backoff_delay
+
+#: The frontier member a request was leased as (never stored).
+LEASE_META = "_crawlproject_lease"
+#: Seconds a retried request waits in the delayed set (never stored).
+RETRY_DELAY_META = "_crawlproject_retry_delay"
+#: The response asked the site's politeness key to slow down (never stored).
+SLOW_DOWN_META = "_crawlproject_slow_down"
+#: Callback attempts so far (stored: a retried request carries it).
+CALLBACK_ATTEMPTS_META = "crawlproject_callback_attempts"
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Retry counts and backoff of a crawl (read once from settings)."""
+
+    callback_retry_times: int = 2
+    backoff_base: float = 1.0
+    backoff_max: float = 60.0
+
+    @classmethod
+    def from_settings(cls, settings) -> "RetryPolicy":
+        return cls(callback_retry_times=settings.getint("CALLBACK_RETRY_TIMES", 2),
+                   backoff_base=settings.getfloat("RETRY_BACKOFF_BASE", 1.0),
+                   backoff_max=settings.getfloat("RETRY_BACKOFF_MAX", 60.0))
+
+    def delay(self, attempt: int) -> float:
+        """Seconds retry *attempt* (1, 2, ...) waits."""
+        return backoff_delay(attempt, self.backoff_base, self.backoff_max)
+
+    def retry_callback(self, attempts: int) -> bool:
+        """Whether a request whose callback raised *attempts* times is tried again."""
+        return attempts <= self.callback_retry_times

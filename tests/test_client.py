@@ -1,0 +1,92 @@
+"""FrontierClient's batching rules (no Redis needed: the calls are not sent)."""
+
+import asyncio
+
+from crawlproject.frontier.client import MAX_CALL_ADDS, FrontierClient
+from crawlproject.frontier.politeness import PolitenessConfig
+
+
+class FakeFrontier:
+    def __init__(self, p):
+        self.node, self.partition = "n1", p
+
+
+def make_client(partitions=1, loop=None):
+    politeness = PolitenessConfig(partitions=partitions)
+    return FrontierClient([FakeFrontier(p) for p in range(partitions)], politeness,
+                          accept=lambda p, m, payload: payload, before_tick=lambda: None,
+                          count=lambda name, value: None, outage=None, log_extra={},
+                          prefetch=8, batch_size=100, flush_interval=0.05,
+                          min_sync_interval=0.02, idle_poll=0.2, heartbeat=2, lease_ttl=10)
+
+
+def send_round(client, partitions, fail=()):
+    """Build one round of calls as _tick does; mark them sent (or failed)."""
+    calls = {p: client._next_batch(p) for p in partitions}
+    client._attach_acks(calls)
+    for p, batch in calls.items():
+        if p in fail:
+            client._requeue(p, batch)
+        else:
+            for _ in range(len(batch.adds)):
+                client._unsent[p].popleft()
+    return calls
+
+
+def run(coro_fn):
+    async def main():
+        return coro_fn()
+    return asyncio.run(main())
+
+
+def test_a_huge_outbox_goes_in_bounded_calls_with_the_acks_in_the_last():
+    def body():
+        client = make_client()
+        for i in range(2500):
+            client.add(f'{{"url": "http://h/{i}"}}', None, 0, 0, "h")
+        client.ack("0:1@h")
+        client.ack("0:2@h")
+        rounds = [send_round(client, [0])[0] for _ in range(3)]
+        return [len(b.adds) for b in rounds], [b.acks for b in rounds]
+
+    sizes, acks = run(body)
+    assert sizes == [MAX_CALL_ADDS, MAX_CALL_ADDS, 500]
+    assert acks == [[], [], ["0:1@h", "0:2@h"]]     # parents acked with the last chunk
+
+
+def test_an_ack_waits_for_the_adds_made_before_it_in_other_partitions():
+    """A request's new requests may go to another partition: its ack must not
+    be stored before them, even if the two calls run at once."""
+    def body():
+        client = make_client(partitions=2)
+        keys = {client.partition_of(k): k for k in (f"h{i}" for i in range(50))}
+        parent = f"0:1@{keys[0]}"                   # a request of partition 0 ...
+        client.add("{}", None, 0, 0, keys[1])       # ... produced one for partition 1
+        client.ack(parent)
+        first = send_round(client, [0, 1])
+        second = send_round(client, [0, 1])
+        failing = make_client(partitions=2)
+        failing.add("{}", None, 0, 0, keys[1])
+        failing.ack(parent)
+        send_round(failing, [0, 1], fail={1})        # partition 1's call failed
+        retry = send_round(failing, [0, 1])
+        after = send_round(failing, [0, 1])
+        return first, second, retry, after, parent
+
+    first, second, retry, after, parent = run(body)
+    assert first[0].acks == [] and len(first[1].adds) == 1
+    assert second[0].acks == [parent]
+    assert retry[0].acks == [] and len(retry[1].adds) == 1   # still waiting for the re-send
+    assert after[0].acks == [parent]
+
+
+def test_an_ack_goes_with_the_adds_of_its_own_partition():
+    def body():
+        client = make_client(partitions=2)
+        key = next(k for k in (f"h{i}" for i in range(50)) if client.partition_of(k) == 0)
+        client.add("{}", None, 0, 0, key)
+        client.ack(f"0:1@{key}")
+        return send_round(client, [0, 1])
+
+    calls = run(body)
+    assert len(calls[0].adds) == 1 and len(calls[0].acks) == 1

@@ -1,0 +1,229 @@
+"""Cluster-wide politeness in the frontier (real Redis, injected clock): per-key
+interval and concurrency across nodes, fairness, blocks, backoff, crawl delay,
+limits changed at run time, per-node reclaim, partitions."""
+
+import hashlib
+import json
+
+import pytest
+from scrapy import Request
+from scrapy.settings import Settings
+
+from crawlproject.frontier.bloom import BloomConfig
+from crawlproject.frontier.politeness import Limits, PolitenessConfig, partition_of
+from crawlproject.frontier.queue import Batch, Frontier
+from crawlproject.keys import FrontierKeys
+
+
+class Clock:
+    def __init__(self, ms=1_000_000):
+        self.ms = ms
+
+    def __call__(self):
+        return self.ms
+
+    def advance(self, seconds):
+        self.ms += int(seconds * 1000)
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+def polite(delay=1.0, concurrency=2, **kw):
+    return PolitenessConfig(default=Limits(delay, concurrency), **kw)
+
+
+@pytest.fixture
+def node(redis, clock):
+    def make(name, politeness=None, partition=0, partitions=1):
+        return Frontier(redis, "spider", name, lease_ttl=10, clock=clock,
+                        bloom=BloomConfig(capacity=10_000),
+                        politeness=politeness or polite(), partition=partition,
+                        partitions=partitions)
+    return make
+
+
+def add(frontier, key, n, start=0, priority=0):
+    batch = Batch()
+    for i in range(start, start + n):
+        url = f"http://{key}/{i}"
+        batch.add(json.dumps({"url": url}), hashlib.sha1(url.encode()).digest(), priority, 0, key)
+    return frontier.sync(batch)
+
+
+def keys_of(taken):
+    return [m.partition("@")[2] for m, _ in taken]
+
+
+def test_a_key_starts_at_most_one_request_per_interval_across_nodes(node, clock):
+    a, b = node("a"), node("b")
+    add(a, "h1", 10)
+    assert keys_of(a.take(5)) == ["h1"]          # one start, then its interval
+    assert b.take(5) == [] and a.take(5) == []   # no node may start another yet
+    clock.advance(0.99)
+    assert b.take(5) == []
+    clock.advance(0.02)
+    assert keys_of(b.take(5)) == ["h1"]
+
+
+def test_a_key_has_at_most_its_concurrency_in_flight_across_nodes(node, clock):
+    a, b = node("a", polite(delay=0, concurrency=3)), node("b", polite(delay=0, concurrency=3))
+    add(a, "h1", 10)
+    first = a.take(2)
+    assert len(first) == 2
+    assert len(b.take(5)) == 1                    # 3 in flight in all
+    assert b.take(5) == []
+    a.ack(first[0][0])
+    assert len(b.take(5)) == 1                    # a slot freed: one more
+
+
+def test_ready_keys_are_served_in_turn_not_one_site_first(node, clock):
+    a = node("a", polite(delay=0.5, concurrency=10))
+    add(a, "big", 100)
+    add(a, "small1", 2)
+    add(a, "small2", 2)
+    assert sorted(keys_of(a.take(10))) == ["big", "small1", "small2"]   # one each
+    clock.advance(0.6)
+    assert sorted(keys_of(a.take(10))) == ["big", "small1", "small2"]
+    clock.advance(0.6)
+    assert keys_of(a.take(10)) == ["big"]
+
+
+def test_priority_first_within_a_key(node, clock):
+    a = node("a", polite(delay=0, concurrency=10))
+    batch = Batch()
+    for url, prio in [("low", -1), ("mid", 0), ("high", 5)]:
+        batch.add(json.dumps({"url": url}), None, prio, 0, "h1")
+    a.sync(batch)
+    assert [json.loads(p)["url"] for _, p in a.take(3)] == ["high", "mid", "low"]
+
+
+def test_retry_after_blocks_a_key_for_every_node(node, clock):
+    a, b = node("a", polite(delay=0.1, concurrency=5)), node("b", polite(delay=0.1, concurrency=5))
+    add(a, "h1", 10)
+    add(a, "h2", 10)
+    a.take(5)
+    block = Batch()
+    block.block("h1", 5)
+    a.sync(block)
+    seen = []
+    for _ in range(48):                           # 4.8 s: h2 goes on, h1 waits
+        clock.advance(0.1)
+        taken = b.take(5)
+        seen += keys_of(taken)
+        b.ack(*(m for m, _ in taken))
+    assert "h1" not in seen and seen.count("h2") >= 9
+    clock.advance(0.3)
+    assert "h1" in keys_of(b.take(5))
+
+
+def test_backoff_slows_a_key_down_and_successes_relax_it(node, clock, redis):
+    a = node("a", polite(delay=0.5, concurrency=5))
+    add(a, "h1", 50)
+    (member, _), = a.take(5)
+    slow = Batch(acks=[member], unrelieved={member})
+    slow.backoff("h1")
+    a.sync(slow)
+    assert a.key_states(["h1"])["h1"]["backoff_ms"] == 1000
+    clock.advance(0.6)
+    assert a.take(5) == []                        # the interval is 1 s now
+    clock.advance(0.5)
+    (member, _), = a.take(5)
+    a.ack(member)                                 # a success: halved, back to the delay
+    assert a.key_states(["h1"])["h1"]["backoff_ms"] == 0
+
+
+def test_robots_crawl_delay_applies(node, clock):
+    a = node("a", polite(delay=0, concurrency=5))
+    add(a, "h1", 10)
+    delay = Batch()
+    delay.crawl_delay("h1", 2)
+    a.sync(delay)
+    assert len(a.take(5)) == 1
+    clock.advance(1.9)
+    assert a.take(5) == []
+    clock.advance(0.2)
+    assert len(a.take(5)) == 1
+
+
+def test_limits_set_at_run_time_apply_at_once(node, clock):
+    a = node("a", polite(delay=10, concurrency=1))
+    add(a, "h1", 10)
+    (m, _), = a.take(5)
+    a.ack(m)
+    clock.advance(1)
+    assert a.take(5) == []                        # 10 s interval
+    assert a.set_limits({"h1": Limits(delay=0.5, concurrency=2)}) == 1
+    assert len(a.take(5)) == 1                    # rescheduled for last start + 0.5 s
+    assert a.limits()["h1"] == {"delay": 0.5, "concurrency": 2, "source": "c"}
+    assert a.set_limits({"h1": Limits(delay=9)}, source="s") == 0   # settings never win
+    assert a.set_limits({"h1": None}) == 1 and a.limits() == {}
+
+
+def test_reclaim_reads_only_the_dead_nodes_own_leases(node, clock, redis):
+    a, b, c = node("a", polite(0, 100)), node("b", polite(0, 100)), node("c", polite(0, 100))
+    add(a, "h1", 40)
+    assert len(a.take(30)) == 30 and len(b.take(5)) == 5
+    clock.advance(5)
+    b.heartbeat()
+    clock.advance(6)                              # a expired, b renewed 6 s ago
+    redis.config_resetstat()
+    res = c.sync(Batch(take=0))
+    assert res.reclaimed == 30
+    stats = redis.info("commandstats")
+    assert "cmdstat_hgetall" not in stats         # not every lease of the partition
+    assert len(redis.smembers(a.keys.held("b"))) == 5
+
+
+def test_a_sweep_recounts_in_flight(node, redis):
+    a = node("a", polite(0, 2))
+    add(a, "h1", 5)
+    assert len(a.take(5)) == 2
+    redis.hset(a.keys.kstate, "h1", "2|0|0|0|0")
+    redis.hdel(a.keys.inflight, *redis.hkeys(a.keys.inflight))   # state drifted
+    assert a.take(5) == []                        # the key looks full
+    res = a.sync(Batch(take=5, sweep=True))
+    assert len(res.taken) == 2
+
+
+def test_partitions_have_their_own_keys_and_filters(redis, clock):
+    config = polite(0, 10, partitions=3)
+    hosts = [f"host{i}.example" for i in range(30)]
+    by_partition = {}
+    for host in hosts:
+        by_partition.setdefault(partition_of(host, 3), []).append(host)
+    assert set(by_partition) == {0, 1, 2}
+    frontiers = [Frontier(redis, "spider", "a", clock=clock, politeness=config,
+                          bloom=BloomConfig(capacity=1000), partition=p, partitions=3)
+                 for p in range(3)]
+    for p, frontier in enumerate(frontiers):
+        for host in by_partition[p]:
+            add(frontier, host, 2)
+    tags = {k.decode().split("}")[0] + "}" for k in redis.keys("{spider*")}
+    assert tags == {"{spider:0}", "{spider:1}", "{spider:2}"}
+    for p, frontier in enumerate(frontiers):
+        assert frontier.counts()["queued"] == 2 * len(by_partition[p])
+        assert redis.exists(f"{{spider:{p}}}:bloom")
+    assert partition_of("host1.example", 3) == partition_of("host1.example", 3)
+
+
+def test_politeness_keys_from_settings():
+    req = Request("http://shop.example.co.uk/a")
+    assert PolitenessConfig.from_settings(Settings({})).key(req) == "shop.example.co.uk"
+    domain = PolitenessConfig.from_settings(Settings({"FRONTIER_POLITENESS_KEY": "domain"}))
+    assert domain.key(req) == "example.co.uk"
+    assert domain.key(Request("http://127.0.0.3:8000/")) == "127.0.0.3"
+    slot = Request("http://a.example/", meta={"download_slot": "pool"})
+    assert PolitenessConfig.from_settings(Settings({})).key(slot) == "a.example"
+    honour = PolitenessConfig.from_settings(Settings({"FRONTIER_HONOUR_DOWNLOAD_SLOT": True}))
+    assert honour.key(slot) == "pool"
+    config = PolitenessConfig.from_settings(Settings({
+        "DOWNLOAD_DELAY": 0.25, "CONCURRENT_REQUESTS_PER_DOMAIN": 4,
+        "FRONTIER_HOST_LIMITS": {"Slow.Example": {"delay": 3}}}))
+    assert config.default == Limits(0.25, 4)
+    assert config.overrides == {"slow.example": Limits(3.0, 4)}
+    off = PolitenessConfig.from_settings(Settings({"FRONTIER_POLITENESS": False,
+                                                   "DOWNLOAD_DELAY": 5}))
+    assert off.default == Limits() and off.overrides == {}
