@@ -50,6 +50,9 @@ def rss_at_progress(run: dict) -> dict:
     progress = node["progress"]  # [(ts, responses)]
     total = node["pages"]
     rss = [(t, r) for t, r in node["rss"] if t <= node["last_response"] + 0.5]
+    # A tiny crawl on a loaded machine may end before the sampler's first
+    # sample: then the first sample after it is the best reading there is.
+    rss = rss or node["rss"][:1]
     if not progress or not rss or not total:
         return {}
     times = [t for t, _ in progress]
