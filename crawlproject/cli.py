@@ -25,6 +25,7 @@ import sys
 from crawlproject.connection import DEFAULT_REDIS_URL, env_default, redact_url, redis_from_url
 from crawlproject.frontier.queue import Frontier
 from crawlproject.keys import (
+    FrontierKeys,
     SeedKeys,
     reset_spider,
     spider_keys,
@@ -44,7 +45,17 @@ def _client(args):
 
 
 def _frontier(args) -> Frontier:
-    return Frontier(_client(args), args.spider, node="cli")
+    """Partition 0 (the spider-wide keys live with it)."""
+    return _partitions(args)[0]
+
+
+def _partitions(args) -> list[Frontier]:
+    """Every partition of the spider's frontier (the count the crawl started with)."""
+    client = _client(args)
+    stored = client.hget(FrontierKeys(args.spider).config, "partitions")
+    count = int(stored) if stored else 1
+    return [Frontier(client, args.spider, node="cli", partition=p, partitions=count)
+            for p in range(count)]
 
 
 def _project():
@@ -78,7 +89,8 @@ def cmd_status(args) -> int:
     from rich.table import Table
 
     settings, spidercls = _spider_class(args)
-    f = _frontier(args)
+    parts = _partitions(args)
+    f = parts[0]
     seeds = _seed_keys(args, settings, spidercls)
     if not spider_keys(f.client, args.spider, seeds.key):
         if spidercls is None:
@@ -86,7 +98,13 @@ def cmd_status(args) -> int:
                   f"no crawl state in Redis at {redact_url(args.redis_url)}", file=sys.stderr)
             return 1
         print(f"{args.spider}: no crawl state in Redis yet (push seeds to {seeds.key})")
-    counts = f.counts()
+    counts: dict[str, int] = {}
+    for part in parts:
+        for name, value in part.counts().items():
+            counts[name] = counts.get(name, 0) + value
+    counts["nodes"] = len({_s(n) for part in parts
+                           for n in part.client.zrange(part.keys.nodes, 0, -1)})
+    counts["partitions"] = len(parts)
     counts["seeds"] = _seed_count(f.client, seeds.key)
     counts["seeds claimed"] = f.client.hlen(seeds.claims)
     counts["invalid seeds"] = f.client.llen(seeds.invalid)
@@ -95,16 +113,100 @@ def cmd_status(args) -> int:
     table.add_column("value", justify="right")
     for name, value in counts.items():
         table.add_row(name, str(value))
-    for name, value in sorted(f.stats().items()):
+    totals: dict[str, int] = dict(f.stats())
+    for part in parts[1:]:
+        for name, value in part.client.hgetall(part.keys.stats).items():
+            totals[_s(name)] = totals.get(_s(name), 0) + int(value)
+    for name, value in sorted(totals.items()):
         table.add_row(f"total {name}", str(value))
-    est = f.bloom_estimates()
+    est = _bloom_totals([part.bloom_estimates() for part in parts])
     if est["layers"]:
         table.add_row("bloom layers / items", f"{est['layers']} / {est['count']}")
         table.add_row("bloom fill ratio", f"{est['fill_ratio']:.4f}")
         table.add_row("bloom est. FP rate", f"{est['est_fp_rate']:.2e}")
         table.add_row("bloom bytes per item", f"{est['bytes_per_item']:.2f}")
-    Console().print(table)
+    Console(width=max(Console().width, 140)).print(table)
     return 0
+
+
+def _bloom_totals(estimates: list[dict]) -> dict:
+    bits = sum(e["bits"] for e in estimates)
+    count = sum(e["count"] for e in estimates)
+    return {"layers": max((e["layers"] for e in estimates), default=0), "count": count,
+            "fill_ratio": sum(e["fill_ratio"] * e["bits"] for e in estimates) / bits if bits else 0,
+            "est_fp_rate": max((e["est_fp_rate"] for e in estimates), default=0.0),
+            "bytes_per_item": bits / 8 / count if count else 0.0}
+
+
+def cmd_politeness(args) -> int:
+    """Show the per-host politeness state, or change a host's limits at run time."""
+    from crawlproject.frontier.politeness import Limits, limits_from, partition_of
+
+    parts = _partitions(args)
+    if args.delay is not None or args.concurrency is not None or args.clear:
+        if not args.hosts:
+            raise UsageError("name the host(s) whose limits to change")
+        if args.clear:
+            value = None
+        else:
+            spec = {k: v for k, v in (("delay", args.delay), ("concurrency", args.concurrency))
+                    if v is not None}
+            try:
+                value = limits_from(spec, Limits(0.0, 0))
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+        for host in args.hosts:
+            key = host.lower()
+            parts[partition_of(key, len(parts))].set_limits({key: value})
+            print(f"{key}: " + ("limits cleared (settings apply)" if value is None else
+                                f"at most one request every {value.delay:g}s, "
+                                f"{value.concurrency} in flight, across all nodes"))
+        return 0
+    now_ms = _server_ms(parts[0].client)
+    rows = {}
+    for part in parts:
+        limits = part.limits()
+        states = part.key_states([h.lower() for h in args.hosts] if args.hosts else None)
+        for key, state in states.items():
+            rows[key] = {**state, "limits": limits.get(key)}
+        for key, value in limits.items():
+            rows.setdefault(key, {"limits": value})
+    if args.json:
+        print(json.dumps({"now_ms": now_ms, "hosts": rows}, sort_keys=True))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"politeness of {args.spider} (per host, across all nodes)")
+    for column in ("host", "queued", "in flight", "limits", "next start in", "blocked for",
+                   "backoff", "crawl delay"):
+        table.add_column(column, justify="left" if column == "host" else "right")
+    for key, row in sorted(rows.items(), key=lambda kv: -kv[1].get("queued", 0))[:args.n]:
+        lim = row.get("limits")
+        table.add_row(
+            key, str(row.get("queued", 0)), str(row.get("inflight", 0)),
+            f"{lim['delay']:g}s / {lim['concurrency']} ({'cli' if lim['source'] == 'c' else 'settings'})"
+            if lim else "defaults",
+            _in(row.get("ready_at_ms"), now_ms), _in(row.get("blocked_until_ms"), now_ms),
+            f"{row['backoff_ms'] / 1000:g}s" if row.get("backoff_ms") else "",
+            f"{row['crawl_delay_ms'] / 1000:g}s" if row.get("crawl_delay_ms") else "")
+    Console(width=max(Console().width, 140)).print(table)
+    return 0
+
+
+def _server_ms(client) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def _in(at_ms, now_ms: int) -> str:
+    if not at_ms or at_ms <= now_ms:
+        return "now" if at_ms else ""
+    return f"{(at_ms - now_ms) / 1000:.1f}s"
+
+
+def _s(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _seed_count(client, key: str) -> int:
@@ -132,15 +234,17 @@ def cmd_seed(args) -> int:
 
 
 def cmd_dead(args) -> int:
-    for record in _frontier(args).dead_letters(args.n):
-        record.pop("payload", None)
-        print(json.dumps(record))
+    for part in _partitions(args):
+        for record in part.dead_letters(args.n):
+            record.pop("payload", None)
+            print(json.dumps(record))
     return 0
 
 
 def cmd_invalid(args) -> int:
-    for record in _frontier(args).invalid_entries(args.n):
-        print(json.dumps(record))
+    for part in _partitions(args):
+        for record in part.invalid_entries(args.n):
+            print(json.dumps(record))
     return 0
 
 
@@ -156,7 +260,8 @@ def cmd_invalid_seeds(args) -> int:
 
 
 def cmd_replay(args) -> int:
-    print(f"replayed {_frontier(args).replay_dead(args.n)} dead letter(s)")
+    replayed = sum(part.replay_dead(args.n) for part in _partitions(args))
+    print(f"replayed {replayed} dead letter(s)")
     return 0
 
 
@@ -236,6 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("invalid-seeds", cmd_invalid_seeds, "list seeds that were moved aside, with the reason"),
         ("replay", cmd_replay, "move dead letters back into the queue (with fresh retries)"),
         ("reset", cmd_reset, "delete the spider's queue, filter, seeds and seed claims"),
+        ("politeness", cmd_politeness, "per-host politeness (limits, in flight, blocks); "
+                                       "--delay/--concurrency HOST... change limits now"),
     ]:
         p = sub.add_parser(name, help=help_)
         p.add_argument("spider")
@@ -244,6 +351,13 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("seeds", nargs="+")
         if name in ("dead", "invalid", "invalid-seeds", "replay"):
             p.add_argument("-n", type=int, default=20 if name != "replay" else 1000)
+        if name == "politeness":
+            p.add_argument("hosts", nargs="*", help="politeness keys (hosts) to show or change")
+            p.add_argument("--delay", type=float, help="seconds between request starts")
+            p.add_argument("--concurrency", type=int, help="most requests in flight")
+            p.add_argument("--clear", action="store_true", help="back to the settings' limits")
+            p.add_argument("--json", action="store_true")
+            p.add_argument("-n", type=int, default=50, help="hosts shown (most queued first)")
         if name == "reset":
             p.add_argument("--yes", action="store_true")
             p.add_argument("--keep-seeds", action="store_true")

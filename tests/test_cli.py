@@ -39,7 +39,8 @@ def test_status_dead_replay_and_reset(redis, redis_url):
     record = json.loads(listed.stdout.splitlines()[0])
     assert record["reason"] == "HTTP 503" and "payload" not in record
     assert "replayed 1" in cli(redis_url, "replay", "shop").stdout
-    assert f.counts()["queued"] == 1
+    assert f.counts()["delayed"] == 1                             # due now: queued by the next call
+    assert f.counts()["queued"] == 0 and f.sync(Batch()).queued == 1
     assert cli(redis_url, "reset", "shop").returncode == 2        # needs --yes
     assert f.counts()["queued"] == 1
     assert cli(redis_url, "reset", "shop", "--yes").returncode == 0
@@ -143,3 +144,29 @@ def test_reset_deletes_every_key_of_the_spider_and_only_those(redis, redis_url):
     after = {k.decode() for k in redis.keys("*")}
     assert not [k for k in after if "shop" in k], after
     assert {k for k in before if "other" in k} == after
+
+
+def test_politeness_shows_hosts_and_changes_limits_at_run_time(redis, redis_url):
+    from crawlproject.frontier.politeness import Limits, PolitenessConfig
+
+    f = Frontier(redis, "shop", "n1",
+                 politeness=PolitenessConfig(default=Limits(delay=60, concurrency=1)))
+    batch = Batch(take=5)
+    for i in range(3):
+        batch.add(f'{{"url": "http://slow.example/{i}"}}', None, 0, 0, "slow.example")
+    taken = f.sync(batch).taken
+    f.ack(*(m for m, _ in taken))
+    shown = cli(redis_url, "politeness", "shop", "--json")
+    state = json.loads(shown.stdout)["hosts"]["slow.example"]
+    assert state["queued"] == 2 and state["inflight"] == 0
+    assert state["ready_at_ms"] - state["last_start_ms"] >= 60_000
+    changed = cli(redis_url, "politeness", "shop", "slow.example", "--delay", "0.5",
+                  "--concurrency", "2")
+    assert changed.returncode == 0, changed.stderr
+    assert len(f.sync(Batch(take=5)).taken) == 1           # in force at once
+    assert f.limits()["slow.example"] == {"delay": 0.5, "concurrency": 2, "source": "c"}
+    table = cli(redis_url, "politeness", "shop")
+    assert "slow.example" in table.stdout and "0.5s / 2 (cli)" in table.stdout
+    assert cli(redis_url, "politeness", "shop", "--delay", "1").returncode == 2   # which host?
+    assert cli(redis_url, "politeness", "shop", "slow.example", "--clear").returncode == 0
+    assert f.limits() == {}

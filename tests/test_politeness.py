@@ -12,7 +12,6 @@ from scrapy.settings import Settings
 from crawlproject.frontier.bloom import BloomConfig
 from crawlproject.frontier.politeness import Limits, PolitenessConfig, partition_of
 from crawlproject.frontier.queue import Batch, Frontier
-from crawlproject.keys import FrontierKeys
 
 
 class Clock:
