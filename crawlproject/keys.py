@@ -41,6 +41,8 @@ key                                type    contents / written by
 ``T:limits``                       hash    politeness key → ``"delay ms|concurrency|
                                            source"`` overrides (``c`` set with the
                                            command line, ``s`` from settings)
+``T:fetched``                      set     leased members whose download ended (their
+                                           key's in-flight slot is free already)
 ``T:payloads``                     hash    member → request JSON
                                            (:mod:`crawlproject.serialization`); SYNC
 ``T:inflight``                     hash    member → node id holding its lease; SYNC
@@ -172,6 +174,8 @@ class FrontierKeys:
     @property
     def limits(self) -> str: return self._k("limits")
     @property
+    def fetched(self) -> str: return self._k("fetched")
+    @property
     def payloads(self) -> str: return self._k("payloads")
     @property
     def inflight(self) -> str: return self._k("inflight")
@@ -208,7 +212,7 @@ class FrontierKeys:
         """KEYS of the SYNC script, in its order."""
         return [self.ready, self.payloads, self.inflight, self.nodes, self.delayed,
                 self.dead, self.invalid, self.seq, self.bloom, self.stats, self.kstate,
-                self.limits, self.queue_prefix, self.held_prefix, self.qlen]
+                self.limits, self.queue_prefix, self.held_prefix, self.qlen, self.fetched]
 
     def replay_keys(self) -> list[str]:
         """KEYS of the REPLAY_DEAD script, in its order."""
@@ -216,8 +220,8 @@ class FrontierKeys:
 
     def fixed(self) -> list[str]:
         """Every key of this partition with a fixed name (not queues, held sets, shards)."""
-        return [*self.sync_keys()[:12], self.qlen, self.config, self.cluster_stats,
-                self.dupefilter]
+        return [*self.sync_keys()[:12], self.qlen, self.fetched, self.config,
+                self.cluster_stats, self.dupefilter]
 
     def patterns(self) -> list[str]:
         """SCAN patterns of this partition's derived keys."""

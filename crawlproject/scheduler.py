@@ -143,6 +143,8 @@ class RedisScheduler(BaseScheduler):
         if self.politeness.enabled:
             self._no_local_politeness()
         self.crawler.signals.connect(self._on_response, signal=signals.response_received)
+        self.crawler.signals.connect(self._on_left_downloader,
+                                     signal=signals.request_left_downloader)
         self.crawler.signals.connect(self._on_spider_error, signal=signals.spider_error)
         self.crawler.signals.connect(self._on_robots, signal=signals.robots_parsed)
         pol = self.politeness
@@ -179,7 +181,7 @@ class RedisScheduler(BaseScheduler):
             prefetch=self.prefetch, batch_size=self.batch_size,
             flush_interval=self.flush_interval, min_sync_interval=self.min_sync_interval,
             idle_poll=self.idle_poll, heartbeat=self.heartbeat, lease_ttl=self.lease_ttl,
-            nudge=self._nudge_engine)
+            nudge=self._nudge_engine, free_slots=self._free_slots)
         self.client.on_first_sync = self._on_first_sync
 
     def close(self, reason: str):
@@ -357,6 +359,20 @@ class RedisScheduler(BaseScheduler):
         if delay:
             self.client.feedback(self.politeness.key(request), "crawldelay", float(delay))
             self.stats.inc_value("politeness/crawl_delays")
+
+    def _on_left_downloader(self, request, spider=None, **kwargs):
+        # The download is over (response or error): the site's slot is free for
+        # another node even though the request is not done (callback, items).
+        member = request.meta.get(LEASE_META)
+        if member is not None:
+            self.client.fetched(member)
+
+    def _free_slots(self) -> int:
+        downloader = getattr(self.crawler.engine, "downloader", None)
+        if downloader is None:
+            return self.prefetch
+        total = downloader.total_concurrency or 1_000_000
+        return max(0, total - len(downloader.active))
 
     def _on_response(self, response, request, spider):
         member = request.meta.get(LEASE_META)

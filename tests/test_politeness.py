@@ -226,3 +226,28 @@ def test_politeness_keys_from_settings():
     off = PolitenessConfig.from_settings(Settings({"FRONTIER_POLITENESS": False,
                                                    "DOWNLOAD_DELAY": 5}))
     assert off.default == Limits() and off.overrides == {}
+
+
+def test_a_finished_download_frees_its_slot_before_the_ack(node, clock):
+    """In flight means downloading: a request whose callback or items are still
+    being processed no longer counts against the site's concurrency."""
+    a, b = node("a", polite(delay=0, concurrency=1)), node("b", polite(delay=0, concurrency=1))
+    add(a, "h1", 5)
+    (member, _), = a.take(5)
+    assert b.take(5) == []
+    a.sync(Batch(fetched=[member, member]))       # reported twice: counted once
+    (other, _), = b.take(5)
+    assert b.take(5) == []
+    a.ack(member)                                 # the ack does not free a second slot
+    assert b.take(5) == []
+    assert a.key_states(["h1"])["h1"]["inflight"] == 1
+
+
+def test_polite_keys_are_taken_only_as_far_as_the_node_can_start(node, clock):
+    a = node("a", polite(delay=1, concurrency=5))
+    for key in ("h1", "h2", "h3"):
+        add(a, key, 3)
+    assert len(a.sync(Batch(take=10, take_polite=2)).taken) == 2
+    clock.advance(1.1)
+    assert len(a.sync(Batch(take=10, take_polite=0)).taken) == 0
+    assert len(a.sync(Batch(take=10)).taken) == 3

@@ -92,7 +92,8 @@ class FrontierClient:
                  count: Callable[[str, int], None], outage, log_extra: dict,
                  prefetch: int, batch_size: int, flush_interval: float,
                  min_sync_interval: float, idle_poll: float, heartbeat: float,
-                 lease_ttl: float, nudge: Callable[[], None] = lambda: None):
+                 lease_ttl: float, nudge: Callable[[], None] = lambda: None,
+                 free_slots: Callable[[], int] | None = None):
         self.partitions = partitions
         self.politeness = politeness
         self.accept, self.before_tick, self.count = accept, before_tick, count
@@ -100,6 +101,8 @@ class FrontierClient:
         self.prefetch, self.batch_size = prefetch, batch_size
         self.flush_interval, self.min_sync_interval = flush_interval, min_sync_interval
         self.idle_poll, self.heartbeat, self.lease_ttl = idle_poll, heartbeat, lease_ttl
+        #: how many more requests the node could start right now (None: no limit)
+        self.free_slots = free_slots
         self.node_base = partitions[0].node
         self._incarnation = 0
         self.buffer: deque[Entry] = deque()
@@ -161,6 +164,13 @@ class FrontierClient:
         entry = self.held.pop(member, None)
         p = entry.partition if entry else self._partition_of_member(member)
         self._acks.append((member, p, relieve, self._seq))
+
+    def fetched(self, member: str) -> None:
+        """*member*'s download ended: its politeness key's slot is free again
+        (the entry stays leased until it is acknowledged)."""
+        entry = self.held.get(member)
+        if entry is not None:
+            self.outbox[entry.partition].fetched.append(member)
 
     def fail(self, member: str, kind: str, record: dict) -> None:
         """*member* is done for good: keep *record* in the dead/invalid list."""
@@ -343,9 +353,18 @@ class FrontierClient:
             return gap  # coalesce: more work per round trip
         waiters, self._flush_waiters = self._flush_waiters, []
         calls: dict[int, Batch] = {}
+        polite = None
+        if self.free_slots is not None and takes:
+            # Entries of keys with an interval are taken only if they can start
+            # now: counted from the lease, a wait in our buffer would shorten
+            # the interval another node sees.
+            polite = max(0, self.free_slots() - len(self.buffer))
+            polite = -(-polite // len(takes))
         for p in range(len(self.partitions)):
             batch = self._next_batch(p)
             batch.take = takes.get(p, 0)
+            if batch.take and polite is not None:
+                batch.take_polite = min(batch.take, polite)
             batch.maintenance = maintenance
             if not (batch or maintenance or any(a[1] == p for a in self._acks)):
                 continue

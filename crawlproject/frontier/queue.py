@@ -71,7 +71,11 @@ class Batch:
     fails: list[tuple[str, str, str]] = field(default_factory=list)
     nacks: list[str] = field(default_factory=list)
     feedback: list[tuple[str, str, int]] = field(default_factory=list)
+    #: leased members whose download ended (frees their key's slot)
+    fetched: list[str] = field(default_factory=list)
     take: int = 0
+    #: most entries to take from keys with an interval (None: as many as ``take``)
+    take_polite: int | None = None
     #: renew the lease, reclaim expired ones, report delayed/inflight sizes
     maintenance: bool = True
     #: move due delayed entries to the queue (always done with maintenance)
@@ -105,7 +109,7 @@ class Batch:
 
     def __bool__(self) -> bool:
         return bool(self.adopt or self.adds or self.acks or self.fails or self.nacks
-                    or self.feedback or self.take)
+                    or self.feedback or self.fetched or self.take)
 
     def merge(self, other: "Batch") -> None:
         """Append *other*'s operations after this batch's."""
@@ -116,6 +120,7 @@ class Batch:
         self.fails += other.fails
         self.nacks += other.nacks
         self.feedback += other.feedback
+        self.fetched += other.fetched
 
 
 @dataclass
@@ -177,7 +182,9 @@ class Frontier:
                 *self.bloom.args(), self.dead_max, self.invalid_max,
                 int(round(pol.default.delay * 1000)), pol.default.concurrency or UNLIMITED,
                 pol.jitter, int(pol.backoff_max * 1000), int(pol.retry_after_max * 1000),
-                random.randrange(1, 2**31), len(batch.adopt)]
+                random.randrange(1, 2**31),
+                batch.take if batch.take_polite is None else batch.take_polite,
+                len(batch.adopt)]
         for member, former in batch.adopt:
             args += [member, former]
         args.append(len(batch.adds))
@@ -194,6 +201,8 @@ class Frontier:
         args.append(len(batch.feedback))
         for entry in batch.feedback:
             args += entry
+        args.append(len(batch.fetched))
+        args += batch.fetched
         return self._sync(keys=keys, args=args)
 
     @staticmethod

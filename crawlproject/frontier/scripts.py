@@ -302,6 +302,7 @@ SYNC = _LIB + r"""
 -- KEYS[13] queue prefix: the queue of key K is KEYS[13]:K (derived)
 -- KEYS[14] held prefix: the members leased to node N are in the set KEYS[14]:N (derived)
 -- KEYS[15] qlen (string: entries queued in this partition)
+-- KEYS[16] fetched (set: leased members whose download ended)
 -- ARGV[1] now in ms, or '' for Redis server time      ARGV[2] node id
 -- ARGV[3] lease ttl ms (0 = this node leaves: drop its heartbeat)
 -- ARGV[4] how many entries to take
@@ -315,7 +316,9 @@ SYNC = _LIB + r"""
 -- ARGV[14] default most requests of a key in flight   ARGV[15] jitter (0..1)
 -- ARGV[16] most backoff interval ms   ARGV[17] most Retry-After block ms
 -- ARGV[18] random seed (the interval jitter)
--- then six sections, each a count followed by its items:
+-- ARGV[19] most entries to take from keys with an interval (what the node can
+--          start at once: an entry of a polite key must not wait in a buffer)
+-- then seven sections, each a count followed by its items:
 --   adopt: n x (member, former owner)    (leases this node took under a former
 --                                          id of its own: now held under this id)
 --   add:  n x (politeness key, fingerprint hex or '', priority, payload, delay ms or 0)
@@ -323,6 +326,8 @@ SYNC = _LIB + r"""
 --   fail: n x (member, 'dead'|'invalid', record)   (forget it, keep record)
 --   nack: n x member                     (not started: back to its queue)
 --   feedback: n x (key, 'block'|'backoff'|'crawldelay', ms)
+--   fetched: n x member                  (its download ended: its key's slot is
+--                                          free; the entry stays leased until acked)
 --
 -- Politeness is enforced here, at lease time, for all nodes: a key is taken
 -- from only when its ready time has come (a minimum interval since its last
@@ -418,7 +423,8 @@ local function member_key(member) return string.match(member, '@(.*)$') end
 local took, touched, raise = {}, {}, {}
 
 -- parse every section first: their keys are loaded in one go
-local pos = 19
+local polite_budget = tonumber(ARGV[19])
+local pos = 20
 local adopt = {}
 for i = 1, tonumber(ARGV[pos]) do adopt[i] = {ARGV[pos + 2 * i - 1], ARGV[pos + 2 * i]} end
 pos = pos + 1 + 2 * #adopt
@@ -445,6 +451,9 @@ local feedback = {}
 for i = 1, tonumber(ARGV[pos]) do
   feedback[i] = {ARGV[pos + 3 * i - 2], ARGV[pos + 3 * i - 1], tonumber(ARGV[pos + 3 * i])}
 end
+pos = pos + 1 + 3 * #feedback
+local fetched = {}
+for i = 1, tonumber(ARGV[pos]) do fetched[i] = ARGV[pos + i] end
 
 local keys = {}
 for _, e in ipairs(entries) do keys[#keys + 1] = e[1] end
@@ -452,6 +461,7 @@ for _, a in ipairs(acks) do keys[#keys + 1] = member_key(a[1]) end
 for _, f in ipairs(fails) do keys[#keys + 1] = member_key(f[1]) end
 for _, m in ipairs(nacks) do keys[#keys + 1] = member_key(m) end
 for _, f in ipairs(feedback) do keys[#keys + 1] = f[1] end
+for _, m in ipairs(fetched) do keys[#keys + 1] = member_key(m) end
 load(keys)
 
 -- adopt
@@ -501,62 +511,112 @@ if n_add > 0 then
   end
 end
 
--- Ownership: true when this call may finish MEMBER (see the header). Removes
--- it from in-flight (or from its queue, for a late finisher).
-local unheld = {}
-local function settle(member)
-  local owner = redis.call('HGET', KEYS[3], member)
-  local k = member_key(member)
-  if owner == node then
-    redis.call('HDEL', KEYS[3], member)
-    unheld[#unheld + 1] = member
-    ST[k].n = math.max(0, ST[k].n - 1); dirty[k] = true; touched[k] = true
-    return true
+-- Ownership, in batches: the members this node holds are settled at once;
+-- a late finisher's member (nobody holds it, it is back in its queue) is
+-- taken out of the queue; anything else is stale. A key's in-flight count
+-- goes down when its download ended ('fetched', reported earlier) or now.
+local unheld, gone = {}, {}
+local function settle(members, on_done)
+  if #members == 0 then return end
+  local owners = {}
+  for i = 1, #members, 500 do
+    local last = math.min(i + 499, #members)
+    local got = redis.call('HMGET', KEYS[3], unpack(members, i, last))
+    for j = i, last do owners[j] = got[j - i + 1] end
   end
-  if not owner and redis.call('ZREM', Q(k), member) == 1 then
-    qdelta = qdelta - 1
-    return true
+  local mine = {}
+  for i, member in ipairs(members) do
+    if owners[i] == node then
+      mine[#mine + 1] = member
+      on_done(i, member)
+    elseif not owners[i] and redis.call('ZREM', Q(member_key(member)), member) == 1 then
+      qdelta = qdelta - 1
+      on_done(i, member)
+    else
+      stale = stale + 1
+    end
   end
-  stale = stale + 1
-  return false
+  if #mine == 0 then return end
+  call_chunked('HDEL', KEYS[3], mine, 1)
+  local released = {}
+  for i = 1, #mine, 500 do
+    local last = math.min(i + 499, #mine)
+    local flags = redis.call('SMISMEMBER', KEYS[16], unpack(mine, i, last))
+    for j = i, last do
+      if flags[j - i + 1] == 1 then
+        released[#released + 1] = mine[j]
+      else
+        local k = member_key(mine[j])
+        ST[k].n = math.max(0, ST[k].n - 1); dirty[k] = true; touched[k] = true
+      end
+    end
+  end
+  if #released > 0 then call_chunked('SREM', KEYS[16], released, 1) end
+  for _, member in ipairs(mine) do unheld[#unheld + 1] = member end
+end
+
+-- fetched: downloads that ended: their key's slot is free for the next request
+if #fetched > 0 then
+  local owners = redis.call('HMGET', KEYS[3], unpack(fetched))
+  local mine = {}
+  for i, member in ipairs(fetched) do
+    if owners[i] == node then mine[#mine + 1] = member end
+  end
+  if #mine > 0 then
+    local flags = redis.call('SMISMEMBER', KEYS[16], unpack(mine))
+    local new = {}
+    for i, member in ipairs(mine) do
+      if flags[i] == 0 then
+        new[#new + 1] = member
+        local k = member_key(member)
+        ST[k].n = math.max(0, ST[k].n - 1); dirty[k] = true; touched[k] = true
+      end
+    end
+    if #new > 0 then redis.call('SADD', KEYS[16], unpack(new)) end
+  end
 end
 
 -- ack
-local gone = {}
-for _, a in ipairs(acks) do
-  if settle(a[1]) then
-    gone[#gone + 1] = a[1]
-    local s = ST[member_key(a[1])]
-    if a[2] == '1' and s.bo > 0 then
-      -- a success relaxes the key's backoff (halved; gone below its interval)
-      s.bo = math.floor(s.bo / 2)
-      if s.bo <= LIM[member_key(a[1])].delay then s.bo = 0 end
-      dirty[member_key(a[1])] = true
-    end
+local ack_members = {}
+for i, a in ipairs(acks) do ack_members[i] = a[1] end
+settle(ack_members, function(i, member)
+  gone[#gone + 1] = member
+  local k = member_key(member)
+  local s = ST[k]
+  if acks[i][2] == '1' and s.bo > 0 then
+    -- a success relaxes the key's backoff (halved; gone below its interval)
+    s.bo = math.floor(s.bo / 2)
+    if s.bo <= LIM[k].delay then s.bo = 0 end
+    dirty[k] = true
   end
-end
+end)
 
 -- fail
-for _, f in ipairs(fails) do
-  if settle(f[1]) then
-    gone[#gone + 1] = f[1]
-    keep_record(f[2], f[3])
-  end
-end
+local fail_members = {}
+for i, f in ipairs(fails) do fail_members[i] = f[1] end
+settle(fail_members, function(i, member)
+  gone[#gone + 1] = member
+  keep_record(fails[i][2], fails[i][3])
+end)
 if #gone > 0 then call_chunked('HDEL', KEYS[2], gone, 1) end
 
--- nack
+-- nack: not started, back to its queue (only the holder's)
+local nacked = {}
 for _, member in ipairs(nacks) do
-  if redis.call('HGET', KEYS[3], member) == node then
+  if redis.call('HGET', KEYS[3], member) == node then nacked[#nacked + 1] = member
+  else stale = stale + 1 end
+end
+if #nacked > 0 then
+  local back = {}
+  for _, member in ipairs(nacked) do
     local k = member_key(member)
-    redis.call('HDEL', KEYS[3], member)
-    unheld[#unheld + 1] = member
-    redis.call('ZADD', Q(k), score(member), member)
-    qdelta = qdelta + 1
-    ST[k].n = math.max(0, ST[k].n - 1); dirty[k] = true; touched[k] = true
-  else
-    stale = stale + 1
+    local q = back[k]
+    if not q then q = {}; back[k] = q end
+    q[#q + 1] = score(member); q[#q + 1] = member
   end
+  settle(nacked, function() end)
+  for k, q in pairs(back) do call_chunked('ZADD', Q(k), q, 2) end
+  qdelta = qdelta + #nacked
 end
 if #unheld > 0 then call_chunked('SREM', HELD(node), unheld, 1) end
 
@@ -581,14 +641,22 @@ local function requeue(members, owner)
   local ks = {}
   for _, member in ipairs(members) do ks[#ks + 1] = member_key(member) end
   load(ks)
-  local back = {}
-  for _, member in ipairs(members) do
-    local k = member_key(member)
-    local q = back[k]
-    if not q then q = {}; back[k] = q end
-    q[#q + 1] = score(member); q[#q + 1] = member
-    ST[k].n = math.max(0, ST[k].n - 1); dirty[k] = true; touched[k] = true
+  local back, released = {}, {}
+  for i = 1, #members, 500 do
+    local last = math.min(i + 499, #members)
+    local flags = redis.call('SMISMEMBER', KEYS[16], unpack(members, i, last))
+    for j = i, last do
+      local member = members[j]
+      local k = member_key(member)
+      local q = back[k]
+      if not q then q = {}; back[k] = q end
+      q[#q + 1] = score(member); q[#q + 1] = member
+      if flags[j - i + 1] == 1 then released[#released + 1] = member
+      else ST[k].n = math.max(0, ST[k].n - 1) end
+      dirty[k] = true; touched[k] = true
+    end
   end
+  if #released > 0 then call_chunked('SREM', KEYS[16], released, 1) end
   call_chunked('HDEL', KEYS[3], members, 1)
   for k, q in pairs(back) do call_chunked('ZADD', Q(k), q, 2) end
   qdelta = qdelta + #members
@@ -620,13 +688,15 @@ if maintenance or ttl == 0 then
     -- Entries of owners that are not registered nodes; and each key's
     -- in-flight count recomputed from the leases themselves (self-healing).
     local flat = redis.call('HGETALL', KEYS[3])
+    local done = {}
+    for _, member in ipairs(redis.call('SMEMBERS', KEYS[16])) do done[member] = true end
     local alive, orphans, count = {}, {}, {}
     for i = 1, #flat, 2 do
       local owner = flat[i + 1]
       if alive[owner] == nil then alive[owner] = redis.call('ZSCORE', KEYS[4], owner) ~= false end
       if alive[owner] then
         local k = member_key(flat[i])
-        count[k] = (count[k] or 0) + 1
+        if not done[flat[i]] then count[k] = (count[k] or 0) + 1 end
       else
         orphans[#orphans + 1] = flat[i]
         redis.call('SREM', HELD(owner), flat[i])
@@ -696,13 +766,18 @@ if take_n > 0 and ttl > 0 then
         unready[k] = true
       else
         local count = math.min(want, l.conc - s.n)
-        if interval(k) > 0 then count = 1 end
-        local popped = redis.call('ZPOPMIN', Q(k), count)
-        if #popped == 0 then
+        local polite = interval(k) > 0
+        if polite then count = math.min(1, polite_budget) end
+        local popped = count > 0 and redis.call('ZPOPMIN', Q(k), count) or {}
+        if polite and count == 0 then popped = nil end
+        if popped == nil then
+          -- no start budget left for polite keys in this call: it stays ready
+        elseif #popped == 0 then
           unready[k] = true      -- its queue ran empty: out of the ready set
         else
           for i = 1, #popped, 2 do members[#members + 1] = popped[i] end
           local got = #popped / 2
+          if polite then polite_budget = polite_budget - got end
           s.n = s.n + got; s.last = now(); dirty[k] = true; took[k] = true
           want = want - got
           qdelta = qdelta - got
