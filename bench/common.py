@@ -179,12 +179,13 @@ class Node:
     """One ``python -m scrapy crawl`` process with a record file (bench.recorder)."""
 
     def __init__(self, system: str, workdir: Path, index: int, redis_url: str | None,
-                 settings: dict | None = None, spider_args: dict | None = None):
+                 settings: dict | None = None, spider_args: dict | None = None,
+                 spider: str | None = None):
         self.system = system
         self.name = f"{system}-{index}"
         self.record_file = workdir / f"{self.name}.json"
         self.log_file = workdir / f"{self.name}.log"
-        cmd = [sys.executable, "-m", "scrapy", "crawl", SPIDERS[system],
+        cmd = [sys.executable, "-m", "scrapy", "crawl", spider or SPIDERS[system],
                "-s", f"BENCH_RECORD_FILE={self.record_file}", "-s", f"LOG_FILE={self.log_file}",
                "-s", f"NODE_ID={self.name}"]
         all_settings = dict(settings or {})
@@ -244,16 +245,18 @@ class Node:
 
 def run_nodes(system: str, count: int, *, redis_url: str | None, settings: dict | None = None,
               spider_args: dict | None = None, push=None, timeout: float = 300,
-              rss_interval: float = 0.1, ready_timeout: float = 60, watch_pids=()) -> dict:
+              rss_interval: float = 0.1, ready_timeout: float = 60, watch_pids=(),
+              spider: str | None = None) -> dict:
     """Run *count* nodes until they all exit; *push()* is called once every
-    node has opened its spider. Returns timing, pages and RSS per node."""
+    node has opened its spider. *spider* replaces the system's usual spider
+    (one of the same system). Returns timing, pages and RSS per node."""
     workdir = Path(tempfile.mkdtemp(prefix=f"bench-{system}-"))
     settings = dict(settings or {})
     if system == "scrapy-redis" and count > 1:
         settings.setdefault("MAX_IDLE_TIME_BEFORE_CLOSE", 5)
     if system == "ours" and count == 1:
         settings.setdefault("MAX_IDLE_TIME_BEFORE_CLOSE", 1)
-    nodes = [Node(system, workdir, i + 1, redis_url, settings, spider_args)
+    nodes = [Node(system, workdir, i + 1, redis_url, settings, spider_args, spider)
              for i in range(count)]
     stop = threading.Event()
     watch = CpuWatch(list(watch_pids) + [n.proc.pid for n in nodes])

@@ -15,9 +15,16 @@ crawl) and, unless ``-a follow=0``, the related-product links (many
 duplicates). ``data-render="js"`` links are followed as normal links: no
 Playwright. Spider arguments: ``follow`` (1/0); ``bench_plain`` also takes
 ``start_url`` or ``seeds_file`` (one URL a line).
+
+The politeness benchmark (:mod:`bench.polite`) crawls the multi-host site
+(:mod:`crawlproject.demo.hosts`) with the same three schedulers:
+``bench_hosts_ours``, ``bench_hosts_scrapy_redis`` and ``bench_hosts_plain``
+(:class:`HostsParse`).
 """
 
 from __future__ import annotations
+
+from urllib.parse import urlsplit
 
 from scrapy import Request, Spider
 from scrapy_redis.spiders import RedisSpider as ScrapyRedisRedisSpider
@@ -105,3 +112,33 @@ class PlainSpider(BenchParse, Spider):
             with open(seeds_file) as f:
                 urls += [line.strip() for line in f if line.strip()]
         self.start_urls = urls
+
+
+class HostsParse:
+    """The parse of the multi-host site shared by the politeness spiders: one
+    item per page (``/p/N``); listing, "next" and page links followed (all
+    relative, so on the same host), "next" first so no scheduler starves a
+    host's listing chain."""
+
+    def parse(self, response):
+        parts = urlsplit(response.url)
+        if parts.path.startswith("/p/"):
+            yield {"url": response.url, "host": parts.hostname}
+        for href in response.css("a.page::attr(href), a.link::attr(href)").getall():
+            yield Request(response.urljoin(href), callback=self.parse)
+        next_page = response.css("a.next::attr(href)").get()
+        if next_page:
+            yield Request(response.urljoin(next_page), callback=self.parse,
+                          priority=LISTING_PRIORITY)
+
+
+class OursHostsSpider(HostsParse, OursSpider):
+    name = "bench_hosts_ours"
+
+
+class ScrapyRedisHostsSpider(HostsParse, ScrapyRedisSpider):
+    name = "bench_hosts_scrapy_redis"
+
+
+class PlainHostsSpider(HostsParse, PlainSpider):
+    name = "bench_hosts_plain"

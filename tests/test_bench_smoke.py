@@ -7,7 +7,7 @@ positive numbers.
 
 import pytest
 
-from bench import commands, costs, crawl, dedupe, memory, seeds
+from bench import commands, costs, crawl, dedupe, memory, polite, seeds
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -68,3 +68,14 @@ def test_costs_smallest(tmp_path):
     assert positive(data["queued"]["ours_bytes_per_queued"])
     assert all(positive(s["server_us_per_call"]) for s in data["sync"])
     assert all(r["reclaimed"] == 64 for r in data["reclaim"])
+
+
+def test_polite_smallest(tmp_path):
+    data = polite.main(["--smallest", "--out", str(tmp_path / "polite.json")])
+    assert (tmp_path / "polite.json").exists()
+    assert set(data["summary"]) == set(polite.SYSTEMS)
+    for s in data["summary"].values():
+        assert s["complete"] and s["duplicates"] == 0 and s["pages"] == s["expected_pages"]
+        assert positive(s["peak_over_limit"]) and positive(s["time_over_ideal"])
+        assert s["max_in_flight"] >= 1
+    assert [c["check"] for c in data["checks"]] and all("pass" in c for c in data["checks"])

@@ -1,0 +1,28 @@
+"""A spider for the multi-host demo site (:mod:`crawlproject.demo.hosts`).
+
+Seeded with the home page of each host, it follows listing, "next" and page
+links on the same host and stores one item per page (``/p/N``), so a crawl
+covers every page of every host. Off-host links are never followed.
+"""
+
+from urllib.parse import urlsplit
+
+from scrapy import Request
+
+from crawlproject.spiders.seeded import RedisSpider
+
+LINKS = "a.page::attr(href), a.next::attr(href), a.link::attr(href)"
+
+
+class HostsSpider(RedisSpider):
+    name = "hosts"
+
+    def parse(self, response):
+        """One item for a page; requests for every same-host listing or page link."""
+        parts = urlsplit(response.url)
+        if parts.path.startswith("/p/"):
+            yield {"url": response.url, "host": parts.hostname}
+        for href in response.css(LINKS).getall():
+            url = response.urljoin(href)
+            if urlsplit(url).hostname == parts.hostname:
+                yield Request(url, callback=self.parse)
