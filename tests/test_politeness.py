@@ -31,6 +31,7 @@ def clock():
 
 
 def polite(delay=1.0, concurrency=2, **kw):
+    kw.setdefault("margin", 0.0)  # exact intervals (the margin has its own test)
     return PolitenessConfig(default=Limits(delay, concurrency), **kw)
 
 
@@ -251,3 +252,13 @@ def test_polite_keys_are_taken_only_as_far_as_the_node_can_start(node, clock):
     clock.advance(1.1)
     assert len(a.sync(Batch(take=10, take_polite=0)).taken) == 0
     assert len(a.sync(Batch(take=10)).taken) == 3
+
+
+def test_intervals_carry_a_safety_margin(node, clock):
+    a = node("a", polite(delay=1.0, concurrency=5, margin=0.05))
+    add(a, "h1", 5)
+    assert len(a.take(5)) == 1
+    clock.advance(1.04)
+    assert a.take(5) == []
+    clock.advance(0.02)
+    assert len(a.take(5)) == 1

@@ -92,6 +92,9 @@ class PolitenessConfig:
     retry_after_max: float = 300.0
     backoff_max: float = 60.0
     partitions: int = 1
+    #: intervals are this much longer than asked (node-side latency between the
+    #: lease and the request leaving must never shorten what the site sees)
+    margin: float = 0.05
 
     @classmethod
     def from_settings(cls, settings) -> "PolitenessConfig":
@@ -119,6 +122,7 @@ class PolitenessConfig:
             retry_after_max=settings.getfloat("FRONTIER_RETRY_AFTER_MAX", 300.0),
             backoff_max=settings.getfloat("FRONTIER_BACKOFF_MAX", 60.0),
             partitions=partitions,
+            margin=max(0.0, settings.getfloat("FRONTIER_DELAY_MARGIN", 0.05)),
         )
 
     def key(self, request) -> str:

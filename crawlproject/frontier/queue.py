@@ -184,7 +184,7 @@ class Frontier:
                 pol.jitter, int(pol.backoff_max * 1000), int(pol.retry_after_max * 1000),
                 random.randrange(1, 2**31),
                 batch.take if batch.take_polite is None else batch.take_polite,
-                len(batch.adopt)]
+                pol.margin, len(batch.adopt)]
         for member, former in batch.adopt:
             args += [member, former]
         args.append(len(batch.adds))

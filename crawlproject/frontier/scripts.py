@@ -318,6 +318,8 @@ SYNC = _LIB + r"""
 -- ARGV[18] random seed (the interval jitter)
 -- ARGV[19] most entries to take from keys with an interval (what the node can
 --          start at once: an entry of a polite key must not wait in a buffer)
+-- ARGV[20] safety margin on intervals (0.05: 5 % longer, so that the time a
+--          node takes from lease to sending never shortens what the site sees)
 -- then seven sections, each a count followed by its items:
 --   adopt: n x (member, former owner)    (leases this node took under a former
 --                                          id of its own: now held under this id)
@@ -352,6 +354,7 @@ local promote = maintenance or string.find(ARGV[5], 'd', 1, true) ~= nil
 local dead_max, invalid_max = tonumber(ARGV[11]), tonumber(ARGV[12])
 local def_delay, def_conc, jitter = tonumber(ARGV[13]), tonumber(ARGV[14]), tonumber(ARGV[15])
 local backoff_max, block_max = tonumber(ARGV[16]), tonumber(ARGV[17])
+local margin = tonumber(ARGV[20])
 math.randomseed(tonumber(ARGV[18]))
 local QP, HP = KEYS[13], KEYS[14]
 local function Q(k) return QP .. ':' .. k end
@@ -413,7 +416,7 @@ local function next_start(k)
   -- The earliest start of K's next request: its interval after the last
   -- start (stretched by up to JITTER, never shortened), and not before a block.
   local s = ST[k]
-  local gap = interval(k)
+  local gap = interval(k) * (1 + margin)
   if gap > 0 and jitter > 0 then gap = gap * (1 + jitter * math.random()) end
   return math.max(s.last + gap, s.block)
 end
@@ -424,7 +427,7 @@ local took, touched, raise = {}, {}, {}
 
 -- parse every section first: their keys are loaded in one go
 local polite_budget = tonumber(ARGV[19])
-local pos = 20
+local pos = 21
 local adopt = {}
 for i = 1, tonumber(ARGV[pos]) do adopt[i] = {ARGV[pos + 2 * i - 1], ARGV[pos + 2 * i]} end
 pos = pos + 1 + 2 * #adopt

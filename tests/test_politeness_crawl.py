@@ -1,0 +1,165 @@
+"""Cluster-wide politeness in real crawls: three `scrapy crawl hosts` nodes on one
+Redis against ten sites on 127.0.0.2 … 127.0.0.11 that record every request's
+arrival time (crawlproject.demo.hosts)."""
+
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import pytest
+
+from crawlproject.demo.hosts import DEFAULT_HOSTS, MultiHostSite
+from crawlproject.keys import FrontierKeys, start_urls_key
+from tests.crawl_helpers import ROOT, Node, node_env
+
+pytestmark = pytest.mark.slow
+BASE = {"SPIDER_MODULES": "tests.spiders", "ROBOTSTXT_OBEY": False,
+        "MAX_IDLE_TIME_BEFORE_CLOSE": 3, "RANDOMIZE_DOWNLOAD_DELAY": False,
+        "CONCURRENT_REQUESTS": 16, "LOG_LEVEL": "INFO"}
+
+
+def start_nodes(tmp_path, env, count, settings, prefix="n"):
+    nodes = [Node(f"{prefix}{i}", tmp_path, env, spider="hosts", settings=settings)
+             for i in range(1, count + 1)]
+    for node in nodes:
+        node.wait_for_log("Reading seeds from")
+    return nodes
+
+
+def finish(nodes, timeout=300):
+    try:
+        return [node.wait(timeout) for node in nodes]
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def crawl(tmp_path, env, redis, site, settings, nodes=3, prefix="n"):
+    running = start_nodes(tmp_path, env, nodes, settings, prefix)
+    redis.lpush(start_urls_key("hosts"), *site.root_urls())
+    codes = finish(running)
+    assert codes == [0] * nodes, [n.tail() for n in running]
+    return running
+
+
+def test_three_nodes_keep_every_site_under_its_rate_and_without_politeness_they_do_not(
+        redis, redis_url, mongo_uri, database, tmp_path):
+    """5 requests/s per site, across all nodes: no 2-second window holds more than
+    11 requests of one site. The same crawl with the frontier's politeness off
+    (each node applying the delay on its own) goes over: the test can fail."""
+    env = node_env(redis_url, mongo_uri, database.name)
+    pages = 60
+    with MultiHostSite(DEFAULT_HOSTS, pages=pages, latency_ms=10) as site:
+        polite = {**BASE, "DOWNLOAD_DELAY": 0.2, "CONCURRENT_REQUESTS_PER_DOMAIN": 2}
+        crawl(tmp_path, env, redis, site, polite)
+        hits = site.requests()
+        peaks = {host: site.max_in_window(host, 2.0) for host in DEFAULT_HOSTS}
+        assert max(peaks.values()) <= 11, peaks
+        for host in DEFAULT_HOSTS:
+            fetched = Counter(h.path for h in hits if h.host == host)
+            assert set(fetched) == site.expected_paths(host) and set(fetched.values()) == {1}
+        # Politeness off: every node delays on its own, three times the rate.
+        redis.flushall()
+        site.reset()
+        rude = {**polite, "FRONTIER_POLITENESS": False}
+        crawl(tmp_path, env, redis, site, rude, prefix="rude")
+        rude_peaks = {host: site.max_in_window(host, 2.0) for host in DEFAULT_HOSTS}
+    assert max(rude_peaks.values()) > 11, rude_peaks
+
+
+def test_a_big_slow_site_does_not_hold_the_small_ones_back(redis, redis_url, mongo_uri,
+                                                            database, tmp_path):
+    """One site with 2,000 pages and nine with 100, all at 2 requests/s: the small
+    sites are done within their own time, not after the big one; no lease expires
+    while requests wait for their site's turn."""
+    env = node_env(redis_url, mongo_uri, database.name)
+    big, small = DEFAULT_HOSTS[0], DEFAULT_HOSTS[1:]
+    pages = {big: 2000, **{host: 100 for host in small}}
+    settings = {**BASE, "DOWNLOAD_DELAY": 0.5, "CONCURRENT_REQUESTS_PER_DOMAIN": 1}
+    with MultiHostSite(DEFAULT_HOSTS, pages=pages, latency_ms=10) as site:
+        nodes = start_nodes(tmp_path, env, 3, settings)
+        try:
+            started = site.now()
+            redis.lpush(start_urls_key("hosts"), *site.root_urls())
+            # 100 pages + 3 listings at 2/s each = 51.5 s; slack for a loaded machine.
+            own_time = (100 + 3) * 0.5 * 1.05
+            deadline = time.monotonic() + own_time + 60
+            done = {}
+            while len(done) < len(small):
+                assert time.monotonic() < deadline, (done, [n.tail() for n in nodes])
+                for host in small:
+                    if host not in done and {h.path for h in site.requests(host)} >= \
+                            site.expected_paths(host):
+                        done[host] = max(h.t for h in site.requests(host)) - started
+                time.sleep(0.5)
+            big_fetched = len(site.requests(big))
+        finally:
+            for node in nodes:
+                node.stop()
+    assert max(done.values()) <= own_time * 1.25 + 10, done
+    assert big_fetched < 2000                      # the big site is far from done
+    assert not any(n.stat("scheduler/reclaimed") for n in nodes)
+    assert not any("Reclaimed" in n.text() for n in nodes)
+
+
+def test_retry_after_blocks_a_site_for_every_node_and_the_others_go_on(
+        redis, redis_url, mongo_uri, database, tmp_path):
+    env = node_env(redis_url, mongo_uri, database.name)
+    blocked = DEFAULT_HOSTS[0]
+    settings = {**BASE, "DOWNLOAD_DELAY": 0.1, "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
+                "RETRY_BACKOFF_BASE": 0.1}
+    with MultiHostSite(DEFAULT_HOSTS, pages=200, latency_ms=10) as site:
+        nodes = start_nodes(tmp_path, env, 3, settings)
+        try:
+            redis.lpush(start_urls_key("hosts"), *site.root_urls())
+            site.wait_for_requests(20, host=blocked, timeout=60)
+            site.throttle(blocked, status=429, retry_after=5, count=1)
+            deadline = time.monotonic() + 60
+            while not site.blocks(blocked):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            block = site.blocks(blocked)[0]
+            deadline = time.monotonic() + 60
+            while not site.served_after(blocked, block.t + 5.5):
+                assert time.monotonic() < deadline, [n.tail() for n in nodes]
+                time.sleep(0.1)
+            during = [h for h in site.requests(blocked) if block.done < h.t < block.t + 5]
+            others = [h for h in site.requests() if h.host != blocked
+                      and block.t < h.t < block.t + 5]
+        finally:
+            for node in nodes:
+                node.stop()
+    # Requests already on their way when the 429 went out may still arrive.
+    assert len(during) <= 2, [(h.t - block.t, h.path) for h in during]
+    assert not [h for h in during if h.t > block.done + 0.5]
+    assert len(others) >= 9 * 5 * 5 * 0.5          # the nine other sites went on
+
+
+def test_a_limit_changed_from_the_command_line_is_in_force_within_2_seconds(
+        redis, redis_url, mongo_uri, database, tmp_path):
+    env = node_env(redis_url, mongo_uri, database.name)
+    host = DEFAULT_HOSTS[0]
+    settings = {**BASE, "DOWNLOAD_DELAY": 2.0, "CONCURRENT_REQUESTS_PER_DOMAIN": 1}
+    with MultiHostSite([host], pages=300, latency_ms=5) as site:
+        nodes = start_nodes(tmp_path, env, 2, settings)
+        try:
+            redis.lpush(start_urls_key("hosts"), *site.root_urls())
+            site.wait_for_requests(3, host=host, timeout=60)
+            out = subprocess.run(
+                [sys.executable, "-m", "crawlproject.cli", "--redis-url", redis_url,
+                 "politeness", "hosts", host, "--delay", "0.1", "--concurrency", "2"],
+                cwd=ROOT, capture_output=True, text=True, timeout=60)
+            changed = site.now()
+            assert out.returncode == 0, out.stderr
+            site.wait_for_requests(40, host=host, timeout=60)
+            times = [h.t for h in site.requests(host)]
+        finally:
+            for node in nodes:
+                node.stop()
+    after = [t for t in times if t > changed]
+    assert after and after[0] - changed <= 2.0, after[:3]
+    # From 2 s to 0.1 s between starts (20x the rate) within 2 s of the change.
+    window = [t for t in after if changed + 2.0 <= t <= changed + 4.0]
+    assert len(window) >= 10, len(window)
+    assert FrontierKeys("hosts").limits
