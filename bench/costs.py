@@ -19,6 +19,7 @@ Measured directly on a private Redis with :class:`crawlproject.frontier.queue.Fr
 from __future__ import annotations
 
 import pickle
+from urllib.parse import urlsplit
 import time
 
 from scrapy import Request, Spider
@@ -78,10 +79,12 @@ def queued_memory(redis: BenchRedis, spider, n: int) -> dict:
         batch = Batch()
         for j in range(i, min(n, i + 100)):
             req = typical_request(j, spider)
-            batch.add(request_to_json(req, spider), fingerprint=f"fp{j}")
+            host = urlsplit(req.url).hostname
+            batch.add(request_to_json(req, spider), fingerprint=f"fp{j}", key=host)
         f.sync(batch)
     k = FrontierKeys("costs")
-    mem = {key: int(client.memory_usage(key, samples=0) or 0) for key in (k.queue, k.payloads)}
+    queue = k.queue(host)  # one site: one queue (per-site queues cost a key each)
+    mem = {key: int(client.memory_usage(key, samples=0) or 0) for key in (queue, k.payloads)}
     per_entry = sum(mem.values()) / n
     # scrapy-redis PriorityQueue: one ZADD of the pickled request per entry.
     client.delete("costs:requests")
@@ -94,7 +97,7 @@ def queued_memory(redis: BenchRedis, spider, n: int) -> dict:
             pipe.execute()
     pipe.execute()
     theirs = int(client.memory_usage("costs:requests", samples=0) or 0) / n
-    return {"entries": n, "queue_bytes": mem[k.queue], "payloads_bytes": mem[k.payloads],
+    return {"entries": n, "queue_bytes": mem[queue], "payloads_bytes": mem[k.payloads],
             "ours_bytes_per_queued": per_entry, "scrapy_redis_bytes_per_queued": theirs}
 
 
@@ -160,15 +163,19 @@ def reclaim_costs(redis: BenchRedis, sizes) -> list[dict]:
         now_ms = int(time.time() * 1000)
         pipe = client.pipeline(transaction=False)
         for i in range(0, size, 1000):
-            mapping = {f"0:{j}": f"live-{j % 100}" for j in range(i, min(size, i + 1000))}
+            mapping = {f"0:{j}@h": f"live-{j % 100}" for j in range(i, min(size, i + 1000))}
             pipe.hset(k.inflight, mapping=mapping)
-        pipe.hset(k.inflight, mapping={f"0:{size + j}": "dead-node" for j in range(64)})
+            for j in range(i, min(size, i + 1000)):
+                pipe.sadd(k.held(f"live-{j % 100}"), f"0:{j}@h")
+        dead = {f"0:{size + j}@h": "dead-node" for j in range(64)}
+        pipe.hset(k.inflight, mapping=dead)
+        pipe.sadd(k.held("dead-node"), *dead)
         pipe.zadd(k.nodes, {f"live-{j}": now_ms + 3_600_000 for j in range(100)})
         pipe.zadd(k.nodes, {"dead-node": now_ms - 1000})
         pipe.execute()
         f = Frontier(client, "costs", "live-0", bloom=BloomConfig())
         c0, u0 = evalsha_usec(client)
-        res = f.sync()  # finds dead-node expired: HGETALL inflight, puts 64 back
+        res = f.sync()  # finds dead-node expired: reads its held set, puts 64 back
         c1, u1 = evalsha_usec(client)
         res2 = f.sync()  # nothing expired now: the normal path
         c2, u2 = evalsha_usec(client)

@@ -160,7 +160,7 @@ def test_sync_derives_shard_keys_from_the_meta_key_in_keys(redis):
     from crawlproject.frontier.queue import Batch, Frontier
     from crawlproject.frontier.scripts import SYNC
 
-    assert "prefix" not in SYNC.split("local node, ttl")[0].lower()
+    assert "bloom prefix" not in SYNC.split("local node, ttl")[0].lower()
     frontier = Frontier(redis, "t", "node", bloom=BloomConfig(capacity=1000))
     fingerprint = hashlib.sha1(b"page").digest()
     for expected_added in (1, 0):                    # the second one is a duplicate
