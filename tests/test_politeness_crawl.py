@@ -163,3 +163,48 @@ def test_a_limit_changed_from_the_command_line_is_in_force_within_2_seconds(
     window = [t for t in after if changed + 2.0 <= t <= changed + 4.0]
     assert len(window) >= 10, len(window)
     assert FrontierKeys("hosts").limits
+
+
+def test_twelve_partitions_on_a_three_master_cluster_survive_a_sigkill(
+        redis_cluster, mongo_uri, database, tmp_path):
+    """FRONTIER_PARTITIONS=12 on a real 3-master Redis Cluster: the frontier's keys
+    land on every master, and a node killed mid-crawl loses nothing."""
+    from crawlproject.keys import reset_spider
+
+    client = redis_cluster.client()
+    reset_spider(client, "hosts")
+    pages = 40
+    settings = {**BASE, "FRONTIER_PARTITIONS": 12, "DOWNLOAD_DELAY": 0.05,
+                "CONCURRENT_REQUESTS_PER_DOMAIN": 2, "CONCURRENT_REQUESTS": 4}
+    env = {**node_env(redis_cluster.url, mongo_uri, database.name), "REDIS_CLUSTER": "true"}
+    with MultiHostSite(DEFAULT_HOSTS, pages=pages, latency_ms=100) as site:
+        victim, survivor = (Node(name, tmp_path, env, spider="hosts", settings=settings)
+                            for name in ("victim", "survivor"))
+        try:
+            for node in (victim, survivor):
+                node.wait_for_log("Reading seeds from")
+            client.lpush(start_urls_key("hosts"), *site.root_urls())
+            deadline = time.monotonic() + 90
+            while database["hosts"].count_documents({}) < 60:
+                assert time.monotonic() < deadline, victim.tail()
+                time.sleep(0.1)
+            victim.kill()
+            assert database["hosts"].count_documents({}) < pages * len(DEFAULT_HOSTS)
+            assert survivor.wait(240) == 0, survivor.tail()
+        finally:
+            victim.stop()
+            survivor.stop()
+        hits = site.requests()
+    # Every page of every site stored (exactly once: one document per URL, and
+    # each page fetched at least once, at most twice when the victim held it).
+    stored = Counter(d["host"] for d in database["hosts"].find({}, {"host": 1}))
+    assert stored == Counter({host: pages for host in DEFAULT_HOSTS})
+    fetched = Counter((h.host, h.path) for h in hits if h.path.startswith("/p/"))
+    assert len(fetched) == pages * len(DEFAULT_HOSTS) and max(fetched.values()) <= 2
+    assert survivor.stat("scheduler/reclaimed") >= 1
+    # The partitions' keys are spread over every master.
+    per_master = Counter()
+    for node in client.get_primaries():
+        conn = client.get_redis_connection(node)
+        per_master[node.name] = sum(1 for _ in conn.scan_iter(match="{hosts:[0-9]*}:*", count=1000))
+    assert len(per_master) == 3 and all(per_master.values()), per_master
