@@ -266,3 +266,36 @@ def test_lease_ttl_and_heartbeat_defaults_recover_within_15_seconds(redis_url):
     with pytest.raises(ValueError):
         RedisScheduler.from_crawler(get_crawler(MetaSpider, {
             "REDIS_URL": redis_url, "SCHEDULER_HEARTBEAT_INTERVAL": 20}))
+
+
+def test_robots_crawl_delay_and_slow_down_answers_reach_the_frontier(redis_url):
+    """robots.txt Crawl-delay (with ROBOTSTXT_OBEY) and 429/503 answers become
+    feedback for the site's politeness key in the next frontier call."""
+    from scrapy.http import Response
+    from scrapy.robotstxt import ProtegoRobotParser
+
+    from crawlproject.middlewares.politeness import (
+        FrontierPolitenessMiddleware,
+        retry_after_seconds,
+    )
+
+    crawler = get_crawler(MetaSpider, {"REDIS_URL": redis_url, "ROBOTSTXT_OBEY": True})
+    crawler.spider = MetaSpider.from_crawler(crawler)
+    scheduler = RedisScheduler.from_crawler(crawler)
+    scheduler.setup(crawler.spider)
+    crawler.stats.open_spider()
+    parser = ProtegoRobotParser(b"User-agent: *\nCrawl-delay: 3\n", crawler.spider)
+    scheduler._on_robots(parser, Request("http://Shop.Example:8080/x"))
+    assert scheduler.client.outbox[0].feedback == [("shop.example", "crawldelay", 3000)]
+
+    crawler.engine = type("E", (), {"scheduler": scheduler})()
+    middleware = FrontierPolitenessMiddleware.from_crawler(crawler)
+    request = Request("http://shop.example/p")
+    middleware.process_response(request, Response(request.url, status=429,
+                                                  headers={"Retry-After": "7"}))
+    middleware.process_response(request, Response(request.url, status=503))
+    middleware.process_response(request, Response(request.url, status=500))
+    assert scheduler.client.outbox[0].feedback[1:] == [("shop.example", "block", 7000),
+                                                       ("shop.example", "backoff", 0)]
+    assert retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0   # in the past
+    assert retry_after_seconds(b"garbage") is None
