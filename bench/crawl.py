@@ -43,14 +43,15 @@ def seed_key(system: str) -> str:
     return start_urls_key(f"bench_{system.replace('-', '_')}")
 
 
-def one_run(redis: BenchRedis, site: DemoSite, system: str, nodes: int, products: int) -> dict:
+def one_run(redis: BenchRedis, site: DemoSite, system: str, nodes: int, products: int,
+            concurrency: int = CONCURRENCY) -> dict:
     redis.reset()
     args = {}
     if system == "plain":
         args["start_url"] = site.url
     else:
         redis.client.lpush(seed_key(system), site.url)
-    settings = {"CONCURRENT_REQUESTS": CONCURRENCY, "CONCURRENT_REQUESTS_PER_DOMAIN": CONCURRENCY}
+    settings = {"CONCURRENT_REQUESTS": concurrency, "CONCURRENT_REQUESTS_PER_DOMAIN": concurrency}
     run = run_nodes(system, nodes, redis_url=redis.url if system != "plain" else None,
                     settings=settings, spider_args=args, timeout=60 + products / 20,
                     watch_pids=(redis.server.pid, site._proc.pid))
@@ -67,6 +68,8 @@ def one_run(redis: BenchRedis, site: DemoSite, system: str, nodes: int, products
 
 def main(argv=None) -> dict:
     parser = base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", type=int, default=CONCURRENCY,
+                        help="CONCURRENT_REQUESTS (and _PER_DOMAIN) of every node")
     parser.add_argument("--only", default="",
                         help="configurations system|nodes|latency, comma-separated "
                              "(e.g. 'ours|1|50,plain|1|50')")
@@ -88,7 +91,7 @@ def main(argv=None) -> dict:
             def run_config(key: str, label: str) -> dict:
                 system, nodes, latency = key.split("|")
                 run = one_run(redis, sites[int(latency)], system, int(nodes),
-                              SIZES[mode][int(latency)])
+                              SIZES[mode][int(latency)], args.concurrency)
                 print(f"  {label} {key}: {run['pages']} pages in "
                       f"{run['elapsed_s']:.2f}s = {run['pages_per_s']:.0f} pages/s, "
                       f"node CPU {run['cpu_ms_per_page']:.2f} ms/page, other programs "
@@ -147,7 +150,7 @@ def main(argv=None) -> dict:
             r = ratio(ours["pages_per_s"], plain["pages_per_s"])
             checks.append({"check": f"ours/plain, 1 node, {latency} ms", "ratio": r,
                            "floor": FLOOR_VS_PLAIN, "pass": r is not None and r >= FLOOR_VS_PLAIN})
-    data = {"mode": mode, "repeat": repeat, "concurrency": CONCURRENCY, "per_page": PER_PAGE,
+    data = {"mode": mode, "repeat": repeat, "concurrency": args.concurrency, "per_page": PER_PAGE,
             "sizes": SIZES[mode], "summary": summary, "checks": checks, "runs": runs,
             "duration_s": time.monotonic() - t0}
     path = write_result(NAME, data, args.out)

@@ -41,11 +41,11 @@ key                                type    contents / written by
 ``T:limits``                       hash    politeness key → ``"delay ms|concurrency|
                                            source"`` overrides (``c`` set with the
                                            command line, ``s`` from settings)
-``T:fetched``                      set     leased members whose download ended (their
-                                           key's in-flight slot is free already)
 ``T:payloads``                     hash    member → request JSON
                                            (:mod:`crawlproject.serialization`); SYNC
-``T:inflight``                     hash    member → node id holding its lease; SYNC
+``T:inflight``                     hash    member → node id holding its lease (with
+                                           ``|f`` once its download ended: its key's
+                                           in-flight slot is free); SYNC
 ``T:held:<node>``                  set     members leased to that node (reclaim reads
                                            only the dead node's set)
 ``T:nodes``                        zset    node id → lease deadline (ms, Redis time);
@@ -174,8 +174,6 @@ class FrontierKeys:
     @property
     def limits(self) -> str: return self._k("limits")
     @property
-    def fetched(self) -> str: return self._k("fetched")
-    @property
     def payloads(self) -> str: return self._k("payloads")
     @property
     def inflight(self) -> str: return self._k("inflight")
@@ -212,7 +210,7 @@ class FrontierKeys:
         """KEYS of the SYNC script, in its order."""
         return [self.ready, self.payloads, self.inflight, self.nodes, self.delayed,
                 self.dead, self.invalid, self.seq, self.bloom, self.stats, self.kstate,
-                self.limits, self.queue_prefix, self.held_prefix, self.qlen, self.fetched]
+                self.limits, self.queue_prefix, self.held_prefix, self.qlen]
 
     def replay_keys(self) -> list[str]:
         """KEYS of the REPLAY_DEAD script, in its order."""
@@ -220,7 +218,7 @@ class FrontierKeys:
 
     def fixed(self) -> list[str]:
         """Every key of this partition with a fixed name (not queues, held sets, shards)."""
-        return [*self.sync_keys()[:12], self.qlen, self.fetched, self.config,
+        return [*self.sync_keys()[:12], self.qlen, self.config,
                 self.cluster_stats, self.dupefilter]
 
     def patterns(self) -> list[str]:

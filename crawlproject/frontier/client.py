@@ -374,6 +374,11 @@ class FrontierClient:
             batch.promote = maintenance or remote.delayed != 0 or any(a[4] for a in batch.adds)
             calls[p] = batch
         self._attach_acks(calls)
+        for batch in calls.values():
+            if batch.fetched and (batch.acks or batch.fails):
+                # Settled in the same call: the ack frees the slot itself.
+                settled = set(batch.acks).union(f[0] for f in batch.fails)
+                batch.fetched = [m for m in batch.fetched if m not in settled]
         if any(self.outbox) or self._acks:
             waiters, self._flush_waiters = [], waiters  # resolved by a later call
             self._wake.set()

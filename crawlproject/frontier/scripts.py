@@ -302,7 +302,6 @@ SYNC = _LIB + r"""
 -- KEYS[13] queue prefix: the queue of key K is KEYS[13]:K (derived)
 -- KEYS[14] held prefix: the members leased to node N are in the set KEYS[14]:N (derived)
 -- KEYS[15] qlen (string: entries queued in this partition)
--- KEYS[16] fetched (set: leased members whose download ended)
 -- ARGV[1] now in ms, or '' for Redis server time      ARGV[2] node id
 -- ARGV[3] lease ttl ms (0 = this node leaves: drop its heartbeat)
 -- ARGV[4] how many entries to take
@@ -359,6 +358,14 @@ math.randomseed(tonumber(ARGV[18]))
 local QP, HP = KEYS[13], KEYS[14]
 local function Q(k) return QP .. ':' .. k end
 local function HELD(n) return HP .. ':' .. n end
+-- A lease's value is its node id, with '|f' once its download ended (then its
+-- key's in-flight slot is already free).
+local function lease(v)
+  if not v then return false, false end
+  local owner = string.match(v, '^(.*)|f$')
+  if owner then return owner, true end
+  return v, false
+end
 local now_cache = nil
 local function now()
   if now_cache == nil then now_cache = server_now(ARGV[1]) end
@@ -381,6 +388,7 @@ end
 -- Per-key state, read once per call for all the keys it touches and written
 -- back once at the end.
 local ST, LIM, dirty = {}, {}, {}
+local has_limits = redis.call('EXISTS', KEYS[12]) == 1
 local function load(keys)
   local need, seen = {}, {}
   for _, k in ipairs(keys) do
@@ -389,7 +397,7 @@ local function load(keys)
   for i = 1, #need, 500 do
     local last = math.min(i + 499, #need)
     local states = redis.call('HMGET', KEYS[11], unpack(need, i, last))
-    local limits = redis.call('HMGET', KEYS[12], unpack(need, i, last))
+    local limits = has_limits and redis.call('HMGET', KEYS[12], unpack(need, i, last)) or {}
     for j = i, last do
       local k, s, l = need[j], states[j - i + 1], limits[j - i + 1]
       local n, la, bl, bo, cd = 0, 0, 0, 0, 0
@@ -469,8 +477,9 @@ load(keys)
 
 -- adopt
 for _, a in ipairs(adopt) do
-  if redis.call('HGET', KEYS[3], a[1]) == a[2] then
-    redis.call('HSET', KEYS[3], a[1], node)
+  local owner, fetched_ = lease(redis.call('HGET', KEYS[3], a[1]))
+  if owner == a[2] then
+    redis.call('HSET', KEYS[3], a[1], fetched_ and node .. '|f' or node)
     redis.call('SMOVE', HELD(a[2]), HELD(node), a[1])
   end
 end
@@ -521,18 +530,23 @@ end
 local unheld, gone = {}, {}
 local function settle(members, on_done)
   if #members == 0 then return end
-  local owners = {}
+  local values = {}
   for i = 1, #members, 500 do
     local last = math.min(i + 499, #members)
     local got = redis.call('HMGET', KEYS[3], unpack(members, i, last))
-    for j = i, last do owners[j] = got[j - i + 1] end
+    for j = i, last do values[j] = got[j - i + 1] end
   end
   local mine = {}
   for i, member in ipairs(members) do
-    if owners[i] == node then
+    local owner, fetched_ = lease(values[i])
+    if owner == node then
       mine[#mine + 1] = member
+      if not fetched_ then
+        local k = member_key(member)
+        ST[k].n = math.max(0, ST[k].n - 1); dirty[k] = true; touched[k] = true
+      end
       on_done(i, member)
-    elseif not owners[i] and redis.call('ZREM', Q(member_key(member)), member) == 1 then
+    elseif not owner and redis.call('ZREM', Q(member_key(member)), member) == 1 then
       qdelta = qdelta - 1
       on_done(i, member)
     else
@@ -541,42 +555,22 @@ local function settle(members, on_done)
   end
   if #mine == 0 then return end
   call_chunked('HDEL', KEYS[3], mine, 1)
-  local released = {}
-  for i = 1, #mine, 500 do
-    local last = math.min(i + 499, #mine)
-    local flags = redis.call('SMISMEMBER', KEYS[16], unpack(mine, i, last))
-    for j = i, last do
-      if flags[j - i + 1] == 1 then
-        released[#released + 1] = mine[j]
-      else
-        local k = member_key(mine[j])
-        ST[k].n = math.max(0, ST[k].n - 1); dirty[k] = true; touched[k] = true
-      end
-    end
-  end
-  if #released > 0 then call_chunked('SREM', KEYS[16], released, 1) end
   for _, member in ipairs(mine) do unheld[#unheld + 1] = member end
 end
 
 -- fetched: downloads that ended: their key's slot is free for the next request
 if #fetched > 0 then
-  local owners = redis.call('HMGET', KEYS[3], unpack(fetched))
-  local mine = {}
+  local values = redis.call('HMGET', KEYS[3], unpack(fetched))
+  local marks = {}
   for i, member in ipairs(fetched) do
-    if owners[i] == node then mine[#mine + 1] = member end
-  end
-  if #mine > 0 then
-    local flags = redis.call('SMISMEMBER', KEYS[16], unpack(mine))
-    local new = {}
-    for i, member in ipairs(mine) do
-      if flags[i] == 0 then
-        new[#new + 1] = member
-        local k = member_key(member)
-        ST[k].n = math.max(0, ST[k].n - 1); dirty[k] = true; touched[k] = true
-      end
+    local owner, done = lease(values[i])
+    if owner == node and not done then
+      marks[#marks + 1] = member; marks[#marks + 1] = node .. '|f'
+      local k = member_key(member)
+      ST[k].n = math.max(0, ST[k].n - 1); dirty[k] = true; touched[k] = true
     end
-    if #new > 0 then redis.call('SADD', KEYS[16], unpack(new)) end
   end
+  if #marks > 0 then call_chunked('HSET', KEYS[3], marks, 2) end
 end
 
 -- ack
@@ -606,7 +600,7 @@ if #gone > 0 then call_chunked('HDEL', KEYS[2], gone, 1) end
 -- nack: not started, back to its queue (only the holder's)
 local nacked = {}
 for _, member in ipairs(nacks) do
-  if redis.call('HGET', KEYS[3], member) == node then nacked[#nacked + 1] = member
+  if lease(redis.call('HGET', KEYS[3], member)) == node then nacked[#nacked + 1] = member
   else stale = stale + 1 end
 end
 if #nacked > 0 then
@@ -639,27 +633,21 @@ end
 
 -- maintenance: renew this node's lease, then reclaim expired nodes' leases
 local reclaimed = 0
-local function requeue(members, owner)
-  -- Put MEMBERS (held by OWNER, which is gone) back in their queues.
+local function requeue(members, done)
+  -- Put MEMBERS (whose owner is gone) back in their queues; DONE[i] true when
+  -- member i's download had ended (its key's slot is already free).
   local ks = {}
   for _, member in ipairs(members) do ks[#ks + 1] = member_key(member) end
   load(ks)
-  local back, released = {}, {}
-  for i = 1, #members, 500 do
-    local last = math.min(i + 499, #members)
-    local flags = redis.call('SMISMEMBER', KEYS[16], unpack(members, i, last))
-    for j = i, last do
-      local member = members[j]
-      local k = member_key(member)
-      local q = back[k]
-      if not q then q = {}; back[k] = q end
-      q[#q + 1] = score(member); q[#q + 1] = member
-      if flags[j - i + 1] == 1 then released[#released + 1] = member
-      else ST[k].n = math.max(0, ST[k].n - 1) end
-      dirty[k] = true; touched[k] = true
-    end
+  local back = {}
+  for i, member in ipairs(members) do
+    local k = member_key(member)
+    local q = back[k]
+    if not q then q = {}; back[k] = q end
+    q[#q + 1] = score(member); q[#q + 1] = member
+    if not done[i] then ST[k].n = math.max(0, ST[k].n - 1) end
+    dirty[k] = true; touched[k] = true
   end
-  if #released > 0 then call_chunked('SREM', KEYS[16], released, 1) end
   call_chunked('HDEL', KEYS[3], members, 1)
   for k, q in pairs(back) do call_chunked('ZADD', Q(k), q, 2) end
   qdelta = qdelta + #members
@@ -675,15 +663,16 @@ if maintenance or ttl == 0 then
   for _, nd in ipairs(expired) do
     -- Only the dead node's own set is read, not every lease of the partition.
     local members = redis.call('SMEMBERS', HELD(nd))
-    local mine = {}
+    local mine, done = {}, {}
     for i = 1, #members, 500 do
       local last = math.min(i + 499, #members)
-      local owners = redis.call('HMGET', KEYS[3], unpack(members, i, last))
+      local values = redis.call('HMGET', KEYS[3], unpack(members, i, last))
       for j = i, last do
-        if owners[j - i + 1] == nd then mine[#mine + 1] = members[j] end
+        local owner, fetched_ = lease(values[j - i + 1])
+        if owner == nd then mine[#mine + 1] = members[j]; done[#mine] = fetched_ end
       end
     end
-    if #mine > 0 then requeue(mine, nd) end
+    if #mine > 0 then requeue(mine, done) end
     redis.call('DEL', HELD(nd))
     redis.call('ZREM', KEYS[4], nd)
   end
@@ -691,21 +680,19 @@ if maintenance or ttl == 0 then
     -- Entries of owners that are not registered nodes; and each key's
     -- in-flight count recomputed from the leases themselves (self-healing).
     local flat = redis.call('HGETALL', KEYS[3])
-    local done = {}
-    for _, member in ipairs(redis.call('SMEMBERS', KEYS[16])) do done[member] = true end
-    local alive, orphans, count = {}, {}, {}
+    local alive, orphans, done, count = {}, {}, {}, {}
     for i = 1, #flat, 2 do
-      local owner = flat[i + 1]
+      local owner, fetched_ = lease(flat[i + 1])
       if alive[owner] == nil then alive[owner] = redis.call('ZSCORE', KEYS[4], owner) ~= false end
       if alive[owner] then
         local k = member_key(flat[i])
-        if not done[flat[i]] then count[k] = (count[k] or 0) + 1 end
+        if not fetched_ then count[k] = (count[k] or 0) + 1 end
       else
-        orphans[#orphans + 1] = flat[i]
+        orphans[#orphans + 1] = flat[i]; done[#orphans] = fetched_
         redis.call('SREM', HELD(owner), flat[i])
       end
     end
-    if #orphans > 0 then requeue(orphans, nil) end
+    if #orphans > 0 then requeue(orphans, done) end
     local all = redis.call('HKEYS', KEYS[11])
     load(all)
     for _, k in ipairs(all) do
