@@ -7,7 +7,7 @@ positive numbers.
 
 import pytest
 
-from bench import commands, costs, crawl, dedupe, memory, polite, seeds
+from bench import commands, costs, crawl, dedupe, frontier_capacity, memory, polite, seeds
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -79,3 +79,21 @@ def test_polite_smallest(tmp_path):
         assert positive(s["peak_over_limit"]) and positive(s["time_over_ideal"])
         assert s["max_in_flight"] >= 1
     assert [c["check"] for c in data["checks"]] and all("pass" in c for c in data["checks"])
+
+
+@pytest.mark.timeout(60)
+def test_frontier_capacity_smallest(tmp_path):
+    data = frontier_capacity.main(["--smallest", "--out", str(tmp_path / "capacity.json")])
+    assert (tmp_path / "capacity.json").exists()
+    assert set(data["summary"]) == {"baseline", "new_p1", "new_p12"}
+    for s in data["summary"].values():
+        assert positive(s["pages_per_s"]) and positive(s["redis_cpu_us_per_page"])
+        assert positive(s["commands_per_page"]) and positive(s["script_calls_per_page"])
+        assert 0.7 < s["duplicate_share"] < 0.9 and s["stale"] == 0
+    masters = data["summary"]["new_p12"]["masters"]
+    assert len(masters) == 3
+    assert sorted(p for m in masters for p in m["partitions"]) == list(range(12))
+    assert abs(sum(m["cpu_share"] for m in masters) - 1) < 1e-6
+    # the baseline ran main's package, the others this checkout's
+    assert data["runs"]["baseline"][0]["origin"] != data["runs"]["new_p1"][0]["origin"]
+    assert len(data["checks"]) == 2 and all(positive(c["value"]) for c in data["checks"])
