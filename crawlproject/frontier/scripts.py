@@ -190,46 +190,46 @@ local function bloom_open(key, cap, p, growth, tight, shard_bits)
   return m
 end
 
-local function fp_words(fp)
-  return tonumber(string.sub(fp, 1, 8), 16), tonumber(string.sub(fp, 9, 16), 16),
-         tonumber(string.sub(fp, 17, 24), 16), tonumber(string.sub(fp, 25, 32), 16),
-         tonumber(string.sub(fp, 33, 40), 16)
-end
-
-local function bloom_positions(fp, m, layer)
-  -- Double hashing inside one shard of LAYER; returns shard, {bit offsets}.
-  -- (Offsets are below 2^32, so Lua's number formatting keeps them exact.)
+local function bloom_bits(key, m, layer, fps, indices, op)
+  -- One BITFIELD per shard over the bits of FPS[INDICES] in LAYER (double
+  -- hashing inside one shard; offsets below 2^32 stay exact in Lua numbers).
+  -- OP 'GET' reads; 'SET' sets to 1 and returns the old bits. Returns
+  -- {index -> true} for fingerprints whose k bits were all 1. (Hot: no table
+  -- per fingerprint, lengths kept in counters.)
   local L = tostring(layer)
   local k, shards, per = tonumber(m['k' .. L]), tonumber(m['shards' .. L]), tonumber(m['bits' .. L])
-  local a, b, c, d, e = fp_words(fp)
-  local h1 = (a + layer * c) % TWO32
-  local h2 = (b + layer * d) % TWO32 % (per - 1) + 1
-  local shard = (e + layer * a) % shards
-  local pos = {}
-  for j = 0, k - 1 do pos[j + 1] = (h1 + j * h2) % per end
-  return shard, pos
-end
-
-local function bloom_bits(key, m, layer, fps, indices, op)
-  -- One BITFIELD per shard over the bits of FPS[INDICES] in LAYER.
-  -- OP 'GET' reads; 'SET' sets to 1 and returns the old bits. Returns
-  -- {index -> true} for fingerprints whose k bits were all 1.
-  local ops, owners = {}, {}
+  local set = op == 'SET'
+  local sub = string.sub
+  local ops, lens, owners, counts = {}, {}, {}, {}
   for _, i in ipairs(indices) do
-    local shard, pos = bloom_positions(fps[i], m, layer)
-    local o = ops[shard]
-    if not o then o = {}; ops[shard] = o; owners[shard] = {} end
-    for _, p in ipairs(pos) do
-      o[#o + 1] = op; o[#o + 1] = 'u1'; o[#o + 1] = p
-      if op == 'SET' then o[#o + 1] = 1 end
+    local fp = fps[i]
+    local a, b = tonumber(sub(fp, 1, 8), 16), tonumber(sub(fp, 9, 16), 16)
+    local c, d = tonumber(sub(fp, 17, 24), 16), tonumber(sub(fp, 25, 32), 16)
+    local e = tonumber(sub(fp, 33, 40), 16)
+    local h1 = (a + layer * c) % TWO32
+    local h2 = (b + layer * d) % TWO32 % (per - 1) + 1
+    local shard = (e + layer * a) % shards
+    local o, n = ops[shard], lens[shard]
+    if not o then o = {}; ops[shard] = o; n = 0; owners[shard] = {}; counts[shard] = 0 end
+    if set then
+      for j = 0, k - 1 do
+        o[n + 1] = 'SET'; o[n + 2] = 'u1'; o[n + 3] = (h1 + j * h2) % per; o[n + 4] = 1
+        n = n + 4
+      end
+    else
+      for j = 0, k - 1 do
+        o[n + 1] = 'GET'; o[n + 2] = 'u1'; o[n + 3] = (h1 + j * h2) % per
+        n = n + 3
+      end
     end
-    owners[shard][#owners[shard] + 1] = i
+    lens[shard] = n
+    local cnt = counts[shard] + 1
+    counts[shard] = cnt
+    owners[shard][cnt] = i
   end
-  local k = tonumber(m['k' .. tostring(layer)])
   local full = {}
   for shard, args in pairs(ops) do
-    local bits = call_chunked('BITFIELD', key .. ':' .. layer .. ':' .. shard, args,
-                              op == 'SET' and 4 or 3)
+    local bits = call_chunked('BITFIELD', key .. ':' .. L .. ':' .. shard, args, set and 4 or 3)
     for n, i in ipairs(owners[shard]) do
       local all = true
       for j = (n - 1) * k + 1, n * k do
@@ -428,6 +428,11 @@ local function next_start(k)
   if gap > 0 and jitter > 0 then gap = gap * (1 + jitter * math.random()) end
   return math.max(s.last + gap, s.block)
 end
+local function earliest(k)
+  -- When K may start again at the soonest (no jitter): what the take checks.
+  local s = ST[k]
+  return math.max(s.last + interval(k) * (1 + margin), s.block)
+end
 local function member_key(member) return string.match(member, '@(.*)$') end
 
 -- What becomes of each touched key's entry in the ready set, decided at the end.
@@ -466,8 +471,10 @@ pos = pos + 1 + 3 * #feedback
 local fetched = {}
 for i = 1, tonumber(ARGV[pos]) do fetched[i] = ARGV[pos + i] end
 
+-- Only the keys whose in-flight count or state this call changes are read
+-- here: a key that only got new entries joins the ready set as a hint (its
+-- politeness is checked when it is taken from).
 local keys = {}
-for _, e in ipairs(entries) do keys[#keys + 1] = e[1] end
 for _, a in ipairs(acks) do keys[#keys + 1] = member_key(a[1]) end
 for _, f in ipairs(fails) do keys[#keys + 1] = member_key(f[1]) end
 for _, m in ipairs(nacks) do keys[#keys + 1] = member_key(m) end
@@ -713,7 +720,6 @@ if promote then
       q[#q + 1] = score(member); q[#q + 1] = member
       touched[k] = true
     end
-    load(ks)
     for k, q in pairs(byq) do call_chunked('ZADD', Q(k), q, 2) end
     call_chunked('ZREM', KEYS[5], due, 1)
     qdelta = qdelta + #due
@@ -727,7 +733,8 @@ end
 do
   local rem, nx, gt = {}, {}, {}
   for k, _ in pairs(touched) do
-    if ST[k].n >= LIM[k].conc then rem[#rem + 1] = k
+    if ST[k] == nil then nx[#nx + 1] = fmt(now()); nx[#nx + 1] = k   -- a hint, checked at take
+    elseif ST[k].n >= LIM[k].conc then rem[#rem + 1] = k
     else nx[#nx + 1] = fmt(math.max(now(), next_start(k))); nx[#nx + 1] = k end
   end
   for k, _ in pairs(raise) do
@@ -740,7 +747,7 @@ end
 
 -- take: from keys whose time has come, oldest-ready first, each once
 local taken, missing = {}, 0
-local members, unready = {}, {}
+local members, unready, later = {}, {}, {}
 if take_n > 0 and ttl > 0 then
   local want, offset = take_n, 0
   for _ = 1, 10 do
@@ -752,8 +759,11 @@ if take_n > 0 and ttl > 0 then
     for _, k in ipairs(ks) do
       if want <= 0 then break end
       local s, l = ST[k], LIM[k]
+      local due = earliest(k)
       if s.n >= l.conc then
         unready[k] = true
+      elseif due > now() then
+        later[#later + 1] = fmt(due); later[#later + 1] = k   -- an early hint: wait its turn
       else
         local count = math.min(want, l.conc - s.n)
         local polite = interval(k) > 0
@@ -816,6 +826,7 @@ for k, _ in pairs(took) do
   if ST[k].n >= LIM[k].conc then rem[#rem + 1] = k
   elseif not unready[k] then set[#set + 1] = fmt(next_start(k)); set[#set + 1] = k end
 end
+for i = 1, #later do set[#set + 1] = later[i] end
 if #states > 0 then call_chunked('HSET', KEYS[11], states, 2) end
 if #rem > 0 then call_chunked('ZREM', KEYS[1], rem, 1) end
 if #set > 0 then call_chunked('ZADD', KEYS[1], set, 2) end
