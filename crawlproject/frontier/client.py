@@ -77,7 +77,7 @@ class _Remote:
     last_poll: float = 0.0
 
     def ready_now(self, now: float) -> bool:
-        if self.next_ready_ms is None:
+        if self.next_ready_ms is None or self.next_ready_ms == -2:
             return True
         if self.next_ready_ms < 0 or self.server_ms < 0:
             return False
@@ -118,6 +118,7 @@ class FrontierClient:
         self._seq = 0
         self._unsent: list[deque[int]] = [deque() for _ in partitions]
         self._acks: list[tuple[str, int, bool, int]] = []
+        self._fetched: deque[tuple[int, str, float]] = deque()
         self._last_sync = 0.0
         self._last_maintenance = 0.0
         self._last_sweep = time.monotonic()
@@ -167,10 +168,12 @@ class FrontierClient:
 
     def fetched(self, member: str) -> None:
         """*member*'s download ended: its politeness key's slot is free again
-        (the entry stays leased until it is acknowledged)."""
+        (the entry stays leased until it is acknowledged). Reported with the
+        call after next: most requests are acknowledged by then, and the ack
+        frees the slot itself (one operation less per page)."""
         entry = self.held.get(member)
         if entry is not None:
-            self.outbox[entry.partition].fetched.append(member)
+            self._fetched.append((entry.partition, member, time.monotonic()))
 
     def fail(self, member: str, kind: str, record: dict) -> None:
         """*member* is done for good: keep *record* in the dead/invalid list."""
@@ -212,6 +215,17 @@ class FrontierClient:
             if not relieve:
                 batch.unrelieved.add(member)
         self._acks = keep
+
+    def _attach_fetched(self, batches: dict[int, Batch], now: float) -> None:
+        """Report downloads that ended a while ago and are still not settled."""
+        older = now - 2 * self.min_sync_interval
+        while self._fetched and self._fetched[0][2] <= older:
+            p, member, _ = self._fetched.popleft()
+            if member in self.held and p in batches:
+                batches[p].fetched.append(member)
+            elif member in self.held:  # no call to its partition this round: later
+                self._fetched.appendleft((p, member, now))
+                break
 
     def local_backlog(self) -> int:
         """Requests this node holds that Redis has not handed to the engine yet."""
@@ -370,15 +384,12 @@ class FrontierClient:
                 continue
             batch.adopt = self._adoptions(p)
             batch.sweep = maintenance and self._sweep_due(now)
+            batch.registered = now - self._last_maintenance < self.lease_ttl / 2
             remote = self.remote[p]
             batch.promote = maintenance or remote.delayed != 0 or any(a[4] for a in batch.adds)
             calls[p] = batch
         self._attach_acks(calls)
-        for batch in calls.values():
-            if batch.fetched and (batch.acks or batch.fails):
-                # Settled in the same call: the ack frees the slot itself.
-                settled = set(batch.acks).union(f[0] for f in batch.fails)
-                batch.fetched = [m for m in batch.fetched if m not in settled]
+        self._attach_fetched(calls, now)
         if any(self.outbox) or self._acks:
             waiters, self._flush_waiters = [], waiters  # resolved by a later call
             self._wake.set()

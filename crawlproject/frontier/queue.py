@@ -82,6 +82,8 @@ class Batch:
     promote: bool = True
     #: also reclaim entries held by ids that are not registered nodes
     sweep: bool = False
+    #: this node renewed its lease well within the TTL: a take need not register it
+    registered: bool = False
 
     def add(self, payload: str, fingerprint: bytes | str | None = None,
             priority: int = 0, delay_ms: int = 0, key: str = "") -> None:
@@ -175,7 +177,7 @@ class Frontier:
     def _sync_call(self, batch: Batch, leaving: bool):
         keys = self.keys.sync_keys()
         flags = (("m" if batch.maintenance else "") + ("d" if batch.promote else "")
-                 + ("s" if batch.sweep else ""))
+                 + ("s" if batch.sweep else "") + ("r" if batch.registered else ""))
         pol = self.politeness
         args = [str(self.clock()) if self.clock else "", self.node,
                 0 if leaving else self.lease_ttl_ms, batch.take, flags,
@@ -278,7 +280,7 @@ class Frontier:
                dict(zip(keys, self.client.hmget(self.keys.kstate, keys))))
         out = {}
         for key, value in raw.items():
-            if value is None:
+            if value is None or _s(key).startswith("|"):  # '|key': a mirrored override
                 continue
             n, last, block, backoff, delay = (int(x) for x in _s(value).split("|"))
             key = _s(key)
@@ -299,7 +301,7 @@ class Frontier:
         return {"queued": int(c.get(k.qlen) or 0), "delayed": c.zcard(k.delayed),
                 "inflight": c.hlen(k.inflight), "dead": c.llen(k.dead),
                 "invalid": c.llen(k.invalid), "nodes": c.zcard(k.nodes),
-                "hosts": c.hlen(k.kstate)}
+                "hosts": sum(1 for f in c.hkeys(k.kstate) if not _s(f).startswith("|"))}
 
     def stats(self) -> dict[str, int]:
         """Cluster-wide counters that nodes add with :meth:`add_stats`, plus

@@ -297,8 +297,10 @@ SYNC = _LIB + r"""
 -- KEYS[4] nodes (zset node->lease deadline ms)        KEYS[5] delayed (zset member->due ms)
 -- KEYS[6] dead (list)       KEYS[7] invalid (list)    KEYS[8] seq (string)
 -- KEYS[9] bloom meta (hash); its shards are KEYS[9]:<layer>:<shard> (derived)
--- KEYS[10] partition stats (hash)  KEYS[11] kstate (hash key -> "n|last|block|backoff|crawl delay")
--- KEYS[12] limits (hash key -> "delay ms|concurrency|source")
+-- KEYS[10] partition stats (hash)
+-- KEYS[11] kstate (hash key -> "n|last|block|backoff|crawl delay", and field '|key'
+--          -> the key's override, mirrored from KEYS[12] by SET_LIMITS)
+-- KEYS[12] limits (hash key -> "delay ms|concurrency|source"; not read here)
 -- KEYS[13] queue prefix: the queue of key K is KEYS[13]:K (derived)
 -- KEYS[14] held prefix: the members leased to node N are in the set KEYS[14]:N (derived)
 -- KEYS[15] qlen (string: entries queued in this partition)
@@ -308,7 +310,9 @@ SYNC = _LIB + r"""
 -- ARGV[5] flags: 'm' = maintenance (renew this node's lease, reclaim the leases
 --         of expired nodes, report delayed/inflight sizes), 'd' = promote due
 --         delayed entries, 's' = sweep: also reclaim entries whose owner is not
---         a registered node and recount each key's in-flight (implies 'm').
+--         a registered node and recount each key's in-flight (implies 'm'),
+--         'r' = this node renewed its lease well within the TTL (a take need
+--         not register it again).
 -- ARGV[6..10] bloom capacity, error rate, growth, tightening, shard bits
 -- ARGV[11] most records kept in the dead list  ARGV[12] ... in the invalid list
 -- ARGV[13] default interval ms between request starts of a key
@@ -345,9 +349,11 @@ SYNC = _LIB + r"""
 -- Returns {taken = {member, payload, ...}, added, duplicates, queue length,
 --          delayed length or -1, inflight length or -1, reclaimed, now or -1,
 --          stale calls, queue members without payload set aside, records trimmed,
---          earliest ready time (ms) or -1}
+--          earliest ready time (ms), -1 when no key is ready or due, -2 when the
+--          take got all it asked for (more may be ready)}
 local node, ttl, take_n = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local sweep = string.find(ARGV[5], 's', 1, true) ~= nil
+local registered = string.find(ARGV[5], 'r', 1, true) ~= nil
 local maintenance = sweep or string.find(ARGV[5], 'm', 1, true) ~= nil
 local promote = maintenance or string.find(ARGV[5], 'd', 1, true) ~= nil
 local dead_max, invalid_max = tonumber(ARGV[11]), tonumber(ARGV[12])
@@ -388,18 +394,20 @@ end
 -- Per-key state, read once per call for all the keys it touches and written
 -- back once at the end.
 local ST, LIM, dirty = {}, {}, {}
-local has_limits = redis.call('EXISTS', KEYS[12]) == 1
 local function load(keys)
+  -- State and override of each key come from kstate in one HMGET: the
+  -- override of key K is mirrored there as field '|K' (see SET_LIMITS).
   local need, seen = {}, {}
   for _, k in ipairs(keys) do
     if ST[k] == nil and not seen[k] then need[#need + 1] = k; seen[k] = true end
   end
   for i = 1, #need, 500 do
     local last = math.min(i + 499, #need)
-    local states = redis.call('HMGET', KEYS[11], unpack(need, i, last))
-    local limits = has_limits and redis.call('HMGET', KEYS[12], unpack(need, i, last)) or {}
+    local fields = {}
+    for j = i, last do fields[#fields + 1] = need[j]; fields[#fields + 1] = '|' .. need[j] end
+    local got = redis.call('HMGET', KEYS[11], unpack(fields))
     for j = i, last do
-      local k, s, l = need[j], states[j - i + 1], limits[j - i + 1]
+      local k, s, l = need[j], got[2 * (j - i) + 1], got[2 * (j - i) + 2]
       local n, la, bl, bo, cd = 0, 0, 0, 0, 0
       if s then
         n, la, bl, bo, cd = string.match(s, '^(%-?%d+)|(%d+)|(%d+)|(%d+)|(%d+)$')
@@ -700,7 +708,10 @@ if maintenance or ttl == 0 then
       end
     end
     if #orphans > 0 then requeue(orphans, done) end
-    local all = redis.call('HKEYS', KEYS[11])
+    local all = {}
+    for _, k in ipairs(redis.call('HKEYS', KEYS[11])) do
+      if string.sub(k, 1, 1) ~= '|' then all[#all + 1] = k end
+    end
     load(all)
     for _, k in ipairs(all) do
       if ST[k].n ~= (count[k] or 0) then ST[k].n = count[k] or 0; dirty[k] = true; touched[k] = true end
@@ -808,7 +819,7 @@ if take_n > 0 and ttl > 0 then
     if #owned > 0 then
       call_chunked('HSET', KEYS[3], owned, 2)
       call_chunked('SADD', HELD(node), held, 1)
-      redis.call('ZADD', KEYS[4], fmt(now() + ttl), node)
+      if not (maintenance or registered) then redis.call('ZADD', KEYS[4], fmt(now() + ttl), node) end
     end
   end
 end
@@ -839,9 +850,11 @@ if maintenance then
   delayed_len = redis.call('ZCARD', KEYS[5])
   inflight_len = redis.call('HLEN', KEYS[3])
 end
-if take_n > 0 or maintenance then
+if (take_n > 0 and #taken / 2 + missing < take_n) or maintenance then
   local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   if #first > 0 then next_ready = first[2] end
+elseif take_n > 0 then
+  next_ready = -2  -- the take got all it asked for: more may be ready now
 end
 return {taken, added, dups, qlen, delayed_len, inflight_len, reclaimed,
         now_cache and fmt(now_cache) or -1, stale, missing, trimmed, next_ready}
@@ -889,7 +902,8 @@ return replayed
 SET_LIMITS = _CLOCK + r"""
 -- SET_LIMITS: override (or clear) the politeness limits of keys, in force at once.
 -- KEYS[1] limits (hash key -> "delay ms|concurrency|source")  KEYS[2] ready (zset)
--- KEYS[3] kstate (hash key -> "n|last|block|backoff|crawl delay")
+-- KEYS[3] kstate (hash key -> "n|last|block|backoff|crawl delay"; the override
+--         is mirrored there as field '|key', which SYNC reads with the state)
 -- ARGV[1] source: 'c' (command line) or 's' (settings: never replaces a 'c')
 -- ARGV[2..] n x (key, "delay ms|concurrency|source", or '' to clear)
 -- A key waiting in the ready set is rescheduled for its last start plus the
@@ -900,7 +914,11 @@ for i = 2, #ARGV, 2 do
   local key, value = ARGV[i], ARGV[i + 1]
   local old = redis.call('HGET', KEYS[1], key)
   if not (ARGV[1] == 's' and old and string.sub(old, -2) == '|c') and old ~= value then
-    if value == '' then redis.call('HDEL', KEYS[1], key) else redis.call('HSET', KEYS[1], key, value) end
+    if value == '' then
+      redis.call('HDEL', KEYS[1], key); redis.call('HDEL', KEYS[3], '|' .. key)
+    else
+      redis.call('HSET', KEYS[1], key, value); redis.call('HSET', KEYS[3], '|' .. key, value)
+    end
     changed = changed + 1
     local ready = redis.call('ZSCORE', KEYS[2], key)
     local state = redis.call('HGET', KEYS[3], key)
