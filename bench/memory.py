@@ -53,6 +53,10 @@ def rss_at_progress(run: dict) -> dict:
     # A tiny crawl on a loaded machine may end before the sampler's first
     # sample: then the first sample after it is the best reading there is.
     rss = rss or node["rss"][:1]
+    if not rss and node.get("peak_rss_mb") and total:
+        # Not one sample while the node ran (it lived less than the sampling
+        # interval): its own peak is the only reading, for every point.
+        return {f"{int(p * 100)}%": node["peak_rss_mb"] for p in POINTS}
     if not progress or not rss or not total:
         return {}
     times = [t for t, _ in progress]
