@@ -315,7 +315,8 @@ def run_nodes(system: str, count: int, *, redis_url: str | None, settings: dict 
                       "crawl_cpu_s": r.get("crawl_cpu_s"),
                       "first_request": r["first_request"], "last_response": r["last_response"],
                       "closed_at": r["closed_at"],
-                      "peak_rss_mb": max((s for _, s in n.rss), default=0) / 2**20,
+                      "peak_rss_mb": (max((s for _, s in n.rss), default=0) / 2**20
+                                      or (r.get("maxrss_kb") or 0) / 1024),
                       "progress": r["progress"], "rss": n.rss}
                      for n, r in zip(nodes, records)],
         "errors": errors[:10],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import time
 
 from scrapy import signals
@@ -73,6 +74,9 @@ class BenchRecorder:
                                   if self.cpu_first is not None and self.cpu_last is not None
                                   else None),
                   "reason": reason, "closed_at": time.time(), "progress": self.progress,
+                  # the process's own peak (KiB on Linux): there even if the
+                  # harness never sampled a process that lived very briefly
+                  "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                   "stats": kept}
         tmp = self.path + ".tmp"
         with open(tmp, "w") as f:
