@@ -213,9 +213,11 @@ class Node:
                 self.exited_at = time.time()
             return
         try:
-            self.rss.append((time.time(), self.ps.memory_info().rss))
+            rss = self.ps.memory_info().rss
         except psutil.Error:
-            pass
+            return
+        if rss:  # an exiting (zombie) process reports 0: not a reading
+            self.rss.append((time.time(), rss))
 
     def kill(self) -> None:
         if self.proc.poll() is None:

@@ -75,7 +75,7 @@ def rss_at_progress(run: dict) -> dict:
     for p in POINTS:
         target = p * total
         picks = [r for t, r in rss if done_at(t) >= target - 1e-9]
-        value = picks[0] if p < 1 else (rss[-1][1] if rss else None)
+        value = (picks[0] if picks else None) if p < 1 else rss[-1][1]
         out[f"{int(p * 100)}%"] = value / 2**20 if value else None
     return out
 
