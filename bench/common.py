@@ -14,8 +14,10 @@ import platform
 import shutil
 import signal
 import statistics
+import io
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -29,8 +31,12 @@ from crawlproject.services import RedisServer
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "bench" / "results"
 
-SPIDERS = {"ours": "bench_ours", "scrapy-redis": "bench_scrapy_redis", "plain": "bench_plain"}
-LABELS = {"ours": "ours (RedisScheduler)", "scrapy-redis": "scrapy-redis 0.9.1",
+SPIDERS = {"ours": "bench_ours", "ours-old": "bench_ours", "scrapy-redis": "bench_scrapy_redis",
+           "plain": "bench_plain"}
+# The frontier before the per-host one (issue 8): one global queue, per-process politeness.
+BASELINE_REF = "5440a15"
+LABELS = {"ours": "ours (RedisScheduler)", "ours-old": f"ours before per-host queues ({BASELINE_REF})",
+          "scrapy-redis": "scrapy-redis 0.9.1",
           "plain": "plain Scrapy"}
 # Redis commands the harness itself sends (not the crawl's).
 HARNESS_COMMANDS = {"config", "info", "flushall", "slowlog", "memory", "dbsize", "ping"}
@@ -165,10 +171,44 @@ def external_cores(samples, start: float | None, end: float | None) -> float | N
 
 
 # -- crawler nodes --------------------------------------------------------------
-def node_env(redis_url: str | None = None) -> dict:
+def export_baseline(ref: str, into: Path) -> str:
+    """Unpack *ref*'s ``crawlproject/`` into *into*; return the commit."""
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", f"{ref}^{{commit}}"],
+                            capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+    data = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "crawlproject"],
+                          capture_output=True, check=True, timeout=60).stdout
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        tar.extractall(into, filter="data")
+    return commit
+
+
+_baselines: dict[str, tuple[Path, str]] = {}
+
+
+def baseline_available(ref: str = BASELINE_REF) -> bool:
+    """Whether this checkout holds *ref* (a shallow clone may not)."""
+    try:
+        subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet",
+                        f"{ref}^{{commit}}"], capture_output=True, check=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return True
+
+
+def baseline_package(ref: str = BASELINE_REF) -> tuple[Path, str]:
+    """A directory holding *ref*'s package (exported once per process) and its commit."""
+    if ref not in _baselines:
+        into = Path(tempfile.mkdtemp(prefix="bench-baseline-"))
+        _baselines[ref] = (into, export_baseline(ref, into))
+    return _baselines[ref]
+
+
+def node_env(redis_url: str | None = None, first: Path | None = None) -> dict:
+    """Environment of a node; *first* goes before this checkout on the path."""
     env = dict(os.environ)
     env["SCRAPY_SETTINGS_MODULE"] = "bench.settings"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(first) if first else None, str(ROOT),
+                                                      env.get("PYTHONPATH")]))
     env.pop("SCRAPY_PROJECT", None)
     if redis_url:
         env["REDIS_URL"] = redis_url
@@ -195,8 +235,11 @@ class Node:
             cmd += ["-s", f"{key}={value}"]
         for key, value in (spider_args or {}).items():
             cmd += ["-a", f"{key}={value}"]
+        # The old frontier's nodes import its package: run from its directory
+        # (``python -m`` puts the working directory first on the path).
+        first = baseline_package(BASELINE_REF)[0] if system == "ours-old" else None
         self.started = time.time()
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=node_env(redis_url),
+        self.proc = subprocess.Popen(cmd, cwd=first or ROOT, env=node_env(redis_url, first),
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      start_new_session=True)
         self.ps = psutil.Process(self.proc.pid)
@@ -256,7 +299,7 @@ def run_nodes(system: str, count: int, *, redis_url: str | None, settings: dict 
     settings = dict(settings or {})
     if system == "scrapy-redis" and count > 1:
         settings.setdefault("MAX_IDLE_TIME_BEFORE_CLOSE", 5)
-    if system == "ours" and count == 1:
+    if system.startswith("ours") and count == 1:
         settings.setdefault("MAX_IDLE_TIME_BEFORE_CLOSE", 1)
     nodes = [Node(system, workdir, i + 1, redis_url, settings, spider_args, spider)
              for i in range(count)]

@@ -7,7 +7,12 @@ from the first request that reached a downloader to the last response, over
 all nodes (the idle wait before closing is excluded). Runs are interleaved
 (rep 1 of every configuration, then rep 2, ...) and the median is reported.
 
-    python -m bench.crawl [--quick] [--repeat N]
+``ours-old`` is this project's frontier before the per-host queues (commit
+``bench.common.BASELINE_REF``, unpacked with ``git archive`` and imported by its
+nodes): ``ours`` against it on one site with politeness limits above what the
+nodes use shows what politeness costs where it is not asked for.
+
+    python -m bench.crawl [--quick] [--repeat N] [--only 'ours|1|0,ours-old|1|0']
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import time
 
 from crawlproject.keys import start_urls_key
 from crawlproject.demo.site import DemoSite
-from bench.common import (LABELS, BenchRedis, base_parser, crawl_commands, median, mode_of,
+from bench.common import (LABELS, SPIDERS, baseline_available, BenchRedis, base_parser, crawl_commands, median, mode_of,
                           ratio, rerun_disturbed, run_nodes, strip_series, table,
                           undisturbed, write_result)
 
@@ -27,12 +32,16 @@ SIZES = {"full": {0: 2000, 50: 1000}, "quick": {0: 400, 50: 300}, "smallest": {0
 CONCURRENCY = 64
 FLOOR_VS_SCRAPY_REDIS = 1.3
 FLOOR_VS_PLAIN = 0.95
+# Politeness must cost nothing where it is not asked for (issue 8): new ÷ old frontier.
+FLOOR_VS_OLD = 0.95
 
 
 def configs(mode: str):
     out = []
     for latency in SIZES[mode]:
         systems = [("ours", 1), ("scrapy-redis", 1), ("plain", 1)]
+        if baseline_available():  # a shallow clone lacks the old frontier
+            systems.insert(1, ("ours-old", 1))
         if mode == "full" or (mode == "quick" and latency == 0):
             systems += [("ours", 2), ("scrapy-redis", 2)]
         out += [(latency, s, n) for s, n in systems]
@@ -40,7 +49,7 @@ def configs(mode: str):
 
 
 def seed_key(system: str) -> str:
-    return start_urls_key(f"bench_{system.replace('-', '_')}")
+    return start_urls_key(SPIDERS[system])
 
 
 def one_run(redis: BenchRedis, site: DemoSite, system: str, nodes: int, products: int,
@@ -156,6 +165,14 @@ def main(argv=None) -> dict:
             r = ratio(ours["pages_per_s"], plain["pages_per_s"])
             checks.append({"check": f"ours/plain, 1 node, {latency} ms", "ratio": r,
                            "floor": FLOOR_VS_PLAIN, "pass": r is not None and r >= FLOOR_VS_PLAIN})
+        for nodes in (1, 2):
+            new, old = summary.get(f"ours|{nodes}|{latency}"), summary.get(f"ours-old|{nodes}|{latency}")
+            if new and old:
+                r = ratio(new["pages_per_s"], old["pages_per_s"])
+                checks.append({"check": f"ours/ours before per-host queues, {nodes} node(s), "
+                                        f"{latency} ms, limits not binding",
+                               "ratio": r, "floor": FLOOR_VS_OLD,
+                               "pass": r is not None and r >= FLOOR_VS_OLD})
     data = {"mode": mode, "repeat": repeat, "concurrency": args.concurrency, "per_page": PER_PAGE,
             "sizes": SIZES[mode], "summary": summary, "checks": checks, "runs": runs,
             "duration_s": time.monotonic() - t0}

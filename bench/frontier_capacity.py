@@ -18,7 +18,7 @@ warm-up, then the measured window.
 Configurations, all in the same run, interleaved (order reversed every other
 repetition):
 
-1. ``baseline`` — today's frontier, branch ``main`` (one global priority queue
+1. ``baseline`` — the frontier before per-host queues, commit ``5440a15`` (one global priority queue
    per spider, its own SYNC layout), single Redis;
 2. ``new_p1`` — the per-host frontier of this branch, ``partitions=1``, single
    Redis, politeness off (no interval, no concurrency limit: the frontier is
@@ -36,10 +36,10 @@ repetition):
    The Bloom capacity is split over the partitions, as the scheduler does.
 
 **Loading the baseline.** ``git archive <ref> crawlproject`` (``--baseline-ref``,
-default ``main``) is unpacked into a temporary directory; the baseline's node
+default ``bench.common.BASELINE_REF``) is unpacked into a temporary directory; the baseline's node
 processes run with that directory as their working directory and first on
 ``PYTHONPATH`` (``python -m`` puts the working directory first on ``sys.path``),
-so ``import crawlproject`` finds main's package while ``bench`` comes from this
+so ``import crawlproject`` finds the baseline's package while ``bench`` comes from this
 checkout. Each node reports the package it imported; a run fails if it is not
 the expected one. The checkout's own package is never touched.
 
@@ -56,21 +56,19 @@ of it, "Lua", is the interpreter's own work). Floors: new (partitions=1)
 pages/s ÷ baseline ≥ 0.9; busiest master's share ≤ 0.45.
 
     python -m bench.frontier_capacity [--quick | --smallest] [--repeat N]
-        [--nodes N] [--duration S] [--only baseline,new_p1,new_p12] [--baseline-ref main]
+        [--nodes N] [--duration S] [--only baseline,new_p1,new_p12] [--baseline-ref REF]
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import json
 import os
 import random
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from dataclasses import dataclass
@@ -78,7 +76,7 @@ from pathlib import Path
 
 import redis as redis_lib
 
-from bench.common import (HARNESS_COMMANDS, ROOT, BenchError, BenchRedis, CpuWatch, base_parser,
+from bench.common import (BASELINE_REF, HARNESS_COMMANDS, ROOT, export_baseline, BenchError, BenchRedis, CpuWatch, base_parser,
                           machine_busy_cpu, median, mode_of, node_env, ratio, rerun_disturbed,
                           table, undisturbed, write_result, DISTURBED_CORES)
 from crawlproject.keys import FrontierKeys
@@ -115,7 +113,7 @@ class Config:
 
 
 CONFIGS = [
-    Config("baseline", "today's frontier (main): one global queue, single Redis", "baseline",
+    Config("baseline", "before per-host queues (5440a15): one global queue, single Redis", "baseline",
            1, False),
     Config("new_p1", "new frontier: per-host queues, partitions=1, single Redis", "new", 1, False),
     Config("new_p12", "new frontier: partitions=12, 3-master Redis Cluster", "new", 12, True),
@@ -344,17 +342,6 @@ class Target:
             client.close()
 
 
-def export_baseline(ref: str, into: Path) -> str:
-    """Unpack *ref*'s ``crawlproject/`` into *into*; return the commit."""
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", f"{ref}^{{commit}}"],
-                            capture_output=True, text=True, check=True, timeout=30).stdout.strip()
-    data = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "crawlproject"],
-                          capture_output=True, check=True, timeout=60).stdout
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(into, filter="data")
-    return commit
-
-
 def spawn_nodes(config: Config, target: Target, args, baseline_dir: Path, workdir: Path,
                 seeds: int) -> list[tuple[subprocess.Popen, dict]]:
     env = node_env()
@@ -516,7 +503,7 @@ def checks_for(summary: dict) -> list[dict]:
     checks = []
     if "baseline" in summary and "new_p1" in summary:
         value = ratio(summary["new_p1"]["pages_per_s"], summary["baseline"]["pages_per_s"])
-        checks.append({"check": "new (partitions=1) pages/s ÷ baseline (main), single Redis",
+        checks.append({"check": "new (partitions=1) pages/s ÷ baseline (5440a15), single Redis",
                        "value": value, "floor": f"≥ {FLOOR_VS_BASELINE}",
                        "pass": value is not None and value >= FLOOR_VS_BASELINE})
     if "new_p12" in summary:
@@ -537,7 +524,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--nodes", type=int, default=3, help="simulated nodes (processes)")
     parser.add_argument("--duration", type=float, default=None, help="measured seconds per run")
     parser.add_argument("--only", default="", help=f"subset of {[c.key for c in CONFIGS]}")
-    parser.add_argument("--baseline-ref", default="main", help="git ref of today's frontier")
+    parser.add_argument("--baseline-ref", default=BASELINE_REF, help="git ref of today's frontier")
     args = parser.parse_args(argv)
     mode = mode_of(args)
     seconds, warmup, repeat, seeds = MODES[mode]
