@@ -32,6 +32,7 @@ from scrapy import Request, Spider
 from scrapy.http import FormRequest, JsonRequest
 from scrapy.utils.request import request_from_dict as _scrapy_request_from_dict
 
+from crawlproject.middlewares.session import TRANSIENT as SESSION_TRANSIENT
 from crawlproject.policy import InputPolicy, Refused
 
 FORMAT_VERSION = 1
@@ -47,7 +48,7 @@ ALLOWED_CLASSES: dict[str, type[Request]] = {
 TRANSIENT_META_KEYS = frozenset(
     {"playwright_page", "download_latency", "_crawlproject_lease", "_crawlproject_retry_delay",
      "_crawlproject_slow_down"}
-)
+) | SESSION_TRANSIENT
 
 _TAG = "__t__"
 _NO_SPIDER = InputPolicy()
