@@ -53,7 +53,7 @@ def seed_key(system: str) -> str:
 
 
 def one_run(redis: BenchRedis, site: DemoSite, system: str, nodes: int, products: int,
-            concurrency: int = CONCURRENCY) -> dict:
+            concurrency: int = CONCURRENCY, ours_settings: dict | None = None) -> dict:
     redis.reset()
     args = {}
     if system == "plain":
@@ -67,6 +67,7 @@ def one_run(redis: BenchRedis, site: DemoSite, system: str, nodes: int, products
         # measures the frontier, not a politeness limit (as plain Scrapy's
         # per-process limit equal to its concurrency never binds).
         settings["CONCURRENT_REQUESTS_PER_DOMAIN"] = 4 * concurrency * nodes
+        settings.update(ours_settings or {})
     run = run_nodes(system, nodes, redis_url=redis.url if system != "plain" else None,
                     settings=settings, spider_args=args, timeout=60 + products / 20,
                     watch_pids=(redis.server.pid, site._proc.pid))
@@ -88,7 +89,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--only", default="",
                         help="configurations system|nodes|latency, comma-separated "
                              "(e.g. 'ours|1|50,plain|1|50')")
+    parser.add_argument("--ours-set", action="append", default=[], metavar="NAME=VALUE",
+                        help="a Scrapy setting for ours' nodes only (repeatable)")
     args = parser.parse_args(argv)
+    ours_settings = dict(item.split("=", 1) for item in args.ours_set)
     mode = mode_of(args)
     only = {k for k in args.only.split(",") if k}
     repeat = args.repeat or (3 if mode == "full" else 1)
@@ -106,7 +110,7 @@ def main(argv=None) -> dict:
             def run_config(key: str, label: str) -> dict:
                 system, nodes, latency = key.split("|")
                 run = one_run(redis, sites[int(latency)], system, int(nodes),
-                              SIZES[mode][int(latency)], args.concurrency)
+                              SIZES[mode][int(latency)], args.concurrency, ours_settings)
                 print(f"  {label} {key}: {run['pages']} pages in "
                       f"{run['elapsed_s']:.2f}s = {run['pages_per_s']:.0f} pages/s, "
                       f"node CPU {run['cpu_ms_per_page']:.2f} ms/page, other programs "
@@ -174,6 +178,7 @@ def main(argv=None) -> dict:
                                "ratio": r, "floor": FLOOR_VS_OLD,
                                "pass": r is not None and r >= FLOOR_VS_OLD})
     data = {"mode": mode, "repeat": repeat, "concurrency": args.concurrency, "per_page": PER_PAGE,
+            "ours_settings": ours_settings,
             "sizes": SIZES[mode], "summary": summary, "checks": checks, "runs": runs,
             "duration_s": time.monotonic() - t0}
     path = write_result(NAME, data, args.out)

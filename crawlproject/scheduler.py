@@ -120,7 +120,7 @@ class RedisScheduler(BaseScheduler):
         concurrency = s.getint("CONCURRENT_REQUESTS")
         return cls(
             crawler,
-            prefetch=s.getint("SCHEDULER_PREFETCH") or max(8, concurrency // 2),
+            prefetch=s.getint("SCHEDULER_PREFETCH") or max(16, concurrency),
             batch_size=s.getint("SCHEDULER_BATCH_SIZE", 100),
             flush_interval=s.getfloat("SCHEDULER_FLUSH_INTERVAL", 0.05),
             min_sync_interval=s.getfloat("SCHEDULER_MIN_SYNC_INTERVAL", 0.02),
