@@ -126,10 +126,14 @@ def chromium_hints(user_agent: str) -> tuple[tuple[str, str], ...]:
         if found:
             brand, brand_major = name, int(found.group(1))
             break
-    platform = next((p for token, p in _PLATFORMS if token in user_agent), "Unknown")
+    platform = _platform(user_agent)
     mobile = "?1" if "Mobile" in user_agent else "?0"
     return (("Sec-CH-UA", _brand_list(major, brand, brand_major)),
             ("Sec-CH-UA-Mobile", mobile), ("Sec-CH-UA-Platform", f'"{platform}"'))
+
+
+def _platform(user_agent: str) -> str:
+    return next((p for token, p in _PLATFORMS if token in user_agent), "Unknown")
 
 
 def _brand_list(major: int, brand: str, brand_major: int) -> str:
@@ -175,6 +179,9 @@ def load_pool(flt: PoolFilter, encodings: Sequence[str] = _ENCODINGS + ("zstd",)
     # the filter behind its .random, so the pool is exactly what it would draw from.
     # A few entries of the data file are wrapped in quotes: a tell-tale a site would see.
     agents = sorted({entry["useragent"].strip().strip('"') for entry in ua._filter_useragents()})
+    # The data holds some made-up agents (an iPhone running "Chrome/39"): a
+    # Chromium agent must name a platform Chromium runs on, or hints would lie.
+    agents = [a for a in agents if family_of(a) != CHROMIUM or _platform(a) != "Unknown"]
     if not agents:
         raise ValueError(f"no User-Agent matches the identity filters {flt}")
     return tuple(identity_for(agent, encodings) for agent in agents)

@@ -252,7 +252,7 @@ def test_a_request_that_changes_session_changes_its_whole_identity():
 
 
 def test_client_hints_only_over_https_or_to_loopback():
-    mw = middleware({"IDENTITY_BROWSERS": ["Chrome"]})
+    mw = middleware({"IDENTITY_BROWSERS": ["Chrome"], "IDENTITY_MIN_VERSION": 100})
     assert "sec-ch-ua" in sent(mw, scrapy_request("https://a.example/"))
     assert "sec-ch-ua" in sent(mw, scrapy_request("http://127.0.0.3:8000/"))
     plain = scrapy_request("http://a.example/")

@@ -101,7 +101,7 @@ class SeedReferers:
         labels = host.split(".")
         for i in range(1, len(labels)):
             parent = ".".join(labels[i:])
-            if parent in self.by_domain:
+            if parent in self.by_domain and not _is_ip(parent):  # an address is no domain
                 return self.by_domain[parent]
         return self.default
 
