@@ -325,8 +325,10 @@ def test_two_nodes_give_each_host_one_coherent_identity(redis, redis_url, mongo_
     env = node_env(redis_url, mongo_uri, database.name)
     base = {"SPIDER_MODULES": "tests.spiders", "ROBOTSTXT_OBEY": False,
             "MAX_IDLE_TIME_BEFORE_CLOSE": 3, "CONCURRENT_REQUESTS_PER_DOMAIN": 4,
+            # Few requests per node: neither node can take a whole host's pages alone.
+            "CONCURRENT_REQUESTS": 4,
             "LOG_LEVEL": "INFO"}
-    with MultiHostSite(hosts, pages=30, per_page=10, latency_ms=20, record_headers=True) as site:
+    with MultiHostSite(hosts, pages=30, per_page=10, latency_ms=50, record_headers=True) as site:
         nodes = [Node(name, tmp_path, env, spider="hosts",
                       settings={**base, "DOWNLOAD_BIND_ADDRESS": address})
                  for name, address in clients.items()]
