@@ -52,6 +52,11 @@ DOWNLOADER_MIDDLEWARES = {
     "scrapy.downloadermiddlewares.retry.RetryMiddleware": None,
     "crawlproject.middlewares.retry.BackoffRetryMiddleware": 550,
     "crawlproject.middlewares.politeness.FrontierPolitenessMiddleware": 560,
+    "crawlproject.middlewares.identity.IdentityMiddleware": 610,
+}
+SPIDER_MIDDLEWARES = {
+    "scrapy.spidermiddlewares.referer.RefererMiddleware": None,
+    "crawlproject.middlewares.referer.SeedRefererMiddleware": 700,
 }
 # Politeness is enforced by the frontier for all nodes together (see
 # crawlproject/frontier/politeness.py): DOWNLOAD_DELAY is the interval between
@@ -69,6 +74,24 @@ SEEDS_POLL_INTERVAL = 1.0
 # Seeds are untrusted: the only meta keys a seed may set (see crawlproject/policy.py).
 SEED_META_ALLOW = ["campaign"]
 MAX_IDLE_TIME_BEFORE_CLOSE = int(env_default("MAX_IDLE_TIME_BEFORE_CLOSE", "0"))
+
+# --- Identity: User-Agent and matching headers per session (docs/middlewares.md) ---
+# One browser identity per session (explicit meta["session"], else proxy and
+# cookie jar, else host), the same on every node; USER_AGENT set explicitly or
+# a spider's user_agent turns it off. Filters are fake-useragent's own names.
+IDENTITY_ENABLED = True
+IDENTITY_BROWSERS = ["Chrome", "Edge", "Firefox", "Safari"]
+IDENTITY_OS = []                        # any; e.g. ["Windows", "Mac OS X", "Linux"]
+IDENTITY_PLATFORMS = ["desktop"]        # "desktop", "mobile", "tablet"
+IDENTITY_MIN_VERSION = 0.0              # browser major.minor, for every browser alike
+IDENTITY_MIN_PERCENTAGE = 0.0           # usage share of the User-Agent in the data
+IDENTITY_ROTATION = "session"           # "session", "request" or N requests (counted per node)
+IDENTITY_SALT = ""                      # change it to give every session a new identity
+
+# --- Referer: Scrapy's referrer policy for followed requests, defaults for seeds ---
+REFERER_SEED_DEFAULT = "none"           # "none", "root" or "search"
+REFERER_SEED_SEARCH_URL = "https://www.google.com/search?q={domain}"   # {domain} {host} {url}
+REFERER_SEED_BY_DOMAIN = {}             # {"example.com": "root"}: a domain and its subdomains
 
 # --- MongoDB -------------------------------------------------------------------
 # Items are validated (crawlproject.pipelines.validation), then stored by

@@ -24,7 +24,9 @@ clock as the test process' ``time.monotonic()``; :meth:`MultiHostSite.now` reads
 it anyway). Latency (``--latency-ms``, per host ``--host-latency``) is added with
 ``reactor.callLater``, never blocking. A host can be *throttled* at run time: it
 answers 429 or 503, with ``Retry-After``, to its next K requests and/or for S
-seconds.
+seconds. With ``--record-headers`` each request also keeps the client's address
+and the request headers of :data:`RECORDED_HEADERS` (read as :class:`Seen`
+records): what identity and Referer tests compare.
 
 A separate control listener on 127.0.0.1 (its own port, so control traffic never
 counts against a crawled host) serves JSON: ``GET /requests?since=N&epoch=E``,
@@ -35,14 +37,14 @@ Command line::
 
     python -m crawlproject.demo.hosts --hosts 127.0.0.2,127.0.0.3 --pages 100 \\
         [--host-pages 127.0.0.2=2000] [--per-page 50] [--latency-ms 0] \\
-        [--host-latency 127.0.0.3=200]
+        [--host-latency 127.0.0.3=200] [--record-headers]
 
 prints one line ``HOSTS_SITE={"control": URL, "hosts": {host: URL}}`` and serves
 until SIGTERM/SIGINT (or stdin EOF with ``--exit-on-stdin-eof``). All hosts share
 one port when one is free on every address; otherwise each gets its own.
 
 Python API: :class:`MultiHostSite` (subprocess, context manager), :class:`Hit`,
-and the pure :func:`expected_paths`, :func:`max_in_window`, :func:`max_overlap`.
+:class:`Seen`, and the pure :func:`expected_paths`, :func:`max_in_window`, :func:`max_overlap`.
 """
 
 from __future__ import annotations
@@ -82,6 +84,9 @@ BLOCK_STATUSES = (429, 503)
 LINE_PREFIX = "HOSTS_SITE="
 _SAME_PORT_ATTEMPTS = 20
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+#: Request headers kept with ``--record-headers`` (lower case).
+RECORDED_HEADERS = ("user-agent", "accept", "accept-language", "accept-encoding", "sec-ch-ua",
+                    "sec-ch-ua-mobile", "sec-ch-ua-platform", "referer")
 
 
 # --------------------------------------------------------------------------- content
@@ -178,8 +183,9 @@ class Throttle:
 class Recorder:
     """Every request the site received, in arrival order, and the active throttles.
 
-    A row is ``[host, path, status, t, done, retry_after]``; ``done`` is set when
-    the answer is sent or the client goes away. ``epoch`` changes at each reset,
+    A row is ``[host, path, status, t, done, retry_after]``, plus ``[client,
+    headers]`` when headers are recorded; ``done`` is set when the answer is sent
+    or the client goes away. ``epoch`` changes at each reset,
     so a reader's incremental copy knows when to start over.
     """
 
@@ -214,6 +220,7 @@ class HostsConfig:
     pages: Mapping[str, int]
     latency_ms: Mapping[str, int]
     per_page: int = PER_PAGE
+    record_headers: bool = False
 
 
 class HostsResource(Resource):
@@ -232,6 +239,8 @@ class HostsResource(Resource):
         path = request.path.decode("utf-8", "replace")
         page, headers, retry_after = self._answer(host, path, now)
         row = [host, path, page.status, now, None, retry_after]
+        if self.config.record_headers:
+            row.append(_seen(request))
         self.recorder.rows.append(row)
         latency = self.config.latency_ms.get(host, 0)
         if latency <= 0:
@@ -260,6 +269,16 @@ class HostsResource(Resource):
         if call.active():
             call.cancel()
             row[4] = time.monotonic()
+
+
+def _seen(request) -> list:
+    """``[client address, {header: value}]`` of the recorded headers present."""
+    headers = {}
+    for name in RECORDED_HEADERS:
+        value = request.getHeader(name)
+        if value is not None:
+            headers[name] = value.decode("latin-1") if isinstance(value, bytes) else value
+    return [request.getClientAddress().host, headers]
 
 
 def _send(request, page: Page, headers: Mapping[str, str]) -> bytes:
@@ -377,6 +396,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--latency-ms", type=_non_negative, default=0)
     parser.add_argument("--host-latency", action="append", default=[], metavar="HOST=MS")
     parser.add_argument("--exit-on-stdin-eof", action="store_true")
+    parser.add_argument("--record-headers", action="store_true",
+                        help="keep each request's client address and identity/Referer headers")
     return parser.parse_args(argv)
 
 
@@ -390,7 +411,7 @@ def config_from_args(args: argparse.Namespace) -> HostsConfig:
         raise SystemExit(f"hosts must be distinct and listed in --hosts: {sorted(unknown) or hosts}")
     if min(pages.values()) < 1:
         raise SystemExit("every host needs at least one page")
-    return HostsConfig(pages, latency, args.per_page)
+    return HostsConfig(pages, latency, args.per_page, args.record_headers)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -422,6 +443,15 @@ class Hit(NamedTuple):
     t: float  # arrival
     done: float | None  # answer sent or client gone; None while in flight
     retry_after: int | None  # set on throttled answers that carried Retry-After
+
+
+class Seen(NamedTuple):
+    """Who asked for a page, and with which headers (sites run with ``record_headers``)."""
+
+    host: str
+    path: str
+    client: str  # the crawler's source address
+    headers: dict  # lower-case names of RECORDED_HEADERS that were sent
 
 
 def max_in_window(times: Sequence[float], window_s: float) -> int:
@@ -465,16 +495,19 @@ class MultiHostSite:
 
     def __init__(self, hosts: Sequence[str] = DEFAULT_HOSTS,
                  pages: int | Mapping[str, int] = DEFAULT_PAGES, per_page: int = PER_PAGE,
-                 latency_ms: int | Mapping[str, int] = 0, start_timeout: float = 20.0) -> None:
+                 latency_ms: int | Mapping[str, int] = 0, start_timeout: float = 20.0,
+                 record_headers: bool = False) -> None:
         self.hosts = list(hosts)
         self.pages = _per_host(self.hosts, pages, DEFAULT_PAGES)
         self.latency_ms = _per_host(self.hosts, latency_ms, 0)
         self.per_page, self.start_timeout = per_page, start_timeout
+        self.record_headers = record_headers
         self.urls: dict[str, str] = {}
         self.control_url: str | None = None
         self._proc: subprocess.Popen | None = None
         self._stderr = None
         self._hits: list[Hit] = []
+        self._seen: list[Seen | None] = []
         self._epoch = -1
 
     # -- process ------------------------------------------------------------------
@@ -483,6 +516,8 @@ class MultiHostSite:
         """The argv used to launch the subprocess."""
         cmd = [sys.executable, "-m", "crawlproject.demo.hosts", "--hosts", ",".join(self.hosts),
                "--per-page", str(self.per_page), "--exit-on-stdin-eof"]
+        if self.record_headers:
+            cmd.append("--record-headers")
         for host in self.hosts:
             cmd += ["--host-pages", f"{host}={self.pages[host]}",
                     "--host-latency", f"{host}={self.latency_ms[host]}"]
@@ -614,8 +649,18 @@ class MultiHostSite:
             settled += 1
         reply = self._control("requests", since=settled, epoch=self._epoch)
         self._epoch = reply["epoch"]
-        self._hits = self._hits[:reply["since"]] + [Hit(*row) for row in reply["rows"]]
+        self._hits = self._hits[:reply["since"]] + [Hit(*row[:6]) for row in reply["rows"]]
+        self._seen = self._seen[:reply["since"]] + [
+            Seen(row[0], row[1], *row[6]) if len(row) > 6 else None for row in reply["rows"]]
         return [h for h in self._hits if host is None or h.host == host]
+
+    def seen(self, host: str | None = None) -> list[Seen]:
+        """Client and headers of every request (to *host*), in arrival order; the
+        site must run with ``record_headers=True``."""
+        if not self.record_headers:
+            raise RuntimeError("MultiHostSite(record_headers=True) records headers")
+        self.requests()
+        return [s for s in self._seen if s is not None and (host is None or s.host == host)]
 
     def wait_for_requests(self, count: int, host: str | None = None,
                           timeout: float = 30.0) -> list[Hit]:

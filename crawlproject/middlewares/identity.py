@@ -1,0 +1,204 @@
+"""IdentityMiddleware: one consistent browser identity per session.
+
+A site that sees one visitor (one exit address, one cookie jar) change its
+browser on every request knows it is talking to a crawler. This middleware
+gives each session (:func:`crawlproject.middlewares.session.session_key`: the
+spider's ``meta["session"]``, else proxy and cookie jar, else the host) one
+:class:`~crawlproject.useragents.Identity`: a User-Agent from fake-useragent
+and the ``Accept``, ``Accept-Language``, ``Accept-Encoding`` and (Chromium
+only) ``Sec-CH-UA*`` headers that browser sends.
+
+The choice is a stable hash of the session key into the filtered pool, so
+every node picks the same identity for a session with no Redis round trip.
+``IDENTITY_ROTATION``: ``"session"`` (default: one identity per session),
+``"request"`` (a new one per request) or an integer N (a new one after N
+requests of a session; requests are counted *per node*, so with several
+nodes a session changes identity after N requests on each node).
+
+What the spider says wins:
+
+* ``USER_AGENT`` set explicitly (any settings priority above Scrapy's
+  defaults: project settings, ``-s``, ``custom_settings``) or a spider
+  ``user_agent`` attribute pins the User-Agent for the whole crawl: the
+  middleware then touches no header at all.
+* A request with its own ``User-Agent`` header (one that is neither Scrapy's
+  default nor one of the pool's) or ``meta["dont_rotate_identity"]`` keeps
+  all its headers as they are: no generated client hints can contradict it.
+* Otherwise ``Accept``, ``Accept-Language`` and ``Accept-Encoding`` are set
+  only where the request still has Scrapy's default (or a previous identity's)
+  value; client hints always follow the User-Agent (stale ones are removed),
+  and are sent as Chromium sends them: over HTTPS and to loopback hosts only.
+
+Requests that come back (retries, redirects, the frontier on another node)
+carry their previous identity's headers; those are recognised as the pool's
+and replaced, so a request that changes session changes identity.
+
+The chosen identity is put in ``request.meta[IDENTITY]`` (transient, never
+written to Redis) as ``{"id", "user_agent", "headers"}`` for the rendering
+middleware's browser context. Stats: ``identity/assigned``,
+``identity/pinned/spider``, ``identity/pinned/request``.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import logging
+
+from scrapy import signals
+from scrapy.downloadermiddlewares.httpcompression import ACCEPTED_ENCODINGS
+from scrapy.exceptions import NotConfigured
+from scrapy.settings import SETTINGS_PRIORITIES
+from scrapy.utils.httpobj import urlparse_cached
+
+from crawlproject.middlewares.session import IDENTITY, session_key
+from crawlproject.useragents import HINT_HEADERS, Identity, PoolFilter, load_pool, pick
+
+logger = logging.getLogger(__name__)
+
+DONT_ROTATE = "dont_rotate_identity"
+#: Used when the settings do not say (this project's settings say the same).
+DEFAULT_BROWSERS = ("Chrome", "Edge", "Firefox", "Safari")
+DEFAULT_PLATFORMS = ("desktop",)
+# Per-node request counts of sessions (IDENTITY_ROTATION = N): the oldest are
+# forgotten beyond this many, so a crawl of millions of hosts stays bounded.
+_MAX_COUNTED_SESSIONS = 100_000
+
+
+def parse_rotation(value) -> int:
+    """``IDENTITY_ROTATION`` as requests per identity (0: the whole session)."""
+    if value in (None, "", "session"):
+        return 0
+    if value == "request":
+        return 1
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = 0
+    if number < 1 or isinstance(value, bool):
+        raise ValueError(f'IDENTITY_ROTATION must be "session", "request" or a positive '
+                         f"integer, got {value!r}")
+    return number
+
+
+class IdentityMiddleware:
+    """Give each request its session's browser identity (see the module docstring)."""
+
+    def __init__(self, crawler, pool: tuple[Identity, ...], rotation: int = 0, salt: str = "",
+                 defaults: dict[str, str] | None = None, compression: bool = True,
+                 pinned: str | None = None):
+        self.crawler, self.pool, self.rotation, self.salt = crawler, pool, rotation, salt
+        self.defaults = {k.lower(): v for k, v in (defaults or {}).items()}
+        self.compression, self.pinned = compression, pinned
+        self._by_ua = {i.user_agent.encode("latin-1", "replace"): i for i in pool}
+        default_ua = self.defaults.get("user-agent")
+        self._default_ua = default_ua.encode("latin-1", "replace") if default_ua else None
+        self._counts: dict[str, int] = {}
+
+    @classmethod
+    def from_crawler(cls, crawler):
+        s = crawler.settings
+        if not s.getbool("IDENTITY_ENABLED", True):
+            raise NotConfigured("IDENTITY_ENABLED is off")
+        flt = PoolFilter(tuple(s.getlist("IDENTITY_BROWSERS", DEFAULT_BROWSERS)),
+                         tuple(s.getlist("IDENTITY_OS")),
+                         tuple(s.getlist("IDENTITY_PLATFORMS", DEFAULT_PLATFORMS)),
+                         s.getfloat("IDENTITY_MIN_VERSION"), s.getfloat("IDENTITY_MIN_PERCENTAGE"))
+        encodings = [e.decode() for e in ACCEPTED_ENCODINGS]
+        explicit_ua = (s.getpriority("USER_AGENT") or 0) > SETTINGS_PRIORITIES["default"]
+        mw = cls(crawler, load_pool(flt, encodings), parse_rotation(s.get("IDENTITY_ROTATION")),
+                 str(s.get("IDENTITY_SALT") or ""), _scrapy_defaults(s),
+                 s.getbool("COMPRESSION_ENABLED"), "USER_AGENT setting" if explicit_ua else None)
+        crawler.signals.connect(mw.spider_opened, signal=signals.spider_opened)
+        return mw
+
+    def spider_opened(self, spider) -> None:
+        """Note a spider-level ``user_agent``; log what the crawl will look like."""
+        if getattr(spider, "user_agent", None):
+            self.pinned = "spider's user_agent attribute"
+        if self.pinned:
+            logger.info("User-Agent pinned by the %s: identities off", self.pinned,
+                        extra={"spider": spider})
+        else:
+            logger.info("Identities: %d User-Agents, a new one per %s", len(self.pool),
+                        f"{self.rotation} request(s) of a session" if self.rotation else "session",
+                        extra={"spider": spider})
+
+    def process_request(self, request, spider=None):
+        """Set the session's identity headers unless the User-Agent is pinned."""
+        stats = self.crawler.stats
+        if self.pinned:
+            stats.inc_value("identity/pinned/spider")
+            return None
+        current = request.headers.get(b"User-Agent")
+        previous = self._by_ua.get(current) if current is not None else None
+        if request.meta.get(DONT_ROTATE) or (
+                previous is None and current is not None and current != self._default_ua):
+            stats.inc_value("identity/pinned/request")
+            return None
+        identity = self.choose(request)
+        hints = _hints_allowed(request)
+        self._apply(request.headers, identity, previous, hints)
+        request.meta[IDENTITY] = identity.as_meta(hints)
+        stats.inc_value("identity/assigned")
+        return None
+
+    def choose(self, request) -> Identity:
+        """The identity of *request*'s session in its current rotation bucket."""
+        session = session_key(request)
+        bucket = self._count(session) // self.rotation if self.rotation else 0
+        return pick(self.pool, session, bucket, self.salt)
+
+    def _count(self, session: str) -> int:
+        # A plain dict keeps insertion order: re-inserting makes a session the
+        # newest, and the first key is the one seen least recently.
+        count = self._counts.pop(session, 0)
+        self._counts[session] = count + 1
+        if len(self._counts) > _MAX_COUNTED_SESSIONS:
+            del self._counts[next(iter(self._counts))]
+        return count
+
+    def _apply(self, headers, identity: Identity, previous: Identity | None, hints: bool) -> None:
+        headers[b"User-Agent"] = identity.user_agent
+        stale = dict(previous.headers) if previous is not None else {}
+        for name, value in identity.headers:
+            if name == "Accept-Encoding" and not self.compression:
+                continue  # Scrapy would not decode what the browser asks for
+            current = headers.get(name)
+            if current is None or _text(current) in (self.defaults.get(name.lower()),
+                                                      stale.get(name)):
+                headers[name] = value
+        # Hints never contradict the User-Agent: a previous identity's go.
+        for name in HINT_HEADERS:
+            headers.pop(name, None)
+        if hints:
+            for name, value in identity.hints:
+                headers[name] = value
+
+
+def _scrapy_defaults(settings) -> dict[str, str]:
+    """Header values Scrapy's own middlewares set when a request has none."""
+    defaults = {str(k): str(v) for k, v in settings.getdict("DEFAULT_REQUEST_HEADERS").items()}
+    defaults["Accept-Encoding"] = ", ".join(e.decode() for e in ACCEPTED_ENCODINGS)
+    defaults["User-Agent"] = str(settings.get("USER_AGENT") or "")
+    return defaults
+
+
+def _text(value: bytes) -> str:
+    return value.decode("latin-1")
+
+
+def _hints_allowed(request) -> bool:
+    # Chromium sends client hints only to secure contexts: HTTPS, or loopback.
+    parsed = urlparse_cached(request)
+    return parsed.scheme == "https" or _is_loopback(parsed.hostname or "")
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_loopback(host: str) -> bool:
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
