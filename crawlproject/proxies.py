@@ -34,12 +34,15 @@ SCHEMES = frozenset({"http", "https"})
 #: Schemes an operator may write but Scrapy cannot use.
 UNSUPPORTED_SCHEMES = frozenset({"socks", "socks4", "socks4a", "socks5", "socks5h"})
 MAX_ENTRY_LENGTH = 2048
+#: Default ``PROXY_BAN_BODY_PATTERNS`` / ``PROXY_BAN_REDIRECT_PATTERNS``.
+DEFAULT_BODY_PATTERNS = (r"(?i)captcha", r"(?i)are you a (human|robot)")
+DEFAULT_REDIRECT_PATTERNS = (r"(?i)captcha", r"(?i)/(blocked|sorry)\b")
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-                       r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
+                       r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?\Z")
 _ENTRY = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]{0,15})://"
                     r"(?:(?P<user>[^:@/?#\s]*)(?::(?P<password>[^@/?#\s]*))?@)?"
                     r"(?P<host>\[[0-9A-Fa-f:.]+\]|[^:@/?#\s\[\]]+)"
-                    r"(?::(?P<port>[0-9]{1,5}))?/?$")
+                    r"(?::(?P<port>[0-9]{1,5}))?/?\Z")
 
 
 class InvalidProxy(ValueError):
@@ -161,15 +164,20 @@ class BanRules:
     def from_settings(cls, settings) -> "BanRules":
         return cls(codes=frozenset(int(c) for c in settings.getlist("PROXY_BAN_HTTP_CODES",
                                                                    [403, 429])),
-                   body_patterns=_compile(settings.getlist("PROXY_BAN_BODY_PATTERNS"),
-                                          "PROXY_BAN_BODY_PATTERNS"),
-                   redirect_patterns=_compile(settings.getlist("PROXY_BAN_REDIRECT_PATTERNS"),
-                                              "PROXY_BAN_REDIRECT_PATTERNS"),
+                   body_patterns=_compile(settings.getlist(
+                       "PROXY_BAN_BODY_PATTERNS", DEFAULT_BODY_PATTERNS),
+                       "PROXY_BAN_BODY_PATTERNS"),
+                   redirect_patterns=_compile(settings.getlist(
+                       "PROXY_BAN_REDIRECT_PATTERNS", DEFAULT_REDIRECT_PATTERNS),
+                       "PROXY_BAN_REDIRECT_PATTERNS"),
                    body_max_bytes=settings.getint("PROXY_BAN_BODY_MAX_BYTES", 65536))
 
     def classify(self, status: int, body: bytes = b"", location: str | None = None,
                  url: str = "") -> str | None:
-        """The ban reason (``status_403``, ``body``, ``redirect``...) or None."""
+        """The ban reason (``status_403``, ``body``, ``redirect``...) or None.
+
+        *location* is a redirect's target; *url* the final URL of a request that
+        was redirected (empty otherwise): either may be a known block page."""
         if 300 <= status < 400 and location and self._matches_redirect(location):
             return "redirect"
         if url and self._matches_redirect(url):  # a block page reached by a redirect

@@ -271,7 +271,7 @@ class ProxyPoolMiddleware:
         location = response.headers.get(b"Location")
         reason = self.rules.classify(response.status, response.body,
                                      location.decode("latin-1") if location else None,
-                                     response.url)
+                                     response.url if request.meta.get("redirect_urls") else "")
         if reason is None:
             self.batch.success(proxy_id, request.meta.get("download_latency"))
             if self.view.strikes(proxy_id, domain):
