@@ -220,7 +220,7 @@ def cmd_proxies(args) -> int:
                     "bans": int(health.get("ban", 0)), "latency_ms": health.get("lat"),
                     "failures_in_a_row": int(health.get("consec", 0))})
         if "seen" in health:
-            row["last_used_s_ago"] = round(max(0, snap.now_ms - health["seen"]) / 1000, 1)
+            row["last_seen_s_ago"] = round(max(0, snap.now_ms - health["seen"]) / 1000, 1)
     for (pid, domain), (until, strikes) in snap.bans.items():
         if until > snap.now_ms:
             rows.setdefault(pid, {}).setdefault("banned", {})[domain] = {

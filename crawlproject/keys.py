@@ -75,7 +75,7 @@ key                                type    contents / written by
                                            strictly); nodes re-read it every second
 ``{<spider>}:proxy:health``        hash    ``<proxy id>|ok|fail|ban|consec|lat|seen``:
                                            counters, consecutive connection failures,
-                                           latency EWMA (ms), last use (ms); REFRESH
+                                           latency EWMA (ms), last seen (ms); REFRESH
                                            (:mod:`crawlproject.proxystore`)
 ``{<spider>}:proxy:bans``          hash    ``<proxy id>|<domain>`` → ``"until ms|
                                            strikes"``: that proxy is banned for that

@@ -40,10 +40,11 @@ local u = cjson.decode(ARGV[2])
 local retire_after, alpha, forget = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local H = KEYS[2]
 for id, h in pairs(u.h) do
+  redis.call('HSET', H, id .. '|seen', string.format('%.0f', now))
+  if h[1] + h[2] + h[3] + h[5] + h[6] + h[7] > 0 then  -- not only "still in the pool"
   redis.call('HINCRBY', H, id .. '|ok', h[1])
   redis.call('HINCRBY', H, id .. '|fail', h[2])
   redis.call('HINCRBY', H, id .. '|ban', h[3])
-  redis.call('HSET', H, id .. '|seen', string.format('%.0f', now))
   if h[5] > 0 then
     local sample = h[4] / h[5]
     local old = tonumber(redis.call('HGET', H, id .. '|lat'))
@@ -61,6 +62,7 @@ for id, h in pairs(u.h) do
      and redis.call('HEXISTS', KEYS[4], id) == 0 then
     local reason = string.format('%d connection failures in a row (last: %s)', consec, h[8])
     redis.call('HSET', KEYS[4], id, cjson.encode({reason = reason, at = now}))
+  end
   end
 end
 for _, b in ipairs(u.b) do
@@ -99,7 +101,7 @@ return {string.format('%.0f', now), kind, pool, redis.call('HGETALL', H), kept,
         redis.call('HGETALL', KEYS[4])}
 """
 
-_ERROR_NAME = re.compile(r"[^A-Za-z0-9_.]")
+_ERROR_NAME = re.compile(r"[A-Za-z0-9_.]*")
 
 
 @dataclass
@@ -137,7 +139,7 @@ class HealthBatch:
         c = self._c(proxy_id)
         c.fail += 1
         c.consec += 1
-        c.error = _ERROR_NAME.sub("", error)[:80]
+        c.error = _ERROR_NAME.match(error).group()[:80]  # an exception class name, nothing else
 
     def ban(self, proxy_id: str, domain: str, delay_s: float, strikes: int) -> None:
         self._c(proxy_id).ban += 1
