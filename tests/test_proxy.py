@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 from scrapy import Request
-from scrapy.exceptions import IgnoreRequest, NotConfigured
+from scrapy.exceptions import DownloadConnectionRefusedError, IgnoreRequest, NotConfigured
 from scrapy.http import HtmlResponse, Response
 from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.test import get_crawler
@@ -89,7 +89,7 @@ def test_any_entry_parses_to_a_usable_proxy_or_is_refused(entry):
     assert parse_proxy(p.url) == p                # what goes to meta["proxy"] reads back
 
 
-@given(st.sampled_from(["http", "https"]), st.from_regex(r"\A[a-z][a-z0-9-]{0,20}\Z"),
+@given(st.sampled_from(["http", "https"]), st.from_regex(r"\A[a-z]([a-z0-9-]{0,18}[a-z0-9])?\Z"),
        st.integers(1, 65535), st.text(min_size=1, max_size=12), st.text(max_size=12))
 def test_built_urls_round_trip(scheme, host, port, user, password):
     p = Proxy(scheme, host, port, user, password)
@@ -351,10 +351,11 @@ def test_every_proxy_banned_for_a_host_makes_its_requests_wait():
     assert mw.process_request(other) is None                  # other hosts go on
 
 
-def test_a_connection_error_is_a_failure_and_the_request_tries_another_proxy():
+@pytest.mark.parametrize("error", [ConnectionRefusedError(), DownloadConnectionRefusedError()])
+def test_a_connection_error_is_a_failure_and_the_request_tries_another_proxy(error):
     mw = middleware()
     request = sent(mw)
-    retry = mw.process_exception(request, ConnectionRefusedError())
+    retry = mw.process_exception(request, error)
     assert isinstance(retry, Request) and retry.meta[BAN_TRIES] == 1
     failed_id = request.meta.get(PROXY_ID) or next(iter(mw.batch.counts))
     assert mw.batch.counts[failed_id].fail == 1

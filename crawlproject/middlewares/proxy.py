@@ -43,9 +43,9 @@ import time
 from pathlib import Path
 
 from scrapy import Request, signals
+from scrapy import exceptions as scrapy_exceptions
 from scrapy.core.downloader.handlers.http11 import TunnelError
 from scrapy.exceptions import IgnoreRequest, NotConfigured
-from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet import error as net_error
 from twisted.web._newclient import ResponseFailed, ResponseNeverReceived
@@ -63,9 +63,14 @@ logger = logging.getLogger(__name__)
 
 #: Times a request was sent back for another proxy (stored: bounded across nodes).
 BAN_TRIES = "proxy_ban_tries"
-#: Errors that say the proxy (or the way to it) failed, not the site.
+#: Errors that say the proxy (or the way to it) failed, not the site: Twisted's, and
+#: the ones Scrapy >= 2.14 wraps them in (absent from older versions).
 CONNECTION_ERRORS = (net_error.ConnectError, net_error.ConnectionLost, net_error.TimeoutError,
-                     ResponseNeverReceived, ResponseFailed, TunnelError, ConnectionError)
+                     ResponseNeverReceived, ResponseFailed, TunnelError, ConnectionError,
+                     *(getattr(scrapy_exceptions, name) for name in (
+                         "DownloadConnectionRefusedError", "DownloadTimeoutError",
+                         "DownloadFailedError", "CannotResolveHostError")
+                       if hasattr(scrapy_exceptions, name)))
 _SCRAPY_PROXY_META = ("proxy", "_auth_proxy", "_scheme_proxy")
 
 
@@ -124,10 +129,8 @@ class ProxyPoolMiddleware:
                     "%gs)", len(self.static), self.store.keys.pool, self.refresh_interval,
                     extra={"spider": spider})
 
-    def spider_closed(self, spider):
-        return deferred_from_coro(self._close())
-
-    async def _close(self) -> None:
+    async def spider_closed(self, spider) -> None:
+        """Stop the loop and send this node's last events."""
         if self._task is None:
             return
         self._closing.set()
