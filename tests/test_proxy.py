@@ -385,3 +385,31 @@ def test_frontier_payloads_never_hold_proxy_credentials():
     payload = json.loads(request_to_json(request, None))
     assert SECRET not in json.dumps(payload) and "dTpw" not in json.dumps(payload)
     assert payload["meta"] == {"proxy": "http://10.0.0.1:1", PROXY_ID: A.id}
+
+
+# --------------------------------------------------------------------------- command line
+
+def test_cli_shows_masked_proxies_with_health_bans_and_retirement_and_revives(
+        redis, redis_url, capsys):
+    from crawlproject.cli import main
+
+    store = ProxyStore(redis, "s", retire_after=1)
+    redis.hset(store.keys.pool, mapping={"a": A.url, "bad": f"socks5://u:{SECRET}@h:1"})
+    batch = HealthBatch()
+    batch.success(A.id, 0.05)
+    batch.ban(A.id, "shop", 60, 2)
+    batch.failure(B.id, "ConnectionRefusedError")
+    store.read(batch)
+    assert main(["--redis-url", redis_url, "proxies", "s", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["proxies"][A.id]["ok"] == 1 and shown["proxies"][A.id]["in_redis_pool"]
+    assert shown["proxies"][A.id]["banned"]["shop"]["strikes"] == 2
+    assert "1 connection failures in a row" in shown["proxies"][B.id]["retired"]
+    assert shown["invalid_entries"][0]["error"] == "unsupported_scheme"
+    assert main(["--redis-url", redis_url, "proxies", "s"]) == 0
+    table = capsys.readouterr().out
+    assert A.id in table and B.id in table and "shop" in table
+    assert main(["--redis-url", redis_url, "proxies", "s", "--revive", B.id]) == 0
+    assert "revived" in capsys.readouterr().out and not store.read().retired
+    everything = json.dumps(shown) + table
+    assert SECRET not in everything and "u:" not in everything

@@ -125,3 +125,34 @@ def test_bans_move_traffic_per_host_and_nothing_is_lost_or_leaked(
              if s in text}
     assert not leaks, leaks
     assert bad.unauthorised == good.unauthorised == late.unauthorised == 0
+
+
+def test_a_request_banned_through_every_try_is_dead_lettered_as_banned(
+        redis, redis_url, mongo_uri, database, tmp_path):
+    """Only one proxy, banned by the only host: each request tries it
+    PROXY_BAN_MAX_TRIES times (waiting in the frontier while it is banned), then is
+    dead-lettered with reason "banned"; the captcha page never reaches the spider
+    and the dead letter holds no credential."""
+    env = node_env(redis_url, mongo_uri, database.name)
+    host = HOSTS[0]
+    with MultiHostSite([host], pages=3, latency_ms=5) as site, \
+            ForwardProxy("bad", PASSWORD, ban_host=host) as bad:
+        settings = {**BASE, "PROXY_POOL": bad.url, "PROXY_BAN_MAX_TRIES": 2,
+                    "PROXY_BAN_BACKOFF_BASE": 2.0, "PROXY_BAN_BACKOFF_MAX": 3.0}
+        node = Node("d1", tmp_path, env, spider="hosts", settings=settings)
+        try:
+            node.wait_for_log("Reading seeds from")
+            redis.lpush(start_urls_key("hosts"), site.url(host, "/"), site.url(host, "/p/1"))
+            assert node.wait(120) == 0, node.tail()
+        finally:
+            node.stop()
+        hits = site.requests()
+        relayed = bad.relayed(host, 403)
+    dead = [json.loads(r) for r in redis.lrange(FrontierKeys("hosts").dead, 0, -1)]
+    assert sorted(d["url"] for d in dead) == sorted([site.url(host, "/"), site.url(host, "/p/1")])
+    assert {d["reason"] for d in dead} == {"banned"}
+    assert len(relayed) == 4 and not hits                     # 2 tries each, none got through
+    assert node.stat("item_scraped_count") == 0 and node.stat("proxy/dead/banned") == 2
+    assert node.stat("proxy/waits") >= 1                      # waited while the proxy was banned
+    text = json.dumps(dead) + node.text()
+    assert not [s for s in secrets(["bad"]) if s in text]
