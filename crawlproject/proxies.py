@@ -239,7 +239,8 @@ class PoolView:
         self.proxies: dict[str, Proxy] = {}
         self.health: dict[str, Health] = {}
         self.retired: dict[str, str] = {}
-        self.bans: dict[str, dict[str, tuple[float, int]]] = {}  # domain → id → (until, strikes)
+        # domain → proxy id → (until, strikes)
+        self.bans: dict[str, dict[str, tuple[float, int]]] = {}
         self._live: list[Proxy] = []
         self._weights: list[float] = []
 
