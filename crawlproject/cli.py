@@ -6,6 +6,7 @@
     python -m crawlproject.cli replay products [-n 1000]
     python -m crawlproject.cli invalid products          # payloads moved aside
     python -m crawlproject.cli invalid-seeds products    # seeds moved aside
+    python -m crawlproject.cli proxies products [--json] [--revive HOST:PORT]
     python -m crawlproject.cli reset products --yes [--keep-seeds]
     python -m crawlproject.cli spool-replay [--mongo-uri URI] [--database DB] [--spool-dir DIR] [--spider products]
 
@@ -194,6 +195,67 @@ def cmd_politeness(args) -> int:
     return 0
 
 
+def cmd_proxies(args) -> int:
+    """The shared proxy pool: masked ids, health, bans per domain, retirements."""
+    from crawlproject.proxies import InvalidProxy, entry_fingerprint, parse_proxy
+    from crawlproject.proxystore import ProxyStore
+
+    store = ProxyStore(_client(args), args.spider)
+    if args.revive:
+        for proxy_id in args.revive:
+            done = store.revive(proxy_id)
+            print(f"{proxy_id}: " + ("revived" if done else "was not retired"))
+        return 0
+    snap = store.read()
+    rows: dict[str, dict] = {}
+    invalid = []
+    for raw in snap.entries:
+        try:
+            rows.setdefault(parse_proxy(raw).id, {})["in_redis_pool"] = True
+        except InvalidProxy as exc:
+            invalid.append({"entry": entry_fingerprint(raw), "error": exc.code, "reason": str(exc)})
+    for pid, health in snap.health.items():
+        row = rows.setdefault(pid, {})
+        row.update({"ok": int(health.get("ok", 0)), "failures": int(health.get("fail", 0)),
+                    "bans": int(health.get("ban", 0)), "latency_ms": health.get("lat"),
+                    "failures_in_a_row": int(health.get("consec", 0))})
+        if "seen" in health:
+            row["last_seen_s_ago"] = round(max(0, snap.now_ms - health["seen"]) / 1000, 1)
+    for (pid, domain), (until, strikes) in snap.bans.items():
+        if until > snap.now_ms:
+            rows.setdefault(pid, {}).setdefault("banned", {})[domain] = {
+                "for_s": round((until - snap.now_ms) / 1000, 1), "strikes": strikes}
+    for pid, record in snap.retired.items():
+        rows.setdefault(pid, {})["retired"] = str(record.get("reason", ""))
+    if args.json:
+        print(json.dumps({"proxies": rows, "invalid_entries": invalid,
+                          "pool_key_type": snap.pool_type}, sort_keys=True))
+        return 0
+    _print_proxies(args.spider, rows, invalid)
+    return 0
+
+
+def _print_proxies(spider: str, rows: dict[str, dict], invalid: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"proxies of {spider} (shared by all nodes; ids are host:port)")
+    for column in ("proxy", "ok", "failures", "bans", "latency", "banned for", "retired"):
+        table.add_column(column, justify="left" if column in ("proxy", "banned for", "retired")
+                         else "right")
+    for pid, row in sorted(rows.items()):
+        banned = ", ".join(f"{d} ({b['for_s']:g}s, strike {b['strikes']})"
+                           for d, b in sorted(row.get("banned", {}).items()))
+        lat = row.get("latency_ms")
+        table.add_row(pid, str(row.get("ok", 0)), str(row.get("failures", 0)),
+                      str(row.get("bans", 0)), f"{lat:.0f} ms" if lat else "", banned,
+                      row.get("retired", ""))
+    console = Console(width=max(Console().width, 140))
+    console.print(table)
+    for entry in invalid:
+        console.print(f"invalid pool entry {entry['entry']}: {entry['reason']}")
+
+
 def _server_ms(client) -> int:
     seconds, micros = client.time()
     return int(seconds) * 1000 + int(micros) // 1000
@@ -343,6 +405,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("reset", cmd_reset, "delete the spider's queue, filter, seeds and seed claims"),
         ("politeness", cmd_politeness, "per-host politeness (limits, in flight, blocks); "
                                        "--delay/--concurrency HOST... change limits now"),
+        ("proxies", cmd_proxies, "proxy pool: health, bans per domain, retired proxies "
+                                 "(credentials masked); --revive ID brings one back"),
     ]:
         p = sub.add_parser(name, help=help_)
         p.add_argument("spider")
@@ -358,6 +422,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--clear", action="store_true", help="back to the settings' limits")
             p.add_argument("--json", action="store_true")
             p.add_argument("-n", type=int, default=50, help="hosts shown (most queued first)")
+        if name == "proxies":
+            p.add_argument("--json", action="store_true")
+            p.add_argument("--revive", nargs="+", metavar="HOST:PORT",
+                           help="take these retired proxies back into the pool")
         if name == "reset":
             p.add_argument("--yes", action="store_true")
             p.add_argument("--keep-seeds", action="store_true")

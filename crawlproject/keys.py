@@ -70,6 +70,18 @@ key                                type    contents / written by
 ``{<spider>}:dupefilter``          hash    (standalone ``RedisBloomDupeFilter`` for
                                            scrapy-redis' scheduler: same layout as
                                            ``bloom``, bits in ``...:dupefilter:<i>:<s>``)
+``{<spider>}:proxies``              set or  the operator's proxy pool: set members or hash
+                                   hash    values are proxy URLs (untrusted, parsed
+                                           strictly); nodes re-read it every second
+``{<spider>}:proxy:health``        hash    ``<proxy id>|ok|fail|ban|consec|lat|seen``:
+                                           counters, consecutive connection failures,
+                                           latency EWMA (ms), last seen (ms); REFRESH
+                                           (:mod:`crawlproject.proxystore`)
+``{<spider>}:proxy:bans``          hash    ``<proxy id>|<domain>`` → ``"until ms|
+                                           strikes"``: that proxy is banned for that
+                                           domain until then; REFRESH
+``{<spider>}:proxy:retired``       hash    proxy id → ``{reason, at}`` (JSON): kept
+                                           out of the pool until revived (CLI)
 ``{<spider>}:mongo_spool:<target>`` list   items a node could not store in MongoDB
                                            before closing: chunks of spool lines;
                                            ``<target>`` = ``<database>-<hash of hosts>``;
@@ -225,6 +237,26 @@ class FrontierKeys:
         """SCAN patterns of this partition's derived keys."""
         return [_glob_escape(p) + ":*" for p in (self.queue_prefix, self.held_prefix,
                                                  self.bloom, self.dupefilter)]
+
+
+@dataclass(frozen=True)
+class ProxyKeys:
+    """The keys of a spider's shared proxy pool (all under ``{<spider>}``)."""
+
+    spider: str
+
+    @property
+    def pool(self) -> str: return f"{{{self.spider}}}:proxies"
+    @property
+    def health(self) -> str: return f"{{{self.spider}}}:proxy:health"
+    @property
+    def bans(self) -> str: return f"{{{self.spider}}}:proxy:bans"
+    @property
+    def retired(self) -> str: return f"{{{self.spider}}}:proxy:retired"
+
+    def refresh_keys(self) -> list[str]:
+        """KEYS of the REFRESH script, in its order."""
+        return [self.pool, self.health, self.bans, self.retired]
 
 
 def partitions_of(spider: str, partitions: int) -> list[FrontierKeys]:

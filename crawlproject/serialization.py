@@ -47,8 +47,11 @@ ALLOWED_CLASSES: dict[str, type[Request]] = {
 #: meta keys that only make sense inside one process; they are dropped.
 TRANSIENT_META_KEYS = frozenset(
     {"playwright_page", "download_latency", "_crawlproject_lease", "_crawlproject_retry_delay",
-     "_crawlproject_slow_down"}
+     "_crawlproject_slow_down", "_auth_proxy", "_scheme_proxy"}
 ) | SESSION_TRANSIENT
+#: Headers never stored: Scrapy's HttpProxyMiddleware puts the proxy's
+#: credentials in ``Proxy-Authorization`` (compared lower-case).
+SECRET_HEADERS = frozenset({"proxy-authorization"})
 
 _TAG = "__t__"
 _NO_SPIDER = InputPolicy()
@@ -143,6 +146,8 @@ def encode_request_dict(d: dict[str, Any], policy: InputPolicy = _NO_SPIDER) -> 
     """Make a ``Request.to_dict()`` result JSON-safe; callbacks and browser
     actions must pass *policy* (the same checks as when it is read back)."""
     meta = {k: v for k, v in (d.get("meta") or {}).items() if k not in TRANSIENT_META_KEYS}
+    if isinstance(meta.get("proxy"), str):
+        meta["proxy"] = _without_userinfo(meta["proxy"])
     try:
         for key in ("callback", "errback"):
             if isinstance(d.get(key), str):
@@ -156,6 +161,7 @@ def encode_request_dict(d: dict[str, Any], policy: InputPolicy = _NO_SPIDER) -> 
     out["headers"] = {
         _latin1(k): [_latin1(v) for v in (vs if isinstance(vs, list) else [vs])]
         for k, vs in (d.get("headers") or {}).items()
+        if _latin1(k).lower() not in SECRET_HEADERS
     }
     out["meta"] = encode_value(meta, "meta")
     out["cb_kwargs"] = encode_value(d.get("cb_kwargs") or {}, "cb_kwargs")
@@ -278,6 +284,15 @@ def loads(data: bytes | str) -> dict[str, Any]:
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise RequestDecodeError(f"payload is not JSON: {exc}") from None
     return decode_request_dict(d)
+
+
+def _without_userinfo(url: str) -> str:
+    """*url* without ``user:password@`` (a proxy URL's credentials are never stored)."""
+    scheme, sep, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    if not sep or "@" not in authority:
+        return url
+    return f"{scheme}://{authority.rsplit('@', 1)[1]}{slash}{path}"
 
 
 def _latin1(value: Any) -> str:

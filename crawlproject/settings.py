@@ -15,6 +15,7 @@ from crawlproject.connection import (
     env_default,
 )
 from crawlproject.keys import START_URLS
+from crawlproject.proxies import DEFAULT_BODY_PATTERNS, DEFAULT_REDIRECT_PATTERNS
 
 BOT_NAME = "crawlproject"
 SPIDER_MODULES = ["crawlproject.spiders"]
@@ -52,6 +53,7 @@ DOWNLOADER_MIDDLEWARES = {
     "scrapy.downloadermiddlewares.retry.RetryMiddleware": None,
     "crawlproject.middlewares.retry.BackoffRetryMiddleware": 550,
     "crawlproject.middlewares.politeness.FrontierPolitenessMiddleware": 560,
+    "crawlproject.middlewares.proxy.ProxyPoolMiddleware": 600,
     "crawlproject.middlewares.identity.IdentityMiddleware": 610,
 }
 SPIDER_MIDDLEWARES = {
@@ -66,6 +68,27 @@ FRONTIER_POLITENESS = True
 FRONTIER_POLITENESS_KEY = "host"        # or "domain" (public suffix list), "ip"
 FRONTIER_PARTITIONS = 1                 # more spreads the frontier over Redis Cluster masters
 FRONTIER_HOST_LIMITS = {}               # {"example.com": {"delay": 2.0, "concurrency": 1}}
+
+# --- Proxy pool shared by all nodes (crawlproject/middlewares/proxy.py) --------
+# Off by default: no pool is configured. Entries: http(s)://[user:pass@]host:port
+# (no SOCKS: Scrapy cannot use it). The Redis key {<spider>}:proxies (set or
+# hash) is read every PROXY_REFRESH_INTERVAL and may change during the crawl.
+# A banned proxy rests for that host (exponential backoff with jitter); the
+# request goes to another proxy, at most PROXY_BAN_MAX_TRIES times, then is
+# dead-lettered as "banned". docs/middlewares.md, "## Proxies".
+PROXY_POOL_ENABLED = False
+PROXY_POOL = []                         # proxy URLs
+PROXY_POOL_FILE = ""                    # one proxy URL a line (# comments)
+PROXY_REFRESH_INTERVAL = 1.0            # seconds between flushes/reads of the shared state
+PROXY_BAN_HTTP_CODES = [403, 429]       # 503 is a ban only with a body marker
+PROXY_BAN_BODY_PATTERNS = list(DEFAULT_BODY_PATTERNS)   # regexes; on 2xx and 503 bodies
+PROXY_BAN_REDIRECT_PATTERNS = list(DEFAULT_REDIRECT_PATTERNS)  # redirect targets
+PROXY_BAN_BODY_MAX_BYTES = 65536        # body markers are searched in this much of the body
+PROXY_BAN_MAX_TRIES = 5                 # proxies tried per request before "banned"
+PROXY_BAN_BACKOFF_BASE = 30.0           # first ban of a proxy for a host: 15-30 s
+PROXY_BAN_BACKOFF_MAX = 1800.0
+PROXY_RETIRE_AFTER = 10                 # connection failures in a row that retire a proxy
+PROXY_LATENCY_EWMA = 0.3                # weight of a new latency sample
 
 # Seeds (see crawlproject.spiders.seeded.RedisSpider)
 REDIS_START_URLS_KEY = START_URLS     # "%(name)s:start_urls", scrapy-redis' key

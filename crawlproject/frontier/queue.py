@@ -51,7 +51,7 @@ MAX_PRIORITY = 4095  # |priority| < 2^12 keeps the queue score exact in a double
 DEAD_MAX = 100_000
 INVALID_MAX = 10_000
 #: meta keys that count attempts; a replayed dead letter starts afresh.
-ATTEMPT_META_KEYS = ("retry_times", "crawlproject_callback_attempts")
+ATTEMPT_META_KEYS = ("retry_times", "crawlproject_callback_attempts", "proxy_ban_tries")
 
 
 def clamp_priority(priority: int) -> int:

@@ -1,0 +1,139 @@
+"""Tiny HTTP forward proxies for tests: real sockets on 127.0.0.1, in a thread.
+
+:class:`ForwardProxy` relays ``GET http://host:port/path`` requests (the form
+Scrapy sends to an HTTP proxy for ``http://`` URLs), requires Basic auth, and
+records what it relayed. It can answer a captcha page with 403 for one host
+(a site that banned this exit address) instead of relaying. :func:`closed_port`
+gives a port that refuses connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+CAPTCHA = b"<html><title>Captcha</title><body>Please solve this captcha</body></html>"
+
+
+@dataclass(frozen=True)
+class Relayed:
+    host: str
+    path: str
+    status: int
+    t: float  # time.monotonic()
+
+
+class ForwardProxy:
+    """An authenticating HTTP forward proxy (see the module docstring)."""
+
+    def __init__(self, username: str, password: str, ban_host: str | None = None):
+        self.username, self.password, self.ban_host = username, password, ban_host
+        self._auth = b"Basic " + base64.b64encode(f"{username}:{password}".encode())
+        self.records: list[Relayed] = []
+        self.unauthorised = 0
+        self._cond = threading.Condition()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self.port = 0
+
+    @property
+    def id(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.username}:{self.password}@127.0.0.1:{self.port}"
+
+    def __enter__(self) -> "ForwardProxy":
+        self._thread.start()
+        server = asyncio.run_coroutine_threadsafe(
+            asyncio.start_server(self._handle, "127.0.0.1", 0), self._loop).result(10)
+        self._server = server
+        self.port = server.sockets[0].getsockname()[1]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        async def stop():
+            self._server.close()
+
+        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def relayed(self, host: str | None = None, status: int | None = None) -> list[Relayed]:
+        with self._cond:
+            return [r for r in self.records if (host is None or r.host == host)
+                    and (status is None or r.status == status)]
+
+    def wait_for(self, predicate, timeout: float) -> bool:
+        """Wait until *predicate(records)* holds (woken by each relayed request)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: predicate(self.records), timeout)
+
+    def _record(self, host: str, path: str, status: int) -> None:
+        with self._cond:
+            self.records.append(Relayed(host, path, status, time.monotonic()))
+            self._cond.notify_all()
+
+    async def _handle(self, reader, writer) -> None:
+        try:
+            await self._serve(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError, ValueError):
+            pass
+        finally:
+            writer.close()
+
+    async def _serve(self, reader, writer) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        method, target, _ = lines[0].split(" ", 2)
+        headers = [line.split(":", 1) for line in lines[1:] if ":" in line]
+        auth = next((v.strip().encode() for k, v in headers
+                     if k.lower() == "proxy-authorization"), None)
+        if auth != self._auth:
+            self.unauthorised += 1
+            writer.write(b"HTTP/1.1 407 Proxy Authentication Required\r\n"
+                         b"Proxy-Authenticate: Basic\r\nContent-Length: 0\r\n\r\n")
+            await writer.drain()
+            return
+        url = urlsplit(target)
+        path = url.path or "/"
+        if url.hostname == self.ban_host:
+            writer.write(b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/html\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(CAPTCHA), CAPTCHA))
+            await writer.drain()
+            self._record(url.hostname, path, 403)
+            return
+        status = await self._relay(method, url, path, headers, writer)
+        self._record(url.hostname, path, status)
+
+    async def _relay(self, method, url, path, headers, writer) -> int:
+        up_reader, up_writer = await asyncio.open_connection(url.hostname, url.port or 80)
+        keep = [(k, v) for k, v in headers
+                if k.lower() not in ("proxy-authorization", "proxy-connection", "connection")]
+        query = f"?{url.query}" if url.query else ""
+        request = f"{method} {path}{query} HTTP/1.1\r\n" + "".join(
+            f"{k}:{v}\r\n" for k, v in keep) + "Connection: close\r\n\r\n"
+        up_writer.write(request.encode("latin-1"))
+        await up_writer.drain()
+        answer = await up_reader.read()
+        up_writer.close()
+        status_line, sep, rest = answer.partition(b"\r\n")
+        if b"\r\nconnection: close" not in answer.split(b"\r\n\r\n", 1)[0].lower():
+            # this proxy closes every connection after one answer: say so
+            answer = status_line + sep + b"Connection: close\r\n" + rest
+        writer.write(answer)
+        await writer.drain()
+        return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/") else 0
+
+
+def closed_port() -> int:
+    """A local port nothing listens on (connections are refused)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

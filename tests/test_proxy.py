@@ -1,0 +1,415 @@
+"""Proxy pool: entry parsing (fuzzed), ban rules, choice, shared state in a real
+Redis, the middleware's decisions, and no credential in frontier payloads."""
+
+import json
+import random
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given, settings as hsettings, strategies as st
+from scrapy import Request
+from scrapy.exceptions import DownloadConnectionRefusedError, IgnoreRequest, NotConfigured
+from scrapy.http import HtmlResponse, Response
+from scrapy.utils.misc import build_from_crawler
+from scrapy.utils.test import get_crawler
+from twisted.internet.error import ConnectionRefusedError
+
+from crawlproject.frontier.retrypolicy import RETRY_DELAY_META
+from crawlproject.middlewares.proxy import BAN_TRIES, ProxyPoolMiddleware
+from crawlproject.middlewares.session import PROXY_CONTEXT, PROXY_ID
+from crawlproject.proxies import (SCHEMES, BanRules, Health, InvalidProxy, PoolView, Proxy,
+                                  _compile, parse_proxy)
+from crawlproject.proxystore import HealthBatch, ProxyStore
+from crawlproject.serialization import request_to_json
+
+SECRET = "Pa55-W0rd-Xyzzy"
+
+
+# --------------------------------------------------------------------------- parsing
+
+@pytest.mark.parametrize("entry, expected", [
+    (f"http://user:{SECRET}@127.0.0.1:8080", ("http", "127.0.0.1", 8080, "user", SECRET)),
+    ("https://Proxy.Example.com:443/", ("https", "proxy.example.com", 443, "", "")),
+    ("http://u%40x:p%3Aw@[::1]:3128", ("http", "[::1]", 3128, "u@x", "p:w")),
+    ("  http://10.0.0.1:1  ", ("http", "10.0.0.1", 1, "", "")),
+])
+def test_valid_entries(entry, expected):
+    p = parse_proxy(entry)
+    assert (p.scheme, p.host, p.port, p.username, p.password) == expected
+    assert p.id == f"{expected[1]}:{expected[2]}"
+    assert parse_proxy(p.url) == p
+
+
+@pytest.mark.parametrize("entry, code", [
+    (f"socks5://user:{SECRET}@127.0.0.1:1080", "unsupported_scheme"),
+    (f"socks5h://user:{SECRET}@127.0.0.1:1080", "unsupported_scheme"),
+    (f"ftp://user:{SECRET}@127.0.0.1:21", "unsupported_scheme"),
+    (f"http://user:{SECRET}@127.0.0.1", "bad_port"),
+    ("http://127.0.0.1:0", "bad_port"),
+    ("http://127.0.0.1:70000", "bad_port"),
+    (f"http://user:{SECRET}@127.0.0.1:80/path", "malformed"),
+    ("http://127.0.0.1:80?x=1", "malformed"),
+    (f"user:{SECRET}@127.0.0.1:80", "malformed"),
+    ("http://bad_host!:80", "bad_host"),
+    ("http://999.1.1.1:80", "bad_host"),
+    ("http://[12345::1]:80", "bad_host"),
+    ("http://[zz::1]:80", "malformed"),
+    (f"http://:{SECRET}@h:80", "malformed"),
+    ("", "bad_length"),
+    (b"\xff\xfe", "not_utf8"),
+    (12, "not_text"),
+])
+def test_invalid_entries_are_refused_without_repeating_them(entry, code):
+    with pytest.raises(InvalidProxy) as info:
+        parse_proxy(entry)
+    assert info.value.code == code
+    assert SECRET not in str(info.value)
+
+
+def test_socks_is_refused_with_the_reason():
+    with pytest.raises(InvalidProxy, match="no SOCKS support"):
+        parse_proxy("socks5://127.0.0.1:1080")
+
+
+@hsettings(max_examples=400, deadline=None)
+@given(st.one_of(st.text(max_size=80), st.binary(max_size=80),
+                 st.from_regex(r"\A[a-z5]{2,7}://([^@]{0,12}@)?[^/]{0,20}(:[0-9]{0,6})?/?\Z"),
+                 st.builds(lambda s, u, h, p: f"{s}://{u}@{h}:{p}",
+                           st.sampled_from(["http", "https", "socks5", "HTTP"]),
+                           st.text(max_size=10), st.text(max_size=15),
+                           st.integers(-5, 70000))))
+def test_any_entry_parses_to_a_usable_proxy_or_is_refused(entry):
+    try:
+        p = parse_proxy(entry)
+    except InvalidProxy as exc:
+        assert exc.code and "\n" not in str(exc)
+        return
+    assert p.scheme in SCHEMES and 1 <= p.port <= 65535 and p.host
+    assert "@" not in p.id and "/" not in p.id
+    assert parse_proxy(p.url) == p                # what goes to meta["proxy"] reads back
+
+
+@given(st.sampled_from(["http", "https"]), st.from_regex(r"\A[a-z]([a-z0-9-]{0,18}[a-z0-9])?\Z"),
+       st.integers(1, 65535), st.text(min_size=1, max_size=12), st.text(max_size=12))
+def test_built_urls_round_trip(scheme, host, port, user, password):
+    p = Proxy(scheme, host, port, user, password)
+    assert parse_proxy(p.url) == p
+    assert "password=" not in repr(p) and "username=" not in repr(p)
+
+
+# --------------------------------------------------------------------------- ban rules
+
+RULES = BanRules(body_patterns=_compile([r"(?i)captcha"], "x"),
+                 redirect_patterns=_compile([r"/blocked\b"], "x"))
+
+
+@pytest.mark.parametrize("status, body, location, url, reason", [
+    (403, b"", None, "", "status_403"),
+    (429, b"", None, "", "status_429"),
+    (404, b"captcha", None, "", None),
+    (500, b"captcha", None, "", None),
+    (503, b"down for maintenance", None, "", None),
+    (503, b"solve the CAPTCHA", None, "", "status_503_body"),
+    (200, b"<title>Captcha</title>", None, "", "body"),
+    (200, b"<h1>A product</h1>", None, "", None),
+    (302, b"", "https://site/blocked?from=x", "", "redirect"),
+    (302, b"", "https://site/next", "", None),
+    (200, b"", None, "https://site/blocked", "redirect"),
+])
+def test_ban_classification(status, body, location, url, reason):
+    assert RULES.classify(status, body, location, url) == reason
+
+
+def test_body_markers_only_searched_in_the_first_bytes():
+    rules = BanRules(body_patterns=_compile(["captcha"], "x"), body_max_bytes=10)
+    assert rules.classify(200, b"x" * 20 + b"captcha") is None
+
+
+def test_a_bad_pattern_is_a_clear_error():
+    with pytest.raises(ValueError, match="PROXY_BAN_BODY_PATTERNS: invalid regular"):
+        _compile(["(unclosed"], "PROXY_BAN_BODY_PATTERNS")
+
+
+# --------------------------------------------------------------------------- choice
+
+A, B, C = (Proxy("http", "10.0.0.1", p, "u", SECRET) for p in (1, 2, 3))
+
+
+def view(proxies=(A, B, C), health=None, retired=None, bans=None, seed=1):
+    v = PoolView(random.Random(seed))
+    v.update({p.id: p for p in proxies}, health or {}, retired or {}, bans or {})
+    return v
+
+
+def test_a_proxy_banned_for_one_domain_still_serves_the_others_and_is_revived():
+    v = view()
+    v.ban(A.id, "shop", until=100.0, strikes=1)
+    assert {v.choose("shop", 50.0).id for _ in range(200)} == {B.id, C.id}
+    assert {v.choose("news", 50.0).id for _ in range(200)} == {A.id, B.id, C.id}
+    assert A.id in {v.choose("shop", 100.5).id for _ in range(200)}      # revived
+
+
+def test_retired_proxies_are_never_chosen_and_all_banned_means_none():
+    v = view(retired={C.id: "dead"})
+    assert {v.choose("x", 0).id for _ in range(200)} == {A.id, B.id}
+    v.ban(A.id, "x", 10, 1)
+    v.ban(B.id, "x", 20, 1)
+    assert v.choose("x", 5) is None
+    assert v.next_unban("x", 5) == 5
+
+
+def test_fast_healthy_proxies_get_most_traffic_and_slow_ones_some():
+    v = view(health={A.id: Health(ok=100, latency_ms=50), B.id: Health(ok=100, latency_ms=500),
+                     C.id: Health(ok=10, failures=90, latency_ms=50)})
+    picks = [v.choose("x", 0).id for _ in range(3000)]
+    assert picks.count(A.id) > 2 * picks.count(B.id) > 0
+    assert picks.count(A.id) > 4 * picks.count(C.id) > 0
+
+
+def test_a_session_keeps_one_proxy_on_every_node_and_moves_when_banned():
+    node1, node2 = view(seed=1), view(proxies=(C, A, B), seed=2)
+    for session in ("login-1", "login-2", "x"):
+        chosen = {node1.sticky(session, "d", 0)[0].id for _ in range(20)}
+        assert chosen == {node2.sticky(session, "d", 0)[0].id}
+    home = node1.sticky("login-1", "d", 0)[0]
+    node1.ban(home.id, "d", 10, 1)
+    moved, was = node1.sticky("login-1", "d", 0)
+    assert was == home and moved != home
+    assert node1.sticky("login-1", "d", 11)[0] == home                  # back after revival
+    # a new proxy moves only the sessions it ranks first for
+    bigger = view(proxies=(A, B, C, Proxy("http", "10.0.0.9", 9)))
+    same = sum(view().sticky(f"s{i}", "d", 0)[0] == bigger.sticky(f"s{i}", "d", 0)[0]
+               for i in range(400))
+    assert 250 < same < 370
+
+
+# --------------------------------------------------------------------------- Redis state
+
+def test_refresh_flushes_health_and_reads_the_shared_state(redis):
+    store = ProxyStore(redis, "s", retire_after=3, latency_alpha=0.5)
+    redis.sadd(store.keys.pool, A.url, "socks5://x:1")
+    batch = HealthBatch()
+    batch.success(A.id, 0.2)
+    batch.success(A.id, 0.4)
+    batch.failure(B.id, "ConnectionRefusedError")
+    batch.ban(A.id, "shop", 30, 1)
+    snap = store.read(batch, now_ms=1_000_000)
+    assert snap.pool_type == "set" and sorted(snap.entries) == sorted(
+        [A.url.encode(), b"socks5://x:1"])
+    assert snap.health[A.id]["ok"] == 2 and snap.health[A.id]["lat"] == 300
+    assert snap.health[B.id]["fail"] == 1 and snap.health[B.id]["consec"] == 1
+    assert snap.bans == {(A.id, "shop"): (1_030_000, 1)}
+    # latency is an EWMA; a later, shorter ban does not shorten the longer one
+    again = HealthBatch()
+    again.success(A.id, 0.1)
+    again.ban(A.id, "shop", 5, 2)
+    snap = store.read(again, now_ms=1_001_000)
+    assert snap.health[A.id]["lat"] == 200
+    assert snap.bans[(A.id, "shop")] == (1_030_000, 2)
+    assert SECRET.encode() not in b"".join(redis.hgetall(store.keys.health)) + b"".join(
+        redis.hgetall(store.keys.bans))
+
+
+def test_failures_in_a_row_retire_a_proxy_and_a_success_resets_the_run(redis):
+    store = ProxyStore(redis, "s", retire_after=3)
+    for errors, success in ((2, False), (0, True), (2, False)):
+        batch = HealthBatch()
+        for _ in range(errors):
+            batch.failure(B.id, "ConnectionRefusedError")
+        if success:
+            batch.success(B.id, 0.1)
+        snap = store.read(batch)
+        assert not snap.retired
+    batch = HealthBatch()
+    batch.failure(B.id, "ConnectionRefusedError: <evil>\n")
+    snap = store.read(batch)
+    assert snap.retired[B.id]["reason"] == (
+        "3 connection failures in a row (last: ConnectionRefusedError)")
+    assert store.revive(B.id) and not store.read().retired
+
+
+def test_pool_as_a_hash_and_as_a_wrong_type(redis):
+    store = ProxyStore(redis, "s")
+    redis.hset(store.keys.pool, mapping={"eu-1": A.url, "eu-2": B.url})
+    assert sorted(store.read().entries) == sorted([A.url.encode(), B.url.encode()])
+    redis.delete(store.keys.pool)
+    redis.set(store.keys.pool, A.url)
+    snap = store.read()
+    assert snap.pool_type == "string" and snap.entries == []
+
+
+def test_expired_bans_are_forgotten_and_a_success_after_revival_clears_strikes(redis):
+    store = ProxyStore(redis, "s", forget_after=60)
+    batch = HealthBatch()
+    batch.ban(A.id, "a", 10, 3)
+    batch.ban(B.id, "b", 10, 1)
+    store.read(batch, now_ms=1_000_000)
+    clear = HealthBatch()
+    clear.clear(A.id, "a")
+    assert store.read(clear, now_ms=1_011_000).bans == {(B.id, "b"): (1_010_000, 1)}
+    assert store.read(None, now_ms=1_071_000).bans == {}
+
+
+# --------------------------------------------------------------------------- middleware
+
+def middleware(**settings):
+    crawler = get_crawler(settings_dict={"PROXY_POOL_ENABLED": True,
+                                         "PROXY_POOL": [A.url, B.url], **settings})
+    return build_from_crawler(ProxyPoolMiddleware, crawler)
+
+
+def test_off_by_default():
+    with pytest.raises(NotConfigured):
+        build_from_crawler(ProxyPoolMiddleware, get_crawler())
+
+
+def test_a_request_gets_a_pool_proxy_its_masked_id_and_a_browser_context():
+    mw = middleware(PROXY_POOL=[A.url, "socks5://s:1080", "nonsense"])
+    request = Request("http://shop/p/1", meta={"proxy": "http://evil:1"},
+                      headers={"Proxy-Authorization": "Basic stale"})
+    assert mw.process_request(request) is None
+    assert request.meta["proxy"] == A.url and request.meta[PROXY_ID] == A.id
+    assert request.meta[PROXY_CONTEXT] == {"server": "http://10.0.0.1:1", "username": "u",
+                                           "password": SECRET}
+    assert b"Proxy-Authorization" not in request.headers
+    assert mw.stats.get_value("proxy/invalid/unsupported_scheme") == 1
+    assert mw.stats.get_value("proxy/invalid/malformed") == 1
+
+
+def test_a_session_gets_its_cookie_jar_and_keeps_its_proxy():
+    mw = middleware(PROXY_POOL=[A.url, B.url, C.url])
+    ids = set()
+    for _ in range(10):
+        request = Request("http://shop/", meta={"session": "login"})
+        mw.process_request(request)
+        ids.add(request.meta[PROXY_ID])
+        assert request.meta["cookiejar"] == "login"
+    assert len(ids) == 1
+    request = Request("http://shop/", meta={"session": "login", "cookiejar": 7})
+    mw.process_request(request)
+    assert request.meta["cookiejar"] == 7
+
+
+def sent(mw, url="http://shop/p/1", **meta):
+    request = Request(url, meta=meta)
+    mw.process_request(request)
+    # what Scrapy's HttpProxyMiddleware (750) does with the credentials
+    request.headers[b"Proxy-Authorization"] = b"Basic c2VjcmV0"
+    request.meta["_auth_proxy"] = request.meta["proxy"].split("@")[0]
+    return request
+
+
+def test_a_404_or_500_is_not_a_ban_and_reaches_the_spider():
+    mw = middleware()
+    for status in (404, 500, 200):
+        request = sent(mw)
+        response = Response(request.url, status=status, request=request)
+        assert mw.process_response(request, response) is response
+        assert PROXY_CONTEXT not in request.meta
+        assert b"Proxy-Authorization" not in request.headers
+    assert not mw.view.bans and mw.stats.get_value("proxy/bans") is None
+    assert sum(c.ok for c in mw.batch.counts.values()) == 3
+
+
+def test_a_ban_sends_the_request_to_another_proxy_then_dead_letters_it():
+    mw = middleware(PROXY_BAN_MAX_TRIES=2)
+    # The engine's scheduler is not running in a unit test: a stand-in records
+    # the dead-letter call (the end-to-end test runs the real one).
+    failed = []
+    mw.crawler.engine = SimpleNamespace(scheduler=SimpleNamespace(
+        mark_failed=lambda request, reason, kind: failed.append((request, reason, kind))))
+    first = sent(mw)
+    banned_id = first.meta[PROXY_ID]
+    page = HtmlResponse(first.url, status=200, body=b"<title>captcha</title>", request=first)
+    retry = mw.process_response(first, page)
+    assert isinstance(retry, Request) and retry.dont_filter and retry.meta[BAN_TRIES] == 1
+    assert not {"proxy", "_auth_proxy", PROXY_ID, PROXY_CONTEXT} & set(retry.meta)
+    assert b"Proxy-Authorization" not in retry.headers
+    assert mw.view.banned_until(banned_id, "shop", 0) and mw.batch.bans[0][:2] == (banned_id,
+                                                                                  "shop")
+    assert SECRET not in request_to_json(retry, None)
+    mw.process_request(retry)
+    assert retry.meta[PROXY_ID] != banned_id                  # another proxy
+    response = Response(retry.url, status=403, request=retry)
+    with pytest.raises(IgnoreRequest):
+        mw.process_response(retry, response)
+    assert [(r.url, reason, kind) for r, reason, kind in failed] == [(first.url, "banned",
+                                                                      "download")]
+    assert "proxy" not in failed[0][0].meta
+    assert mw.stats.get_value("proxy/dead/banned") == 1
+
+
+def test_every_proxy_banned_for_a_host_makes_its_requests_wait():
+    mw = middleware()
+    for proxy in (A, B):
+        mw.view.ban(proxy.id, "shop", 1e12, 1)
+    request = Request("http://shop/", meta={"_crawlproject_lease": "m"})
+    waiting = mw.process_request(request)
+    assert isinstance(waiting, Request) and waiting.meta[RETRY_DELAY_META] == 1800.0
+    assert waiting.meta["_crawlproject_lease"] == "m" and "proxy" not in waiting.meta
+    other = Request("http://news/")
+    assert mw.process_request(other) is None                  # other hosts go on
+
+
+@pytest.mark.parametrize("error", [ConnectionRefusedError(), DownloadConnectionRefusedError()])
+def test_a_connection_error_is_a_failure_and_the_request_tries_another_proxy(error):
+    mw = middleware()
+    request = sent(mw)
+    retry = mw.process_exception(request, error)
+    assert isinstance(retry, Request) and retry.meta[BAN_TRIES] == 1
+    failed_id = request.meta.get(PROXY_ID) or next(iter(mw.batch.counts))
+    assert mw.batch.counts[failed_id].fail == 1
+    assert mw.process_exception(sent(mw), ValueError("not the proxy")) is None
+
+
+def test_a_refreshed_snapshot_replaces_the_pool_with_redis_entries(redis):
+    mw = middleware(PROXY_POOL=[A.url])
+    mw.store = ProxyStore(redis, "s")
+    redis.sadd(mw.store.keys.pool, C.url, "socks5://u:p@h:1")
+    batch = HealthBatch()
+    batch.ban(A.id, "shop", 60, 1)
+    mw.apply(mw.store.read(batch))
+    assert set(mw.view.proxies) == {A.id, C.id}
+    assert {mw.view.choose("shop", 0).id for _ in range(50)} == {C.id}
+    assert mw.stats.get_value("proxy/invalid/unsupported_scheme") == 1
+    mw.apply(mw.store.read())
+    assert mw.stats.get_value("proxy/invalid/unsupported_scheme") == 1   # logged once
+
+
+# --------------------------------------------------------------------------- frontier payloads
+
+def test_frontier_payloads_never_hold_proxy_credentials():
+    request = Request("http://shop/", headers={"Proxy-Authorization": "Basic dTpw"},
+                      meta={"proxy": f"http://u:{SECRET}@10.0.0.1:1", "_auth_proxy": "x",
+                            PROXY_CONTEXT: {"password": SECRET}, PROXY_ID: A.id})
+    payload = json.loads(request_to_json(request, None))
+    assert SECRET not in json.dumps(payload) and "dTpw" not in json.dumps(payload)
+    assert payload["meta"] == {"proxy": "http://10.0.0.1:1", PROXY_ID: A.id}
+
+
+# --------------------------------------------------------------------------- command line
+
+def test_cli_shows_masked_proxies_with_health_bans_and_retirement_and_revives(
+        redis, redis_url, capsys):
+    from crawlproject.cli import main
+
+    store = ProxyStore(redis, "s", retire_after=1)
+    redis.hset(store.keys.pool, mapping={"a": A.url, "bad": f"socks5://u:{SECRET}@h:1"})
+    batch = HealthBatch()
+    batch.success(A.id, 0.05)
+    batch.ban(A.id, "shop", 60, 2)
+    batch.failure(B.id, "ConnectionRefusedError")
+    store.read(batch)
+    assert main(["--redis-url", redis_url, "proxies", "s", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["proxies"][A.id]["ok"] == 1 and shown["proxies"][A.id]["in_redis_pool"]
+    assert shown["proxies"][A.id]["banned"]["shop"]["strikes"] == 2
+    assert "1 connection failures in a row" in shown["proxies"][B.id]["retired"]
+    assert shown["invalid_entries"][0]["error"] == "unsupported_scheme"
+    assert main(["--redis-url", redis_url, "proxies", "s"]) == 0
+    table = capsys.readouterr().out
+    assert A.id in table and B.id in table and "shop" in table
+    assert main(["--redis-url", redis_url, "proxies", "s", "--revive", B.id]) == 0
+    assert "revived" in capsys.readouterr().out and not store.read().retired
+    everything = json.dumps(shown) + table
+    assert SECRET not in everything and "u:" not in everything
