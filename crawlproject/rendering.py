@@ -14,7 +14,7 @@ The add-on (:class:`RenderingAddon`) sets, unless the project set them itself:
   (headless, flags that work in containers) with the browser found by
   :func:`chromium_path`: the ``CHROMIUM_PATH`` setting, else the
   ``CHROMIUM_PATH`` environment variable, else the Debian/Ubuntu paths;
-* ``DOWNLOADER_MIDDLEWARES``: the rendering middleware at 620;
+* ``DOWNLOADER_MIDDLEWARES``: the rendering middlewares at 620 and 585;
 * ``RETRY_EXCEPTIONS``: plus Playwright's errors, so a page lost to a browser
   crash is retried through the retry middleware like any download error;
 * ``PLAYWRIGHT_ABORT_REQUEST``: images, fonts and media (``RENDER_BLOCK_RESOURCES``)
@@ -47,8 +47,9 @@ logger = logging.getLogger(__name__)
 
 HANDLER = "crawlproject.rendering.RenderingDownloadHandler"
 PLAYWRIGHT_HANDLER = "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler"
-MIDDLEWARE = "crawlproject.middlewares.rendering.RenderingMiddleware"
-MIDDLEWARE_PRIORITY = 620
+#: The rendering middlewares and their places (see crawlproject.middlewares.rendering).
+MIDDLEWARES = {"crawlproject.middlewares.rendering.RenderingMiddleware": 620,
+               "crawlproject.middlewares.rendering.RenderIfMissingMiddleware": 585}
 #: Where Debian and Ubuntu install Chromium (the binary first: it starts faster
 #: than the /usr/bin wrapper script).
 CHROMIUM_CANDIDATES = ("/usr/lib/chromium/chromium", "/usr/bin/chromium",
@@ -260,8 +261,9 @@ class RenderingAddon:
         settings.set("PLAYWRIGHT_PROCESS_REQUEST_HEADERS",
                      "crawlproject.rendering.browser_headers", "addon")
         _extend(settings, "PLAYWRIGHT_LAUNCH_OPTIONS", launch_options(settings))
-        settings.setdefault_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", MIDDLEWARE,
-                                                       MIDDLEWARE_PRIORITY)
+        for path, priority in MIDDLEWARES.items():
+            settings.setdefault_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", path,
+                                                           priority)
         retry = settings.getlist("RETRY_EXCEPTIONS")
         _extend(settings, "RETRY_EXCEPTIONS", retry + [e for e in RETRY_ERRORS if e not in retry])
         blocked = blocked_resource_types(settings)

@@ -52,6 +52,8 @@ DOWNLOADER_MIDDLEWARES = {
     "crawlproject.middlewares.retry.BackoffRetryMiddleware": 550,
     "crawlproject.middlewares.politeness.FrontierPolitenessMiddleware": 560,
     "crawlproject.middlewares.rendering.RenderingMiddleware": 620,
+    # after HttpCompressionMiddleware (590): checks the page the callback would get
+    "crawlproject.middlewares.rendering.RenderIfMissingMiddleware": 585,
 }
 # Politeness is enforced by the frontier for all nodes together (see
 # crawlproject/frontier/politeness.py): DOWNLOAD_DELAY is the interval between

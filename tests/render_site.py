@@ -8,11 +8,12 @@
                is rendering);
 ``/img/…``, ``/font/…``, ``/media/…``, ``/app.js``  resources.
 
-Every request is logged (:meth:`RenderSite.hits`) with its User-Agent.
+HTML is gzipped for clients that accept it. Every request is logged (:meth:`RenderSite.hits`) with its User-Agent.
 """
 
 from __future__ import annotations
 
+import gzip
 import threading
 import time
 from collections import Counter
@@ -101,6 +102,10 @@ class RenderSite:
                     site._released.wait(site.hang_timeout)
                 status, ctype, body = page(self.path)
                 self.send_response(status)
+                if ctype.startswith("text/html") and "gzip" in self.headers.get(
+                        "Accept-Encoding", ""):
+                    body = gzip.compress(body)
+                    self.send_header("Content-Encoding", "gzip")
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()

@@ -24,7 +24,7 @@ from scrapy.utils.test import get_crawler
 
 from crawlproject.demo.site import JS_PRODUCT_ID, DemoSite
 from crawlproject.keys import start_urls_key
-from crawlproject.middlewares.rendering import RenderingMiddleware
+from crawlproject.middlewares.rendering import RenderIfMissingMiddleware, RenderingMiddleware
 from crawlproject.middlewares.session import IDENTITY, PROXY_CONTEXT, PROXY_ID
 from crawlproject.policy import InputPolicy, Refused
 from crawlproject.rendering import HANDLER, ContextPool, RenderingAddon, chromium_path
@@ -46,9 +46,9 @@ NODE = {"SPIDER_MODULES": "tests.spiders", "ROBOTSTXT_OBEY": False,
         "LOG_LEVEL": "INFO"}
 
 
-def middleware(**settings) -> RenderingMiddleware:
+def middleware(cls=RenderingMiddleware, **settings):
     crawler = get_crawler(Spider, {**MW_SETTINGS, **settings})
-    return RenderingMiddleware.from_crawler(crawler)
+    return cls.from_crawler(crawler)
 
 
 def proxied(url: str, password: str = SECRET, who: str = "1") -> Request:
@@ -124,14 +124,18 @@ def test_context_proxies_and_credentials_from_redis_are_refused():
 
 
 def test_rules_decide_what_renders_and_a_page_missing_its_selector_comes_back_marked():
-    mw = middleware(RENDER_URL_PATTERNS=[r"/always/"], RENDER_IF_MISSING={r"/item/": ".price"},
-                    RENDER_WAIT_FOR_SELECTOR={r"/always/": "#app"})
+    rules = {"RENDER_URL_PATTERNS": [r"/always/"], "RENDER_IF_MISSING": {r"/item/": ".price"},
+             "RENDER_WAIT_FOR_SELECTOR": {r"/always/": "#app"}}
+    mw = middleware(**rules)
+    missing = middleware(RenderIfMissingMiddleware, **rules)
 
     class OwnRules(Spider):
         name = "own"
         render_rules = [r"/spider-rule/"]
+        render_if_missing = {r"/spider-item/": "h1"}
 
     mw.spider_opened(OwnRules())
+    missing.spider_opened(OwnRules())
 
     async def scenario():
         decided = {}
@@ -155,18 +159,24 @@ def test_rules_decide_what_renders_and_a_page_missing_its_selector_comes_back_ma
 
         static = Request("http://h/item/1")
         await mw.process_request(static)
+        assert "playwright" not in static.meta
         lacking = HtmlResponse(static.url, body=b"<p>no price</p>", request=static)
-        again = await mw.process_response(static, lacking)
+        again = missing.process_response(static, lacking)
         assert isinstance(again, Request) and again.dont_filter and again.url == static.url
         assert again.meta["render"] is True and again.meta["render_wait_for"] == ".price"
-        assert mw.stats.get_value("rendering/missing_selector") == 1
+        assert missing.stats.get_value("rendering/missing_selector") == 1
+        request_from_json(request_to_json(again, None), None)    # it can go through Redis
         having = HtmlResponse(static.url, body=b'<p class="price">1</p>', request=static)
-        assert await mw.process_response(static, having) is having
+        assert missing.process_response(static, having) is having
         await mw.process_request(again)  # rendered: a missing selector is not asked again
+        assert again.meta["playwright"] is True
         rendered = HtmlResponse(again.url, body=b"<p></p>", request=again, flags=["playwright"])
-        assert await mw.process_response(again, rendered) is rendered
+        assert missing.process_response(again, rendered) is rendered
         gone = HtmlResponse(static.url, status=404, body=b"", request=static)
-        assert await mw.process_response(static, gone) is gone
+        assert missing.process_response(static, gone) is gone
+        spider_rule = Request("http://h/spider-item/1")
+        assert isinstance(missing.process_response(spider_rule, HtmlResponse(
+            spider_rule.url, body=b"<p></p>", request=spider_rule)), Request)
 
     asyncio.run(scenario())
 
@@ -189,8 +199,9 @@ def test_addon_settings_and_their_errors(tmp_path, monkeypatch):
     assert settings.getwithbase("DOWNLOAD_HANDLERS")["https"] == HANDLER
     assert settings["PLAYWRIGHT_LAUNCH_OPTIONS"]["executable_path"] == chromium_path()
     assert "playwright.async_api.Error" in settings.getlist("RETRY_EXCEPTIONS")
-    assert settings.getwithbase("DOWNLOADER_MIDDLEWARES")[
-        "crawlproject.middlewares.rendering.RenderingMiddleware"] == 620
+    middlewares = settings.getwithbase("DOWNLOADER_MIDDLEWARES")
+    assert middlewares["crawlproject.middlewares.rendering.RenderingMiddleware"] == 620
+    assert middlewares["crawlproject.middlewares.rendering.RenderIfMissingMiddleware"] == 585
     with pytest.raises(ValueError, match="CHROMIUM_PATH"):
         RenderingAddon().update_settings(Settings({"CHROMIUM_PATH": str(tmp_path / "nope")}))
     with pytest.raises(ValueError, match="RENDER_BLOCK_RESOURCES"):
@@ -286,6 +297,7 @@ def test_demo_javascript_page_yields_its_data_only_when_rendered(redis, redis_ur
 def test_render_if_missing_renders_exactly_the_pages_lacking_the_selector_without_media(
         redis, redis_url, mongo_uri, database, tmp_path):
     env = node_env(redis_url, mongo_uri, database.name)
+    # The site gzips its pages: the selector is looked for in the decoded page.
     settings = {"RENDER_IF_MISSING": json.dumps({r"/(static|js)/": ".title"})}
     with RenderSite() as site:
         seeds = [f"{site.url}{kind}/{n}" for kind in ("static", "js") for n in (1, 2)]

@@ -8,9 +8,10 @@ A request is rendered (scrapy-playwright, ``meta["playwright"] = True``) when:
   ``render_rules`` (regular expressions, searched in the URL);
 * its static page lacks a selector: ``RENDER_IF_MISSING`` (or the spider's
   ``render_if_missing``) maps URL patterns to CSS selectors; a static 200
-  answer to a matching URL without the selector is not passed on: the same
-  request comes back marked ``render: True`` (``dont_filter``), through the
-  frontier like any new request, and is counted in ``rendering/missing_selector``.
+  answer to a matching URL without the selector is not passed on
+  (:class:`RenderIfMissingMiddleware`, 585): the same request comes back marked
+  ``render: True`` (``dont_filter``), through the frontier like any new
+  request, and is counted in ``rendering/missing_selector``.
 
 A rendered page waits for ``meta["render_wait_for"]`` (a CSS selector), else
 for the selector ``RENDER_WAIT_FOR_SELECTOR`` gives (one selector, or
@@ -70,6 +71,15 @@ class RenderRules:
         self.patterns = tuple(patterns)      # compiled regexes
         self.if_missing = tuple(if_missing)  # (regex, selector)
         self.wait_for = tuple(wait_for)      # (regex, selector)
+
+    @classmethod
+    def from_settings(cls, settings) -> "RenderRules":
+        """``RENDER_URL_PATTERNS``, ``RENDER_IF_MISSING``, ``RENDER_WAIT_FOR_SELECTOR``."""
+        wait_for = settings.get("RENDER_WAIT_FOR_SELECTOR")
+        if isinstance(wait_for, str) and wait_for.lstrip().startswith("{"):
+            wait_for = settings.getdict("RENDER_WAIT_FOR_SELECTOR")  # JSON from -s
+        return cls.from_values(settings.getlist("RENDER_URL_PATTERNS"),
+                               settings.getdict("RENDER_IF_MISSING"), wait_for)
 
     @classmethod
     def from_values(cls, patterns, if_missing, wait_for) -> "RenderRules":
@@ -149,10 +159,8 @@ class RenderingMiddleware:
                 f"PLAYWRIGHT_MAX_CONTEXTS ({limit}) is below RENDER_MAX_CONTEXTS ({max_contexts}): "
                 "scrapy-playwright would wait forever for a context to close; set only "
                 "RENDER_MAX_CONTEXTS")
-        rules = RenderRules.from_values(s.getlist("RENDER_URL_PATTERNS"),
-                                        s.getdict("RENDER_IF_MISSING"),
-                                        s.get("RENDER_WAIT_FOR_SELECTOR"))
-        mw = cls(crawler, rules, max_contexts, s.getfloat("RENDER_WAIT_TIMEOUT", 15.0))
+        mw = cls(crawler, RenderRules.from_settings(s), max_contexts,
+                 s.getfloat("RENDER_WAIT_TIMEOUT", 15.0))
         crawler.signals.connect(mw.spider_opened, signals.spider_opened)
         return mw
 
@@ -162,7 +170,7 @@ class RenderingMiddleware:
                                          getattr(spider, "render_if_missing", None) or {})
 
     # -- downloads ---------------------------------------------------------------------------
-    async def process_request(self, request, spider=None):
+    async def process_request(self, request):
         """Mark the request for rendering and give it its browser context."""
         reason = self._render_reason(request)
         if reason is None:
@@ -175,14 +183,13 @@ class RenderingMiddleware:
         request.meta[HELD_CONTEXT] = name
         return None
 
-    async def process_response(self, request, response, spider=None):
-        """Free the context; re-render a static page that lacks its selector."""
-        if await self._finish(request) or "playwright" in response.flags:
+    async def process_response(self, request, response):
+        """Free the context and put the request's meta back."""
+        if await self._finish(request):
             self.stats.inc_value("rendering/responses")
-            return response
-        return self._rerender(request, response) or response
+        return response
 
-    async def process_exception(self, request, exception, spider=None):
+    async def process_exception(self, request, exception):
         """Free the context; the retry middleware retries the request
         (browser errors are in ``RETRY_EXCEPTIONS``)."""
         if await self._finish(request):
@@ -251,13 +258,40 @@ class RenderingMiddleware:
         await self.pool.release(name)
         return True
 
-    def _rerender(self, request, response):
-        if (request.meta.get(RENDER) is False or response.status != 200
-                or not isinstance(response, TextResponse)):
-            return None
+
+
+class RenderIfMissingMiddleware:
+    """Send a static page that lacks its selector back to be rendered.
+
+    Its own place in the chain (585): a response is checked after
+    ``HttpCompressionMiddleware`` (590) decoded its body and redirects (600)
+    were followed, i.e. as the callback would see it."""
+
+    def __init__(self, crawler, rules: RenderRules):
+        self.stats = crawler.stats
+        self.rules = rules
+
+    @classmethod
+    def from_crawler(cls, crawler):
+        s = crawler.settings
+        if not s.getbool("RENDERING_ENABLED", True):
+            raise NotConfigured("RENDERING_ENABLED is off")
+        mw = cls(crawler, RenderRules.from_settings(s))
+        crawler.signals.connect(mw.spider_opened, signals.spider_opened)
+        return mw
+
+    def spider_opened(self, spider) -> None:
+        """Add the spider's ``render_if_missing``."""
+        self.rules = self.rules.extended((), getattr(spider, "render_if_missing", None) or {})
+
+    def process_response(self, request, response):
+        """The same request marked ``render: True`` if the page lacks its selector."""
+        if ("playwright" in response.flags or request.meta.get(RENDER) is False
+                or response.status != 200 or not isinstance(response, TextResponse)):
+            return response
         selector = self.rules.missing_selector(request.url)
         if selector is None or response.css(selector):
-            return None
+            return response
         self.stats.inc_value("rendering/missing_selector")
         meta = {**request.meta, RENDER: True}
         meta.setdefault(RENDER_WAIT_FOR, selector)

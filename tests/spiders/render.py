@@ -29,7 +29,7 @@ class SessionStandInMiddleware:
     def from_crawler(cls, crawler):
         return cls(crawler.settings.getdict("TEST_PROXY"))
 
-    def process_request(self, request, spider=None):
+    def process_request(self, request):
         who = request.url.rpartition("who=")[2] if "who=" in request.url else None
         if who is None:
             return None
