@@ -50,7 +50,7 @@ ALLOWED_CLASSES: dict[str, type[Request]] = {
 #: meta keys that only make sense inside one process; they are dropped.
 TRANSIENT_META_KEYS = frozenset(
     {"playwright_page", "download_latency", "_crawlproject_lease", "_crawlproject_retry_delay",
-     "_crawlproject_slow_down"}
+     "_crawlproject_slow_down", "_crawlproject_render_context"}
 ) | SESSION_TRANSIENT
 
 #: meta key holding the values that per-download meta replaced (see
