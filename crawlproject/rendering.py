@@ -41,7 +41,7 @@ from scrapy_playwright.handler import ScrapyPlaywrightDownloadHandler
 from scrapy_playwright.headers import use_scrapy_headers
 
 __all__ = ["ContextPool", "RenderingAddon", "RenderingDownloadHandler", "ResourceBlocker",
-           "browser_headers", "chromium_path", "handler_for"]
+           "browser_headers", "chromium_path", "handlers_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -140,9 +140,21 @@ class RenderingDownloadHandler(ScrapyPlaywrightDownloadHandler):
     ``PLAYWRIGHT_MAX_CONTEXTS`` waits for a free slot while holding its
     context lock: with named contexts nothing ever frees one.)"""
 
-    def __init__(self, crawler):
-        super().__init__(crawler)
-        _HANDLERS[crawler] = self
+    @classmethod
+    def from_crawler(cls, crawler):
+        """One instance, hence one browser, for http and https (Scrapy builds a
+        handler per scheme; scrapy-playwright would launch a browser for each)."""
+        handlers = _HANDLERS.setdefault(crawler, [])
+        if not handlers:
+            handlers.append(cls(crawler))
+        return handlers[0]
+
+    async def close(self) -> None:
+        """Close once, although Scrapy calls it for each scheme."""
+        if getattr(self, "_closing", False):
+            return
+        self._closing = True
+        await super().close()
 
     def context_names(self) -> frozenset[str]:
         """Names of the browser contexts open now."""
@@ -165,9 +177,9 @@ class RenderingDownloadHandler(ScrapyPlaywrightDownloadHandler):
         return True
 
 
-def handler_for(crawler) -> RenderingDownloadHandler | None:
-    """The crawler's :class:`RenderingDownloadHandler`, once it is built."""
-    return _HANDLERS.get(crawler)
+def handlers_for(crawler) -> list[RenderingDownloadHandler]:
+    """The crawler's :class:`RenderingDownloadHandler` (a list: none before it is built)."""
+    return _HANDLERS.get(crawler, [])
 
 
 class ContextPool:
@@ -175,14 +187,14 @@ class ContextPool:
 
     :meth:`acquire` is awaited before a download needs context *name*:
     if the name is new and the pool is full, the least recently used context
-    with no download in flight and no open page is closed (through the handler
-    *get_handler* returns), or, when every context is busy, the call waits for
+    with no download in flight and no open page is closed (through the handlers
+    *get_handlers* returns), or, when every context is busy, the call waits for
     a :meth:`release`. Names whose context the handler no longer has (the
     browser crashed and took them) with nothing in flight are forgotten."""
 
-    def __init__(self, limit: int, get_handler, stats):
+    def __init__(self, limit: int, get_handlers, stats):
         self.limit = limit
-        self._get_handler = get_handler
+        self._get_handlers = get_handlers
         self.stats = stats
         self._inflight: OrderedDict[str, int] = OrderedDict()
         self._cond = asyncio.Condition()
@@ -217,23 +229,23 @@ class ContextPool:
             self._cond.notify_all()
 
     def _idle(self) -> str | None:
-        handler = self._get_handler()
+        handlers = self._get_handlers()
         for name, count in self._inflight.items():  # oldest use first
-            if count == 0 and (handler is None or not handler.open_pages(name)):
+            if count == 0 and not any(h.open_pages(name) for h in handlers):
                 return name
         return None
 
     async def _close(self, name: str) -> None:
         del self._inflight[name]
-        handler = self._get_handler()
-        if handler is not None and await handler.close_context(name):
-            self.stats.inc_value("rendering/contexts/closed_idle")
+        for handler in self._get_handlers():
+            if await handler.close_context(name):
+                self.stats.inc_value("rendering/contexts/closed_idle")
 
     def _forget_closed(self) -> None:
-        handler = self._get_handler()
-        if handler is None:
+        handlers = self._get_handlers()
+        if not handlers:
             return
-        open_names = handler.context_names()
+        open_names = frozenset().union(*(h.context_names() for h in handlers))
         for name in [n for n, c in self._inflight.items() if c == 0 and n not in open_names]:
             del self._inflight[name]
 

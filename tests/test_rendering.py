@@ -238,7 +238,7 @@ class _Contexts:
 def test_pool_closes_the_least_recently_used_idle_context_or_waits():
     contexts = _Contexts()
     stats = get_crawler(Spider).stats
-    pool = ContextPool(2, lambda: contexts, stats)
+    pool = ContextPool(2, lambda: [contexts], stats)
 
     async def scenario():
         for name in ("a", "b"):

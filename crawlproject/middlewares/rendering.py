@@ -48,7 +48,7 @@ from scrapy.http import TextResponse
 from scrapy.utils.misc import load_object
 
 from crawlproject.middlewares.session import IDENTITY, PROXY_CONTEXT, PROXY_ID
-from crawlproject.rendering import ContextPool, RenderingDownloadHandler, handler_for
+from crawlproject.rendering import ContextPool, RenderingDownloadHandler, handlers_for
 from crawlproject.serialization import replace_meta, restore_meta
 
 logger = logging.getLogger(__name__)
@@ -138,7 +138,7 @@ class RenderingMiddleware:
         self.stats = crawler.stats
         self.rules = rules
         self.wait_timeout_ms = int(wait_timeout * 1000)
-        self.pool = ContextPool(max_contexts, lambda: handler_for(crawler), crawler.stats)
+        self.pool = ContextPool(max_contexts, lambda: handlers_for(crawler), crawler.stats)
         # Context names carry a keyed digest of the context options: two proxies
         # with one address but different credentials never share a context, and
         # a name seen in a log reveals nothing about the credentials.
