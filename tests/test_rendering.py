@@ -282,14 +282,15 @@ def test_demo_javascript_page_yields_its_data_only_when_rendered(redis, redis_ur
     js_url = None
     with DemoSite(products=JS_PRODUCT_ID, per_page=10, faults=False) as site:
         js_url = f"{site.url}product/{JS_PRODUCT_ID}"
-        node = run_node(tmp_path, env, "on", "products", {}, [site.url], redis)
+        own = {"SPIDER_MODULES": "crawlproject.spiders"}
+        node = run_node(tmp_path, env, "on", "products", own, [site.url], redis)
         rendered = database["products"].find_one({"url": js_url})
         assert rendered and rendered["rendered"] is True and rendered["title"], node.tail()
         assert node.stat("rendering/requests/meta") == 1
         assert database["products"].count_documents({}) == JS_PRODUCT_ID
         redis.flushall()
         database["products"].drop()
-        off = run_node(tmp_path, env, "off", "products", {"RENDERING_ENABLED": False},
+        off = run_node(tmp_path, env, "off", "products", {**own, "RENDERING_ENABLED": False},
                        [site.url], redis)
     # Without rendering the page has no title or price: the item is invalid and dropped.
     assert database["products"].find_one({"url": js_url}) is None
