@@ -24,7 +24,8 @@ allow-list:
   run code outside the page are never allowed), their arguments plain values
   and their keyword arguments from :data:`PAGE_METHOD_KWARGS` (no ``path``);
   browser-context options from :data:`CONTEXT_KWARGS` (no HAR/video
-  recording, no user data or storage-state files, no downloads).
+  recording, no user data or storage-state files, no downloads, no proxy or
+  credentials).
 
 A refusal raises :class:`Refused` with a short ``code`` (a stats key) and a
 message naming what was refused; callers set the seed or payload aside with
@@ -72,9 +73,13 @@ CONTEXT_KWARGS = frozenset({
     "user_agent", "locale", "timezone_id", "viewport", "screen", "no_viewport",
     "java_script_enabled", "ignore_https_errors", "extra_http_headers", "color_scheme",
     "reduced_motion", "forced_colors", "device_scale_factor", "is_mobile", "has_touch",
-    "geolocation", "permissions", "bypass_csp", "offline", "http_credentials", "proxy",
+    "geolocation", "permissions", "bypass_csp", "offline",
     "base_url", "service_workers", "strict_selectors",
 })
+# Never in CONTEXT_KWARGS: "proxy" (a payload could route a node's browser
+# through a proxy of its choice) and "http_credentials" (secrets in Redis). A
+# rendered request's proxy comes from the proxy middleware, per download
+# (crawlproject.middlewares.rendering), and is never stored.
 GOTO_KWARGS = frozenset({"timeout", "wait_until", "referer"})
 #: ``playwright_*`` meta keys a request may carry, and how each is checked.
 PLAYWRIGHT_META = frozenset({

@@ -12,6 +12,9 @@ whoever can write to Redis must not be able to run code on every node.
   objects; anything else raises :class:`RequestEncodeError` naming the key.
   Browser actions (page methods, context options) must pass the policy's
   allow-lists, when a request is stored and again when it is read back.
+* Values a downloader middleware set for one download only
+  (:func:`replace_meta`, e.g. the rendering middleware's browser context with
+  proxy credentials) are put back to what the request held before.
 * The request class is kept only if it is one of :data:`ALLOWED_CLASSES`.
 * Decoding raises :class:`RequestDecodeError` and nothing else, whatever
   the payload holds: the caller moves it aside with the reason.
@@ -47,11 +50,15 @@ ALLOWED_CLASSES: dict[str, type[Request]] = {
 #: meta keys that only make sense inside one process; they are dropped.
 TRANSIENT_META_KEYS = frozenset(
     {"playwright_page", "download_latency", "_crawlproject_lease", "_crawlproject_retry_delay",
-     "_crawlproject_slow_down", "_auth_proxy", "_scheme_proxy"}
+     "_crawlproject_slow_down", "_auth_proxy", "_scheme_proxy", "_crawlproject_render_context"}
 ) | SESSION_TRANSIENT
 #: Headers never stored: Scrapy's HttpProxyMiddleware puts the proxy's
 #: credentials in ``Proxy-Authorization`` (compared lower-case).
 SECRET_HEADERS = frozenset({"proxy-authorization"})
+
+#: meta key holding the values that per-download meta replaced (see
+#: :func:`replace_meta`): they are put back before a request is stored.
+ORIGINAL_META = "_crawlproject_original_meta"
 
 _TAG = "__t__"
 _NO_SPIDER = InputPolicy()
@@ -59,6 +66,30 @@ _NO_SPIDER = InputPolicy()
 _DEFAULTS = {"callback": None, "errback": None, "headers": {}, "body": "", "cookies": {},
              "meta": {}, "encoding": "utf-8", "flags": [], "cb_kwargs": {},
              "dont_filter": False, "method": "GET", "priority": 0}
+
+
+def replace_meta(meta: dict, key: str, value: Any) -> None:
+    """Set ``meta[key]`` for this download only, remembering what it held.
+
+    For values a downloader middleware derives on every download and that must
+    never be stored (a browser context holding proxy credentials): the request
+    is stored with the original value (or without the key), whether it is
+    stored after the download (:func:`restore_meta`) or before it."""
+    saved = meta.setdefault(ORIGINAL_META, {})
+    if key not in saved:
+        saved[key] = [key in meta, meta.get(key)]
+    meta[key] = value
+
+
+def restore_meta(meta: dict) -> dict:
+    """Undo every :func:`replace_meta` on *meta* (in place); return *meta*."""
+    saved = meta.pop(ORIGINAL_META, None)
+    for key, (present, value) in (saved or {}).items():
+        if present:
+            meta[key] = value
+        else:
+            meta.pop(key, None)
+    return meta
 
 
 class RequestEncodeError(ValueError):
@@ -145,7 +176,8 @@ def decode_value(value: Any, policy: InputPolicy = _NO_SPIDER) -> Any:
 def encode_request_dict(d: dict[str, Any], policy: InputPolicy = _NO_SPIDER) -> dict[str, Any]:
     """Make a ``Request.to_dict()`` result JSON-safe; callbacks and browser
     actions must pass *policy* (the same checks as when it is read back)."""
-    meta = {k: v for k, v in (d.get("meta") or {}).items() if k not in TRANSIENT_META_KEYS}
+    meta = restore_meta(dict(d.get("meta") or {}))
+    meta = {k: v for k, v in meta.items() if k not in TRANSIENT_META_KEYS}
     if isinstance(meta.get("proxy"), str):
         meta["proxy"] = _without_userinfo(meta["proxy"])
     try:

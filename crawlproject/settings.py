@@ -6,7 +6,6 @@ README lists every setting the project adds.
 """
 
 import os
-import shutil
 
 from crawlproject.connection import (
     DEFAULT_MONGO_DATABASE,
@@ -53,8 +52,11 @@ DOWNLOADER_MIDDLEWARES = {
     "scrapy.downloadermiddlewares.retry.RetryMiddleware": None,
     "crawlproject.middlewares.retry.BackoffRetryMiddleware": 550,
     "crawlproject.middlewares.politeness.FrontierPolitenessMiddleware": 560,
+    # after HttpCompressionMiddleware (590): checks the page the callback would get
+    "crawlproject.middlewares.rendering.RenderIfMissingMiddleware": 585,
     "crawlproject.middlewares.proxy.ProxyPoolMiddleware": 600,
     "crawlproject.middlewares.identity.IdentityMiddleware": 610,
+    "crawlproject.middlewares.rendering.RenderingMiddleware": 620,
 }
 SPIDER_MIDDLEWARES = {
     "scrapy.spidermiddlewares.referer.RefererMiddleware": None,
@@ -149,31 +151,17 @@ ITEM_PIPELINES = {
     "crawlproject.pipelines.mongo.MongoPipeline": 800,
 }
 
-# --- JavaScript rendering (only requests with meta["playwright"] = True) -------
-DOWNLOAD_HANDLERS = {
-    "http": "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler",
-    "https": "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler",
-}
-PLAYWRIGHT_BROWSER_TYPE = "chromium"
-
-
-def _chromium_path():
-    explicit = os.environ.get("CHROMIUM_PATH")
-    if explicit:
-        return explicit
-    for candidate in ("/usr/lib/chromium/chromium", "/usr/bin/chromium"):
-        if os.path.exists(candidate):
-            return candidate
-    return shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-PLAYWRIGHT_LAUNCH_OPTIONS = {
-    "headless": True,
-    "args": [
-        "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
-        "--no-first-run", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync",
-    ],
-}
-if _chromium_path():
-    PLAYWRIGHT_LAUNCH_OPTIONS["executable_path"] = _chromium_path()
+# --- JavaScript rendering (crawlproject.rendering, crawlproject.middlewares.rendering) ----
+# The add-on routes http/https through scrapy-playwright's handler (only requests
+# marked for rendering use Chromium), launches the system Chromium (CHROMIUM_PATH
+# setting or environment variable, else found in the usual places), retries pages
+# lost to browser errors and blocks RENDER_BLOCK_RESOURCES. docs/middlewares.md.
+ADDONS = {"crawlproject.rendering.RenderingAddon": 0}
+RENDERING_ENABLED = True
+RENDER_URL_PATTERNS = []                # regexes of URLs always rendered (+ spider.render_rules)
+RENDER_IF_MISSING = {}                  # {url-regex: css}: static page without it → render
+RENDER_WAIT_FOR_SELECTOR = None         # css, or {url-regex: css}: rendered pages wait for it
+RENDER_WAIT_TIMEOUT = 15.0              # seconds a rendered page waits for its selector
+RENDER_BLOCK_RESOURCES = ["image", "font", "media"]  # never fetched by the browser
+RENDER_MAX_CONTEXTS = 8                 # browser contexts (one per proxy × identity) at most
+PLAYWRIGHT_MAX_PAGES_PER_CONTEXT = 4    # pages rendering at once in one context

@@ -1,0 +1,352 @@
+"""RenderingMiddleware: which requests Chromium renders, and in which browser context.
+
+A request is rendered (scrapy-playwright, ``meta["playwright"] = True``) when:
+
+* its meta asks for it: ``playwright: True`` or ``render: True``
+  (``render: False`` opts out of the rules below);
+* its URL matches a pattern of ``RENDER_URL_PATTERNS`` or of the spider's
+  ``render_rules`` (regular expressions, searched in the URL);
+* its static page lacks a selector: ``RENDER_IF_MISSING`` (or the spider's
+  ``render_if_missing``) maps URL patterns to CSS selectors; a static 200
+  answer to a matching URL without the selector is not passed on
+  (:class:`RenderIfMissingMiddleware`, 585): the same request comes back marked
+  ``render: True`` (``dont_filter``), through the frontier like any new
+  request, and is counted in ``rendering/missing_selector``.
+
+A rendered page waits for ``meta["render_wait_for"]`` (a CSS selector), else
+for the selector ``RENDER_WAIT_FOR_SELECTOR`` gives (one selector, or
+``{url-pattern: selector}``), else for the selector it was found missing: a
+``wait_for_selector`` page method, at most ``RENDER_WAIT_TIMEOUT`` seconds.
+
+**Browser contexts.** A rendered request whose proxy middleware (600) and
+identity middleware (610) chose a proxy and an identity gets the browser
+context of that pair: ``playwright_context`` is named from the proxy id and
+identity id (never the credentials) and ``playwright_context_kwargs`` carries
+``proxy``, ``user_agent`` and the identity's language and client-hint headers.
+These are set for the download only (:func:`crawlproject.serialization.replace_meta`)
+and put back when the download ends: credentials never reach the frontier.
+At most ``RENDER_MAX_CONTEXTS`` contexts are open: a new one first closes the
+least recently used idle one, or waits until one is idle.
+
+Switched off with ``RENDERING_ENABLED = False``; needs the download handler of
+:mod:`crawlproject.rendering` (the add-on sets it). Stats under ``rendering/``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+import re
+
+from parsel import Selector
+from scrapy import signals
+from scrapy.exceptions import NotConfigured
+from scrapy.http import TextResponse
+from scrapy.utils.misc import load_object
+
+from crawlproject.middlewares.session import IDENTITY, PROXY_CONTEXT, PROXY_ID
+from crawlproject.rendering import ContextPool, RenderingDownloadHandler, handlers_for
+from crawlproject.serialization import replace_meta, restore_meta
+
+logger = logging.getLogger(__name__)
+
+RENDER = "render"
+RENDER_WAIT_FOR = "render_wait_for"
+#: The context this download holds in the pool (transient: never stored).
+HELD_CONTEXT = "_crawlproject_render_context"
+DEFAULT_CONTEXT = "default"
+#: Identity headers that belong to the browser context (the browser sets
+#: Accept and Accept-Encoding per resource itself).
+CONTEXT_HEADERS = frozenset({"accept-language"})
+MAX_SELECTOR = 1000
+
+
+class RenderRules:
+    """URL rules: which URLs render, which need a selector, what to wait for."""
+
+    def __init__(self, patterns=(), if_missing=(), wait_for=()):
+        self.patterns = tuple(patterns)      # compiled regexes
+        self.if_missing = tuple(if_missing)  # (regex, selector)
+        self.wait_for = tuple(wait_for)      # (regex, selector)
+
+    @classmethod
+    def from_settings(cls, settings) -> "RenderRules":
+        """``RENDER_URL_PATTERNS``, ``RENDER_IF_MISSING``, ``RENDER_WAIT_FOR_SELECTOR``."""
+        wait_for = settings.get("RENDER_WAIT_FOR_SELECTOR")
+        if isinstance(wait_for, str) and wait_for.lstrip().startswith("{"):
+            wait_for = settings.getdict("RENDER_WAIT_FOR_SELECTOR")  # JSON from -s
+        return cls.from_values(settings.getlist("RENDER_URL_PATTERNS"),
+                               settings.getdict("RENDER_IF_MISSING"), wait_for)
+
+    @classmethod
+    def from_values(cls, patterns, if_missing, wait_for) -> "RenderRules":
+        """Check and compile; a bad pattern or selector raises ``ValueError`` naming it."""
+        if isinstance(wait_for, str):
+            wait_for = {"": wait_for} if wait_for else {}
+        return cls(tuple(_regex(p, "RENDER_URL_PATTERNS") for p in patterns or ()),
+                   _pairs(if_missing, "RENDER_IF_MISSING"),
+                   _pairs(wait_for or {}, "RENDER_WAIT_FOR_SELECTOR"))
+
+    def extended(self, patterns, if_missing) -> "RenderRules":
+        """These rules plus a spider's own."""
+        extra = RenderRules.from_values(patterns, if_missing, None)
+        return RenderRules(self.patterns + extra.patterns, self.if_missing + extra.if_missing,
+                           self.wait_for)
+
+    def wants(self, url: str) -> bool:
+        """The URL always renders."""
+        return any(p.search(url) for p in self.patterns)
+
+    def missing_selector(self, url: str) -> str | None:
+        """The selector a static page of *url* must have, else it renders."""
+        return next((sel for p, sel in self.if_missing if p.search(url)), None)
+
+    def wait_selector(self, url: str) -> str | None:
+        """The selector a rendered page of *url* waits for."""
+        return next((sel for p, sel in self.wait_for if p.search(url)), None)
+
+
+def _regex(pattern, setting: str):
+    try:
+        return re.compile(pattern)
+    except (re.error, TypeError) as exc:
+        raise ValueError(f"{setting}: bad URL pattern {pattern!r}: {exc}") from None
+
+
+def _pairs(mapping, setting: str) -> tuple:
+    if not isinstance(mapping, dict):
+        raise ValueError(f"{setting} must map URL patterns to CSS selectors, got {mapping!r}")
+    pairs = []
+    for pattern, selector in mapping.items():
+        try:
+            Selector(text="<html></html>").css(selector)
+        except Exception as exc:  # noqa: BLE001 - cssselect raises several kinds
+            raise ValueError(f"{setting}: bad CSS selector {selector!r} for {pattern!r}: "
+                             f"{exc}") from None
+        pairs.append((_regex(pattern, setting), selector))
+    return tuple(pairs)
+
+
+class RenderingMiddleware:
+    """Render the requests that ask for it or match a rule (see the module docstring)."""
+
+    def __init__(self, crawler, rules: RenderRules, max_contexts: int, wait_timeout: float):
+        self.crawler = crawler
+        self.stats = crawler.stats
+        self.rules = rules
+        self.wait_timeout_ms = int(wait_timeout * 1000)
+        self.pool = ContextPool(max_contexts, lambda: handlers_for(crawler), crawler.stats)
+        # Context names carry a keyed digest of the context options: two proxies
+        # with one address but different credentials never share a context, and
+        # a name seen in a log reveals nothing about the credentials.
+        self._name_key = os.urandom(16)
+
+    @classmethod
+    def from_crawler(cls, crawler):
+        s = crawler.settings
+        if not s.getbool("RENDERING_ENABLED", True):
+            raise NotConfigured("RENDERING_ENABLED is off")
+        _check_handler(s)
+        max_contexts = s.getint("RENDER_MAX_CONTEXTS", 8)
+        if max_contexts < 1:
+            raise ValueError(f"RENDER_MAX_CONTEXTS must be at least 1, got {max_contexts}")
+        limit = s.getint("PLAYWRIGHT_MAX_CONTEXTS")
+        if limit and limit < max_contexts:
+            raise ValueError(
+                f"PLAYWRIGHT_MAX_CONTEXTS ({limit}) is below RENDER_MAX_CONTEXTS ({max_contexts}): "
+                "scrapy-playwright would wait forever for a context to close; set only "
+                "RENDER_MAX_CONTEXTS")
+        mw = cls(crawler, RenderRules.from_settings(s), max_contexts,
+                 s.getfloat("RENDER_WAIT_TIMEOUT", 15.0))
+        crawler.signals.connect(mw.spider_opened, signals.spider_opened)
+        return mw
+
+    def spider_opened(self, spider) -> None:
+        """Add the spider's ``render_rules`` and ``render_if_missing``."""
+        self.rules = self.rules.extended(getattr(spider, "render_rules", None) or (),
+                                         getattr(spider, "render_if_missing", None) or {})
+
+    # -- downloads ---------------------------------------------------------------------------
+    async def process_request(self, request):
+        """Mark the request for rendering and give it its browser context."""
+        reason = self._render_reason(request)
+        if reason is None:
+            return None
+        request.meta["playwright"] = True
+        self.stats.inc_value(f"rendering/requests/{reason}")
+        self._add_wait(request)
+        name = self._set_context(request)
+        await self.pool.acquire(name)
+        request.meta[HELD_CONTEXT] = name
+        return None
+
+    async def process_response(self, request, response):
+        """Free the context and put the request's meta back."""
+        if await self._finish(request):
+            self.stats.inc_value("rendering/responses")
+        return response
+
+    async def process_exception(self, request, exception):
+        """Free the context; the retry middleware retries the request
+        (browser errors are in ``RETRY_EXCEPTIONS``)."""
+        if await self._finish(request):
+            name = type(exception).__name__
+            self.stats.inc_value(f"rendering/errors/{name}")
+            logger.info("Rendering %s failed (%s: %s)", request, name, _first_line(exception),
+                        extra={"spider": self.crawler.spider})
+        return None
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _render_reason(self, request) -> str | None:
+        meta = request.meta
+        if meta.get("playwright") is True:
+            return "meta"
+        flag = meta.get(RENDER)
+        if flag is True:
+            return "meta"
+        if flag is False:
+            return None
+        return "rule" if self.rules.wants(request.url) else None
+
+    def _add_wait(self, request) -> None:
+        selector = request.meta.get(RENDER_WAIT_FOR)
+        if not (isinstance(selector, str) and 0 < len(selector) <= MAX_SELECTOR):
+            selector = self.rules.wait_selector(request.url)
+        if selector is None:
+            return
+        from scrapy_playwright.page import PageMethod
+
+        methods = request.meta.get("playwright_page_methods") or []
+        if isinstance(methods, dict):
+            methods = list(methods.values())
+        if any(getattr(pm, "method", None) == "wait_for_selector" and pm.args[:1] == (selector,)
+               for pm in methods):
+            return  # a retry of a request that already waits for it
+        wait = PageMethod("wait_for_selector", selector, state="attached",
+                          timeout=self.wait_timeout_ms)
+        request.meta["playwright_page_methods"] = [*methods, wait]
+
+    def _set_context(self, request) -> str:
+        meta = request.meta
+        proxy, identity = meta.get(PROXY_CONTEXT), meta.get(IDENTITY)
+        options = context_options(proxy, identity)
+        if not options:
+            return meta.get("playwright_context") or DEFAULT_CONTEXT
+        own = meta.get("playwright_context_kwargs")
+        if isinstance(own, dict):  # the spider's own options (viewport...) stay
+            options = {**own, **options}
+        name = self._context_name(meta.get(PROXY_ID), identity, options)
+        replace_meta(meta, "playwright_context", name)
+        replace_meta(meta, "playwright_context_kwargs", options)
+        return name
+
+    def _context_name(self, proxy_id, identity, options: dict) -> str:
+        text = json.dumps(options, sort_keys=True, default=repr).encode()
+        digest = hmac.new(self._name_key, text, hashlib.sha256).hexdigest()[:12]
+        ident = identity.get("id") if isinstance(identity, dict) else None
+        return f"r:{_label(proxy_id)}:{_label(ident)}:{digest}"
+
+    async def _finish(self, request) -> bool:
+        """Put the request's meta back; free its context. True if it held one."""
+        name = request.meta.pop(HELD_CONTEXT, None)
+        restore_meta(request.meta)
+        if name is None:
+            return False
+        await self.pool.release(name)
+        return True
+
+
+
+class RenderIfMissingMiddleware:
+    """Send a static page that lacks its selector back to be rendered.
+
+    Its own place in the chain (585): a response is checked after
+    ``HttpCompressionMiddleware`` (590) decoded its body and redirects (600)
+    were followed, i.e. as the callback would see it."""
+
+    def __init__(self, crawler, rules: RenderRules):
+        self.stats = crawler.stats
+        self.rules = rules
+
+    @classmethod
+    def from_crawler(cls, crawler):
+        s = crawler.settings
+        if not s.getbool("RENDERING_ENABLED", True):
+            raise NotConfigured("RENDERING_ENABLED is off")
+        mw = cls(crawler, RenderRules.from_settings(s))
+        crawler.signals.connect(mw.spider_opened, signals.spider_opened)
+        return mw
+
+    def spider_opened(self, spider) -> None:
+        """Add the spider's ``render_if_missing``."""
+        self.rules = self.rules.extended((), getattr(spider, "render_if_missing", None) or {})
+
+    def process_response(self, request, response):
+        """The same request marked ``render: True`` if the page lacks its selector."""
+        if ("playwright" in response.flags or request.meta.get(RENDER) is False
+                or response.status != 200 or not isinstance(response, TextResponse)):
+            return response
+        selector = self.rules.missing_selector(request.url)
+        if selector is None or response.css(selector):
+            return response
+        self.stats.inc_value("rendering/missing_selector")
+        meta = {**request.meta, RENDER: True}
+        meta.setdefault(RENDER_WAIT_FOR, selector)
+        return request.replace(meta=meta, dont_filter=True)
+
+
+def context_options(proxy, identity) -> dict:
+    """``playwright_context_kwargs`` for a proxy (``server``, ``username``,
+    ``password``) and an identity (``user_agent``, ``headers``); {} for neither."""
+    options = {}
+    if isinstance(proxy, dict) and isinstance(proxy.get("server"), str) and proxy["server"]:
+        options["proxy"] = {k: proxy[k] for k in ("server", "username", "password", "bypass")
+                            if isinstance(proxy.get(k), str)}
+    if isinstance(identity, dict):
+        agent = identity.get("user_agent")
+        if isinstance(agent, str) and agent:
+            options["user_agent"] = agent
+        headers = _context_headers(identity.get("headers"))
+        if headers:
+            options["extra_http_headers"] = headers
+    return options
+
+
+def _context_headers(headers) -> dict[str, str]:
+    out = {}
+    for key, value in (headers.items() if isinstance(headers, dict) else ()):
+        key, value = _text(key), _text(value[0] if isinstance(value, list) and value else value)
+        lower = (key or "").lower()
+        if value and (lower in CONTEXT_HEADERS or lower.startswith("sec-ch-ua")):
+            out[key] = value
+    return out
+
+
+def _text(value) -> str | None:
+    if isinstance(value, bytes):
+        return value.decode("latin-1")
+    return value if isinstance(value, str) else None
+
+
+def _label(value) -> str:
+    text = re.sub(r"[^A-Za-z0-9_.:-]", "_", value) if isinstance(value, str) else ""
+    return text[:24] or "-"
+
+
+def _first_line(exception) -> str:
+    return (str(exception).splitlines() or [""])[0][:200]
+
+
+def _check_handler(settings) -> None:
+    handlers = settings.getwithbase("DOWNLOAD_HANDLERS")
+    for scheme in ("http", "https"):
+        path = handlers.get(scheme)
+        cls = load_object(path) if path else None
+        if not (isinstance(cls, type) and issubclass(cls, RenderingDownloadHandler)):
+            raise NotConfigured(
+                f"DOWNLOAD_HANDLERS[{scheme!r}] is not crawlproject.rendering."
+                "RenderingDownloadHandler: add ADDONS = {'crawlproject.rendering."
+                "RenderingAddon': 0} to the settings (see docs/middlewares.md)")

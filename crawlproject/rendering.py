@@ -1,0 +1,305 @@
+"""JavaScript rendering with the system Chromium, for this project or any Scrapy project.
+
+One line in a project's ``settings.py`` turns it on::
+
+    ADDONS = {"crawlproject.rendering.RenderingAddon": 0}
+
+The add-on (:class:`RenderingAddon`) sets, unless the project set them itself:
+
+* ``DOWNLOAD_HANDLERS`` for http and https: :class:`RenderingDownloadHandler`,
+  scrapy-playwright's handler that also lets the rendering middleware close
+  idle browser contexts (only requests with ``meta["playwright"]`` use the
+  browser; the others are downloaded as usual);
+* ``PLAYWRIGHT_BROWSER_TYPE`` ``chromium`` and ``PLAYWRIGHT_LAUNCH_OPTIONS``
+  (headless, flags that work in containers) with the browser found by
+  :func:`chromium_path`: the ``CHROMIUM_PATH`` setting, else the
+  ``CHROMIUM_PATH`` environment variable, else the Debian/Ubuntu paths;
+* ``DOWNLOADER_MIDDLEWARES``: the rendering middlewares at 620 and 585;
+* ``RETRY_EXCEPTIONS``: plus Playwright's errors, so a page lost to a browser
+  crash is retried through the retry middleware like any download error;
+* ``PLAYWRIGHT_ABORT_REQUEST``: images, fonts and media (``RENDER_BLOCK_RESOURCES``)
+  are never fetched by the browser;
+* ``PLAYWRIGHT_PROCESS_REQUEST_HEADERS``: :func:`browser_headers`;
+* ``PLAYWRIGHT_MAX_PAGES_PER_CONTEXT`` 4.
+
+``RENDERING_ENABLED = False`` leaves every setting alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import weakref
+from collections import OrderedDict
+from contextlib import suppress
+
+from scrapy.settings import SETTINGS_PRIORITIES
+from scrapy.utils.misc import load_object
+from scrapy_playwright.handler import ScrapyPlaywrightDownloadHandler
+from scrapy_playwright.headers import use_scrapy_headers
+
+__all__ = ["ContextPool", "RenderingAddon", "RenderingDownloadHandler", "ResourceBlocker",
+           "browser_headers", "chromium_path", "handlers_for"]
+
+logger = logging.getLogger(__name__)
+
+HANDLER = "crawlproject.rendering.RenderingDownloadHandler"
+PLAYWRIGHT_HANDLER = "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler"
+#: The rendering middlewares and their places (see crawlproject.middlewares.rendering).
+MIDDLEWARES = {"crawlproject.middlewares.rendering.RenderingMiddleware": 620,
+               "crawlproject.middlewares.rendering.RenderIfMissingMiddleware": 585}
+#: Where Debian and Ubuntu install Chromium (the binary first: it starts faster
+#: than the /usr/bin wrapper script).
+CHROMIUM_CANDIDATES = ("/usr/lib/chromium/chromium", "/usr/bin/chromium",
+                       "/usr/lib/chromium-browser/chromium-browser")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+#: Playwright's resource types that may be blocked ("document" never: it is the page).
+RESOURCE_TYPES = frozenset({"stylesheet", "image", "media", "font", "script", "texttrack",
+                            "xhr", "fetch", "eventsource", "websocket", "manifest", "other"})
+DEFAULT_BLOCKED = ("image", "font", "media")
+#: Playwright's errors: a crashed or disconnected browser, a page that timed out.
+RETRY_ERRORS = ("playwright.async_api.Error",)
+
+_HANDLERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def chromium_path(settings=None) -> str | None:
+    """The Chromium to launch: ``CHROMIUM_PATH`` (setting, then environment
+    variable), else the first of :data:`CHROMIUM_CANDIDATES` that exists, else
+    ``chromium``/``chromium-browser`` on ``PATH``; None if there is none.
+
+    An explicit path that is not an executable file raises ``ValueError``: a
+    typo must not silently fall back to another browser."""
+    explicit = (settings.get("CHROMIUM_PATH") if settings is not None else None) \
+        or os.environ.get("CHROMIUM_PATH")
+    if explicit:
+        if not (os.path.isfile(explicit) and os.access(explicit, os.X_OK)):
+            raise ValueError(f"CHROMIUM_PATH {explicit!r} is not an executable file")
+        return explicit
+    for candidate in CHROMIUM_CANDIDATES:
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def blocked_resource_types(settings) -> frozenset[str]:
+    """``RENDER_BLOCK_RESOURCES`` checked against Playwright's resource types."""
+    types = frozenset(t.strip() for t in settings.getlist("RENDER_BLOCK_RESOURCES",
+                                                          list(DEFAULT_BLOCKED)) if t.strip())
+    unknown = types - RESOURCE_TYPES
+    if unknown:
+        raise ValueError(f"RENDER_BLOCK_RESOURCES: unknown resource type(s) "
+                         f"{', '.join(sorted(unknown))} (allowed: "
+                         f"{', '.join(sorted(RESOURCE_TYPES))})")
+    return types
+
+
+class ResourceBlocker:
+    """A ``PLAYWRIGHT_ABORT_REQUEST`` callable: abort the browser's requests of
+    the given resource types, then ask *fallback* (the project's own
+    ``PLAYWRIGHT_ABORT_REQUEST``, if any)."""
+
+    def __init__(self, types, fallback=None):
+        self.types = frozenset(types)
+        self.fallback = load_object(fallback) if isinstance(fallback, str) else fallback
+
+    async def __call__(self, request) -> bool:
+        if request.resource_type in self.types:
+            return True
+        if self.fallback is None:
+            return False
+        result = self.fallback(request)
+        return bool(await result) if hasattr(result, "__await__") else bool(result)
+
+    def __repr__(self) -> str:
+        return f"ResourceBlocker({sorted(self.types)!r})"
+
+
+async def browser_headers(*, browser_type_name, playwright_request, scrapy_request_data):
+    """scrapy-playwright's default header processing, without ``Proxy-Authorization``.
+
+    A rendered request reaches its proxy through the browser context, which
+    authenticates itself; a ``Proxy-Authorization`` header put on the Scrapy
+    request (``HttpProxyMiddleware``) would otherwise be sent by the browser to
+    the site itself inside an HTTPS tunnel."""
+    headers = await use_scrapy_headers(browser_type_name=browser_type_name,
+                                       playwright_request=playwright_request,
+                                       scrapy_request_data=scrapy_request_data)
+    return {k: v for k, v in headers.items() if k.lower() != "proxy-authorization"}
+
+
+class RenderingDownloadHandler(ScrapyPlaywrightDownloadHandler):
+    """scrapy-playwright's download handler, with the context operations the
+    rendering middleware needs to keep the number of browser contexts bounded.
+
+    (scrapy-playwright keeps a named context until it is closed, and its own
+    ``PLAYWRIGHT_MAX_CONTEXTS`` waits for a free slot while holding its
+    context lock: with named contexts nothing ever frees one.)"""
+
+    @classmethod
+    def from_crawler(cls, crawler):
+        """One instance, hence one browser, for http and https (Scrapy builds a
+        handler per scheme; scrapy-playwright would launch a browser for each)."""
+        handlers = _HANDLERS.setdefault(crawler, [])
+        if not handlers:
+            handlers.append(cls(crawler))
+        return handlers[0]
+
+    async def close(self) -> None:
+        """Close once, although Scrapy calls it for each scheme."""
+        if getattr(self, "_closing", False):
+            return
+        self._closing = True
+        await super().close()
+
+    def context_names(self) -> frozenset[str]:
+        """Names of the browser contexts open now."""
+        return frozenset(self.context_wrappers)
+
+    def open_pages(self, name: str) -> int:
+        """Pages open in context *name* (0 if it is not open)."""
+        wrapper = self.context_wrappers.get(name)
+        return len(wrapper.context.pages) if wrapper is not None else 0
+
+    async def close_context(self, name: str) -> bool:
+        """Close context *name*; False if it was not open."""
+        wrapper = self.context_wrappers.get(name)
+        if wrapper is None:
+            return False
+        # A browser that died meanwhile has closed the context already.
+        with suppress(Exception):
+            await wrapper.context.close()
+        self.context_wrappers.pop(name, None)
+        return True
+
+
+def handlers_for(crawler) -> list[RenderingDownloadHandler]:
+    """The crawler's :class:`RenderingDownloadHandler` (a list: none before it is built)."""
+    return _HANDLERS.get(crawler, [])
+
+
+class ContextPool:
+    """At most *limit* browser contexts in use or open, least recently used first out.
+
+    :meth:`acquire` is awaited before a download needs context *name*:
+    if the name is new and the pool is full, the least recently used context
+    with no download in flight and no open page is closed (through the handlers
+    *get_handlers* returns), or, when every context is busy, the call waits for
+    a :meth:`release`. Names whose context the handler no longer has (the
+    browser crashed and took them) with nothing in flight are forgotten."""
+
+    def __init__(self, limit: int, get_handlers, stats):
+        self.limit = limit
+        self._get_handlers = get_handlers
+        self.stats = stats
+        self._inflight: OrderedDict[str, int] = OrderedDict()
+        self._cond = asyncio.Condition()
+        self._warned = False
+
+    def __len__(self) -> int:
+        return len(self._inflight)
+
+    async def acquire(self, name: str) -> None:
+        """Reserve context *name* for one download (see the class docstring)."""
+        async with self._cond:
+            while name not in self._inflight and len(self._inflight) >= self.limit:
+                self._forget_closed()
+                if len(self._inflight) < self.limit:
+                    break
+                victim = self._idle()
+                if victim is not None:
+                    await self._close(victim)
+                    continue
+                self._waiting()
+                await self._cond.wait()
+            self._inflight[name] = self._inflight.get(name, 0) + 1
+            self._inflight.move_to_end(name)
+            if len(self._inflight) > (self.stats.get_value("rendering/contexts/max") or 0):
+                self.stats.set_value("rendering/contexts/max", len(self._inflight))
+
+    async def release(self, name: str) -> None:
+        """One download of context *name* is over."""
+        async with self._cond:
+            if self._inflight.get(name):
+                self._inflight[name] -= 1
+            self._cond.notify_all()
+
+    def _idle(self) -> str | None:
+        handlers = self._get_handlers()
+        for name, count in self._inflight.items():  # oldest use first
+            if count == 0 and not any(h.open_pages(name) for h in handlers):
+                return name
+        return None
+
+    async def _close(self, name: str) -> None:
+        del self._inflight[name]
+        for handler in self._get_handlers():
+            if await handler.close_context(name):
+                self.stats.inc_value("rendering/contexts/closed_idle")
+
+    def _forget_closed(self) -> None:
+        handlers = self._get_handlers()
+        if not handlers:
+            return
+        open_names = frozenset().union(*(h.context_names() for h in handlers))
+        for name in [n for n, c in self._inflight.items() if c == 0 and n not in open_names]:
+            del self._inflight[name]
+
+    def _waiting(self) -> None:
+        self.stats.inc_value("rendering/contexts/waits")
+        if not self._warned:
+            self._warned = True
+            logger.info("All %d browser contexts are busy (RENDER_MAX_CONTEXTS): rendered "
+                        "requests of other proxies or identities wait for one", self.limit)
+
+
+class RenderingAddon:
+    """Scrapy add-on: render with the system Chromium (see the module docstring)."""
+
+    def update_settings(self, settings) -> None:
+        """Fill in the rendering settings the project did not set itself."""
+        if not settings.getbool("RENDERING_ENABLED", True):
+            return
+        handlers = settings["DOWNLOAD_HANDLERS"]
+        for scheme in ("http", "https"):
+            if handlers.get(scheme) in (None, PLAYWRIGHT_HANDLER, ScrapyPlaywrightDownloadHandler):
+                _extend(handlers, scheme, HANDLER)
+        settings.set("PLAYWRIGHT_BROWSER_TYPE", "chromium", "addon")
+        settings.set("PLAYWRIGHT_MAX_PAGES_PER_CONTEXT", 4, "addon")
+        settings.set("PLAYWRIGHT_PROCESS_REQUEST_HEADERS",
+                     "crawlproject.rendering.browser_headers", "addon")
+        _extend(settings, "PLAYWRIGHT_LAUNCH_OPTIONS", launch_options(settings))
+        for path, priority in MIDDLEWARES.items():
+            settings.setdefault_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", path,
+                                                           priority)
+        retry = settings.getlist("RETRY_EXCEPTIONS")
+        _extend(settings, "RETRY_EXCEPTIONS", retry + [e for e in RETRY_ERRORS if e not in retry])
+        blocked = blocked_resource_types(settings)
+        if blocked:
+            _extend(settings, "PLAYWRIGHT_ABORT_REQUEST",
+                    ResourceBlocker(blocked, settings.get("PLAYWRIGHT_ABORT_REQUEST")))
+
+
+def launch_options(settings) -> dict:
+    """``PLAYWRIGHT_LAUNCH_OPTIONS`` (default: headless with :data:`CHROMIUM_ARGS`)
+    with ``executable_path`` from :func:`chromium_path`; an explicit
+    ``CHROMIUM_PATH`` wins over the options' own path."""
+    options = dict(settings.getdict("PLAYWRIGHT_LAUNCH_OPTIONS")) or {
+        "headless": True, "args": list(CHROMIUM_ARGS)}
+    explicit = settings.get("CHROMIUM_PATH") or os.environ.get("CHROMIUM_PATH")
+    if explicit or not options.get("executable_path"):
+        path = chromium_path(settings)
+        if path:
+            options["executable_path"] = path
+    return options
+
+
+def _extend(settings, name: str, value) -> None:
+    # A value built from the project's own (extended, not replaced) keeps the
+    # project's priority, so a lower-priority add-on write is not ignored.
+    priority = max(settings.getpriority(name) or 0, SETTINGS_PRIORITIES["addon"])
+    settings.set(name, value, priority)

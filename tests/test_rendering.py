@@ -1,0 +1,427 @@
+"""Rendering: crawlproject.rendering (add-on, handler, context pool) and
+crawlproject.middlewares.rendering.
+
+The first tests build the middleware on its own; the others run real
+``scrapy crawl`` nodes with the system Chromium against the demo site and
+tests/render_site.py. Chromium is slow on a loaded 2-core machine: few pages,
+and waits on events, not sleeps."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import psutil
+import pytest
+from scrapy import Request, Spider
+from scrapy.http import HtmlResponse
+from scrapy.settings import Settings
+from scrapy.utils.test import get_crawler
+
+from crawlproject.demo.site import JS_PRODUCT_ID, DemoSite
+from crawlproject.keys import start_urls_key
+from crawlproject.middlewares.rendering import RenderIfMissingMiddleware, RenderingMiddleware
+from crawlproject.middlewares.session import IDENTITY, PROXY_CONTEXT, PROXY_ID
+from crawlproject.policy import InputPolicy, Refused
+from crawlproject.rendering import HANDLER, ContextPool, RenderingAddon, chromium_path
+from crawlproject.serialization import (
+    RequestDecodeError,
+    RequestEncodeError,
+    decode_request_dict,
+    request_from_json,
+    request_to_json,
+)
+from tests.crawl_helpers import ROOT, Node, node_env
+from tests.render_site import RenderSite
+
+SECRET = "s3cr3t-pass"
+MW_SETTINGS = {"DOWNLOAD_HANDLERS": {"http": HANDLER, "https": HANDLER},
+               "RENDER_BLOCK_RESOURCES": []}
+NODE = {"SPIDER_MODULES": "tests.spiders", "ROBOTSTXT_OBEY": False,
+        "MAX_IDLE_TIME_BEFORE_CLOSE": 3, "CONCURRENT_REQUESTS": 4, "RETRY_BACKOFF_BASE": 0.1,
+        "LOG_LEVEL": "INFO"}
+
+
+def middleware(cls=RenderingMiddleware, **settings):
+    crawler = get_crawler(Spider, {**MW_SETTINGS, **settings})
+    return cls.from_crawler(crawler)
+
+
+def proxied(url: str, password: str = SECRET, who: str = "1") -> Request:
+    return Request(url, meta={
+        PROXY_ID: "127.0.0.9:3128",
+        PROXY_CONTEXT: {"server": "http://127.0.0.9:3128", "username": "user",
+                        "password": password},
+        IDENTITY: {"id": f"id{who}", "user_agent": f"Agent/{who}",
+                   "headers": {"Accept-Language": "de-DE", "Accept": "text/html",
+                               "Sec-CH-UA": '"Chromium";v="120"'}},
+        "render": True, "playwright_context_kwargs": {"viewport": {"width": 800, "height": 600}}})
+
+
+# -- the middleware on its own ---------------------------------------------------------------
+
+def test_browser_context_per_proxy_and_identity_and_credentials_never_stored():
+    mw = middleware()
+
+    async def scenario():
+        request = proxied("http://127.0.0.1/a")
+        await mw.process_request(request)
+        meta = request.meta
+        name, options = meta["playwright_context"], meta["playwright_context_kwargs"]
+        assert meta["playwright"] is True
+        assert "127.0.0.9:3128" in name and "id1" in name and SECRET not in name
+        assert options == {"viewport": {"width": 800, "height": 600},
+                           "proxy": {"server": "http://127.0.0.9:3128", "username": "user",
+                                     "password": SECRET},
+                           "user_agent": "Agent/1",
+                           "extra_http_headers": {"Accept-Language": "de-DE",
+                                                  "Sec-CH-UA": '"Chromium";v="120"'}}
+        # Stored mid-download (a copy taken by another component): no credentials,
+        # and the spider's own context options are what is stored.
+        payload = request_to_json(request, None)
+        assert SECRET not in payload and "user" not in payload
+        assert "_crawlproject" not in payload and "r:127" not in payload
+        back = request_from_json(payload, None)
+        assert back.meta["playwright_context_kwargs"] == {"viewport": {"width": 800, "height": 600}}
+        assert "playwright_context" not in back.meta and back.meta["render"] is True
+        # Same proxy and identity: same context; other credentials: another one.
+        same, other = proxied("http://127.0.0.1/b"), proxied("http://127.0.0.1/c", "other")
+        await mw.process_request(same)
+        await mw.process_request(other)
+        assert same.meta["playwright_context"] == name != other.meta["playwright_context"]
+        # After the download the request holds what it held before (a retry copy is clean).
+        response = HtmlResponse(request.url, body=b"<html></html>", request=request,
+                                flags=["playwright"])
+        assert await mw.process_response(request, response) is response
+        assert "playwright_context" not in request.meta
+        assert request.meta["playwright_context_kwargs"] == {"viewport": {"width": 800,
+                                                                          "height": 600}}
+        def mine(meta):  # the proxy middleware's own transient key aside
+            return repr({k: v for k, v in meta.items() if k != PROXY_CONTEXT})
+
+        assert SECRET not in mine(request.meta)
+        await mw.process_exception(other, RuntimeError("x"))
+        assert "other" not in mine(other.meta)
+
+    asyncio.run(scenario())
+
+
+def test_context_proxies_and_credentials_from_redis_are_refused():
+    for options in ({"proxy": {"server": "http://evil:1"}},
+                    {"http_credentials": {"username": "a", "password": "b"}}):
+        payload = {"url": "http://127.0.0.1/", "meta": {"playwright": True,
+                                                        "playwright_context_kwargs": options}}
+        with pytest.raises(RequestDecodeError, match="not allowed"):
+            decode_request_dict(payload)
+        policy = InputPolicy.from_settings(Settings({"SEED_META_ALLOW": [
+            "playwright", "playwright_context_kwargs"]}))
+        with pytest.raises(Refused):
+            policy.check_seed_meta(payload["meta"])
+    # and a spider's own request cannot put one there either (clear error at enqueue)
+    with pytest.raises(RequestEncodeError, match="proxy"):
+        request_to_json(Request("http://127.0.0.1/", meta={
+            "playwright_context_kwargs": {"proxy": {"server": "http://x:1"}}}), None)
+
+
+def test_rules_decide_what_renders_and_a_page_missing_its_selector_comes_back_marked():
+    rules = {"RENDER_URL_PATTERNS": [r"/always/"], "RENDER_IF_MISSING": {r"/item/": ".price"},
+             "RENDER_WAIT_FOR_SELECTOR": {r"/always/": "#app"}}
+    mw = middleware(**rules)
+    missing = middleware(RenderIfMissingMiddleware, **rules)
+
+    class OwnRules(Spider):
+        name = "own"
+        render_rules = [r"/spider-rule/"]
+        render_if_missing = {r"/spider-item/": "h1"}
+
+    mw.spider_opened(OwnRules())
+    missing.spider_opened(OwnRules())
+
+    async def scenario():
+        decided = {}
+        for url, meta in [("http://h/always/1", {}), ("http://h/spider-rule/1", {}),
+                          ("http://h/other", {}), ("http://h/other", {"render": True}),
+                          ("http://h/always/2", {"render": False})]:
+            request = Request(url, meta=dict(meta))
+            await mw.process_request(request)
+            decided[(url, str(meta))] = request.meta.get("playwright", False)
+        assert list(decided.values()) == [True, True, False, True, False]
+        # The wait selector is a page method, once (a retry does not add another),
+        # and the request still passes the payload policy.
+        request = Request("http://h/always/3")
+        await mw.process_request(request)
+        await mw.process_response(request, HtmlResponse(request.url, body=b"", request=request,
+                                                        flags=["playwright"]))
+        await mw.process_request(request)
+        (wait,) = request.meta["playwright_page_methods"]
+        assert (wait.method, wait.args) == ("wait_for_selector", ("#app",))
+        request_from_json(request_to_json(request, None), None)
+
+        static = Request("http://h/item/1")
+        await mw.process_request(static)
+        assert "playwright" not in static.meta
+        lacking = HtmlResponse(static.url, body=b"<p>no price</p>", request=static)
+        again = missing.process_response(static, lacking)
+        assert isinstance(again, Request) and again.dont_filter and again.url == static.url
+        assert again.meta["render"] is True and again.meta["render_wait_for"] == ".price"
+        assert missing.stats.get_value("rendering/missing_selector") == 1
+        request_from_json(request_to_json(again, None), None)    # it can go through Redis
+        having = HtmlResponse(static.url, body=b'<p class="price">1</p>', request=static)
+        assert missing.process_response(static, having) is having
+        await mw.process_request(again)  # rendered: a missing selector is not asked again
+        assert again.meta["playwright"] is True
+        rendered = HtmlResponse(again.url, body=b"<p></p>", request=again, flags=["playwright"])
+        assert missing.process_response(again, rendered) is rendered
+        gone = HtmlResponse(static.url, status=404, body=b"", request=static)
+        assert missing.process_response(static, gone) is gone
+        spider_rule = Request("http://h/spider-item/1")
+        assert isinstance(missing.process_response(spider_rule, HtmlResponse(
+            spider_rule.url, body=b"<p></p>", request=spider_rule)), Request)
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"RENDER_URL_PATTERNS": ["(unclosed"]}, "RENDER_URL_PATTERNS"),
+    ({"RENDER_IF_MISSING": {"/x": "div[[["}}, "RENDER_IF_MISSING"),
+    ({"RENDER_MAX_CONTEXTS": 0}, "RENDER_MAX_CONTEXTS"),
+    ({"PLAYWRIGHT_MAX_CONTEXTS": 2, "RENDER_MAX_CONTEXTS": 8}, "PLAYWRIGHT_MAX_CONTEXTS"),
+])
+def test_bad_settings_are_clear_errors(settings, message):
+    with pytest.raises(ValueError, match=message):
+        middleware(**settings)
+
+
+def test_addon_settings_and_their_errors(tmp_path, monkeypatch):
+    monkeypatch.delenv("CHROMIUM_PATH", raising=False)
+    settings = Settings({"RENDER_BLOCK_RESOURCES": ["image"]})
+    RenderingAddon().update_settings(settings)
+    assert settings.getwithbase("DOWNLOAD_HANDLERS")["https"] == HANDLER
+    assert settings["PLAYWRIGHT_LAUNCH_OPTIONS"]["executable_path"] == chromium_path()
+    assert "playwright.async_api.Error" in settings.getlist("RETRY_EXCEPTIONS")
+    middlewares = settings.getwithbase("DOWNLOADER_MIDDLEWARES")
+    assert middlewares["crawlproject.middlewares.rendering.RenderingMiddleware"] == 620
+    assert middlewares["crawlproject.middlewares.rendering.RenderIfMissingMiddleware"] == 585
+    with pytest.raises(ValueError, match="CHROMIUM_PATH"):
+        RenderingAddon().update_settings(Settings({"CHROMIUM_PATH": str(tmp_path / "nope")}))
+    with pytest.raises(ValueError, match="RENDER_BLOCK_RESOURCES"):
+        RenderingAddon().update_settings(Settings({"RENDER_BLOCK_RESOURCES": ["document"]}))
+    off = Settings({"RENDERING_ENABLED": False})
+    RenderingAddon().update_settings(off)
+    assert "http" not in off.getwithbase("DOWNLOAD_HANDLERS") or \
+        off.getwithbase("DOWNLOAD_HANDLERS")["http"] != HANDLER
+
+
+class _Contexts:
+    """Stands in for the download handler's open contexts: the order in which
+    the pool closes and waits is checked here without Chromium's timing."""
+
+    def __init__(self):
+        self.open, self.closed = set(), []
+
+    def context_names(self):
+        return frozenset(self.open)
+
+    def open_pages(self, name):
+        return 0
+
+    async def close_context(self, name):
+        self.closed.append(name)
+        self.open.discard(name)
+        return True
+
+
+def test_pool_closes_the_least_recently_used_idle_context_or_waits():
+    contexts = _Contexts()
+    stats = get_crawler(Spider).stats
+    pool = ContextPool(2, lambda: [contexts], stats)
+
+    async def scenario():
+        for name in ("a", "b"):
+            await pool.acquire(name)
+            contexts.open.add(name)
+        await pool.release("a")
+        await pool.release("b")
+        await pool.acquire("a")             # a is now the most recently used
+        await pool.release("a")
+        await pool.acquire("c")             # closes b, the least recently used idle one
+        contexts.open.add("c")
+        assert contexts.closed == ["b"] and len(pool) == 2
+        await pool.acquire("a")             # a and c busy: d must wait
+        waiter = asyncio.ensure_future(pool.acquire("d"))
+        await asyncio.sleep(0)
+        assert not waiter.done() and stats.get_value("rendering/contexts/waits") == 1
+        await pool.release("c")
+        await asyncio.wait_for(waiter, 5)
+        assert contexts.closed == ["b", "c"] and len(pool) == 2
+
+    asyncio.run(scenario())
+
+
+# -- real crawls with Chromium ----------------------------------------------------------------
+
+def run_node(tmp_path, env, name, spider, settings, seeds, redis, timeout=240):
+    node = Node(name, tmp_path, env, spider=spider, settings={**NODE, **settings})
+    try:
+        node.wait_for_log("Reading seeds from")
+        redis.lpush(start_urls_key(spider), *seeds)
+        assert node.wait(timeout) == 0, node.tail()
+    finally:
+        node.stop()
+    return node
+
+
+@pytest.mark.slow
+def test_demo_javascript_page_yields_its_data_only_when_rendered(redis, redis_url, mongo_uri,
+                                                                 database, tmp_path):
+    env = node_env(redis_url, mongo_uri, database.name)
+    js_url = None
+    with DemoSite(products=JS_PRODUCT_ID, per_page=10, faults=False) as site:
+        js_url = f"{site.url}product/{JS_PRODUCT_ID}"
+        own = {"SPIDER_MODULES": "crawlproject.spiders"}
+        node = run_node(tmp_path, env, "on", "products", own, [site.url], redis)
+        rendered = database["products"].find_one({"url": js_url})
+        assert rendered and rendered["rendered"] is True and rendered["title"], node.tail()
+        assert node.stat("rendering/requests/meta") == 1
+        assert database["products"].count_documents({}) == JS_PRODUCT_ID
+        redis.flushall()
+        database["products"].drop()
+        off = run_node(tmp_path, env, "off", "products", {**own, "RENDERING_ENABLED": False},
+                       [site.url], redis)
+    # Without rendering the page has no title or price: the item is invalid and dropped.
+    assert database["products"].find_one({"url": js_url}) is None
+    assert database["products"].count_documents({}) == JS_PRODUCT_ID - 1
+    assert off.stat("validation/dropped/ProductItem/title_missing") == 1, off.tail()
+
+
+@pytest.mark.slow
+def test_render_if_missing_renders_exactly_the_pages_lacking_the_selector_without_media(
+        redis, redis_url, mongo_uri, database, tmp_path):
+    env = node_env(redis_url, mongo_uri, database.name)
+    # The site gzips its pages: the selector is looked for in the decoded page.
+    settings = {"RENDER_IF_MISSING": json.dumps({r"/(static|js)/": ".title"})}
+    with RenderSite() as site:
+        seeds = [f"{site.url}{kind}/{n}" for kind in ("static", "js") for n in (1, 2)]
+        node = run_node(tmp_path, env, "missing", "render", settings, seeds, redis)
+        hits = site.hits()
+    items = {d["url"]: d for d in database["render"].find({}, {"_id": 0})}
+    assert {u: (d["title"], d["rendered"]) for u, d in items.items()} == {
+        f"{site.url}static/1": ("Static 1", False), f"{site.url}static/2": ("Static 2", False),
+        f"{site.url}js/1": ("Rendered 1", True), f"{site.url}js/2": ("Rendered 2", True)}
+    # Static pages fetched once; the others once statically, once by the browser
+    # (which also fetched their script).
+    assert [hits[f"/static/{n}"] for n in (1, 2)] == [1, 1]
+    assert [hits[f"/js/{n}"] for n in (1, 2)] == [2, 2]
+    assert hits["/app.js"] >= 1
+    assert node.stat("rendering/missing_selector") == 2
+    # Images, fonts and media were asked for by the pages and never fetched.
+    assert node.stat("playwright/request_count/aborted") >= 2
+    assert not [p for p in hits if p.startswith(("/img/", "/font/", "/media/"))], hits
+
+
+def chromium_browsers(pid: int) -> list[psutil.Process]:
+    """The browser processes (not their renderers) started under node *pid*."""
+    found = []
+    for proc in psutil.Process(pid).children(recursive=True):
+        try:
+            if "chrom" in proc.name() and "--type=" not in " ".join(proc.cmdline()):
+                found.append(proc)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_a_killed_browser_is_restarted_and_the_page_retried(redis, redis_url, mongo_uri,
+                                                            database, tmp_path):
+    env = node_env(redis_url, mongo_uri, database.name)
+    settings = {"RENDER_URL_PATTERNS": "/hang/"}
+    with RenderSite() as site:
+        node = Node("crash", tmp_path, env, spider="render", settings={**NODE, **settings})
+        try:
+            node.wait_for_log("Reading seeds from")
+            redis.lpush(start_urls_key("render"), f"{site.url}hang/1", f"{site.url}js/1")
+            # The browser is rendering /hang/1 (held by the site) when it dies.
+            site.wait_for(lambda s: s.hits()["/hang/1"] >= 1)
+            browsers = chromium_browsers(node.proc.pid)
+            assert browsers, "no Chromium under the node"
+            for proc in browsers:
+                proc.kill()
+            psutil.wait_procs(browsers, timeout=30)
+            site.release()
+            assert node.wait(240) == 0, node.tail()
+        finally:
+            node.stop()
+        hits = site.hits()
+    item = database["render"].find_one({"url": f"{site.url}hang/1"})
+    assert item and item["title"] == "Rendered 1" and item["rendered"] is True, node.tail(80)
+    assert hits["/hang/1"] >= 2
+    assert node.stat("playwright/browser_count") >= 2       # a new browser was launched
+    assert database["render"].count_documents({}) == 2
+
+
+@pytest.mark.slow
+def test_browser_contexts_follow_the_identity_and_stay_within_the_bound(
+        redis, redis_url, mongo_uri, database, tmp_path):
+    env = node_env(redis_url, mongo_uri, database.name)
+    settings = {"RENDER_URL_PATTERNS": "/js/", "RENDER_MAX_CONTEXTS": 2}
+    with RenderSite() as site:
+        seeds = [f"{site.url}js/{n}?who={n}" for n in range(1, 6)] + [f"{site.url}js/6?who=1"]
+        node = run_node(tmp_path, env, "ctx", "render_sessions", settings, seeds, redis)
+    items = {d["url"]: d for d in database["render_sessions"].find({}, {"_id": 0})}
+    assert len(items) == 6, node.tail()
+    for url, item in items.items():
+        who = url.rpartition("=")[2]
+        assert item["rendered"] and item["ua"] == f"RenderTestAgent/{who}", item
+    assert node.stat("playwright/context_count") >= 5
+    assert node.stat("playwright/context_count/max_concurrent") <= 2
+    assert node.stat("rendering/contexts/max") == 2
+    assert node.stat("rendering/contexts/closed_idle") >= 3
+
+
+@pytest.mark.slow
+def test_a_users_own_project_renders_with_one_settings_line_and_its_chromium_path(tmp_path):
+    project = tmp_path / "userproj"
+    (project / "userproj" / "spiders").mkdir(parents=True)
+    (project / "scrapy.cfg").write_text("[settings]\ndefault = userproj.settings\n")
+    (project / "userproj" / "__init__.py").write_text("")
+    (project / "userproj" / "spiders" / "__init__.py").write_text("")
+    marker = tmp_path / "chromium-used"
+    wrapper = tmp_path / "my-chromium"
+    wrapper.write_text(f"#!/bin/sh\necho used >> {marker}\nexec {chromium_path()} \"$@\"\n")
+    wrapper.chmod(0o755)
+    (project / "userproj" / "settings.py").write_text(textwrap.dedent(f"""
+        SPIDER_MODULES = ["userproj.spiders"]
+        ROBOTSTXT_OBEY = False
+        ADDONS = {{"crawlproject.rendering.RenderingAddon": 0}}
+        CHROMIUM_PATH = {str(wrapper)!r}
+    """))
+    (project / "userproj" / "spiders" / "shop.py").write_text(textwrap.dedent("""
+        import scrapy
+
+        class Shop(scrapy.Spider):
+            name = "shop"
+
+            async def start(self):
+                yield scrapy.Request(self.url, meta={"render": True,
+                                                     "render_wait_for": ".title"})
+
+            def parse(self, response):
+                yield {"title": response.css(".title::text").get()}
+    """))
+    out = tmp_path / "items.jsonl"
+    with RenderSite() as site:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(project), str(ROOT)])}
+        env.pop("CHROMIUM_PATH", None)
+        done = subprocess.run(
+            [sys.executable, "-m", "scrapy", "crawl", "shop", "-a", f"url={site.url}js/1",
+             "-O", f"{out}:jsonlines", "-s", "LOG_LEVEL=INFO"],
+            cwd=project, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [json.loads(line) for line in out.read_text().splitlines()] == [
+        {"title": "Rendered 1"}], done.stderr[-3000:]
+    assert marker.exists(), "CHROMIUM_PATH was not the browser launched"
