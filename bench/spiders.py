@@ -41,8 +41,13 @@ _OURS_PREFIXES = ("SCHEDULER", "DUPEFILTER_", "SEEDS_", "REDIS_START_URLS_", "RE
 
 
 def _ours_settings() -> dict:
-    return {name: getattr(project_settings, name) for name in dir(project_settings)
-            if name.isupper() and name.startswith(_OURS_PREFIXES)}
+    settings = {name: getattr(project_settings, name) for name in dir(project_settings)
+                if name.isupper() and name.startswith(_OURS_PREFIXES)}
+    # Like plain Scrapy: its default User-Agent, no browser (no rendering
+    # add-on here). bench.middlewares measures the identity, referer and proxy
+    # middlewares on and off.
+    settings.update(IDENTITY_ENABLED=False, RENDERING_ENABLED=False)
+    return settings
 
 
 class BenchParse:

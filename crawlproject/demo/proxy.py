@@ -1,10 +1,13 @@
-"""Tiny HTTP forward proxies for tests: real sockets on 127.0.0.1, in a thread.
+"""A tiny HTTP forward proxy for tests and benchmarks: real sockets on
+127.0.0.1, served by an asyncio loop in a thread.
 
 :class:`ForwardProxy` relays ``GET http://host:port/path`` requests (the form
 Scrapy sends to an HTTP proxy for ``http://`` URLs), requires Basic auth, and
 records what it relayed. It can answer a captcha page with 403 for one host
-(a site that banned this exit address) instead of relaying. :func:`closed_port`
-gives a port that refuses connections.
+(a site that banned this exit address) instead of relaying. The client
+connection is kept alive between requests (as real proxies do) unless the
+answer cannot be delimited; each relayed request opens its own upstream
+connection. :func:`closed_port` gives a port that refuses connections.
 """
 
 from __future__ import annotations
@@ -82,17 +85,22 @@ class ForwardProxy:
 
     async def _handle(self, reader, writer) -> None:
         try:
-            await self._serve(reader, writer)
-        except (ConnectionError, asyncio.IncompleteReadError, ValueError):
+            while await self._serve(reader, writer):
+                pass
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+                ValueError):
             pass
         finally:
             writer.close()
 
-    async def _serve(self, reader, writer) -> None:
+    async def _serve(self, reader, writer) -> bool:
+        """Answer one request; True if the client connection stays open."""
         head = await reader.readuntil(b"\r\n\r\n")
         lines = head.decode("latin-1").split("\r\n")
         method, target, _ = lines[0].split(" ", 2)
         headers = [line.split(":", 1) for line in lines[1:] if ":" in line]
+        client_close = any(k.strip().lower() == "connection" and "close" in v.lower()
+                           for k, v in headers)
         auth = next((v.strip().encode() for k, v in headers
                      if k.lower() == "proxy-authorization"), None)
         if auth != self._auth:
@@ -100,7 +108,7 @@ class ForwardProxy:
             writer.write(b"HTTP/1.1 407 Proxy Authentication Required\r\n"
                          b"Proxy-Authenticate: Basic\r\nContent-Length: 0\r\n\r\n")
             await writer.drain()
-            return
+            return not client_close
         url = urlsplit(target)
         path = url.path or "/"
         if url.hostname == self.ban_host:
@@ -108,11 +116,13 @@ class ForwardProxy:
                          b"Content-Length: %d\r\n\r\n%s" % (len(CAPTCHA), CAPTCHA))
             await writer.drain()
             self._record(url.hostname, path, 403)
-            return
-        status = await self._relay(method, url, path, headers, writer)
+            return not client_close
+        status, keep = await self._relay(method, url, path, headers, writer)
         self._record(url.hostname, path, status)
+        return keep and not client_close
 
-    async def _relay(self, method, url, path, headers, writer) -> int:
+    async def _relay(self, method, url, path, headers, writer) -> tuple[int, bool]:
+        """Relay one GET; returns (status, whether the client may keep the connection)."""
         up_reader, up_writer = await asyncio.open_connection(url.hostname, url.port or 80)
         keep = [(k, v) for k, v in headers
                 if k.lower() not in ("proxy-authorization", "proxy-connection", "connection")]
@@ -123,13 +133,19 @@ class ForwardProxy:
         await up_writer.drain()
         answer = await up_reader.read()
         up_writer.close()
-        status_line, sep, rest = answer.partition(b"\r\n")
-        if b"\r\nconnection: close" not in answer.split(b"\r\n\r\n", 1)[0].lower():
-            # this proxy closes every connection after one answer: say so
-            answer = status_line + sep + b"Connection: close\r\n" + rest
-        writer.write(answer)
+        head, sep, body = answer.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        fields = [line for line in lines[1:] if not line.lower().startswith(b"connection:")]
+        names = {line.split(b":", 1)[0].strip().lower() for line in fields}
+        # The upstream answer ends at its EOF; the client can only keep the
+        # connection if the answer says where it ends.
+        delimited = b"content-length" in names or b"transfer-encoding" in names
+        if not delimited:
+            fields.append(b"Connection: close")
+        writer.write(b"\r\n".join([lines[0], *fields]) + sep + body)
         await writer.drain()
-        return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/") else 0
+        status = int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/") else 0
+        return status, delimited
 
 
 def closed_port() -> int:
