@@ -75,7 +75,7 @@ def node_settings(config: str, proxies: list[ForwardProxy]) -> dict:
         settings.update(OFF)
     else:
         settings.update(ON)
-        settings["PROXY_POOL"] = json.dumps([p.url for p in proxies])
+        settings["PROXY_POOL"] = ",".join(p.url for p in proxies)  # getlist splits on commas
     return settings
 
 

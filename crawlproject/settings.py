@@ -57,10 +57,13 @@ DOWNLOADER_MIDDLEWARES = {
     "crawlproject.middlewares.proxy.ProxyPoolMiddleware": 600,
     "crawlproject.middlewares.identity.IdentityMiddleware": 610,
     "crawlproject.middlewares.rendering.RenderingMiddleware": 620,
+    # before CookiesMiddleware (700): a session's cookies carried by its request
+    "crawlproject.middlewares.sessioncookies.SessionCookiesMiddleware": 690,
 }
 SPIDER_MIDDLEWARES = {
     "scrapy.spidermiddlewares.referer.RefererMiddleware": None,
     "crawlproject.middlewares.referer.SeedRefererMiddleware": 700,
+    "crawlproject.middlewares.sessioncookies.SessionCookiesSpiderMiddleware": 650,
 }
 # Politeness is enforced by the frontier for all nodes together (see
 # crawlproject/frontier/politeness.py): DOWNLOAD_DELAY is the interval between
@@ -164,4 +167,5 @@ RENDER_WAIT_FOR_SELECTOR = None         # css, or {url-regex: css}: rendered pag
 RENDER_WAIT_TIMEOUT = 15.0              # seconds a rendered page waits for its selector
 RENDER_BLOCK_RESOURCES = ["image", "font", "media"]  # never fetched by the browser
 RENDER_MAX_CONTEXTS = 8                 # browser contexts (one per proxy × identity) at most
+RENDER_PROXY_BYPASS = None              # Chromium's proxy bypass list ("<-loopback>": proxy 127.x too)
 PLAYWRIGHT_MAX_PAGES_PER_CONTEXT = 4    # pages rendering at once in one context

@@ -9,11 +9,13 @@ and waits on events, not sleeps."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import subprocess
 import sys
 import textwrap
+from collections import Counter
 
 import psutil
 import pytest
@@ -22,8 +24,9 @@ from scrapy.http import HtmlResponse
 from scrapy.settings import Settings
 from scrapy.utils.test import get_crawler
 
+from crawlproject.demo.proxy import ForwardProxy
 from crawlproject.demo.site import JS_PRODUCT_ID, DemoSite
-from crawlproject.keys import start_urls_key
+from crawlproject.keys import FrontierKeys, start_urls_key
 from crawlproject.middlewares.rendering import RenderIfMissingMiddleware, RenderingMiddleware
 from crawlproject.middlewares.session import IDENTITY, PROXY_CONTEXT, PROXY_ID
 from crawlproject.policy import InputPolicy, Refused
@@ -425,3 +428,89 @@ def test_a_users_own_project_renders_with_one_settings_line_and_its_chromium_pat
     assert [json.loads(line) for line in out.read_text().splitlines()] == [
         {"title": "Rendered 1"}], done.stderr[-3000:]
     assert marker.exists(), "CHROMIUM_PATH was not the browser launched"
+
+
+@pytest.mark.slow
+def test_rendered_pages_go_through_the_pool_proxy_with_the_sessions_identity(
+        redis, redis_url, mongo_uri, database, tmp_path):
+    """The real proxy (600) and identity (610) middlewares, not stand-ins: the
+    browser context of a rendered page uses the pool's proxy with its
+    credentials and the session's identity, the same one the static pages of
+    the session were fetched with; the credentials appear nowhere."""
+    env = node_env(redis_url, mongo_uri, database.name)
+    password = "Rend3r-Pr0xy-Secret"
+    with RenderSite() as site, ForwardProxy("rend", password) as proxy:
+        settings = {"RENDER_URL_PATTERNS": "/js/", "PROXY_POOL_ENABLED": True,
+                    "PROXY_POOL": proxy.url, "IDENTITY_ENABLED": True,
+                    # Chromium never proxies loopback addresses unless told to
+                    "RENDER_PROXY_BYPASS": "<-loopback>"}
+        seeds = [f"{site.url}static/1", f"{site.url}js/1", f"{site.url}js/2"]
+        node = run_node(tmp_path, env, "via", "render", settings, seeds, redis)
+        hits = site.hits()
+        relayed = Counter(r.path for r in proxy.relayed())
+        agents = {path: set(site.agents(path)) for path in ("/static/1", "/js/1", "/js/2")}
+    items = {d["url"].rpartition("/")[0].rpartition("/")[2] + "/" + d["url"].rpartition("/")[2]: d
+             for d in database["render"].find({}, {"_id": 0})}
+    assert {k: (d["title"], d["rendered"]) for k, d in items.items()} == {
+        "static/1": ("Static 1", False), "js/1": ("Rendered 1", True),
+        "js/2": ("Rendered 2", True)}, node.tail(80)
+    # Every request the site saw came through the proxy: the downloader's and the browser's
+    # (the page and its script).
+    for path in ("/static/1", "/js/1", "/js/2", "/app.js"):
+        assert hits[path] >= 1 and relayed[path] == hits[path], (path, hits, relayed)
+    # One session (one proxy): one identity, a real browser's, in the headers of the
+    # static page and as navigator.userAgent of the rendered ones.
+    static_ua = agents["/static/1"]
+    assert len(static_ua) == 1 and "Scrapy" not in next(iter(static_ua))
+    assert agents["/js/1"] == agents["/js/2"] == static_ua, agents
+    assert {items["js/1"]["ua"], items["js/2"]["ua"]} == static_ua
+    assert "HeadlessChrome" not in items["js/1"]["ua"]
+    assert node.stat("rendering/requests/rule") == 2
+    stored = "\n".join(f"{k!r} {redis.dump(k)!r}" for k in redis.scan_iter(count=1000))
+    leaks = [where for where, text in (("log", node.text()), ("redis", stored))
+             if password in text or base64.b64encode(f"rend:{password}".encode()).decode() in text]
+    assert not leaks, leaks
+
+
+@pytest.mark.slow
+def test_a_rendered_request_survives_a_node_kill(redis, redis_url, mongo_uri, database,
+                                                 tmp_path):
+    """SIGKILL a node (and its browser) while Chromium renders a page: the
+    page's lease comes back to the frontier and a second node renders it; every
+    page is stored, none written twice."""
+    env = node_env(redis_url, mongo_uri, database.name)
+    # Short leases keep the test quick; the mechanism is the default one.
+    settings = {**NODE, "RENDER_URL_PATTERNS": "/(js|hang)/", "SCHEDULER_LEASE_TTL": 4,
+                "SCHEDULER_HEARTBEAT_INTERVAL": 1}
+    with RenderSite() as site:
+        seeds = [f"{site.url}hang/1", f"{site.url}js/1", f"{site.url}js/2", f"{site.url}static/1"]
+        victim = Node("victim", tmp_path, env, spider="render", settings=settings)
+        survivor = None
+        try:
+            victim.wait_for_log("Reading seeds from")
+            redis.lpush(start_urls_key("render"), *seeds)
+            # The victim's browser is rendering /hang/1 (held by the site) when it dies.
+            site.wait_for(lambda s: s.hits()["/hang/1"] >= 1)
+            inflight = redis.hgetall(FrontierKeys("render").inflight)
+            assert any(owner.decode().startswith("victim-") for owner in inflight.values()), (
+                "the victim held no lease: the test proves nothing")
+            browsers = chromium_browsers(victim.proc.pid)
+            victim.kill()
+            for proc in browsers:  # an orphaned browser would go on rendering
+                proc.kill()
+            psutil.wait_procs(browsers, timeout=30)
+            site.release()
+            survivor = Node("survivor", tmp_path, env, spider="render", settings=settings)
+            assert survivor.wait(240) == 0, survivor.tail()
+        finally:
+            victim.stop()
+            if survivor is not None:
+                survivor.stop()
+        hits = site.hits()
+    items = {d["url"]: d for d in database["render"].find({}, {"_id": 0})}
+    assert set(items) == set(seeds), survivor.tail(80)
+    hang = items[f"{site.url}hang/1"]
+    assert hang["title"] == "Rendered 1" and hang["rendered"] is True
+    assert hits["/hang/1"] == 2                       # the victim's try, the survivor's
+    assert survivor.stat("scheduler/reclaimed") >= 1
+    assert survivor.stat("mongo/modified") == 0        # nothing stored twice with changes

@@ -133,8 +133,10 @@ def _pairs(mapping, setting: str) -> tuple:
 class RenderingMiddleware:
     """Render the requests that ask for it or match a rule (see the module docstring)."""
 
-    def __init__(self, crawler, rules: RenderRules, max_contexts: int, wait_timeout: float):
+    def __init__(self, crawler, rules: RenderRules, max_contexts: int, wait_timeout: float,
+                 proxy_bypass: str | None = None):
         self.crawler = crawler
+        self.proxy_bypass = proxy_bypass
         self.stats = crawler.stats
         self.rules = rules
         self.wait_timeout_ms = int(wait_timeout * 1000)
@@ -160,7 +162,7 @@ class RenderingMiddleware:
                 "scrapy-playwright would wait forever for a context to close; set only "
                 "RENDER_MAX_CONTEXTS")
         mw = cls(crawler, RenderRules.from_settings(s), max_contexts,
-                 s.getfloat("RENDER_WAIT_TIMEOUT", 15.0))
+                 s.getfloat("RENDER_WAIT_TIMEOUT", 15.0), s.get("RENDER_PROXY_BYPASS") or None)
         crawler.signals.connect(mw.spider_opened, signals.spider_opened)
         return mw
 
@@ -233,6 +235,10 @@ class RenderingMiddleware:
         meta = request.meta
         proxy, identity = meta.get(PROXY_CONTEXT), meta.get(IDENTITY)
         options = context_options(proxy, identity)
+        if "proxy" in options and self.proxy_bypass:
+            # Chromium's own list of hosts reached directly (it never proxies
+            # loopback addresses unless the list says "<-loopback>").
+            options["proxy"]["bypass"] = self.proxy_bypass
         if not options:
             return meta.get("playwright_context") or DEFAULT_CONTEXT
         own = meta.get("playwright_context_kwargs")
