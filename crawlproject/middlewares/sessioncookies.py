@@ -25,11 +25,22 @@ when ``COOKIES_ENABLED`` is off. Stats: ``session_cookies/attached``,
 
 from __future__ import annotations
 
+import scrapy.downloadermiddlewares.cookies as scrapy_cookies
 from scrapy import Request
 from scrapy.downloadermiddlewares.cookies import CookiesMiddleware
 from scrapy.exceptions import NotConfigured
+from tldextract import TLDExtract
 
 from crawlproject.middlewares.session import explicit_session
+
+# Scrapy's CookiesMiddleware asks a default TLDExtract whether a cookie's domain
+# is a public suffix; the first cookie with a domain then downloads the public
+# suffix list from the network, synchronously in the reactor thread (a stalled
+# connection stalls the node; offline it logs a traceback). The list bundled
+# with tldextract is enough: the same answer with no network (as the frontier's
+# "domain" politeness key, crawlproject.frontier.politeness).
+scrapy_cookies._split_domain = TLDExtract(suffix_list_urls=(), cache_dir=None,
+                                          include_psl_private_domains=True)
 
 SESSION_COOKIES = "session_cookies"
 MAX_COOKIES = 50
