@@ -167,5 +167,5 @@ RENDER_WAIT_FOR_SELECTOR = None         # css, or {url-regex: css}: rendered pag
 RENDER_WAIT_TIMEOUT = 15.0              # seconds a rendered page waits for its selector
 RENDER_BLOCK_RESOURCES = ["image", "font", "media"]  # never fetched by the browser
 RENDER_MAX_CONTEXTS = 8                 # browser contexts (one per proxy × identity) at most
-RENDER_PROXY_BYPASS = None              # Chromium's proxy bypass list ("<-loopback>": proxy 127.x too)
+RENDER_PROXY_BYPASS = None              # hosts a proxied browser context reaches directly
 PLAYWRIGHT_MAX_PAGES_PER_CONTEXT = 4    # pages rendering at once in one context

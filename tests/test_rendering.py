@@ -113,6 +113,21 @@ def test_browser_context_per_proxy_and_identity_and_credentials_never_stored():
     asyncio.run(scenario())
 
 
+def test_proxy_bypass_list_goes_into_proxied_contexts_only():
+    mw = middleware(RENDER_PROXY_BYPASS=".internal,10.0.0.0/8")
+
+    async def scenario():
+        proxied_request, direct = proxied("http://127.0.0.1/a"), Request(
+            "http://127.0.0.1/b", meta={"render": True})
+        await mw.process_request(proxied_request)
+        await mw.process_request(direct)
+        options = proxied_request.meta["playwright_context_kwargs"]
+        assert options["proxy"]["bypass"] == ".internal,10.0.0.0/8"
+        assert "proxy" not in (direct.meta.get("playwright_context_kwargs") or {})
+
+    asyncio.run(scenario())
+
+
 def test_context_proxies_and_credentials_from_redis_are_refused():
     for options in ({"proxy": {"server": "http://evil:1"}},
                     {"http_credentials": {"username": "a", "password": "b"}}):
@@ -441,9 +456,7 @@ def test_rendered_pages_go_through_the_pool_proxy_with_the_sessions_identity(
     password = "Rend3r-Pr0xy-Secret"
     with RenderSite() as site, ForwardProxy("rend", password) as proxy:
         settings = {"RENDER_URL_PATTERNS": "/js/", "PROXY_POOL_ENABLED": True,
-                    "PROXY_POOL": proxy.url, "IDENTITY_ENABLED": True,
-                    # Chromium never proxies loopback addresses unless told to
-                    "RENDER_PROXY_BYPASS": "<-loopback>"}
+                    "PROXY_POOL": proxy.url, "IDENTITY_ENABLED": True}
         seeds = [f"{site.url}static/1", f"{site.url}js/1", f"{site.url}js/2"]
         node = run_node(tmp_path, env, "via", "render", settings, seeds, redis)
         hits = site.hits()

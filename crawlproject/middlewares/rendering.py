@@ -236,8 +236,7 @@ class RenderingMiddleware:
         proxy, identity = meta.get(PROXY_CONTEXT), meta.get(IDENTITY)
         options = context_options(proxy, identity)
         if "proxy" in options and self.proxy_bypass:
-            # Chromium's own list of hosts reached directly (it never proxies
-            # loopback addresses unless the list says "<-loopback>").
+            # Chromium's own list of hosts reached directly, not through the proxy.
             options["proxy"]["bypass"] = self.proxy_bypass
         if not options:
             return meta.get("playwright_context") or DEFAULT_CONTEXT
