@@ -7,7 +7,7 @@
     python -m crawlproject.cli invalid products          # payloads moved aside
     python -m crawlproject.cli invalid-seeds products    # seeds moved aside
     python -m crawlproject.cli proxies products [--json] [--revive HOST:PORT]
-    python -m crawlproject.cli reset products --yes [--keep-seeds]
+    python -m crawlproject.cli reset products --yes [--keep-seeds] [--drop-proxy-pool]
     python -m crawlproject.cli spool-replay [--mongo-uri URI] [--database DB] [--spool-dir DIR] [--spider products]
 
 Connects to ``--redis-url`` (default: ``$REDIS_URL``, then the local default);
@@ -27,6 +27,7 @@ from crawlproject.connection import DEFAULT_REDIS_URL, env_default, redact_url, 
 from crawlproject.frontier.queue import Frontier
 from crawlproject.keys import (
     FrontierKeys,
+    ProxyKeys,
     SeedKeys,
     reset_spider,
     spider_keys,
@@ -339,8 +340,11 @@ def cmd_reset(args) -> int:
             f"wait in {', '.join(spooled)}: store them first (spool-replay --spider "
             f"{args.spider}) or add --drop-spooled-items")
     deleted = reset_spider(client, args.spider, keep_seeds=args.keep_seeds,
-                           seed_key=_seed_keys(args, settings, spidercls).key)
-    print(f"deleted {deleted} key(s) of {args.spider}")
+                           seed_key=_seed_keys(args, settings, spidercls).key,
+                           keep_proxy_pool=not args.drop_proxy_pool)
+    kept = "" if args.drop_proxy_pool or not client.exists(ProxyKeys(args.spider).pool) else (
+        f" (kept the proxy list {ProxyKeys(args.spider).pool}; --drop-proxy-pool deletes it)")
+    print(f"deleted {deleted} key(s) of {args.spider}{kept}")
     return 0
 
 
@@ -431,6 +435,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--keep-seeds", action="store_true")
             p.add_argument("--drop-spooled-items", action="store_true",
                            help="also delete items handed to Redis that are not in MongoDB yet")
+            p.add_argument("--drop-proxy-pool", action="store_true",
+                           help="also delete the operator's proxy list {spider}:proxies")
     p = sub.add_parser("spool-replay", help="store the items a node left in its MongoDB spool "
                        "(no crawl); exit 0 when none is left")
     p.add_argument("--mongo-uri", help="default: MONGO_URI (setting, then environment)")

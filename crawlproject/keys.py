@@ -286,9 +286,12 @@ def spooled_item_keys(client, spider: str) -> list[str]:
 
 
 def reset_spider(client, spider: str, keep_seeds: bool = False,
-                 seed_key: str | None = None) -> int:
+                 seed_key: str | None = None, keep_proxy_pool: bool = True) -> int:
     """Delete the shared state of *spider*: frontier, filters, seed claims and
-    invalid seeds, and the seeds themselves unless *keep_seeds*.
+    invalid seeds, proxy health and bans, and the seeds themselves unless
+    *keep_seeds*. The operator's proxy list (``{spider}:proxies``, with its
+    credentials) is configuration, not crawl state: kept unless not
+    *keep_proxy_pool*.
 
     Returns how many keys were deleted. Works on a single Redis and on a
     Redis Cluster (the cluster client scans every master). Only the spider's
@@ -298,6 +301,8 @@ def reset_spider(client, spider: str, keep_seeds: bool = False,
     deleted = 0
     for key in spider_keys(client, spider, seed_key):
         if keep_seeds and key == seeds.seeds:
+            continue
+        if keep_proxy_pool and key == ProxyKeys(spider).pool:
             continue
         deleted += client.delete(key)
     return deleted

@@ -110,7 +110,7 @@ def test_reset_deletes_every_key_of_the_spider_and_only_those(redis, redis_url):
     from redis import asyncio as aioredis
 
     from crawlproject.frontier.bloom import BloomConfig, BloomFilter
-    from crawlproject.keys import FrontierKeys, SeedKeys, start_urls_key
+    from crawlproject.keys import FrontierKeys, ProxyKeys, SeedKeys, start_urls_key
     from crawlproject.seeds import SeedQueue
 
     redis.lpush(start_urls_key("shop"), "http://127.0.0.1/a", "http://127.0.0.1/b")
@@ -137,10 +137,18 @@ def test_reset_deletes_every_key_of_the_spider_and_only_those(redis, redis_url):
     before = {k.decode() for k in redis.keys("*")}
     assert {SeedKeys(start_urls_key("shop")).claims, SeedKeys(start_urls_key("shop")).claims_due,
             SeedKeys(start_urls_key("shop")).claims_seq, "{shop}:bloom:0:0", "{shop}:dupefilter:0:0"} <= before
+    pool = ProxyKeys("shop")
+    redis.sadd(pool.pool, "http://u:p@127.0.0.9:3128")      # the operator's list: configuration
+    redis.hset(pool.health, "127.0.0.9:3128", "1|0|0|0")      # crawl state
+    before |= {pool.pool, pool.health}
     refused = cli(redis_url, "reset", "shop", "--yes")     # items not in MongoDB yet
     assert refused.returncode == 2 and "spool-replay --spider shop" in refused.stderr
     assert {k.decode() for k in redis.keys("*")} == before
-    assert cli(redis_url, "reset", "shop", "--yes", "--drop-spooled-items").returncode == 0
+    done = cli(redis_url, "reset", "shop", "--yes", "--drop-spooled-items")
+    assert done.returncode == 0 and "kept the proxy list" in done.stdout
+    after = {k.decode() for k in redis.keys("*")}
+    assert [k for k in after if "shop" in k] == [pool.pool], after
+    assert cli(redis_url, "reset", "shop", "--yes", "--drop-proxy-pool").returncode == 0
     after = {k.decode() for k in redis.keys("*")}
     assert not [k for k in after if "shop" in k], after
     assert {k for k in before if "other" in k} == after
