@@ -69,6 +69,20 @@ class Node:
         return [line for line in self.text().splitlines() if "] ERROR:" in line or "Traceback" in line]
 
 
+def crawl_until_done(nodes, push, timeout: float = 240) -> list[int]:
+    """Wait until every node reads seeds, call ``push()`` (the seeds), wait for
+    every node to exit; returns their exit codes. Nodes still running after
+    that (or after a failure) are killed."""
+    try:
+        for node in nodes:
+            node.wait_for_log("Reading seeds from")
+        push()
+        return [node.wait(timeout) for node in nodes]
+    finally:
+        for node in nodes:
+            node.stop()
+
+
 def node_env(redis_url: str, mongo_uri: str, database: str) -> dict:
     return {"REDIS_URL": redis_url, "MONGO_URI": mongo_uri, "MONGO_DATABASE": database,
             "PYTHONPATH": str(ROOT)}

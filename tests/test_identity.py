@@ -7,7 +7,6 @@ the node's source address (each node binds its own 127.0.0.x)."""
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
@@ -318,7 +317,7 @@ def test_two_nodes_give_each_host_one_coherent_identity(redis, redis_url, mongo_
                                                         tmp_path):
     from crawlproject.demo.hosts import MultiHostSite
     from crawlproject.keys import start_urls_key
-    from tests.crawl_helpers import Node, node_env
+    from tests.crawl_helpers import Node, crawl_until_done, node_env
 
     hosts = [f"127.0.0.{i}" for i in range(2, 8)]
     clients = {"n1": "127.0.0.201", "n2": "127.0.0.202"}
@@ -332,14 +331,8 @@ def test_two_nodes_give_each_host_one_coherent_identity(redis, redis_url, mongo_
         nodes = [Node(name, tmp_path, env, spider="hosts",
                       settings={**base, "DOWNLOAD_BIND_ADDRESS": address})
                  for name, address in clients.items()]
-        try:
-            for node in nodes:
-                node.wait_for_log("Reading seeds from")
-            redis.lpush(start_urls_key("hosts"), *site.root_urls())
-            codes = [node.wait(240) for node in nodes]
-        finally:
-            for node in nodes:
-                node.stop()
+        codes = crawl_until_done(
+            nodes, lambda: redis.lpush(start_urls_key("hosts"), *site.root_urls()))
         seen = site.seen()
         expected = {h: site.expected_paths(h) for h in hosts}
     assert codes == [0, 0], [n.tail() for n in nodes]

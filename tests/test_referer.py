@@ -171,7 +171,7 @@ def test_referer_chain_of_a_crawl_matches_the_link_graph(redis, redis_url, mongo
                                                          tmp_path):
     from crawlproject.demo.hosts import MultiHostSite
     from crawlproject.keys import start_urls_key
-    from tests.crawl_helpers import Node, node_env
+    from tests.crawl_helpers import Node, crawl_until_done, node_env
 
     searched, rooted, bare = hosts = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
     env = node_env(redis_url, mongo_uri, database.name)
@@ -182,14 +182,8 @@ def test_referer_chain_of_a_crawl_matches_the_link_graph(redis, redis_url, mongo
                 "REFERER_SEED_BY_DOMAIN": json.dumps({rooted: "root", bare: "none"})}
     with MultiHostSite(hosts, pages=40, per_page=10, latency_ms=10, record_headers=True) as site:
         nodes = [Node(f"n{i}", tmp_path, env, spider="hosts", settings=settings) for i in (1, 2)]
-        try:
-            for node in nodes:
-                node.wait_for_log("Reading seeds from")
-            redis.lpush(start_urls_key("hosts"), *site.root_urls())
-            codes = [node.wait(240) for node in nodes]
-        finally:
-            for node in nodes:
-                node.stop()
+        codes = crawl_until_done(
+            nodes, lambda: redis.lpush(start_urls_key("hosts"), *site.root_urls()))
         seen = site.seen()
         urls = dict(site.urls)
         expected = {h: site.expected_paths(h) for h in hosts}

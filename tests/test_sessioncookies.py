@@ -14,7 +14,7 @@ import pytest
 
 from crawlproject.demo.proxy import ForwardProxy
 from crawlproject.keys import start_urls_key
-from tests.crawl_helpers import Node, node_env
+from tests.crawl_helpers import Node, crawl_until_done, node_env
 
 pytestmark = pytest.mark.slow
 SESSIONS = ("alice", "bob", "carol", "dave")
@@ -81,17 +81,10 @@ def test_a_session_keeps_its_proxy_and_its_cookies_on_every_node(
                     "PROXY_POOL": ",".join(p.url for p in proxies)}
         nodes = [Node(f"s{i}", tmp_path, env, spider="sessions", settings=settings)
                  for i in (1, 2)]
-        try:
-            for node in nodes:
-                node.wait_for_log("Reading seeds from")
-            redis.lpush(start_urls_key("sessions"), *(
-                json.dumps({"url": f"{site.url}login/{s}", "meta": {"session": s}})
-                for s in SESSIONS))
-            for node in nodes:
-                assert node.wait(180) == 0, node.tail()
-        finally:
-            for node in nodes:
-                node.stop()
+        codes = crawl_until_done(nodes, lambda: redis.lpush(start_urls_key("sessions"), *(
+            json.dumps({"url": f"{site.url}login/{s}", "meta": {"session": s}})
+            for s in SESSIONS)))
+        assert codes == [0, 0], [n.tail() for n in nodes]
         via = defaultdict(set)  # session -> proxies its requests went through
         for i, proxy in enumerate(proxies):
             for record in proxy.relayed():

@@ -74,8 +74,8 @@ def _jar_cookies(jar, url: str) -> dict[str, str]:
     return out
 
 
-class SessionCookiesSpiderMiddleware:
-    """Attach a session's cookies to the session's next requests (see the module docstring)."""
+class _SessionCookies:
+    """What both halves share: the switch and the node's CookiesMiddleware."""
 
     def __init__(self, crawler):
         self.crawler = crawler
@@ -88,6 +88,16 @@ class SessionCookiesSpiderMiddleware:
             raise NotConfigured("session cookies off")
         return cls(crawler)
 
+    def _jars(self):
+        """The cookie jars of this node (found once the engine is up), or None."""
+        if self._cookies_mw is None:
+            self._cookies_mw = _cookies_middleware(self.crawler)
+        return self._cookies_mw.jars if self._cookies_mw is not None else None
+
+
+class SessionCookiesSpiderMiddleware(_SessionCookies):
+    """Attach a session's cookies to the session's next requests (see the module docstring)."""
+
     def _attach(self, request, response):
         if not isinstance(request, Request):
             return request
@@ -95,9 +105,8 @@ class SessionCookiesSpiderMiddleware:
         if session is None or request.meta.get("dont_merge_cookies"):
             return request
         request.meta.setdefault("cookiejar", session)
-        if self._cookies_mw is None:
-            self._cookies_mw = _cookies_middleware(self.crawler)
-        jar = self._cookies_mw.jars.get(request.meta["cookiejar"]) if self._cookies_mw else None
+        jars = self._jars()
+        jar = jars.get(request.meta["cookiejar"]) if jars is not None else None
         if jar is not None and len(jar):
             cookies = _jar_cookies(jar, request.url)
             if cookies:
@@ -114,29 +123,17 @@ class SessionCookiesSpiderMiddleware:
             yield self._attach(request, response)
 
 
-class SessionCookiesMiddleware:
+class SessionCookiesMiddleware(_SessionCookies):
     """Give the local jar the session cookies a request carries (see the module docstring)."""
-
-    def __init__(self, crawler):
-        self.crawler = crawler
-        self.stats = crawler.stats
-        self._cookies_mw: CookiesMiddleware | None = None
-
-    @classmethod
-    def from_crawler(cls, crawler):
-        if not _enabled(crawler.settings):
-            raise NotConfigured("session cookies off")
-        return cls(crawler)
 
     def process_request(self, request, spider=None):
         carried = request.meta.get(SESSION_COOKIES)
         if not isinstance(carried, dict) or not carried or request.meta.get("dont_merge_cookies"):
             return None
-        if self._cookies_mw is None:
-            self._cookies_mw = _cookies_middleware(self.crawler)
-        if self._cookies_mw is None:
+        jars = self._jars()
+        if jars is None:
             return None
-        jar = self._cookies_mw.jars[request.meta.get("cookiejar")]
+        jar = jars[request.meta.get("cookiejar")]
         have = _jar_cookies(jar, request.url) if len(jar) else {}
         # Data from Redis: only short text pairs, and never more than a browser would keep.
         missing = {k: v for k, v in list(carried.items())[:MAX_COOKIES]
