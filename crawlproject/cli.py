@@ -9,6 +9,14 @@
     python -m crawlproject.cli proxies products [--json] [--revive HOST:PORT]
     python -m crawlproject.cli reset products --yes [--keep-seeds] [--drop-proxy-pool]
     python -m crawlproject.cli spool-replay [--mongo-uri URI] [--database DB] [--spool-dir DIR] [--spider products]
+    python -m crawlproject.cli deploy [TARGET...] [--targets-file F] [--version V]
+    python -m crawlproject.cli schedule products [TARGET...] -s MAX_IDLE_TIME_BEFORE_CLOSE=60
+    python -m crawlproject.cli jobs [TARGET...] [--json]
+
+``crawlctl`` (the package's console script) is the same program. The scrapyd
+commands read targets from scrapy.cfg (``[deploy:NAME]``) or ``--targets-file``
+and credentials from ``SCRAPYD_USERNAME``/``SCRAPYD_PASSWORD`` or ``~/.netrc``
+(see crawlproject/scrapyd.py); they exit 1 naming every target that failed.
 
 Connects to ``--redis-url`` (default: ``$REDIS_URL``, then the local default);
 add ``--cluster`` for Redis Cluster. Passwords are never printed. Seeds are
@@ -22,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from crawlproject.connection import DEFAULT_REDIS_URL, env_default, redact_url, redis_from_url
 from crawlproject.frontier.queue import Frontier
@@ -392,8 +401,109 @@ def cmd_spool_replay(args) -> int:
     return 0
 
 
+# -- scrapyd nodes -------------------------------------------------------------------------
+def _targets(args) -> list:
+    from crawlproject.scrapyd import targets_from_cfg, targets_from_file
+
+    known = (targets_from_file(args.targets_file, args.project or "crawlproject")
+             if args.targets_file
+             else targets_from_cfg(args.config))
+    if args.project:
+        for target in known.values():
+            target.project = args.project
+    names = args.targets or list(known)
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        where = args.targets_file or args.config
+        raise UsageError(f"unknown target(s) {', '.join(unknown)} (known in {where}: "
+                         f"{', '.join(known) or 'none'})" if unknown else f"no target in {where}")
+    return [known[n] for n in names]
+
+
+def _each_target(targets, action) -> int:
+    """Run *action(target)* on every target; name each that failed; 1 if any did."""
+    from crawlproject.scrapyd import ScrapydError
+
+    failed = []
+    for target in targets:
+        try:
+            print(action(target))
+        except ScrapydError as exc:
+            failed.append(target.name)
+            print(f"FAILED {exc}", file=sys.stderr)
+    if failed:
+        print(f"error: {len(failed)} of {len(targets)} target(s) failed: {', '.join(failed)}",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_deploy(args) -> int:
+    """Build the egg once, upload it to every target."""
+    from crawlproject.scrapyd import build_egg, default_version, upload
+
+    targets = _targets(args)
+    version = args.version or default_version()
+    egg = Path(args.egg) if args.egg else build_egg(Path(args.config).resolve().parent)
+    print(f"egg {egg.name} ({egg.stat().st_size // 1024} KiB), version {version}")
+
+    def one(target):
+        data = upload(target, egg, version)
+        return f"ok {target.where}: project {data.get('project')} version {version}, " \
+               f"spiders {data.get('spiders')}"
+
+    return _each_target(targets, one)
+
+
+def cmd_schedule(args) -> int:
+    """Start SPIDER on every target (one job each)."""
+    from crawlproject.scrapyd import schedule
+
+    settings = dict(_pairs(args.set, "-s"))
+    spider_args = dict(_pairs(args.arg, "-a"))
+    return _each_target(_targets(args), lambda t: (
+        f"ok {t.where}: job {schedule(t, args.spider, settings, spider_args)}"))
+
+
+def cmd_jobs(args) -> int:
+    """Pending, running and finished jobs of every target."""
+    from crawlproject.scrapyd import jobs
+
+    def one(target):
+        data = jobs(target)
+        if args.json:
+            return json.dumps({"target": target.name, **{k: data.get(k, []) for k in
+                                                        ("pending", "running", "finished")}})
+        lines = [f"{target.where}: {len(data.get('pending', []))} pending, "
+                 f"{len(data.get('running', []))} running, {len(data.get('finished', []))} finished"]
+        for state in ("pending", "running", "finished"):
+            for job in data.get(state, []):
+                lines.append(f"  {state:8} {job.get('spider')} {job.get('id')} "
+                             f"{job.get('start_time') or ''} {job.get('end_time') or ''}".rstrip())
+        return "\n".join(lines)
+
+    return _each_target(_targets(args), one)
+
+
+def _pairs(items, flag: str):
+    for item in items or ():
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise UsageError(f"{flag} expects NAME=VALUE, got {item!r}")
+        yield name, value
+
+
+def _add_target_options(p) -> None:
+    p.add_argument("targets", nargs="*", help="target names (default: every target)")
+    p.add_argument("--config", default="scrapy.cfg",
+                   help="scrapy.cfg whose [deploy:NAME] sections are the targets")
+    p.add_argument("--targets-file", help="'NAME URL' lines instead of scrapy.cfg")
+    p.add_argument("--project", help="scrapyd project name (default: the target's, "
+                                     "else crawlproject)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m crawlproject.cli",
+    parser = argparse.ArgumentParser(prog="crawlctl",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--redis-url", default=env_default("REDIS_URL", DEFAULT_REDIS_URL))
     parser.add_argument("--cluster", action="store_true",
@@ -444,11 +554,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spool-dir", help="MONGO_SPOOL_DIR of the node (setting, then environment)")
     p.add_argument("--spider", help="also store the items nodes of this spider handed to Redis")
     p.set_defaults(func=cmd_spool_replay)
+    p = sub.add_parser("deploy", help="build the project egg once and upload it to every "
+                       "scrapyd target; exit 1 naming each target that refused")
+    _add_target_options(p)
+    p.add_argument("--version", help="default: <unix time>-<git commit>")
+    p.add_argument("--egg", help="upload this egg instead of building one")
+    p.set_defaults(func=cmd_deploy)
+    p = sub.add_parser("schedule", help="start SPIDER on every scrapyd target")
+    p.add_argument("spider")
+    _add_target_options(p)
+    p.add_argument("-s", "--set", action="append", metavar="NAME=VALUE",
+                   help="a Scrapy setting for the job (repeatable)")
+    p.add_argument("-a", "--arg", action="append", metavar="NAME=VALUE",
+                   help="a spider argument (repeatable)")
+    p.set_defaults(func=cmd_schedule)
+    p = sub.add_parser("jobs", help="pending, running and finished jobs of every scrapyd target")
+    _add_target_options(p)
+    p.add_argument("--json", action="store_true", help="one JSON object per target")
+    p.set_defaults(func=cmd_jobs)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     from redis.exceptions import RedisError
+
+    from crawlproject.scrapyd import ScrapydError
 
     args = build_parser().parse_args(argv)
     where = redact_url(args.redis_url)
@@ -457,6 +587,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except ScrapydError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except ValueError as exc:  # e.g. an http:// REDIS_URL
         print(f"error: {str(exc).replace(args.redis_url, where)}", file=sys.stderr)
         return 2

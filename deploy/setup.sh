@@ -2,10 +2,12 @@
 # Set up a fresh machine for crawlproject: a virtualenv in .venv with the pinned
 # requirements, and Chromium (for the JavaScript-rendered pages) when missing.
 # Usage: bash deploy/setup.sh [dev]      (dev: also test/benchmark requirements)
+# This machine gets the embedded local servers too (requirements-local.txt); a
+# production node installs only requirements.txt (see docs/deploy.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
-REQS=requirements.txt
+REQS=requirements-local.txt
 [ "${1:-}" = "dev" ] && REQS=requirements-dev.txt
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else return 1; fi; }
@@ -18,10 +20,10 @@ apt_install() {
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv 2>/dev/null || { apt_install python3-venv && "$PYTHON" -m venv .venv; }
 fi
-STAMP=".venv/.installed-$(cat requirements.txt "$REQS" | sha1sum | cut -c1-12)"
+STAMP=".venv/.installed-$(cat requirements.txt requirements-local.txt "$REQS" | sha1sum | cut -c1-12)"
 if [ ! -e "$STAMP" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -r "$REQS"
+  .venv/bin/python -m pip install -q -r requirements.txt -r "$REQS"
   touch "$STAMP"
 fi
 # Playwright cannot download its own browsers here: use the distribution's Chromium.
