@@ -7,6 +7,7 @@
     python -m crawlproject.cli invalid products          # payloads moved aside
     python -m crawlproject.cli invalid-seeds products    # seeds moved aside
     python -m crawlproject.cli proxies products [--json] [--revive HOST:PORT]
+    python -m crawlproject.cli pause|resume|drain|stop products   # every node, within ~1 s
     python -m crawlproject.cli reset products --yes [--keep-seeds] [--drop-proxy-pool]
     python -m crawlproject.cli spool-replay [--mongo-uri URI] [--database DB] [--spool-dir DIR] [--spider products]
     python -m crawlproject.cli deploy [TARGET...] [--targets-file F] [--version V]
@@ -29,10 +30,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import socket
 import sys
+import time
 from pathlib import Path
 
 from crawlproject.connection import DEFAULT_REDIS_URL, env_default, redact_url, redis_from_url
+from crawlproject.control import read_state, set_state
 from crawlproject.frontier.queue import Frontier
 from crawlproject.keys import (
     FrontierKeys,
@@ -45,6 +50,9 @@ from crawlproject.keys import (
 )
 from crawlproject.policy import InputPolicy
 from crawlproject.seeds import InvalidSeed, check_seed
+
+
+CONTROL_HINT = 1  # CONTROL_POLL_INTERVAL's default
 
 
 class UsageError(Exception):
@@ -122,6 +130,10 @@ def cmd_status(args) -> int:
     table = Table(title=f"{args.spider} on {redact_url(args.redis_url)}")
     table.add_column("what")
     table.add_column("value", justify="right")
+    control = read_state(f.client, args.spider)
+    table.add_row("operator control", control["state"] + (
+        f" (since {_ago(control.get('since'))}{', by ' + control['by'] if control.get('by') else ''})"
+        if control.get("since") else ""))
     for name, value in counts.items():
         table.add_row(name, str(value))
     totals: dict[str, int] = dict(f.stats())
@@ -137,6 +149,25 @@ def cmd_status(args) -> int:
         table.add_row("bloom est. FP rate", f"{est['est_fp_rate']:.2e}")
         table.add_row("bloom bytes per item", f"{est['bytes_per_item']:.2f}")
     Console(width=max(Console().width, 140)).print(table)
+    return 0
+
+
+def _ago(ms) -> str:
+    try:
+        seconds = max(0.0, time.time() - int(ms) / 1000)
+    except (TypeError, ValueError):
+        return "?"
+    return f"{seconds:.0f}s ago"
+
+
+def cmd_control(args) -> int:
+    """pause / resume / drain / stop: the state every node reads within ~1 s."""
+    state = {"resume": "run"}.get(args.command, args.command)
+    client = _client(args)
+    who = f"{os.environ.get('USER') or 'operator'}@{socket.gethostname()}"
+    previous = set_state(client, args.spider, state, by=who)
+    print(f"{args.spider}: {previous} -> {state} (nodes follow within about "
+          f"{CONTROL_HINT}s)")
     return 0
 
 
@@ -521,6 +552,10 @@ def build_parser() -> argparse.ArgumentParser:
                                        "--delay/--concurrency HOST... change limits now"),
         ("proxies", cmd_proxies, "proxy pool: health, bans per domain, retired proxies "
                                  "(credentials masked); --revive ID brings one back"),
+        ("pause", cmd_control, "every node stops taking requests and seeds (leases kept)"),
+        ("resume", cmd_control, "undo pause / drain / stop"),
+        ("drain", cmd_control, "take no more seeds, finish the frontier, then nodes close"),
+        ("stop", cmd_control, "nodes close now (leases back to the queue) until resume"),
     ]:
         p = sub.add_parser(name, help=help_)
         p.add_argument("spider")

@@ -52,6 +52,7 @@ from crawlproject.connection import redact_url, redis_from_settings, redis_url_f
 from crawlproject.frontier.bloom import BloomConfig
 from crawlproject.frontier.client import FrontierClient, Rejected
 from crawlproject.frontier.politeness import PolitenessConfig
+from crawlproject.control import ControlWatcher
 from crawlproject.frontier.queue import DEAD_MAX, INVALID_MAX, MAX_PRIORITY, AsyncFrontier
 from crawlproject.frontier.retrypolicy import (
     CALLBACK_ATTEMPTS_META,
@@ -113,6 +114,9 @@ class RedisScheduler(BaseScheduler):
         self._stat_deltas: dict[str, int] = {}
         self._last_report = time.monotonic()
         self.report_interval = crawler.settings.getfloat("SCHEDULER_LOG_INTERVAL", 60.0)
+        self.control_interval = crawler.settings.getfloat("CONTROL_POLL_INTERVAL", 1.0)
+        self.control: ControlWatcher | None = None
+        self._stopping = False
 
     @classmethod
     def from_crawler(cls, crawler):
@@ -155,7 +159,10 @@ class RedisScheduler(BaseScheduler):
                     f"cluster-wide: {pol.default.delay:g}s between starts, at most "
                     f"{pol.default.concurrency} in flight" if pol.enabled else "off",
                     extra={"spider": spider})
+        # Nothing is taken before the operator's state is known (_on_control_ready).
+        self.client.paused = True
         self.client.start()
+        self.control.start()
         return None
 
     def setup(self, spider) -> None:
@@ -183,6 +190,9 @@ class RedisScheduler(BaseScheduler):
             idle_poll=self.idle_poll, heartbeat=self.heartbeat, lease_ttl=self.lease_ttl,
             nudge=self._nudge_engine, free_slots=self._free_slots)
         self.client.on_first_sync = self._on_first_sync
+        self.control = ControlWatcher(redis, spider.name, self._on_control,
+                                      interval=self.control_interval, log_extra=extra,
+                                      on_ready=self._on_control_ready)
 
     def close(self, reason: str):
         return deferred_from_coro(self._close(reason))
@@ -403,6 +413,34 @@ class RedisScheduler(BaseScheduler):
         request.meta[LEASE_META] = member
         return request
 
+    @property
+    def control_state(self) -> str:
+        """The operator's state for this spider (``run``, ``pause``, ``drain``, ``stop``)."""
+        return self.control.state if self.control is not None else "run"
+
+    def _on_control_ready(self, state: str) -> None:
+        self.client.paused = False
+        if state != "run":
+            self._on_control("run", state)
+        else:
+            self.client.wake()
+            self._nudge_engine()
+
+    def _on_control(self, old: str, new: str) -> None:
+        logger.info("Operator control: %s (was %s)%s", new, old, {
+            "pause": ": taking no request and no seed; prefetched requests stay leased here",
+            "drain": ": taking no seed; closing once the frontier is empty",
+            "stop": ": closing now; leases go back to the queue",
+            "run": ""}[new], extra={"spider": self.spider})
+        self.stats.inc_value(f"control/{new}")
+        self.client.paused = new in ("pause", "stop")
+        if new in ("run", "drain"):
+            self.client.wake()
+            self._nudge_engine()
+        if new == "stop" and not self._stopping:
+            self._stopping = True
+            asyncio.ensure_future(self.crawler.engine.close_spider_async(reason="operator_stop"))
+
     def _nudge_engine(self) -> None:
         # The engine polls next_request() only every few seconds when it got
         # None; tell it new requests are here.
@@ -485,6 +523,7 @@ class RedisScheduler(BaseScheduler):
     async def _close(self, reason: str) -> None:
         if self.client is None:
             return
+        await self.control.stop()
         await self.client.close()
         try:
             await self.client.partitions[0].add_stats(self._stat_deltas)

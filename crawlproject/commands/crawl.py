@@ -4,7 +4,7 @@ Scrapy's own ``crawl`` exits 0 whatever the finish reason, so a node that
 stopped because of a broken start (``start_error``), or that had to close
 with items it could not store (``mongo_unavailable``), looks like success to
 systemd, scrapyd and scripts. Here the exit code is 0 for ``finished``,
-``shutdown`` (SIGTERM / Ctrl-C) and Scrapy's ``closespider_*`` limits, and 1
+``shutdown`` (SIGTERM / Ctrl-C), ``operator_stop`` (``crawlctl stop``) and Scrapy's ``closespider_*`` limits, and 1
 for any other reason, which is also logged.
 """
 
@@ -17,7 +17,7 @@ from scrapy.exceptions import UsageError
 
 logger = logging.getLogger(__name__)
 
-NORMAL_REASONS = frozenset({"finished", "shutdown"})
+NORMAL_REASONS = frozenset({"finished", "shutdown", "operator_stop"})  # stop: crawlctl stop
 
 
 def normal_finish(reason: str | None) -> bool:

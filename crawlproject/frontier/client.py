@@ -127,6 +127,8 @@ class FrontierClient:
         self._wake = asyncio.Event()
         self._task: asyncio.Future | None = None
         self.on_first_sync: Callable[[], Any] | None = None
+        #: operator pause (crawlproject.control): hand out and take nothing
+        self.paused = False
 
     # -- what the adapter tells us ----------------------------------------------
     @property
@@ -148,8 +150,14 @@ class FrontierClient:
             # exactly these requests (e.g. the next listing page).
             self._wake.set()
 
+    def wake(self) -> None:
+        """Run the loop now (e.g. the operator resumed the crawl)."""
+        self._wake.set()
+
     def next(self) -> Entry | None:
         """The next prefetched entry, now held by the node, or None."""
+        if self.paused:
+            return None  # the buffer stays leased to this node until resumed
         if not self.buffer:
             self._wake.set()
             return None
@@ -424,7 +432,7 @@ class FrontierClient:
 
     def _plan_takes(self, want: int, now: float) -> dict[int, int]:
         """How many entries to ask each partition for."""
-        if want <= 0:
+        if want <= 0 or self.paused:
             return {}
         ready = [p for p, r in enumerate(self.remote) if r.ready_now(now)]
         if not ready:

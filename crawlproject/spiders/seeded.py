@@ -96,6 +96,19 @@ class RedisSpider(Spider):
         """Stream seeds from Redis until the node has been idle long enough."""
         idle_since: float | None = None
         while True:
+            control = self._control_state()
+            if control in ("pause", "stop"):  # no seed while the operator says so
+                idle_since = None
+                await asyncio.sleep(self.seed_poll_interval)
+                continue
+            if control == "drain":
+                # No more seeds: close once the cluster's frontier is done.
+                if self._node_is_idle():
+                    logger.info("Drained: no seeds taken, nothing left to do: closing",
+                                extra={"spider": self})
+                    return
+                await asyncio.sleep(self.seed_poll_interval)
+                continue
             if self._scheduler_backlog() >= self.seed_max_pending:
                 await asyncio.sleep(0.05)  # back-pressure: let the crawl catch up
                 continue
@@ -215,6 +228,10 @@ class RedisSpider(Spider):
             return len(scheduler) if scheduler is not None else 0
         except TypeError:
             return 0
+
+    def _control_state(self) -> str:
+        scheduler = getattr(self.crawler.engine, "scheduler", None)
+        return getattr(scheduler, "control_state", "run")
 
     def _node_is_idle(self) -> bool:
         if self._redis_outage.down:

@@ -1,0 +1,133 @@
+"""Cluster-wide operator control of a crawl: pause, resume, drain, stop.
+
+The operator (``crawlctl pause|resume|drain|stop SPIDER``) writes the state into
+the hash ``{spider}:control`` (field ``state``, plus ``since`` in ms and ``by``);
+every node reads it once per ``CONTROL_POLL_INTERVAL`` (1 s) in the background,
+so a change is in force on all nodes within about a second, without a Redis
+call per request:
+
+``run``    normal operation (also: no key, or a value that is not a known state).
+``pause``  nodes take no request from the frontier and no seed; what they
+           prefetched stays leased to them (heartbeats go on), downloads already
+           started finish. ``resume`` (= ``run``) continues where they were.
+``drain``  nodes take no seed; they finish the frontier, then close once the
+           whole cluster has nothing left (even with ``MAX_IDLE_TIME_BEFORE_CLOSE = 0``).
+``stop``   nodes close now (finish reason ``operator_stop``); leases they hold go
+           back to the queue. The state stays ``stop`` (a node started later
+           closes at once) until ``crawlctl resume``.
+
+The value is read from Redis, which is untrusted: only these four states are
+accepted; anything else counts as ``run`` and is logged once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable
+
+from redis.exceptions import RedisError
+
+logger = logging.getLogger(__name__)
+
+STATES = ("run", "pause", "drain", "stop")
+
+
+def control_key(spider: str) -> str:
+    """The control hash of *spider* (hash-tagged with the spider's frontier)."""
+    return f"{{{spider}}}:control"
+
+
+def set_state(client, spider: str, state: str, by: str = "") -> str:
+    """Write *state* (a sync redis client); returns the previous state."""
+    if state not in STATES:
+        raise ValueError(f"unknown state {state!r} (one of {', '.join(STATES)})")
+    key = control_key(spider)
+    previous = client.hget(key, "state")
+    client.hset(key, mapping={"state": state, "since": int(time.time() * 1000), "by": by[:100]})
+    previous = previous.decode() if isinstance(previous, bytes) else previous
+    return previous if previous in STATES else "run"
+
+
+def read_state(client, spider: str) -> dict:
+    """The control hash as text (sync client): state, since (ms), by."""
+    raw = client.hgetall(control_key(spider))
+    data = {(k.decode() if isinstance(k, bytes) else k): (v.decode(errors="replace")
+            if isinstance(v, bytes) else v) for k, v in raw.items()}
+    if data.get("state") not in STATES:
+        data["state"] = "run"
+    return data
+
+
+class ControlWatcher:
+    """Polls a spider's control state and calls ``on_change(old, new)``."""
+
+    def __init__(self, redis, spider: str, on_change: Callable[[str, str], None],
+                 interval: float = 1.0, log_extra: dict | None = None,
+                 on_ready: Callable[[str], None] | None = None):
+        self.redis = redis
+        self.key = control_key(spider)
+        self.on_change = on_change
+        #: called once with the first state read (before it, a node takes nothing)
+        self.on_ready = on_ready
+        self.interval = interval
+        self.log_extra = log_extra or {}
+        self.state = "run"
+        self._task: asyncio.Task | None = None
+        self._refused: set[str] = set()
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    async def poll(self) -> str:
+        """Read the state once (an unreachable Redis keeps the last one)."""
+        try:
+            raw = await self.redis.hget(self.key, "state")
+        except (RedisError, OSError, asyncio.TimeoutError):
+            return self.state  # the frontier loop reports outages
+        value = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+        if value is not None and value not in STATES:
+            if value[:50] not in self._refused:
+                self._refused.add(value[:50])
+                logger.warning("Ignoring unknown control state %r in %s (known: %s)",
+                               value[:50], self.key, ", ".join(STATES), extra=self.log_extra)
+            value = None
+        new = value or "run"
+        if new != self.state:
+            old, self.state = self.state, new
+            self.on_change(old, new)
+        return new
+
+    async def _run(self) -> None:
+        first = True
+        while True:
+            try:
+                if first and self.on_ready is not None:
+                    # A node started while the crawl is paused or stopped must not
+                    # take anything first: the state before any change callback.
+                    self.state = await self._read() or "run"
+                    first = False
+                    self.on_ready(self.state)
+                else:
+                    await self.poll()
+            except Exception:  # a bug in a handler must not end the watcher
+                first = False
+                logger.exception("Control watcher error", extra=self.log_extra)
+            await asyncio.sleep(self.interval)
+
+    async def _read(self) -> str | None:
+        try:
+            raw = await self.redis.hget(self.key, "state")
+        except (RedisError, OSError, asyncio.TimeoutError):
+            return None
+        value = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+        return value if value in STATES else None

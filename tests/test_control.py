@@ -1,0 +1,156 @@
+"""Operator control across the cluster (crawlproject/control.py, ``crawlctl pause |
+resume | drain | stop``), with real nodes, Redis, MongoDB and the demo site."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from crawlproject.control import ControlWatcher, control_key
+from crawlproject.demo.site import DemoSite, expected_items
+from crawlproject.keys import FrontierKeys, start_urls_key
+from tests.crawl_helpers import (ROOT, Node, assert_matches_catalog, assert_written_once,
+                                 node_env, stored_products)
+
+SETTINGS = {"MAX_IDLE_TIME_BEFORE_CLOSE": 3, "CONCURRENT_REQUESTS": 2}
+
+
+def crawlctl(redis_url: str, *args) -> subprocess.CompletedProcess:
+    out = subprocess.run([sys.executable, "-m", "crawlproject.cli", "--redis-url", redis_url,
+                          *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out
+
+
+def hits(site) -> int:
+    return sum(site.stats().values())
+
+
+def wait_until(predicate, timeout: float, what: str, step: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout}s"
+        time.sleep(step)
+
+
+def test_unknown_states_from_redis_count_as_run(redis, redis_url):
+    import asyncio
+
+    from redis import asyncio as aioredis
+
+    changes = []
+
+    async def scenario():
+        client = aioredis.Redis.from_url(redis_url)
+        watcher = ControlWatcher(client, "shop", lambda old, new: changes.append((old, new)))
+        try:
+            redis.hset(control_key("shop"), "state", "pause")
+            assert await watcher.poll() == "pause"
+            redis.hset(control_key("shop"), "state", "__import__('os').system('x')")
+            assert await watcher.poll() == "run"
+            redis.delete(control_key("shop"))
+            assert await watcher.poll() == "run"
+        finally:
+            await client.aclose()
+
+    asyncio.run(scenario())
+    assert changes == [("run", "pause"), ("pause", "run")]
+
+
+@pytest.mark.slow
+def test_pause_stops_fetching_on_every_node_and_resume_finishes_the_crawl(
+        redis, redis_url, mongo_uri, database, tmp_path):
+    products = 80
+    env = node_env(redis_url, mongo_uri, database.name)
+    with DemoSite(products=products, latency_ms=100, faults=False) as site:
+        nodes = [Node(f"c{i}", tmp_path, env, settings=SETTINGS) for i in (1, 2)]
+        try:
+            for node in nodes:
+                node.wait_for_log("Reading seeds from")
+            redis.lpush(start_urls_key("products"), site.url)
+            wait_until(lambda: database["products"].count_documents({}) >= 10, 120, "10 items")
+            out = crawlctl(redis_url, "pause", "products")
+            assert "run -> pause" in out.stdout
+            for node in nodes:
+                node.wait_for_log("Operator control: pause", timeout=30)
+            # Downloads already started finish (100 ms each); then the site hears nothing.
+            inflight = FrontierKeys("products").inflight
+            seen = [hits(site), time.monotonic()]
+
+            def settled():
+                now = hits(site)
+                if now != seen[0]:
+                    seen[:] = [now, time.monotonic()]
+                return time.monotonic() - seen[1] >= 1.0
+
+            wait_until(settled, 30, "started downloads to end")
+            paused_at = hits(site)
+            stored_paused = database["products"].count_documents({})
+            time.sleep(3)  # nothing may happen: a wait for an event that must not come
+            assert hits(site) == paused_at, "a paused cluster fetched pages"
+            assert stored_paused < products, "the crawl ended before the pause"
+            assert redis.hlen(inflight) > 0, "prefetched leases are kept while paused"
+            status = crawlctl(redis_url, "status", "products")
+            assert "pause" in status.stdout
+            crawlctl(redis_url, "resume", "products")
+            for node in nodes:
+                assert node.wait(240) == 0, node.tail()
+        finally:
+            for node in nodes:
+                node.stop()
+        served = site.stats()
+    assert_matches_catalog(stored_products(database["products"]), expected_items(site.url, products))
+    assert_written_once(nodes, products)
+    assert all(served.get(f"/product/{pid}", 0) == 1 for pid in range(1, products + 1)), served
+    assert all(n.stat("control/pause") == 1 and n.stat("control/run") == 1 for n in nodes)
+
+
+@pytest.mark.slow
+def test_drain_finishes_the_frontier_and_leaves_seeds_and_stop_hands_leases_back(
+        redis, redis_url, mongo_uri, database, tmp_path):
+    env = node_env(redis_url, mongo_uri, database.name)
+    never_idle_close = {**SETTINGS, "MAX_IDLE_TIME_BEFORE_CLOSE": 0}
+    with DemoSite(products=20, latency_ms=50, faults=False) as first, \
+            DemoSite(products=20, latency_ms=50, faults=False) as second:
+        node = Node("drainer", tmp_path, env, settings=never_idle_close)
+        try:
+            node.wait_for_log("Reading seeds from")
+            redis.lpush(start_urls_key("products"), first.url)
+            wait_until(lambda: database["products"].count_documents({}) >= 3, 120, "3 items")
+            crawlctl(redis_url, "drain", "products")
+            node.wait_for_log("Operator control: drain", timeout=30)
+            redis.lpush(start_urls_key("products"), second.url)   # not taken while draining
+            assert node.wait(180) == 0, node.tail()    # closes although it never idle-closes
+        finally:
+            node.stop()
+        assert "Drained" in node.text()
+        assert redis.llen(start_urls_key("products")) == 1      # the new seed waits
+        assert sum(second.stats().values()) == 0
+        assert database["products"].count_documents({}) == 20
+        # stop: a node closes mid-crawl, its leases go back, resume lets another finish.
+        crawlctl(redis_url, "resume", "products")
+        database["products"].drop()
+        slow = {**never_idle_close, "CONCURRENT_REQUESTS": 1}
+        node = Node("stopped", tmp_path, env, settings=slow)
+        try:
+            node.wait_for_log("Reading seeds from")
+            wait_until(lambda: database["products"].count_documents({}) >= 3, 120, "3 items")
+            crawlctl(redis_url, "stop", "products")
+            assert node.wait(60) == 0, node.tail()
+        finally:
+            node.stop()
+        assert "operator_stop" in node.text()
+        stored_at_stop = database["products"].count_documents({})
+        assert stored_at_stop < 20
+        assert redis.hlen(FrontierKeys("products").inflight) == 0   # handed back at close
+        # A node started while the state is stop closes at once.
+        late = Node("late", tmp_path, env, settings=slow)
+        assert late.wait(60) == 0 and "operator_stop" in late.text(), late.tail()
+        crawlctl(redis_url, "resume", "products")
+        finisher = Node("finisher", tmp_path, env, settings=SETTINGS)
+        assert finisher.wait(180) == 0, finisher.tail()
+    assert_matches_catalog(stored_products(database["products"]),
+                           expected_items(second.url, 20))
