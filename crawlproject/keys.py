@@ -25,6 +25,10 @@ key                                type    contents / written by
 ``{<spider>}:config``              hash    ``partitions``: the partition count the crawl
                                            was started with (a node with another count
                                            refuses to start)
+``{<spider>}:control``             hash    ``state`` (run, pause, drain, stop), ``since``
+                                           (ms), ``by``; ``crawlctl pause|resume|drain|
+                                           stop`` writes, every node polls it each second
+                                           (:mod:`crawlproject.control`)
 ``{<spider>}:stats``               hash    cluster-wide counters (enqueued, duplicates,
                                            acked, dead, reclaimed, ...) that nodes add
                                            every ``SCHEDULER_LOG_INTERVAL`` and at close
