@@ -149,6 +149,11 @@ MONGO_RETRY_BACKOFF_MAX = 2.0
 VALIDATION_ENABLED = True
 VALIDATION_INVALID_COLLECTION = ""        # e.g. "invalid_items" to keep dropped items
 
+# Prometheus endpoint per node (crawlproject/extensions/metrics.py): opt-in.
+EXTENSIONS = {"crawlproject.extensions.metrics.PrometheusMetrics": 500}
+METRICS_ENABLED = False
+METRICS_HOST = "127.0.0.1"              # 0.0.0.0 to let a Prometheus on another host scrape
+METRICS_PORT = 9410                     # 0: a free port (logged)
 ITEM_PIPELINES = {
     "crawlproject.pipelines.validation.ValidationPipeline": 300,
     "crawlproject.pipelines.mongo.MongoPipeline": 800,
