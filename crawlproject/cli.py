@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 from crawlproject.connection import DEFAULT_REDIS_URL, env_default, redact_url, redis_from_url
-from crawlproject.control import read_state, set_state
+from crawlproject.control import node_reports, read_state, set_state
 from crawlproject.frontier.queue import Frontier
 from crawlproject.keys import (
     FrontierKeys,
@@ -104,52 +104,113 @@ def _seed_keys(args, settings=None, spidercls=None) -> SeedKeys:
 
 
 def cmd_status(args) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
+    """The crawl's shared state; ``--json`` for scripts, ``--watch`` to refresh."""
     settings, spidercls = _spider_class(args)
-    parts = _partitions(args)
-    f = parts[0]
     seeds = _seed_keys(args, settings, spidercls)
-    if not spider_keys(f.client, args.spider, seeds.key):
+    parts = _partitions(args)
+    if not spider_keys(parts[0].client, args.spider, seeds.key):
         if spidercls is None:
             print(f"error: unknown spider {args.spider!r}: no such spider in this project and "
                   f"no crawl state in Redis at {redact_url(args.redis_url)}", file=sys.stderr)
             return 1
-        print(f"{args.spider}: no crawl state in Redis yet (push seeds to {seeds.key})")
+        if not args.json:
+            print(f"{args.spider}: no crawl state in Redis yet (push seeds to {seeds.key})")
+    if args.json:
+        print(json.dumps(status_data(args, parts, seeds), sort_keys=True))
+        return 0
+    from rich.console import Console
+    from rich.live import Live
+
+    console = Console(width=max(Console().width, 140))
+    if not args.watch:
+        console.print(_status_table(args, status_data(args, parts, seeds)))
+        return 0
+    with Live(console=console, auto_refresh=False) as live:
+        try:
+            while True:
+                live.update(_status_table(args, status_data(args, _partitions(args), seeds)),
+                            refresh=True)
+                time.sleep(args.interval)
+        except KeyboardInterrupt:
+            return 0
+
+
+def status_data(args, parts: list[Frontier], seeds: SeedKeys) -> dict:
+    """Everything `status` shows, as JSON-safe data (the stable ``--json`` form)."""
+    f = parts[0]
     counts: dict[str, int] = {}
     for part in parts:
         for name, value in part.counts().items():
             counts[name] = counts.get(name, 0) + value
-    counts["nodes"] = len({_s(n) for part in parts
-                           for n in part.client.zrange(part.keys.nodes, 0, -1)})
+    registered = {_s(n) for part in parts for n in part.client.zrange(part.keys.nodes, 0, -1)}
+    counts["nodes"] = len(registered)
     counts["partitions"] = len(parts)
-    counts["seeds"] = _seed_count(f.client, seeds.key)
-    counts["seeds claimed"] = f.client.hlen(seeds.claims)
-    counts["invalid seeds"] = f.client.llen(seeds.invalid)
-    table = Table(title=f"{args.spider} on {redact_url(args.redis_url)}")
-    table.add_column("what")
-    table.add_column("value", justify="right")
-    control = read_state(f.client, args.spider)
-    table.add_row("operator control", control["state"] + (
-        f" (since {_ago(control.get('since'))}{', by ' + control['by'] if control.get('by') else ''})"
-        if control.get("since") else ""))
-    for name, value in counts.items():
-        table.add_row(name, str(value))
     totals: dict[str, int] = dict(f.stats())
     for part in parts[1:]:
         for name, value in part.client.hgetall(part.keys.stats).items():
             totals[_s(name)] = totals.get(_s(name), 0) + int(value)
-    for name, value in sorted(totals.items()):
-        table.add_row(f"total {name}", str(value))
+    reports = node_reports(f.client, args.spider)
+    for report in reports:
+        report["registered"] = report["node"] in registered
     est = _bloom_totals([part.bloom_estimates() for part in parts])
-    if est["layers"]:
-        table.add_row("bloom layers / items", f"{est['layers']} / {est['count']}")
-        table.add_row("bloom fill ratio", f"{est['fill_ratio']:.4f}")
-        table.add_row("bloom est. FP rate", f"{est['est_fp_rate']:.2e}")
-        table.add_row("bloom bytes per item", f"{est['bytes_per_item']:.2f}")
-    Console(width=max(Console().width, 140)).print(table)
-    return 0
+    return {
+        "spider": args.spider, "at": int(time.time() * 1000),
+        "control": read_state(f.client, args.spider),
+        "frontier": {k: counts[k] for k in ("queued", "delayed", "inflight", "dead", "invalid",
+                                            "hosts", "nodes", "partitions")},
+        "seeds": {"waiting": _seed_count(f.client, seeds.key),
+                  "claimed": f.client.hlen(seeds.claims),
+                  "invalid": f.client.llen(seeds.invalid)},
+        "nodes": reports,
+        "rates": {"pages_per_s": round(sum(r.get("pages_per_s", 0) for r in reports), 2),
+                  "items_per_s": round(sum(r.get("items_per_s", 0) for r in reports), 2)},
+        "errors": {"callback_or_download": sum(r.get("errors", 0) for r in reports),
+                   "dead_letters": totals.get("dead", 0)},
+        "totals": totals,
+        "bloom": {"layers": est["layers"], "items": est["count"],
+                  "fill_ratio": round(est["fill_ratio"], 6),
+                  "est_fp_rate": est["est_fp_rate"],
+                  "bytes_per_item": round(est["bytes_per_item"], 3)},
+    }
+
+
+def _status_table(args, data: dict):
+    from rich.console import Group
+    from rich.table import Table
+
+    table = Table(title=f"{args.spider} on {redact_url(args.redis_url)}")
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    control = data["control"]
+    table.add_row("operator control", control["state"] + (
+        f" (since {_ago(control.get('since'))}{', by ' + control['by'] if control.get('by') else ''})"
+        if control.get("since") else ""))
+    for name, value in data["frontier"].items():
+        table.add_row(name, str(value))
+    for name, value in data["seeds"].items():
+        table.add_row(f"seeds {name}", str(value))
+    table.add_row("pages/s, items/s (last minute, all nodes)",
+                  f"{data['rates']['pages_per_s']:g} / {data['rates']['items_per_s']:g}")
+    table.add_row("errors (download + callback) / dead letters",
+                  f"{data['errors']['callback_or_download']} / {data['errors']['dead_letters']}")
+    for name, value in sorted(data["totals"].items()):
+        table.add_row(f"total {name}", str(value))
+    bloom = data["bloom"]
+    if bloom["layers"]:
+        table.add_row("bloom layers / items", f"{bloom['layers']} / {bloom['items']}")
+        table.add_row("bloom fill ratio", f"{bloom['fill_ratio']:.4f}")
+        table.add_row("bloom est. FP rate", f"{bloom['est_fp_rate']:.2e}")
+        table.add_row("bloom bytes per item", f"{bloom['bytes_per_item']:.2f}")
+    nodes = Table(title="nodes (reports every 5 s)")
+    for column in ("node", "report age s", "state", "pages/s", "items/s", "pages", "items",
+                   "errors", "leases"):
+        nodes.add_column(column, justify="left" if column in ("node", "state") else "right")
+    for r in data["nodes"]:
+        nodes.add_row(r["node"], f"{r['age_s']:g}", str(r.get("state", "")),
+                      f"{r.get('pages_per_s', 0):g}", f"{r.get('items_per_s', 0):g}",
+                      str(r.get("pages", 0)), str(r.get("items", 0)), str(r.get("errors", 0)),
+                      str(r.get("leases", 0)))
+    return Group(table, nodes)
 
 
 def _ago(ms) -> str:
@@ -562,6 +623,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         if name == "seed":
             p.add_argument("seeds", nargs="+")
+        if name == "status":
+            p.add_argument("--json", action="store_true", help="one JSON object (stable keys)")
+            p.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
+            p.add_argument("--interval", type=float, default=2.0, help="--watch period (s)")
         if name in ("dead", "invalid", "invalid-seeds", "replay"):
             p.add_argument("-n", type=int, default=20 if name != "replay" else 1000)
         if name == "politeness":

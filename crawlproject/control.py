@@ -1,4 +1,5 @@
-"""Cluster-wide operator control of a crawl: pause, resume, drain, stop.
+"""Cluster-wide operator control of a crawl (pause, resume, drain, stop), and
+the nodes' reports that ``crawlctl status`` shows.
 
 The operator (``crawlctl pause|resume|drain|stop SPIDER``) writes the state into
 the hash ``{spider}:control`` (field ``state``, plus ``since`` in ms and ``by``);
@@ -18,11 +19,17 @@ call per request:
 
 The value is read from Redis, which is untrusted: only these four states are
 accepted; anything else counts as ``run`` and is logged once.
+
+In the same loop each node writes its report every 5 s into the hash
+``{spider}:node_reports`` (node id → JSON: pages, items, errors, pages/s and
+items/s over the last minute, leases, state, at), deleted when it closes;
+``crawlctl status`` lists them and prunes reports older than 10 minutes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from typing import Callable
@@ -37,6 +44,44 @@ STATES = ("run", "pause", "drain", "stop")
 def control_key(spider: str) -> str:
     """The control hash of *spider* (hash-tagged with the spider's frontier)."""
     return f"{{{spider}}}:control"
+
+
+def node_reports_key(spider: str) -> str:
+    """Hash: node id → JSON report (pages, items, errors, rates, at) of each node."""
+    return f"{{{spider}}}:node_reports"
+
+
+REPORT_STALE_S = 600  # reports older than this are pruned by `crawlctl status`
+
+
+def node_reports(client, spider: str, now_ms: int | None = None) -> list[dict]:
+    """The nodes' last reports (sync client), newest first; prunes stale ones.
+    Values come from Redis: anything that is not a JSON object of numbers and
+    short strings is skipped."""
+    now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+    out, stale = [], []
+    for node, raw in client.hgetall(node_reports_key(spider)).items():
+        node = node.decode(errors="replace") if isinstance(node, bytes) else str(node)
+        try:
+            report = json.loads(raw)
+        except (ValueError, TypeError):
+            stale.append(node)
+            continue
+        if not isinstance(report, dict) or not isinstance(report.get("at"), int):
+            stale.append(node)
+            continue
+        if now_ms - report["at"] > REPORT_STALE_S * 1000:
+            stale.append(node)
+            continue
+        clean = {k: v for k, v in report.items()
+                 if isinstance(k, str) and (isinstance(v, (int, float)) and not isinstance(v, bool)
+                                            or isinstance(v, str) and len(v) <= 100)}
+        clean["node"] = node[:200]
+        clean["age_s"] = round(max(0, now_ms - report["at"]) / 1000, 1)
+        out.append(clean)
+    if stale:
+        client.hdel(node_reports_key(spider), *stale)
+    return sorted(out, key=lambda r: r["age_s"])
 
 
 def set_state(client, spider: str, state: str, by: str = "") -> str:
@@ -65,9 +110,15 @@ class ControlWatcher:
 
     def __init__(self, redis, spider: str, on_change: Callable[[str, str], None],
                  interval: float = 1.0, log_extra: dict | None = None,
-                 on_ready: Callable[[str], None] | None = None):
+                 on_ready: Callable[[str], None] | None = None,
+                 report: Callable[[], dict] | None = None, node: str = "",
+                 report_interval: float = 5.0):
         self.redis = redis
         self.key = control_key(spider)
+        self.reports_key = node_reports_key(spider)
+        #: this node's report for `crawlctl status` (sent every report_interval)
+        self.report, self.node, self.report_interval = report, node, report_interval
+        self._last_report = 0.0
         self.on_change = on_change
         #: called once with the first state read (before it, a node takes nothing)
         self.on_ready = on_ready
@@ -87,6 +138,7 @@ class ControlWatcher:
                 await self._task
             except asyncio.CancelledError:
                 pass
+        await self._send_report(final=True)  # a closed node is no longer listed
 
     async def poll(self) -> str:
         """Read the state once (an unreachable Redis keeps the last one)."""
@@ -119,10 +171,25 @@ class ControlWatcher:
                     self.on_ready(self.state)
                 else:
                     await self.poll()
+                await self._send_report()
             except Exception:  # a bug in a handler must not end the watcher
                 first = False
                 logger.exception("Control watcher error", extra=self.log_extra)
             await asyncio.sleep(self.interval)
+
+    async def _send_report(self, final: bool = False) -> None:
+        now = time.monotonic()
+        if self.report is None or (now - self._last_report < self.report_interval and not final):
+            return
+        self._last_report = now
+        try:
+            if final:
+                await self.redis.hdel(self.reports_key, self.node)
+            else:
+                await self.redis.hset(self.reports_key, self.node, json.dumps(
+                    {**self.report(), "at": int(time.time() * 1000)}))
+        except (RedisError, OSError, asyncio.TimeoutError):
+            pass  # the frontier loop reports outages
 
     async def _read(self) -> str | None:
         try:

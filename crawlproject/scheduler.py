@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 
 import scrapy
 from scrapy import Request, signals
@@ -117,6 +118,7 @@ class RedisScheduler(BaseScheduler):
         self.control_interval = crawler.settings.getfloat("CONTROL_POLL_INTERVAL", 1.0)
         self.control: ControlWatcher | None = None
         self._stopping = False
+        self._report_samples: deque[tuple[float, int, int]] = deque()
 
     @classmethod
     def from_crawler(cls, crawler):
@@ -192,7 +194,8 @@ class RedisScheduler(BaseScheduler):
         self.client.on_first_sync = self._on_first_sync
         self.control = ControlWatcher(redis, spider.name, self._on_control,
                                       interval=self.control_interval, log_extra=extra,
-                                      on_ready=self._on_control_ready)
+                                      on_ready=self._on_control_ready,
+                                      report=self._node_report, node=self.node)
 
     def close(self, reason: str):
         return deferred_from_coro(self._close(reason))
@@ -412,6 +415,26 @@ class RedisScheduler(BaseScheduler):
             raise Rejected(str(exc)) from None
         request.meta[LEASE_META] = member
         return request
+
+    def _node_report(self) -> dict:
+        """What `crawlctl status` shows for this node (sent every few seconds)."""
+        get = self.stats.get_value
+        pages, items = get("response_received_count", 0), get("item_scraped_count", 0)
+        now = time.monotonic()
+        self._report_samples.append((now, pages, items))
+        while self._report_samples and now - self._report_samples[0][0] > 60:
+            self._report_samples.popleft()
+        t0, p0, i0 = self._report_samples[0]
+        span = now - t0
+        errors = sum(v for k, v in self.stats.get_stats().items()
+                     if k.startswith(("spider_exceptions/", "downloader/exception_type_count/"))
+                     and k.count("/") == 1 + k.startswith("downloader/"))
+        return {"pages": pages, "items": items, "errors": errors,
+                "dead": get("scheduler/dead", 0),
+                "pages_per_s": round((pages - p0) / span, 2) if span > 0 else 0.0,
+                "items_per_s": round((items - i0) / span, 2) if span > 0 else 0.0,
+                "leases": len(self.client.held) + len(self.client.buffer),
+                "state": self.control_state}
 
     @property
     def control_state(self) -> str:

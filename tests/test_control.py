@@ -3,6 +3,7 @@ resume | drain | stop``), with real nodes, Redis, MongoDB and the demo site."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -94,7 +95,19 @@ def test_pause_stops_fetching_on_every_node_and_resume_finishes_the_crawl(
             assert stored_paused < products, "the crawl ended before the pause"
             assert redis.hlen(inflight) > 0, "prefetched leases are kept while paused"
             status = crawlctl(redis_url, "status", "products")
-            assert "pause" in status.stdout
+            assert "pause" in status.stdout and "items/s" in status.stdout
+            # The stable JSON form: the state, and every node's report (every 5 s).
+            def data():
+                return json.loads(crawlctl(redis_url, "status", "products", "--json").stdout)
+
+            wait_until(lambda: sorted(r.get("state") for r in data()["nodes"])
+                       == ["pause", "pause"], 20, "both nodes to report the pause", step=0.5)
+            state = data()
+            assert state["control"]["state"] == "pause"
+            assert {r["node"].split("-")[0] for r in state["nodes"]} == {"c1", "c2"}
+            assert sum(r["items"] for r in state["nodes"]) >= stored_paused
+            assert all(r["registered"] and r["age_s"] < 15 for r in state["nodes"])
+            assert state["frontier"]["inflight"] > 0 and state["bloom"]["items"] > 0
             crawlctl(redis_url, "resume", "products")
             for node in nodes:
                 assert node.wait(240) == 0, node.tail()
@@ -106,6 +119,7 @@ def test_pause_stops_fetching_on_every_node_and_resume_finishes_the_crawl(
     assert_written_once(nodes, products)
     assert all(served.get(f"/product/{pid}", 0) == 1 for pid in range(1, products + 1)), served
     assert all(n.stat("control/pause") == 1 and n.stat("control/run") == 1 for n in nodes)
+    assert redis.hlen("{products}:node_reports") == 0     # closed nodes are no longer listed
 
 
 @pytest.mark.slow
