@@ -17,6 +17,7 @@ anything else. The caller moves a rejected seed to
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -114,6 +115,9 @@ def _parse_json_seed(text: str) -> Seed:
     return seed
 
 
+_SPACE = re.compile(r"\s")
+
+
 def _check_url(url: Any) -> str:
     if not isinstance(url, str) or not url.strip():
         raise InvalidSeed("bad_url", f"url must be a non-empty string, got {_short(url)}")
@@ -121,7 +125,7 @@ def _check_url(url: Any) -> str:
     if len(url) > MAX_URL_LENGTH:
         raise InvalidSeed("bad_url", f"url is longer than {MAX_URL_LENGTH} characters")
     scheme, sep, rest = url.partition("://")
-    if not sep or scheme.lower() not in ("http", "https") or not rest or any(c.isspace() for c in url):
+    if not sep or scheme.lower() not in ("http", "https") or not rest or _SPACE.search(url):
         raise InvalidSeed("bad_url", f"not an absolute http(s) URL: {url[:200]!r}")
     try:
         safe = safe_url_string(url)

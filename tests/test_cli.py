@@ -23,6 +23,28 @@ def test_seed_validates_and_pushes(redis, redis_url):
     assert redis.llen(start_urls_key("shop")) == 2
 
 
+def test_seed_file_reports_bad_lines_by_number_and_pushes_the_rest(redis, redis_url, tmp_path):
+    lines = ["# seeds of the spring sale", "http://127.0.0.1/a", "", "not a url",
+             '{"url": "http://127.0.0.1/b", "priority": 5}', '{"url": "http://127.0.0.1/c", '
+             '"callback": "_set_crawler"}', "http://127.0.0.1/d", "ftp://127.0.0.1/e"]
+    seeds = tmp_path / "seeds.txt"
+    seeds.write_text("\n".join(lines) + "\n")
+    out = cli(redis_url, "seed", "products", "--file", str(seeds))
+    assert out.returncode == 2, out.stderr
+    reported = [line.split(":")[0] for line in out.stderr.splitlines() if line.startswith("line ")]
+    assert reported == ["line 4", "line 6", "line 8"], out.stderr
+    assert "pushed 3 seed(s)" in out.stdout and "3 invalid line(s)" in out.stdout
+    assert sorted(redis.lrange(start_urls_key("products"), 0, -1)) == sorted(
+        [b"http://127.0.0.1/a", b'{"url": "http://127.0.0.1/b", "priority": 5}',
+         b"http://127.0.0.1/d"])
+    # Standard input, all good: exit 0.
+    piped = subprocess.run([sys.executable, "-m", "crawlproject.cli", "--redis-url", redis_url,
+                            "seed", "products", "--file", "-"], input="http://127.0.0.1/x\n"
+                           "http://127.0.0.1/y\n", capture_output=True, text=True, timeout=60)
+    assert piped.returncode == 0 and "pushed 2 seed(s)" in piped.stdout, piped.stderr
+    assert redis.llen(start_urls_key("products")) == 5
+
+
 def test_status_dead_replay_and_reset(redis, redis_url):
     f = Frontier(redis, "shop", "n1")
     batch = Batch()
