@@ -462,8 +462,22 @@ def _seed_file(args, policy: InputPolicy, key: str) -> int:
     return 2 if bad else 0
 
 
+def _purge(args, keys: list[str], what: str) -> int:
+    if not args.yes:
+        raise UsageError(f"refusing to delete {what} without --yes")
+    client = _client(args)
+    count = sum(client.llen(k) for k in keys)
+    for key in keys:
+        client.delete(key)
+    print(f"purged {count} {what}")
+    return 0
+
+
 def cmd_dead(args) -> int:
-    for part in _partitions(args):
+    parts = _partitions(args)
+    if args.purge:
+        return _purge(args, [p.keys.dead for p in parts], "dead letter(s)")
+    for part in parts:
         for record in part.dead_letters(args.n):
             record.pop("payload", None)
             print(json.dumps(record))
@@ -471,15 +485,29 @@ def cmd_dead(args) -> int:
 
 
 def cmd_invalid(args) -> int:
-    for part in _partitions(args):
+    parts = _partitions(args)
+    if args.purge:
+        return _purge(args, [p.keys.invalid for p in parts], "invalid payload(s)")
+    for part in parts:
         for record in part.invalid_entries(args.n):
             print(json.dumps(record))
+    return 0
+
+
+def cmd_nodes(args) -> int:
+    """The nodes' last reports (one JSON object a line; see `status`)."""
+    parts = _partitions(args)
+    registered = {_s(n) for part in parts for n in part.client.zrange(part.keys.nodes, 0, -1)}
+    for report in node_reports(parts[0].client, args.spider):
+        print(json.dumps({**report, "registered": report["node"] in registered}, sort_keys=True))
     return 0
 
 
 def cmd_invalid_seeds(args) -> int:
     settings, spidercls = _spider_class(args)
     key = _seed_keys(args, settings, spidercls).invalid
+    if args.purge:
+        return _purge(args, [key], "invalid seed(s)")
     for raw in _client(args).lrange(key, 0, args.n - 1):
         try:
             print(json.dumps(json.loads(raw)))
@@ -678,6 +706,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "--delay/--concurrency HOST... change limits now"),
         ("proxies", cmd_proxies, "proxy pool: health, bans per domain, retired proxies "
                                  "(credentials masked); --revive ID brings one back"),
+        ("nodes", cmd_nodes, "nodes' last reports: pages/s, items/s, errors, leases, state"),
         ("pause", cmd_control, "every node stops taking requests and seeds (leases kept)"),
         ("resume", cmd_control, "undo pause / drain / stop"),
         ("drain", cmd_control, "take no more seeds, finish the frontier, then nodes close"),
@@ -696,6 +725,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--interval", type=float, default=2.0, help="--watch period (s)")
         if name in ("dead", "invalid", "invalid-seeds", "replay"):
             p.add_argument("-n", type=int, default=20 if name != "replay" else 1000)
+        if name in ("dead", "invalid", "invalid-seeds"):
+            p.add_argument("--purge", action="store_true", help="delete them all (with --yes)")
+            p.add_argument("--yes", action="store_true")
         if name == "politeness":
             p.add_argument("hosts", nargs="*", help="politeness keys (hosts) to show or change")
             p.add_argument("--delay", type=float, help="seconds between request starts")

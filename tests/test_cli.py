@@ -45,6 +45,36 @@ def test_seed_file_reports_bad_lines_by_number_and_pushes_the_rest(redis, redis_
     assert redis.llen(start_urls_key("products")) == 5
 
 
+def test_purge_lists_and_nodes(redis, redis_url):
+    import time
+
+    from crawlproject.control import node_reports_key
+    from crawlproject.keys import FrontierKeys, SeedKeys
+
+    keys = FrontierKeys("shop")
+    redis.rpush(keys.dead, '{"url": "http://127.0.0.1/a", "reason": "x"}')
+    redis.rpush(keys.invalid, '{"member": "m", "error": "bad"}', '{"member": "n"}')
+    redis.rpush(SeedKeys(start_urls_key("shop")).invalid, '{"seed": "x"}')
+    assert cli(redis_url, "dead", "shop", "--purge").returncode == 2      # needs --yes
+    assert redis.llen(keys.dead) == 1
+    out = cli(redis_url, "dead", "shop", "--purge", "--yes")
+    assert out.returncode == 0 and "purged 1 dead letter(s)" in out.stdout
+    assert "purged 2 invalid payload(s)" in cli(redis_url, "invalid", "shop", "--purge",
+                                                 "--yes").stdout
+    assert "purged 1 invalid seed(s)" in cli(redis_url, "invalid-seeds", "shop", "--purge",
+                                             "--yes").stdout
+    assert not redis.exists(keys.dead, keys.invalid, SeedKeys(start_urls_key("shop")).invalid)
+    now = int(time.time() * 1000)
+    redis.hset(node_reports_key("shop"), mapping={
+        "n1-1-a": json.dumps({"at": now, "pages": 5, "pages_per_s": 1.5, "state": "run"}),
+        "old-1-b": json.dumps({"at": now - 3_600_000, "pages": 1}),   # stale: pruned
+        "bad-1-c": "not json"})                                        # unreadable: pruned
+    out = cli(redis_url, "nodes", "shop")
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [(r["node"], r["pages"], r["registered"]) for r in rows] == [("n1-1-a", 5, False)]
+    assert redis.hkeys(node_reports_key("shop")) == [b"n1-1-a"]
+
+
 def test_status_dead_replay_and_reset(redis, redis_url):
     f = Frontier(redis, "shop", "n1")
     batch = Batch()
