@@ -151,6 +151,7 @@ VALIDATION_INVALID_COLLECTION = ""        # e.g. "invalid_items" to keep dropped
 
 # Prometheus endpoint per node (crawlproject/extensions/metrics.py): opt-in.
 EXTENSIONS = {"crawlproject.extensions.metrics.PrometheusMetrics": 500}
+LOG_JSON = False                        # True: one JSON object per log line (JsonLogsAddon)
 METRICS_ENABLED = False
 METRICS_HOST = "127.0.0.1"              # 0.0.0.0 to let a Prometheus on another host scrape
 METRICS_PORT = 9410                     # 0: a free port (logged)
@@ -164,7 +165,8 @@ ITEM_PIPELINES = {
 # marked for rendering use Chromium), launches the system Chromium (CHROMIUM_PATH
 # setting or environment variable, else found in the usual places), retries pages
 # lost to browser errors and blocks RENDER_BLOCK_RESOURCES. docs/middlewares.md.
-ADDONS = {"crawlproject.rendering.RenderingAddon": 0}
+ADDONS = {"crawlproject.rendering.RenderingAddon": 0,
+          "crawlproject.extensions.jsonlog.JsonLogsAddon": 0}   # LOG_JSON
 RENDERING_ENABLED = True
 RENDER_URL_PATTERNS = []                # regexes of URLs always rendered (+ spider.render_rules)
 RENDER_IF_MISSING = {}                  # {url-regex: css}: static page without it → render
