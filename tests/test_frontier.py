@@ -224,6 +224,22 @@ def test_a_node_that_lost_its_lease_cannot_ack_anothers(node, clock, redis):
     assert a.counts()["inflight"] == 0 and redis.hlen(a.keys.payloads) == 0
 
 
+def test_an_ack_repeated_after_a_lost_reply_is_not_stale(node, redis):
+    """Redis ran the call with the ack and stopped before answering: the node
+    sends the ack again with its next call; the entry is already gone."""
+    a = node("a")
+    add_all(a, [("x", 0), ("y", 0)])
+    x, y = (m for m, _ in a.take(2))
+    assert a.sync(Batch(acks=[x])).stale == 0
+    again = Batch(acks=[x])
+    again.fail(y, "dead", {"payload": "y", "reason": "r"})
+    assert a.sync(again).stale == 0
+    retried = Batch()
+    retried.fail(y, "dead", {"payload": "y", "reason": "r"})
+    assert a.sync(retried).stale == 0 and len(a.dead_letters()) == 1
+    assert a.counts()["inflight"] == 0 and redis.hlen(a.keys.payloads) == 0
+
+
 def test_a_node_that_lost_its_lease_cannot_requeue_or_dead_letter_it(node, clock, redis):
     a, b, member = expire_and_retake(node, clock)
     assert a.sync(Batch(nacks=[member])).stale == 1

@@ -343,8 +343,9 @@ SYNC = _LIB + r"""
 -- interval), highest priority first within a key.
 -- Ownership: ack, fail and nack change an entry only if this node holds its
 -- lease; a late ack or fail of an entry whose lease expired and that is back
--- in its queue (not leased by anyone) also removes it (the work was done).
--- Anything else is a stale call: counted, nothing changed. Every take
+-- in its queue (not leased by anyone) also removes it (the work was done); an
+-- ack or fail of an entry already gone (repeated after a lost reply) is a
+-- no-op. Anything else is a stale call: counted, nothing changed. Every take
 -- registers the node with a deadline, so no entry is held by an id that
 -- cannot expire.
 -- Returns {taken = {member, payload, ...}, added, duplicates, queue length,
@@ -571,6 +572,9 @@ local function settle(members, on_done)
     elseif not owner and redis.call('ZREM', Q(member_key(member)), member) == 1 then
       qdelta = qdelta - 1
       on_done(i, member)
+    elseif not owner and redis.call('HEXISTS', KEYS[2], member) == 0 then
+      -- already settled: the same ack/fail again after a call whose reply was
+      -- lost (Redis stopped between running it and answering); nothing to do
     else
       stale = stale + 1
     end
