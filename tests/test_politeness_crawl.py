@@ -116,7 +116,8 @@ def test_retry_after_blocks_a_site_for_every_node_and_the_others_go_on(
             site.wait_for_requests(20, host=blocked, timeout=60)
             site.throttle(blocked, status=429, retry_after=5, count=1)
             deadline = time.monotonic() + 60
-            while not site.blocks(blocked):
+            # The 429 arrived and its answer went out (done is set when it is sent).
+            while not site.blocks(blocked) or site.blocks(blocked)[0].done is None:
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
             block = site.blocks(blocked)[0]
