@@ -154,6 +154,7 @@ def status_data(args, parts: list[Frontier], seeds: SeedKeys) -> dict:
         report["registered"] = report["node"] in registered
     est = _bloom_totals([part.bloom_estimates() for part in parts])
     return {
+        "politeness": _politeness_summary(parts, counts["hosts"]),
         "spider": args.spider, "at": int(time.time() * 1000),
         "control": read_state(f.client, args.spider),
         "frontier": {k: counts[k] for k in ("queued", "delayed", "inflight", "dead", "invalid",
@@ -171,6 +172,36 @@ def status_data(args, parts: list[Frontier], seeds: SeedKeys) -> dict:
                   "fill_ratio": round(est["fill_ratio"], 6),
                   "est_fp_rate": est["est_fp_rate"],
                   "bytes_per_item": round(est["bytes_per_item"], 3)},
+    }
+
+
+STATUS_HOSTS_MAX = 200   # per-host rows read only below this many hosts (2 calls a host)
+STATUS_HOSTS_SHOWN = 10
+
+
+def _politeness_summary(parts: list[Frontier], hosts: int) -> dict:
+    """Per-host politeness for `status`: how many hosts are blocked or backing
+    off, and the most queued ones (for larger crawls: `crawlctl politeness`)."""
+    if hosts > STATUS_HOSTS_MAX:
+        return {"hosts": hosts, "note": f"more than {STATUS_HOSTS_MAX} hosts: "
+                                        "see `crawlctl politeness SPIDER`"}
+    now_ms = _server_ms(parts[0].client)
+    rows = {}
+    for part in parts:
+        limits = part.limits()
+        for key, state in part.key_states().items():
+            rows[key] = {**state, "limits": limits.get(key)}
+    top = sorted(rows.items(), key=lambda kv: (-kv[1]["queued"], kv[0]))[:STATUS_HOSTS_SHOWN]
+    return {
+        "hosts": len(rows),
+        "blocked": sum(1 for r in rows.values() if (r["blocked_until_ms"] or 0) > now_ms),
+        "backing_off": sum(1 for r in rows.values() if r["backoff_ms"]),
+        "top": [{"host": key, "queued": r["queued"], "inflight": r["inflight"],
+                 "next_start_in_s": round(max(0, (r["ready_at_ms"] or now_ms) - now_ms) / 1000, 2)
+                 if r["ready_at_ms"] is not None else None,
+                 "blocked_for_s": round(max(0, r["blocked_until_ms"] - now_ms) / 1000, 2),
+                 "backoff_s": r["backoff_ms"] / 1000, "crawl_delay_s": r["crawl_delay_ms"] / 1000,
+                 "limits": r["limits"]} for key, r in top],
     }
 
 
@@ -210,7 +241,18 @@ def _status_table(args, data: dict):
                       f"{r.get('pages_per_s', 0):g}", f"{r.get('items_per_s', 0):g}",
                       str(r.get("pages", 0)), str(r.get("items", 0)), str(r.get("errors", 0)),
                       str(r.get("leases", 0)))
-    return Group(table, nodes)
+    pol = data["politeness"]
+    hosts = Table(title=f"hosts: {pol['hosts']}" + (
+        f", {pol['blocked']} blocked, {pol['backing_off']} backing off (most queued first)"
+        if "top" in pol else f" ({pol.get('note', '')})"))
+    for column in ("host", "queued", "in flight", "next start in", "blocked for", "backoff"):
+        hosts.add_column(column, justify="left" if column == "host" else "right")
+    for row in pol.get("top", []):
+        hosts.add_row(row["host"], str(row["queued"]), str(row["inflight"]),
+                      "" if row["next_start_in_s"] is None else f"{row['next_start_in_s']:g}s",
+                      f"{row['blocked_for_s']:g}s" if row["blocked_for_s"] else "",
+                      f"{row['backoff_s']:g}s" if row["backoff_s"] else "")
+    return Group(table, hosts, nodes)
 
 
 def _ago(ms) -> str:

@@ -220,6 +220,13 @@ def test_politeness_shows_hosts_and_changes_limits_at_run_time(redis, redis_url)
     state = json.loads(shown.stdout)["hosts"]["slow.example"]
     assert state["queued"] == 2 and state["inflight"] == 0
     assert state["ready_at_ms"] - state["last_start_ms"] >= 60_000
+    # `status` shows the same, most queued hosts first.
+    status = json.loads(cli(redis_url, "status", "shop", "--json").stdout)["politeness"]
+    assert status["hosts"] == 1 and status["blocked"] == 0
+    top = status["top"][0]
+    assert (top["host"], top["queued"], top["inflight"]) == ("slow.example", 2, 0)
+    assert 55 < top["next_start_in_s"] <= 60 * 1.1   # the interval, plus its safety margin
+    assert "slow.example" in cli(redis_url, "status", "shop").stdout
     changed = cli(redis_url, "politeness", "shop", "slow.example", "--delay", "0.5",
                   "--concurrency", "2")
     assert changed.returncode == 0, changed.stderr

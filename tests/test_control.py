@@ -108,6 +108,7 @@ def test_pause_stops_fetching_on_every_node_and_resume_finishes_the_crawl(
             assert sum(r["items"] for r in state["nodes"]) >= stored_paused
             assert all(r["registered"] and r["age_s"] < 15 for r in state["nodes"])
             assert state["frontier"]["inflight"] > 0 and state["bloom"]["items"] > 0
+            assert [h["host"] for h in state["politeness"]["top"]] == ["127.0.0.1"]
             crawlctl(redis_url, "resume", "products")
             for node in nodes:
                 assert node.wait(240) == 0, node.tail()
