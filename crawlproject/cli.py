@@ -165,7 +165,8 @@ def status_data(args, parts: list[Frontier], seeds: SeedKeys) -> dict:
         "nodes": reports,
         "rates": {"pages_per_s": round(sum(r.get("pages_per_s", 0) for r in reports), 2),
                   "items_per_s": round(sum(r.get("items_per_s", 0) for r in reports), 2)},
-        "errors": {"callback_or_download": sum(r.get("errors", 0) for r in reports),
+        "errors": {"download": sum(r.get("errors_download", 0) for r in reports),
+                   "callback": sum(r.get("errors_callback", 0) for r in reports),
                    "dead_letters": totals.get("dead", 0)},
         "totals": totals,
         "bloom": {"layers": est["layers"], "items": est["count"],
@@ -222,8 +223,9 @@ def _status_table(args, data: dict):
         table.add_row(f"seeds {name}", str(value))
     table.add_row("pages/s, items/s (last minute, all nodes)",
                   f"{data['rates']['pages_per_s']:g} / {data['rates']['items_per_s']:g}")
-    table.add_row("errors (download + callback) / dead letters",
-                  f"{data['errors']['callback_or_download']} / {data['errors']['dead_letters']}")
+    table.add_row("errors: download / callback (nodes running) / dead letters (all)",
+                  f"{data['errors']['download']} / {data['errors']['callback']} / "
+                  f"{data['errors']['dead_letters']}")
     for name, value in sorted(data["totals"].items()):
         table.add_row(f"total {name}", str(value))
     bloom = data["bloom"]

@@ -426,10 +426,13 @@ class RedisScheduler(BaseScheduler):
             self._report_samples.popleft()
         t0, p0, i0 = self._report_samples[0]
         span = now - t0
-        errors = sum(v for k, v in self.stats.get_stats().items()
-                     if k.startswith(("spider_exceptions/", "downloader/exception_type_count/"))
-                     and k.count("/") == 1 + k.startswith("downloader/"))
-        return {"pages": pages, "items": items, "errors": errors,
+        stats = self.stats.get_stats()
+        download = sum(v for k, v in stats.items()
+                       if k.startswith("downloader/exception_type_count/"))
+        callback = sum(v for k, v in stats.items()
+                       if k.startswith("spider_exceptions/") and k.count("/") == 1)
+        return {"pages": pages, "items": items, "errors": download + callback,
+                "errors_download": download, "errors_callback": callback,
                 "dead": get("scheduler/dead", 0),
                 "pages_per_s": round((pages - p0) / span, 2) if span > 0 else 0.0,
                 "items_per_s": round((items - i0) / span, 2) if span > 0 else 0.0,

@@ -66,13 +66,17 @@ def test_purge_lists_and_nodes(redis, redis_url):
     assert not redis.exists(keys.dead, keys.invalid, SeedKeys(start_urls_key("shop")).invalid)
     now = int(time.time() * 1000)
     redis.hset(node_reports_key("shop"), mapping={
-        "n1-1-a": json.dumps({"at": now, "pages": 5, "pages_per_s": 1.5, "state": "run"}),
+        "n1-1-a": json.dumps({"at": now, "pages": 5, "pages_per_s": 1.5, "state": "run",
+                              "errors_download": 2, "errors_callback": 1}),
         "old-1-b": json.dumps({"at": now - 3_600_000, "pages": 1}),   # stale: pruned
         "bad-1-c": "not json"})                                        # unreadable: pruned
     out = cli(redis_url, "nodes", "shop")
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     assert [(r["node"], r["pages"], r["registered"]) for r in rows] == [("n1-1-a", 5, False)]
     assert redis.hkeys(node_reports_key("shop")) == [b"n1-1-a"]
+    status = json.loads(cli(redis_url, "status", "shop", "--json").stdout)
+    assert status["errors"] == {"download": 2, "callback": 1, "dead_letters": 0}
+    assert status["rates"]["pages_per_s"] == 1.5
 
 
 def test_status_dead_replay_and_reset(redis, redis_url):
