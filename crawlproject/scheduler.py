@@ -118,6 +118,7 @@ class RedisScheduler(BaseScheduler):
         self.control_interval = crawler.settings.getfloat("CONTROL_POLL_INTERVAL", 1.0)
         self.control: ControlWatcher | None = None
         self._stopping = False
+        self._spider_opened = False
         self._report_samples: deque[tuple[float, int, int]] = deque()
 
     @classmethod
@@ -153,6 +154,7 @@ class RedisScheduler(BaseScheduler):
                                      signal=signals.request_left_downloader)
         self.crawler.signals.connect(self._on_spider_error, signal=signals.spider_error)
         self.crawler.signals.connect(self._on_robots, signal=signals.robots_parsed)
+        self.crawler.signals.connect(self._on_spider_opened, signal=signals.spider_opened)
         pol = self.politeness
         logger.info("Shared frontier for %r on %s as node %s (prefetch %d, lease %ss, heartbeat "
                     "%ss, %d partition(s); politeness per %s %s)", spider.name,
@@ -465,7 +467,20 @@ class RedisScheduler(BaseScheduler):
             self._nudge_engine()
         if new == "stop" and not self._stopping:
             self._stopping = True
-            asyncio.ensure_future(self.crawler.engine.close_spider_async(reason="operator_stop"))
+            asyncio.ensure_future(self._stop_when_open())
+
+    async def _stop_when_open(self) -> None:
+        # A node started while the state is "stop" reads it before the engine
+        # has finished opening the spider (spider_opened handlers such as
+        # CoreStats' have not run): closing then fails; wait for the signal.
+        for _ in range(600):
+            if self._spider_opened:
+                break
+            await asyncio.sleep(0.05)
+        await self.crawler.engine.close_spider_async(reason="operator_stop")
+
+    def _on_spider_opened(self, spider) -> None:
+        self._spider_opened = True
 
     def _nudge_engine(self) -> None:
         # The engine polls next_request() only every few seconds when it got

@@ -337,6 +337,7 @@ class FrontierClient:
                 errors += 1
                 self.count("scheduler/redis_errors", 1)
                 self.outage.failed("frontier call", exc, self.log_extra)
+                await self._drop_idle_connections()
                 await asyncio.sleep(backoff_delay(errors, 0.4, 5.0))
                 continue
             except Exception:  # a bug: say so, keep the loop (and the leases) alive
@@ -349,6 +350,18 @@ class FrontierClient:
                 await asyncio.sleep(pause)
             else:
                 await self._wait()
+
+    async def _drop_idle_connections(self) -> None:
+        """After a failed call, close the pool's idle connections: one left
+        idle across a Redis restart would fail its next command after the
+        outage ("Connection closed by server") and look like a new outage."""
+        pools = {id(p.client.connection_pool): p.client.connection_pool
+                 for p in self.partitions if hasattr(p.client, "connection_pool")}
+        for pool in pools.values():
+            try:
+                await pool.disconnect(inuse_connections=False)
+            except Exception:  # closing a dead socket may fail too: nothing to keep
+                pass
 
     async def _wait(self) -> None:
         busy = (self.held or any(self.outbox) or len(self.buffer) <= self.prefetch // 2)
