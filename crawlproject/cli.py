@@ -456,7 +456,10 @@ def _seed_file(args, policy: InputPolicy, key: str) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TransferSpeedColumn
 
     client = _client(args)
-    source = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")
+    try:
+        source = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")
+    except OSError as exc:
+        raise UsageError(f"cannot read {args.file}: {exc.strerror or exc}") from None
     size = None if args.file == "-" else os.fstat(source.fileno()).st_size
     pushed = bad = 0
     chunk: list[bytes] = []

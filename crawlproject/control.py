@@ -64,7 +64,7 @@ def node_reports(client, spider: str, now_ms: int | None = None) -> list[dict]:
         node = node.decode(errors="replace") if isinstance(node, bytes) else str(node)
         try:
             report = json.loads(raw)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, RecursionError):  # any bytes may be there
             stale.append(node)
             continue
         if not isinstance(report, dict) or not isinstance(report.get("at"), int):

@@ -42,6 +42,8 @@ def test_seed_file_reports_bad_lines_by_number_and_pushes_the_rest(redis, redis_
                             "seed", "products", "--file", "-"], input="http://127.0.0.1/x\n"
                            "http://127.0.0.1/y\n", capture_output=True, text=True, timeout=60)
     assert piped.returncode == 0 and "pushed 2 seed(s)" in piped.stdout, piped.stderr
+    missing = cli(redis_url, "seed", "products", "--file", str(tmp_path / "nope.txt"))
+    assert missing.returncode == 2 and missing.stderr.startswith("error: cannot read")
     assert redis.llen(start_urls_key("products")) == 5
 
 
@@ -69,7 +71,8 @@ def test_purge_lists_and_nodes(redis, redis_url):
         "n1-1-a": json.dumps({"at": now, "pages": 5, "pages_per_s": 1.5, "state": "run",
                               "errors_download": 2, "errors_callback": 1}),
         "old-1-b": json.dumps({"at": now - 3_600_000, "pages": 1}),   # stale: pruned
-        "bad-1-c": "not json"})                                        # unreadable: pruned
+        "bad-1-c": "not json",                                         # unreadable: pruned
+        "deep-1-d": "[" * 100_000})                                    # too deep: pruned
     out = cli(redis_url, "nodes", "shop")
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     assert [(r["node"], r["pages"], r["registered"]) for r in rows] == [("n1-1-a", 5, False)]
