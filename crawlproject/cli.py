@@ -9,6 +9,7 @@
     python -m crawlproject.cli proxies products [--json] [--revive HOST:PORT]
     python -m crawlproject.cli pause|resume|drain|stop products   # every node, within ~1 s
     python -m crawlproject.cli reset products --yes [--keep-seeds] [--drop-proxy-pool]
+    python -m crawlproject.cli recrawl products [--pattern REGEX] [--now]   # revisit pages
     python -m crawlproject.cli spool-replay [--mongo-uri URI] [--database DB] [--spool-dir DIR] [--spider products]
     python -m crawlproject.cli deploy [TARGET...] [--targets-file F] [--version V]
     python -m crawlproject.cli schedule products [TARGET...] -s MAX_IDLE_TIME_BEFORE_CLOSE=60
@@ -173,7 +174,21 @@ def status_data(args, parts: list[Frontier], seeds: SeedKeys) -> dict:
                   "fill_ratio": round(est["fill_ratio"], 6),
                   "est_fp_rate": est["est_fp_rate"],
                   "bytes_per_item": round(est["bytes_per_item"], 3)},
+        "recrawl": _recrawl_summary(f.client, args.spider),
     }
+
+
+def _recrawl_summary(client, spider: str) -> dict:
+    """The revisit feeder's last report (``{spider}:recrawl``): page records,
+    pages due and not yet fed, fed in all, when (ms); zeros when none ran."""
+    raw = {_s(k): _s(v) for k, v in client.hgetall(FrontierKeys(spider).recrawl).items()}
+    out = {}
+    for name in ("pages", "due", "fed", "at"):
+        try:
+            out[name] = max(0, int(raw.get(name, 0)))
+        except ValueError:  # not written by a node: shown as unknown
+            out[name] = 0
+    return out
 
 
 STATUS_HOSTS_MAX = 200   # per-host rows read only below this many hosts (2 calls a host)
@@ -228,6 +243,11 @@ def _status_table(args, data: dict):
                   f"{data['errors']['dead_letters']}")
     for name, value in sorted(data["totals"].items()):
         table.add_row(f"total {name}", str(value))
+    recrawl = data.get("recrawl") or {}
+    if recrawl.get("at"):
+        table.add_row("recrawl: pages / due now / fed (as of)",
+                      f"{recrawl['pages']} / {recrawl['due']} / {recrawl['fed']} "
+                      f"({_ago(recrawl['at'])})")
     bloom = data["bloom"]
     if bloom["layers"]:
         table.add_row("bloom layers / items", f"{bloom['layers']} / {bloom['items']}")
@@ -633,6 +653,53 @@ def cmd_spool_replay(args) -> int:
     return 0
 
 
+def cmd_recrawl(args) -> int:
+    """Make the spider's known pages (those *pattern* finds) due for a revisit
+    now; with ``--now`` the nodes look for due pages at once (else at their
+    next ``RECRAWL_CHECK_INTERVAL``). Revisits are fed a bounded batch at a
+    time and are as polite as any request."""
+    import re
+    from datetime import datetime, timezone
+
+    import pymongo
+    from pymongo.errors import PyMongoError
+
+    from crawlproject.connection import (mongo_client, mongo_database_from_settings,
+                                         mongo_uri_from_settings)
+    from crawlproject.pipelines.documents import collection_name
+    from crawlproject.pipelines.errors import Scrubber
+    from crawlproject.recrawl import PageVisit
+
+    query: dict = {}
+    if args.pattern:
+        try:
+            re.compile(args.pattern)
+        except re.error as exc:
+            raise UsageError(f"--pattern {args.pattern!r} is not a regular expression: {exc}")
+        query = {"url": {"$regex": args.pattern}}
+    settings, _ = _project()
+    uri = args.mongo_uri or mongo_uri_from_settings(settings)
+    database = args.database or mongo_database_from_settings(settings)
+    pages = collection_name("%(spider)s", PageVisit, args.spider)
+    now = datetime.now(timezone.utc)
+    client = mongo_client(uri, asyncio=False, settings=settings, serverSelectionTimeoutMS=5000)
+    try:
+        with pymongo.timeout(30):
+            result = client[database][pages].update_many(query, {"$set": {"next_visit": now}})
+    except PyMongoError as exc:
+        print(f"error: MongoDB at {Scrubber(uri).redacted}: {Scrubber(uri).exception(exc)}",
+              file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+    print(f"{result.matched_count} page(s) of {args.spider} due for a revisit now "
+          f"({database}.{pages}{', pattern ' + repr(args.pattern) if args.pattern else ''})")
+    if args.now:
+        _client(args).hincrby(FrontierKeys(args.spider).recrawl, "wake", 1)
+        print(f"nodes of {args.spider} look for due pages within ~1 s")
+    return 0
+
+
 # -- scrapyd nodes -------------------------------------------------------------------------
 def _targets(args) -> list:
     from crawlproject.scrapyd import targets_from_cfg, targets_from_file
@@ -793,6 +860,15 @@ def build_parser() -> argparse.ArgumentParser:
                            help="also delete items handed to Redis that are not in MongoDB yet")
             p.add_argument("--drop-proxy-pool", action="store_true",
                            help="also delete the operator's proxy list {spider}:proxies")
+    p = sub.add_parser("recrawl", help="make known pages due for a revisit now (conditional "
+                       "requests; unchanged pages are not parsed again)")
+    p.add_argument("spider")
+    p.add_argument("--pattern", help="only pages whose URL this regular expression finds")
+    p.add_argument("--now", action="store_true",
+                   help="nodes look for due pages at once (else at their next check)")
+    p.add_argument("--mongo-uri", help="default: MONGO_URI (setting, then environment)")
+    p.add_argument("--database", help="default: MONGO_DATABASE (setting, then environment)")
+    p.set_defaults(func=cmd_recrawl)
     p = sub.add_parser("spool-replay", help="store the items a node left in its MongoDB spool "
                        "(no crawl); exit 0 when none is left")
     p.add_argument("--mongo-uri", help="default: MONGO_URI (setting, then environment)")

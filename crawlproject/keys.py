@@ -86,6 +86,14 @@ key                                type    contents / written by
                                            domain until then; REFRESH
 ``{<spider>}:proxy:retired``       hash    proxy id → ``{reason, at}`` (JSON): kept
                                            out of the pool until revived (CLI)
+``{<spider>}:recrawl``             hash    the revisit feeder's report: ``pages`` (page
+                                           records), ``due`` (due and not yet fed),
+                                           ``fed`` (total), ``at`` (ms), ``node``; and
+                                           ``wake``, a counter ``crawlctl recrawl
+                                           --now`` raises (nodes poll it each second;
+                                           :mod:`crawlproject.extensions.recrawl`)
+``{<spider>}:recrawl:lock``        string  the node feeding due pages right now (a
+                                           redis-py lock with a TTL)
 ``{<spider>}:mongo_spool:<target>`` list   items a node could not store in MongoDB
                                            before closing: chunks of spool lines;
                                            ``<target>`` = ``<database>-<hash of hosts>``;
@@ -217,6 +225,12 @@ class FrontierKeys:
     def cluster_stats(self) -> str: return f"{{{self.spider}}}:stats"
     @property
     def dupefilter(self) -> str: return DUPEFILTER % {"spider": self.spider}
+
+    @property
+    def recrawl(self) -> str: return f"{{{self.spider}}}:recrawl"
+
+    @property
+    def recrawl_lock(self) -> str: return f"{{{self.spider}}}:recrawl:lock"
 
     def mongo_spool(self, target: str) -> str:
         """The list of spooled items handed over for MongoDB target *target*."""

@@ -58,6 +58,7 @@ from crawlproject.frontier.queue import DEAD_MAX, INVALID_MAX, MAX_PRIORITY, Asy
 from crawlproject.frontier.retrypolicy import (
     CALLBACK_ATTEMPTS_META,
     LEASE_META,
+    PAYLOAD_META,
     RETRY_DELAY_META,
     SLOW_DOWN_META,
     RetryPolicy,
@@ -419,6 +420,9 @@ class RedisScheduler(BaseScheduler):
                          extra={"spider": self.spider})
             raise Rejected(str(exc)) from None
         request.meta[LEASE_META] = member
+        # What the frontier stored, before downloader middlewares added their
+        # headers: a page record keeps it to fetch the page again (recrawl).
+        request.meta[PAYLOAD_META] = payload
         return request
 
     def _node_report(self) -> dict:

@@ -59,11 +59,14 @@ DOWNLOADER_MIDDLEWARES = {
     "crawlproject.middlewares.rendering.RenderingMiddleware": 620,
     # before CookiesMiddleware (700): a session's cookies carried by its request
     "crawlproject.middlewares.sessioncookies.SessionCookiesMiddleware": 690,
+    # after HttpCompressionMiddleware (590) on the way back: hashes the decoded body
+    "crawlproject.middlewares.recrawl.RecrawlMiddleware": 580,
 }
 SPIDER_MIDDLEWARES = {
     "scrapy.spidermiddlewares.referer.RefererMiddleware": None,
     "crawlproject.middlewares.referer.SeedRefererMiddleware": 700,
     "crawlproject.middlewares.sessioncookies.SessionCookiesSpiderMiddleware": 650,
+    "crawlproject.middlewares.recrawl.RecrawlSpiderMiddleware": 950,   # sees the callback's output
 }
 # Politeness is enforced by the frontier for all nodes together (see
 # crawlproject/frontier/politeness.py): DOWNLOAD_DELAY is the interval between
@@ -150,7 +153,8 @@ VALIDATION_ENABLED = True
 VALIDATION_INVALID_COLLECTION = ""        # e.g. "invalid_items" to keep dropped items
 
 # Prometheus endpoint per node (crawlproject/extensions/metrics.py): opt-in.
-EXTENSIONS = {"crawlproject.extensions.metrics.PrometheusMetrics": 500}
+EXTENSIONS = {"crawlproject.extensions.metrics.PrometheusMetrics": 500,
+              "crawlproject.extensions.recrawl.RecrawlFeeder": 510}
 LOG_JSON = False                        # True: one JSON object per log line (JsonLogsAddon)
 METRICS_ENABLED = False
 METRICS_HOST = "127.0.0.1"              # 0.0.0.0 to let a Prometheus on another host scrape
@@ -159,6 +163,22 @@ ITEM_PIPELINES = {
     "crawlproject.pipelines.validation.ValidationPipeline": 300,
     "crawlproject.pipelines.mongo.MongoPipeline": 800,
 }
+
+# --- Incremental recrawl (crawlproject/recrawl.py, docs/recrawl.md): opt-in ------
+# Pages a rule covers get a record in MongoDB (<spider>_pages: validators, body
+# hash, next visit); due pages go back into the frontier as conditional
+# requests, a bounded batch at a time; 304 / unchanged pages skip parsing.
+RECRAWL_ENABLED = False
+RECRAWL_INTERVAL = 0                    # seconds between visits of any page (0: only the rules)
+RECRAWL_ADAPTIVE = False                # halve the interval when changed, double it when not
+RECRAWL_MIN_INTERVAL = 0                # adaptive bounds (0: interval / 16 and interval * 16)
+RECRAWL_MAX_INTERVAL = 0
+RECRAWL_PRIORITY = -100                 # revisits after fresh discoveries (priority 0)
+RECRAWL_RULES = []                      # [{"pattern": "/product/", "interval": 3600, "adaptive": True}]
+RECRAWL_CHECK_INTERVAL = 10.0           # seconds between looks for due pages
+RECRAWL_BATCH_SIZE = 500                # due pages fed to the frontier per look, at most
+RECRAWL_MAX_QUEUED = 5000               # no feeding while the frontier holds this many
+RECRAWL_CLAIM_TIMEOUT = 3600.0          # a fed page not visited by then is due again
 
 # --- JavaScript rendering (crawlproject.rendering, crawlproject.middlewares.rendering) ----
 # The add-on routes http/https through scrapy-playwright's handler (only requests

@@ -22,13 +22,32 @@ Pages (``text/html; charset=utf-8`` unless noted):
 ``/product/ID`` with ``ID % 17 == 0``
     Answers 503 the first time each path is requested, 200 afterwards (disable with
     ``--no-faults``).
+``/product/ID`` revised
+    After ``/__change?ids=...`` a product's description ends with ``(revision N)``
+    (:func:`revised`): its page, ETag and Last-Modified change. After
+    ``/__gone?ids=...`` it answers ``410 Gone``.
 ``/robots.txt``
     ``text/plain``, allows everything.
+
+Validators (unless ``--no-validators``): every 200 page carries a strong ``ETag``
+(sha1 of the body) and a ``Last-Modified`` date that moves with each revision, and
+a conditional request that matches (``If-None-Match``, else ``If-Modified-Since``)
+gets ``304 Not Modified`` without a body. Product pages whose ID is a multiple of
+``NO_VALIDATORS_EVERY`` (5) send no validators, like many real sites: only the
+body tells whether they changed.
 ``/__stats``
     JSON ``{path: hits}`` of every request received (including 404s and 503s,
     excluding ``/__stats`` and ``/__reset``).
+``/__served``
+    JSON ``{"paths": {path: {status: count}}, "body_bytes": N}``: what was answered,
+    with how many body bytes in all (304s have none).
+``/__change?ids=1,2,3``
+    POST: the next revision of those products (their pages change).
+``/__gone?ids=1,2,3``
+    POST: those products answer 410 from now on.
 ``/__reset``
-    GET or POST: clears the counters and the 503-once state.
+    GET or POST: clears the counters and the 503-once state (revisions and gone
+    products stay: they are the site's content).
 
 Anything else answers 404. Latency (``--latency-ms``) is added to every page except the
 two control endpoints, using ``reactor.callLater`` (never blocking).
@@ -53,6 +72,8 @@ from __future__ import annotations
 
 import argparse
 import base64
+import email.utils
+import hashlib
 import html
 import json
 import math
@@ -67,7 +88,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path
@@ -83,7 +104,10 @@ FLAKY_EVERY = 17
 JS_DELAY_MS = 50
 MAX_PRODUCTS = DEAD_PRODUCT_ID - 1
 URL_PREFIX = "DEMO_SITE_URL="
-CONTROL_PATHS = ("/__stats", "/__reset")
+CONTROL_PATHS = ("/__stats", "/__reset", "/__served", "/__change", "/__gone")
+NO_VALIDATORS_EVERY = 5
+# Last-Modified of revision 0 of every page; each revision adds an hour.
+_BASE_MODIFIED = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 _MASK64 = (1 << 64) - 1
 _NBSP = "\u00a0"
@@ -275,6 +299,13 @@ def product(pid: int, products: int) -> Product:
     )
 
 
+def revised(p: Product, revision: int) -> Product:
+    """Product *p* at revision *revision* (0: as :func:`product` made it)."""
+    if revision <= 0:
+        return p
+    return replace(p, description=f"{p.description} (revision {revision})")
+
+
 def catalog(products: int) -> list[Product]:
     """Return every product of a catalog of ``products`` items, ordered by ID."""
     return [product(pid, products) for pid in range(1, products + 1)]
@@ -402,15 +433,26 @@ class SiteConfig:
     per_page: int = 10
     latency_ms: int = 0
     faults: bool = True
+    validators: bool = True
 
 
 @dataclass(frozen=True)
 class Page:
-    """A response: HTTP status, content type and body."""
+    """A response: HTTP status, content type, body, and the validators it may carry."""
 
     status: int
     content_type: str
     body: bytes
+    revision: int = 0
+    validators: bool = True
+
+    @property
+    def etag(self) -> str:
+        return '"%s"' % hashlib.sha1(self.body).hexdigest()[:20]
+
+    @property
+    def last_modified(self) -> datetime:
+        return _BASE_MODIFIED + timedelta(hours=self.revision)
 
 
 def _html(status: int, text: str) -> Page:
@@ -419,6 +461,7 @@ def _html(status: int, text: str) -> Page:
 
 NOT_FOUND = _html(404, _layout("Not found", "<h1>404 Not found</h1>"))
 UNAVAILABLE = _html(503, _layout("Unavailable", "<h1>503 Service unavailable</h1>"))
+GONE = _html(410, _layout("Gone", "<h1>410 Gone</h1>"))
 
 
 def product_id(path: str) -> int | None:
@@ -427,18 +470,25 @@ def product_id(path: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def render_path(path: str, config: SiteConfig) -> Page:
-    """Pure routing: the 200/404 response for ``path`` (the 503 fault is stateful, elsewhere)."""
+def render_path(path: str, config: SiteConfig, revisions: dict[int, int] | None = None,
+                gone: set[int] | frozenset = frozenset()) -> Page:
+    """Pure routing: the 200/404/410 response for ``path`` at the given product
+    *revisions* (the 503 fault is stateful, elsewhere)."""
     if path == "/robots.txt":
         return Page(200, "text/plain; charset=utf-8", ROBOTS_TXT.encode("ascii"))
     match = _LIST_RE.match(path)
     page = 1 if path == "/" else int(match.group(1)) if match else None
     listing = render_listing(page, config.products, config.per_page) if page else None
     if listing is not None:
-        return _html(200, listing)
+        return replace(_html(200, listing), validators=config.validators)
     pid = product_id(path)
     if pid is not None and pid <= config.products:
-        return _html(200, render_product(product(pid, config.products)))
+        if pid in gone:
+            return GONE
+        revision = (revisions or {}).get(pid, 0)
+        page = _html(200, render_product(revised(product(pid, config.products), revision)))
+        return replace(page, revision=revision,
+                       validators=config.validators and pid % NO_VALIDATORS_EVERY != 0)
     return NOT_FOUND
 
 
@@ -451,11 +501,21 @@ class SiteState:
     def __init__(self) -> None:
         self.hits: Counter[str] = Counter()
         self.failed_once: set[str] = set()
+        self.served: dict[str, Counter[int]] = {}
+        self.body_bytes = 0
+        self.revisions: Counter[int] = Counter()
+        self.gone: set[int] = set()
 
     def reset(self) -> None:
-        """Forget all counters and 503 state."""
+        """Forget all counters and 503 state (revisions and gone products stay)."""
         self.hits.clear()
         self.failed_once.clear()
+        self.served.clear()
+        self.body_bytes = 0
+
+    def answered(self, path: str, status: int, body: bytes) -> None:
+        self.served.setdefault(path, Counter())[status] += 1
+        self.body_bytes += len(body)
 
     def should_fail(self, path: str, config: SiteConfig) -> bool:
         """True (once per path) for flaky product paths when faults are enabled."""
@@ -482,22 +542,48 @@ class DemoResource(Resource):
         """Count the hit, pick the page, answer now or after the configured latency."""
         path = request.path.decode("utf-8", "replace")
         if path in CONTROL_PATHS:
-            return self._send(request, self._control(path))
+            return self._send(request, self._control(path, request))
         self.state.hits[path] += 1
         fail = self.state.should_fail(path, self.config)
-        page = UNAVAILABLE if fail else render_path(path, self.config)
+        page = UNAVAILABLE if fail else render_path(path, self.config, self.state.revisions,
+                                                    self.state.gone)
         if self.config.latency_ms <= 0:
-            return self._send(request, page)
-        self._delay(request, page)
+            return self._answer(request, path, page)
+        self._delay(request, path, page)
         return NOT_DONE_YET
 
-    def _control(self, path: str) -> Page:
+    def _control(self, path: str, request) -> Page:
         if path == "/__reset":
             self.state.reset()
             data = {"reset": True}
+        elif path == "/__served":
+            data = {"paths": {p: {str(k): v for k, v in sorted(c.items())}
+                              for p, c in sorted(self.state.served.items())},
+                    "body_bytes": self.state.body_bytes}
+        elif path in ("/__change", "/__gone"):
+            raw = request.args.get(b"ids", [b""])[0].decode("ascii", "replace")
+            ids = [int(x) for x in raw.split(",") if x.strip().isdigit()]
+            for pid in ids:
+                if path == "/__change":
+                    self.state.revisions[pid] += 1
+                else:
+                    self.state.gone.add(pid)
+            data = {"ids": ids}
         else:
             data = dict(sorted(self.state.hits.items()))
         return Page(200, "application/json", json.dumps(data).encode("utf-8"))
+
+    def _answer(self, request, path: str, page: Page) -> bytes:
+        """Send *page*, or 304 when the request's validators match it."""
+        if page.status == 200 and page.validators:
+            request.setHeader(b"etag", page.etag.encode("ascii"))
+            request.setHeader(b"last-modified", http_date(page.last_modified))
+            if _not_modified(request, page):
+                request.setResponseCode(304)
+                self.state.answered(path, 304, b"")
+                return b""
+        self.state.answered(path, page.status, page.body)
+        return self._send(request, page)
 
     @staticmethod
     def _send(request, page: Page) -> bytes:
@@ -506,13 +592,39 @@ class DemoResource(Resource):
         request.setHeader(b"content-length", str(len(page.body)).encode("ascii"))
         return page.body
 
-    def _delay(self, request, page: Page) -> None:
-        call = self.reactor.callLater(self.config.latency_ms / 1000, self._finish, request, page)
+    def _delay(self, request, path: str, page: Page) -> None:
+        call = self.reactor.callLater(self.config.latency_ms / 1000, self._finish, request,
+                                      path, page)
         request.notifyFinish().addErrback(lambda _: call.active() and call.cancel())
 
-    def _finish(self, request, page: Page) -> None:
-        request.write(self._send(request, page))
+    def _finish(self, request, path: str, page: Page) -> None:
+        body = self._answer(request, path, page)
+        if body:
+            request.write(body)
         request.finish()
+
+
+def http_date(when: datetime) -> bytes:
+    """*when* as an HTTP date (RFC 9110 IMF-fixdate)."""
+    return email.utils.format_datetime(when.astimezone(timezone.utc), usegmt=True).encode("ascii")
+
+
+def _not_modified(request, page: Page) -> bool:
+    """RFC 9110 §13.2.2: If-None-Match decides when present, else If-Modified-Since."""
+    none_match = request.getHeader(b"if-none-match")
+    if none_match is not None:
+        tags = [t.strip() for t in none_match.decode("latin-1").split(",")]
+        return "*" in tags or any(t.removeprefix("W/") == page.etag for t in tags)
+    since = request.getHeader(b"if-modified-since")
+    if since is None:
+        return False
+    try:
+        when = email.utils.parsedate_to_datetime(since.decode("latin-1"))
+    except (TypeError, ValueError):
+        return False
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return page.last_modified <= when
 
 
 class QuietSite(Site):
@@ -562,6 +674,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--latency-ms", type=_non_negative, default=0)
     parser.add_argument("--no-faults", dest="faults", action="store_false",
                         help="disable the 503-once responses")
+    parser.add_argument("--no-validators", dest="validators", action="store_false",
+                        help="send no ETag / Last-Modified, never 304")
     parser.add_argument("--exit-on-stdin-eof", action="store_true",
                         help="stop when stdin closes (used by DemoSite so no orphan survives)")
     return parser.parse_args(argv)
@@ -576,7 +690,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from twisted.internet import reactor
 
-    config = SiteConfig(args.products, args.per_page, args.latency_ms, args.faults)
+    config = SiteConfig(args.products, args.per_page, args.latency_ms, args.faults,
+                        args.validators)
     port = reactor.listenTCP(args.port, build_site(config, reactor), backlog=1024,
                              interface=args.host)
     print(URL_PREFIX + _base_url(args.host, port.getHost().port), flush=True)
@@ -619,9 +734,10 @@ class DemoSite:
 
     def __init__(self, products: int = 60, per_page: int = 10, latency_ms: int = 0,
                  faults: bool = True, host: str = "127.0.0.1",
-                 start_timeout: float = 20.0) -> None:
+                 start_timeout: float = 20.0, validators: bool = True) -> None:
         self.products, self.per_page, self.latency_ms = products, per_page, latency_ms
         self.faults, self.host, self.start_timeout = faults, host, start_timeout
+        self.validators = validators
         self.url: str | None = None
         self._proc: subprocess.Popen | None = None
         self._stderr = None
@@ -633,6 +749,8 @@ class DemoSite:
                "--port", "0", "--products", str(self.products),
                "--per-page", str(self.per_page), "--latency-ms", str(self.latency_ms),
                "--exit-on-stdin-eof"]
+        if not self.validators:
+            cmd.append("--no-validators")
         return cmd if self.faults else cmd + ["--no-faults"]
 
     def start(self) -> DemoSite:
@@ -724,6 +842,18 @@ class DemoSite:
     def reset(self) -> None:
         """Clear the hit counters and the 503-once state (POST ``/__reset``)."""
         self._request("__reset", method="POST")
+
+    def served(self) -> dict:
+        """``{"paths": {path: {status: count}}, "body_bytes": N}`` from ``/__served``."""
+        return json.loads(self._request("__served"))
+
+    def change(self, ids) -> None:
+        """Move products *ids* to their next revision (their pages change)."""
+        self._request("__change?ids=" + ",".join(map(str, ids)), method="POST")
+
+    def remove(self, ids) -> None:
+        """Make products *ids* answer 410 Gone."""
+        self._request("__gone?ids=" + ",".join(map(str, ids)), method="POST")
 
 
 if __name__ == "__main__":

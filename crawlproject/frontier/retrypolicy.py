@@ -20,6 +20,8 @@ LEASE_META = "_crawlproject_lease"
 RETRY_DELAY_META = "_crawlproject_retry_delay"
 #: The response asked the site's politeness key to slow down (never stored).
 SLOW_DOWN_META = "_crawlproject_slow_down"
+#: The payload the request was leased with, as stored (never stored again).
+PAYLOAD_META = "_crawlproject_payload"
 #: Callback attempts so far (stored: a retried request carries it).
 CALLBACK_ATTEMPTS_META = "crawlproject_callback_attempts"
 

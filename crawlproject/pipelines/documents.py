@@ -17,7 +17,12 @@ Every write is idempotent and order-independent:
   document only when its content hash differs *and* the stored version is not
   newer than ``seen``; ``first_seen`` is kept, ``updated_at`` becomes ``seen``.
   An unchanged item is no write at all (``nModified`` 0), a replayed or
-  delayed older version never overwrites a newer one.
+  delayed older version never overwrites a newer one. A ``gone_at`` mark
+  older than ``seen`` is removed (and ``updated_at`` becomes ``seen``): the
+  item was seen again.
+* :func:`gone_update` (ops of kind ``gone``, :meth:`WriteOp.gone`) marks a
+  stored document gone (``gone_at`` = ``seen``) without touching its other
+  fields, unless it was stored again after ``seen``; it never inserts.
 
 :func:`to_spool_line` / :func:`from_spool_line` turn a WriteOp into one line
 of extended JSON (``bson.json_util``, canonical mode: Decimal128 and dates
@@ -40,10 +45,13 @@ from itemadapter import ItemAdapter
 from scrapy import Item
 
 __all__ = ["WriteOp", "item_fields", "to_mongo", "decimal128", "content_hash", "insert_document",
-           "upsert_update", "to_spool_line", "from_spool_line", "utc_now_ms", "EPOCH"]
+           "upsert_update", "gone_update", "to_spool_line", "from_spool_line", "utc_now_ms",
+           "collection_name", "gone_op", "EPOCH", "KINDS"]
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _SPOOL_JSON = CANONICAL_JSON_OPTIONS.with_options(tz_aware=True, tzinfo=timezone.utc)
+#: What an op does: store an item, or mark a stored one gone.
+KINDS = ("item", "gone")
 
 
 @dataclass(slots=True)
@@ -58,6 +66,7 @@ class WriteOp:
     hash: str
     seen: datetime
     key_as_id: bool = True
+    kind: str = "item"
 
     @classmethod
     def build(cls, database: str, collection: str, key_field: str,
@@ -76,6 +85,15 @@ class WriteOp:
             raise KeyError(key_field)
         return cls(database, collection, key_field, key, doc,
                    content_hash(doc), seen or utc_now_ms(), key_as_id)
+
+    @classmethod
+    def gone(cls, database: str, collection: str, key_field: str, key: Any,
+             seen: datetime | None = None, key_as_id: bool = True) -> "WriteOp":
+        """An op that marks the stored document of *key* gone (see :func:`gone_update`)."""
+        if key is None or isinstance(key, (list, dict)):
+            raise KeyError(key_field)
+        return cls(database, collection, key_field, key, {}, "", seen or utc_now_ms(),
+                   key_as_id, "gone")
 
     @property
     def filter(self) -> dict[str, Any]:
@@ -176,6 +194,7 @@ def upsert_update(op: WriteOp) -> list[dict[str, Any]]:
     so strings starting with ``$`` stay strings.
     """
     new = {**op.fields, "content_hash": op.hash, "updated_at": op.seen}
+    back = {"$lt": [{"$ifNull": ["$gone_at", {"$literal": op.seen}]}, {"$literal": op.seen}]}
     changed = {"$and": [
         {"$ne": ["$content_hash", op.hash]},
         {"$lte": [{"$ifNull": ["$updated_at", EPOCH]}, op.seen]},
@@ -188,13 +207,55 @@ def upsert_update(op: WriteOp) -> list[dict[str, Any]]:
             {"first_seen": {"$ifNull": ["$first_seen", {"$literal": op.seen}]}},
         ]},
         "else": "$$ROOT",
+    }}}, {"$set": {
+        # Marked gone before this sighting: not gone any more ($$REMOVE drops
+        # the field; a document without one stays without one), and updated
+        # now, so that a delayed older mark cannot apply again.
+        "gone_at": {"$cond": [back, "$$REMOVE", "$gone_at"]},
+        "updated_at": {"$cond": [back, {"$literal": op.seen}, "$updated_at"]},
+    }}]
+
+
+def gone_update(op: WriteOp) -> list[dict[str, Any]]:
+    """Aggregation-pipeline update for ``update_one(op.filter, ..., upsert=False)``
+    of an op of kind ``gone``: set ``gone_at`` unless the document is already
+    marked or was stored after ``op.seen``."""
+    applies = {"$and": [
+        {"$lte": [{"$ifNull": ["$updated_at", EPOCH]}, op.seen]},
+        {"$eq": [{"$ifNull": ["$gone_at", None]}, None]},
+    ]}
+    return [{"$replaceWith": {"$cond": {
+        "if": applies,
+        "then": {"$mergeObjects": ["$$ROOT", {"gone_at": {"$literal": op.seen}}]},
+        "else": "$$ROOT",
     }}}]
+
+
+def gone_op(database: str, mark: Mapping[str, Any], key_as_id: bool = True) -> WriteOp:
+    """The op of a gone mark (``{collection, key_field, key}``, from a page
+    record read back from MongoDB: checked like a spool line). Raises
+    ``KeyError`` for a mark that names no storable key, ``ValueError`` for a
+    collection or field the pipeline may not write."""
+    collection, key_field = mark.get("collection"), mark.get("key_field")
+    if not _valid_name(collection) or not isinstance(key_field, str) or not key_field \
+            or key_field.startswith("$"):
+        raise ValueError(f"gone mark names collection {collection!r} / field {key_field!r}")
+    return WriteOp.gone(database, collection, key_field, mark.get("key"), key_as_id=key_as_id)
+
+
+def collection_name(pattern: str, cls: type | None, spider: str) -> str:
+    """The collection of item class *cls*: its ``mongo_collection``, else
+    *pattern* (``MONGO_COLLECTION``), with ``%(spider)s`` and ``%(item)s``."""
+    pattern = getattr(cls, "mongo_collection", None) or pattern
+    return pattern % {"spider": spider, "item": cls.__name__.lower() if cls else ""}
 
 
 def to_spool_line(op: WriteOp) -> str:
     """One line of canonical extended JSON (without the newline)."""
     record = {"db": op.database, "coll": op.collection, "kf": op.key_field, "k": op.key,
               "f": op.fields, "h": op.hash, "s": op.seen, "id": op.key_as_id}
+    if op.kind != "item":
+        record["w"] = op.kind
     return json_util.dumps(record, json_options=_SPOOL_JSON, separators=(",", ":"))
 
 
@@ -208,13 +269,13 @@ def from_spool_line(line: str) -> WriteOp:
     try:
         r = json_util.loads(line, json_options=_SPOOL_JSON)
         op = WriteOp(r["db"], r["coll"], r["kf"], r["k"], r["f"], r["h"], r["s"],
-                     bool(r.get("id", False)))
+                     bool(r.get("id", False)), r.get("w", "item"))
     except Exception as exc:  # noqa: BLE001 - whatever the line holds
         raise ValueError(f"malformed spool record: {type(exc).__name__}: {exc}") from None
     if not (isinstance(op.database, str) and _valid_name(op.collection)
             and isinstance(op.key_field, str) and op.key_field and not op.key_field.startswith("$")
             and isinstance(op.fields, dict) and isinstance(op.hash, str)
-            and isinstance(op.seen, datetime)):
+            and isinstance(op.seen, datetime) and op.kind in KINDS):
         raise ValueError("malformed spool record: wrong field types or collection name")
     return op
 

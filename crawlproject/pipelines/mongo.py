@@ -68,7 +68,7 @@ from crawlproject.connection import (
 )
 from crawlproject.identity import node_id
 from crawlproject.keys import FrontierKeys
-from crawlproject.pipelines.documents import WriteOp, item_fields, to_mongo
+from crawlproject.pipelines.documents import WriteOp, gone_op, item_fields, to_mongo
 from crawlproject.pipelines.errors import MongoPipelineError, Scrubber, is_auth_error
 from crawlproject.pipelines.handoff import RedisHandoff
 from crawlproject.pipelines.replay import replay_segment
@@ -327,8 +327,11 @@ class MongoPipeline:
             target = self._targets[cls] = (self._collection_name(cls), self._key_field(cls))
         collection, key_field = target
         try:
-            op = WriteOp.build(self.database, collection, key_field, item_fields(item),
-                               key_as_id=self.key_as_id)
+            if getattr(cls, "mongo_write", None) == "gone":
+                op = gone_op(self.database, item, self.key_as_id)
+            else:
+                op = WriteOp.build(self.database, collection, key_field, item_fields(item),
+                                   key_as_id=self.key_as_id)
         except KeyError:
             self.stats.inc_value("mongo/dropped/no_key")
             raise DropItem(f"{item_type_name(item)} has no usable {key_field!r} (missing, None "

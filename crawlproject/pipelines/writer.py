@@ -10,6 +10,7 @@ spool replays and ``python -m crawlproject.cli spool-replay``:
   are upserted; otherwise every op is an ``UpdateOne(..., upsert=True)`` in
   one ``bulk_write(ordered=False)`` (see :mod:`.documents` for why they are
   idempotent). A duplicate-key race between writers is retried as an update.
+  Ops of kind ``gone`` are updates that never insert (``mongo/marked_gone``).
 * transient errors (see :func:`.errors.is_transient`) are retried with
   jittered exponential backoff (:func:`crawlproject.backoff.backoff_delay`)
   until the caller's budget runs out; a batch refused as a whole for another
@@ -33,7 +34,7 @@ from pymongo.errors import BulkWriteError, PyMongoError
 
 from crawlproject.backoff import backoff_delay
 from crawlproject.connection import mongo_client
-from crawlproject.pipelines.documents import WriteOp, insert_document, upsert_update
+from crawlproject.pipelines.documents import WriteOp, gone_update, insert_document, upsert_update
 from crawlproject.pipelines.errors import Scrubber, classify_write_error, is_transient
 
 __all__ = ["MongoWriter", "WriteOutcome", "Counters"]
@@ -216,14 +217,17 @@ class MongoWriter:
     async def _write_once(self, ops: list[WriteOp], mode: str,
                           outcome: WriteOutcome) -> list[WriteOp]:
         """One attempt; returns the ops to retry (transient per-op errors)."""
-        groups: dict[tuple[str, str, str, bool], list[WriteOp]] = {}
+        groups: dict[tuple[str, str, str, bool, str], list[WriteOp]] = {}
         for op in ops:
-            groups.setdefault((op.database, op.collection, op.key_field, op.key_as_id),
+            groups.setdefault((op.database, op.collection, op.key_field, op.key_as_id, op.kind),
                               []).append(op)
         retry: list[WriteOp] = []
-        for (database, collection, key_field, key_as_id), group in groups.items():
-            await self.ensure_index(database, collection, key_field, key_as_id)
+        for (database, collection, key_field, key_as_id, kind), group in groups.items():
             coll = self.client[database][collection]
+            if kind == "gone":
+                await self._mark_gone(coll, group, outcome, retry)
+                continue
+            await self.ensure_index(database, collection, key_field, key_as_id)
             if mode == "auto" and self._existing_ratio.get(collection, 0.0) < 0.5:
                 to_upsert = await self._insert(coll, group, outcome, retry)
                 existing = len(to_upsert)
@@ -300,6 +304,27 @@ class MongoWriter:
             self.stats.inc_value("mongo/duplicate_key_retries", len(duplicates))
             ops = duplicates
         return matched
+
+    async def _mark_gone(self, coll, ops: list[WriteOp], outcome: WriteOutcome,
+                         retry: list[WriteOp]) -> None:
+        """Mark stored documents gone (updates only: a missing key stays missing)."""
+        requests = [UpdateOne(op.filter, gone_update(op), upsert=False) for op in ops]
+        try:
+            result = await coll.bulk_write(requests, ordered=False)
+            details = result.bulk_api_result
+        except BulkWriteError as exc:
+            details = exc.details
+            if details.get("writeConcernErrors"):
+                retry.extend(ops)
+                return
+            for error in details.get("writeErrors", []):
+                op = ops[error["index"]]
+                if classify_write_error(error) == "transient":
+                    retry.append(op)
+                else:
+                    self._fail(op, self.scrub(error.get("errmsg", "")), outcome,
+                               code=error.get("code"))
+        self.stats.inc_value("mongo/marked_gone", details.get("nModified", 0))
 
     def _note_existing(self, collection: str, existing: int, total: int) -> None:
         if total <= 0:

@@ -1,0 +1,248 @@
+"""RecrawlFeeder: due pages back into the shared frontier, a bounded batch at a time.
+
+Every node runs the feeder; one at a time does a cycle (a Redis lock,
+``{spider}:recrawl:lock``). A cycle, every ``RECRAWL_CHECK_INTERVAL`` seconds
+(at once after ``crawlctl recrawl --now``, and again at once while due pages
+remain):
+
+1. skips when the operator paused, stopped or drained the crawl, or when the
+   frontier already holds ``RECRAWL_MAX_QUEUED`` requests (revisits never flood it);
+2. reads at most ``RECRAWL_BATCH_SIZE`` page records due now, oldest due first
+   (MongoDB, index on ``next_visit``);
+3. *claims* them: ``next_visit`` moves ``RECRAWL_CLAIM_TIMEOUT`` ahead, so a
+   page fed but never visited (its request dead-lettered, its node gone before
+   the request reached Redis) is due again then: nothing is lost, nothing is
+   fed twice meanwhile;
+4. rebuilds each page's request from its record (untrusted: decoded with the
+   spider's input policy, like a frontier payload), with the page's state in
+   ``meta["recrawl"]`` (validators, interval, counters), ``dont_filter`` (a
+   revisit is not a duplicate) and the rule's priority (below fresh
+   discoveries by default), and schedules it: it is as polite as any request;
+5. reports ``pages`` and ``due`` to ``{spider}:recrawl`` (``crawlctl status``).
+
+A cycle that fails (MongoDB or Redis unreachable) is logged and retried at the
+next one; the crawl goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from datetime import timedelta
+from typing import Any
+
+from pymongo import ASCENDING
+from pymongo.errors import PyMongoError
+from redis.exceptions import LockError, RedisError
+from scrapy import signals
+from scrapy.exceptions import NotConfigured
+
+from crawlproject.connection import (
+    mongo_database_from_settings,
+    mongo_uri_from_settings,
+    redis_from_settings,
+)
+from crawlproject.identity import node_id
+from crawlproject.keys import FrontierKeys
+from crawlproject.pipelines.documents import collection_name
+from crawlproject.policy import InputPolicy
+from crawlproject.recrawl import STATE_META, PageVisit, RecrawlPolicy, utc_now
+from crawlproject.serialization import RequestDecodeError, request_from_json
+
+logger = logging.getLogger(__name__)
+
+#: Fields of a page record the feeder reads.
+PROJECTION = {"request": 1, "url": 1, "etag": 1, "last_modified": 1, "body_hash": 1,
+              "interval": 1, "checks": 1, "changes": 1, "gone_at": 1, "items": 1}
+WAKE_POLL = 1.0
+
+
+class RecrawlFeeder:
+    """See the module docstring. Settings: ``RECRAWL_ENABLED``,
+    ``RECRAWL_CHECK_INTERVAL``, ``RECRAWL_BATCH_SIZE``, ``RECRAWL_MAX_QUEUED``,
+    ``RECRAWL_CLAIM_TIMEOUT``, and the rules (:class:`RecrawlPolicy`)."""
+
+    def __init__(self, crawler, *, policy: RecrawlPolicy, mongo_uri: str, database: str,
+                 check_interval: float, batch_size: int, max_queued: int,
+                 claim_timeout: float):
+        self.crawler = crawler
+        self.stats = crawler.stats
+        self.policy = policy
+        self.mongo_uri, self.database = mongo_uri, database
+        self.check_interval, self.batch_size = check_interval, batch_size
+        self.max_queued, self.claim_timeout = max_queued, claim_timeout
+        self.input_policy: InputPolicy | None = None
+        self.redis = None
+        self.mongo = None
+        self.keys: FrontierKeys | None = None
+        self._task: asyncio.Task | None = None
+        self._closing = False
+        self._wake_seen: Any = None
+
+    @classmethod
+    def from_crawler(cls, crawler):
+        s = crawler.settings
+        if not s.getbool("RECRAWL_ENABLED", False):
+            raise NotConfigured("RECRAWL_ENABLED is off")
+        policy = RecrawlPolicy.from_settings(s, crawler.spidercls)
+        if not policy:
+            raise NotConfigured("no revisit rule")
+        feeder = cls(crawler, policy=policy, mongo_uri=mongo_uri_from_settings(s),
+                     database=mongo_database_from_settings(s),
+                     check_interval=max(0.2, s.getfloat("RECRAWL_CHECK_INTERVAL", 10.0)),
+                     batch_size=max(1, s.getint("RECRAWL_BATCH_SIZE", 500)),
+                     max_queued=max(1, s.getint("RECRAWL_MAX_QUEUED", 5000)),
+                     claim_timeout=max(1.0, s.getfloat("RECRAWL_CLAIM_TIMEOUT", 3600.0)))
+        crawler.signals.connect(feeder.spider_opened, signal=signals.spider_opened)
+        crawler.signals.connect(feeder.spider_closed, signal=signals.spider_closed)
+        return feeder
+
+    # -- lifecycle ------------------------------------------------------------
+    def spider_opened(self, spider) -> None:
+        from crawlproject.connection import mongo_client
+
+        self.input_policy = InputPolicy.from_settings(self.crawler.settings, type(spider))
+        self.redis = redis_from_settings(self.crawler.settings, asyncio=True)
+        self.mongo = mongo_client(self.mongo_uri, asyncio=True, settings=self.crawler.settings)
+        self.keys = FrontierKeys(spider.name)
+        self._task = asyncio.ensure_future(self._run())
+
+    async def spider_closed(self, spider) -> None:
+        self._closing = True
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        if self.redis is not None:
+            await self.redis.aclose()
+        if self.mongo is not None:
+            await self.mongo.close()
+
+    @property
+    def pages(self):
+        name = collection_name("%(spider)s", PageVisit, self.crawler.spider.name)
+        return self.mongo[self.database][name]
+
+    # -- the loop -------------------------------------------------------------
+    async def _run(self) -> None:
+        indexed = False
+        next_cycle = 0.0
+        while not self._closing:
+            now = time.monotonic()
+            if now >= next_cycle or await self._woken():
+                more = False
+                try:
+                    if not indexed:
+                        await self.pages.create_index([("next_visit", ASCENDING)])
+                        indexed = True
+                    more = await self.cycle()
+                except (PyMongoError, RedisError, OSError, asyncio.TimeoutError) as exc:
+                    self.stats.inc_value("recrawl/errors")
+                    logger.warning("Revisit cycle failed (%s: %s); next try in %.0fs",
+                                   type(exc).__name__, exc, self.check_interval,
+                                   extra={"spider": self.crawler.spider})
+                except Exception:  # a bug: say so, keep the crawl and the loop going
+                    self.stats.inc_value("recrawl/errors")
+                    logger.exception("Revisit cycle failed", extra={"spider": self.crawler.spider})
+                next_cycle = time.monotonic() + (0.0 if more else self.check_interval)
+            await asyncio.sleep(min(WAKE_POLL, max(0.05, next_cycle - time.monotonic())))
+
+    async def _woken(self) -> bool:
+        """True when ``crawlctl recrawl --now`` raised the wake counter."""
+        try:
+            wake = await self.redis.hget(self.keys.recrawl, "wake")
+        except (RedisError, OSError):
+            return False
+        seen, self._wake_seen = self._wake_seen, wake
+        return seen is not None and wake != seen
+
+    def _scheduler(self):
+        slot = getattr(self.crawler.engine, "_slot", None)
+        return getattr(slot, "scheduler", None)
+
+    def _may_feed(self) -> int:
+        """How many requests the frontier may take now (0: skip this cycle)."""
+        scheduler = self._scheduler()
+        if scheduler is None:
+            return 0
+        if getattr(scheduler, "control_state", "run") != "run":
+            return 0
+        return min(self.batch_size, max(0, self.max_queued - len(scheduler)))
+
+    async def cycle(self) -> bool:
+        """One cycle (see the module docstring); True when due pages remain
+        and the frontier has room (the next cycle should follow at once)."""
+        room = self._may_feed()
+        if room <= 0:
+            return False
+        lock = self.redis.lock(self.keys.recrawl_lock, timeout=max(30.0, 3 * self.check_interval),
+                               blocking=False)
+        if not await lock.acquire(token=node_id(self.crawler).encode()):
+            return False
+        try:
+            fed, due = await self._feed(room)
+        finally:
+            try:
+                await lock.release()
+            except LockError:  # expired meanwhile: another node may feed now (claims hold)
+                pass
+        return fed >= room and due > 0
+
+    async def _feed(self, room: int) -> tuple[int, int]:
+        now = utc_now()
+        docs = await self.pages.find({"next_visit": {"$lte": now}}, PROJECTION) \
+            .sort("next_visit", ASCENDING).limit(room).to_list(None)
+        fed = 0
+        if docs:
+            until = now + timedelta(seconds=self.claim_timeout)
+            await self.pages.update_many({"_id": {"$in": [d["_id"] for d in docs]},
+                                          "next_visit": {"$lte": now}},
+                                         {"$set": {"next_visit": until}})
+            for doc in docs:
+                fed += self._schedule(doc)
+            scheduler = self._scheduler()
+            if fed and hasattr(scheduler, "flushed"):
+                await asyncio.wait_for(asyncio.shield(scheduler.flushed()), 60)
+        due = await self.pages.count_documents({"next_visit": {"$lte": now}})
+        total = await self.pages.estimated_document_count()
+        self.stats.inc_value("recrawl/cycles")
+        self.stats.set_value("recrawl/due", due)
+        await self.redis.hset(self.keys.recrawl, mapping={
+            "pages": total, "due": due, "at": int(time.time() * 1000),
+            "node": node_id(self.crawler)})
+        if fed:
+            await self.redis.hincrby(self.keys.recrawl, "fed", fed)
+            logger.info("Revisits: %d due page(s) back in the frontier, %d more due", fed, due,
+                        extra={"spider": self.crawler.spider})
+        return fed, due
+
+    def _schedule(self, doc: dict) -> int:
+        """Schedule the revisit of one page record; 1 if scheduled."""
+        url = doc.get("url")
+        rule = self.policy.rule_for(url) if isinstance(url, str) else None
+        payload = doc.get("request")
+        if rule is None or not isinstance(payload, str):
+            # No rule covers it any more, or no request to fetch it with: the
+            # claim keeps it out of the way; counted, not an error.
+            self.stats.inc_value("recrawl/not_revisitable")
+            return 0
+        try:
+            request = request_from_json(payload, self.crawler.spider, self.input_policy)
+        except RequestDecodeError as exc:
+            self.stats.inc_value("recrawl/invalid_records")
+            logger.error("Page record %s holds no request this spider may run: %s", url, exc,
+                         extra={"spider": self.crawler.spider})
+            return 0
+        state = {k: doc.get(k) for k in ("etag", "last_modified", "body_hash", "interval",
+                                         "checks", "changes", "items") if doc.get(k) is not None}
+        if doc.get("gone_at") is not None:
+            state["gone"] = True
+        meta = dict(request.meta)
+        meta[STATE_META] = state
+        self.crawler.engine.crawl(request.replace(meta=meta, dont_filter=True,
+                                                  priority=rule.priority))
+        self.stats.inc_value("recrawl/fed")
+        return 1
