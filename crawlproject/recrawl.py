@@ -33,6 +33,7 @@ values.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -120,7 +121,10 @@ class RecrawlPolicy:
     @classmethod
     def from_settings(cls, settings, spidercls=None) -> "RecrawlPolicy":
         raw = list(getattr(spidercls, "recrawl_rules", None) or ())
-        raw += list(settings.getlist("RECRAWL_RULES") or ())
+        configured = settings.get("RECRAWL_RULES") or []
+        if isinstance(configured, str):  # -s RECRAWL_RULES='[{"pattern": ...}]'
+            configured = json.loads(configured)
+        raw += list(configured)
         rules = [r if isinstance(r, RevisitRule) else RevisitRule.parse(r) for r in raw]
         interval = settings.getfloat("RECRAWL_INTERVAL", 0.0)
         if interval > 0:
