@@ -18,7 +18,9 @@ from scrapy import signals
 STATS_KEPT = ("elapsed_time_seconds", "item_scraped_count", "response_received_count",
               "dupefilter/filtered", "finish_reason", "downloader/request_count",
               "scheduler/enqueued/redis", "scheduler/dequeued/redis", "seeds/read",
-              "log_count/ERROR", "scheduler/dead", "scheduler/reclaimed")
+              "log_count/ERROR", "scheduler/dead", "scheduler/reclaimed",
+              "downloader/response_bytes", "recrawl/not_modified", "recrawl/unchanged",
+              "recrawl/changed", "recrawl/new", "recrawl/fed", "mongo/modified", "mongo/upserted")
 
 
 class BenchRecorder:

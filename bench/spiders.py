@@ -85,6 +85,20 @@ class OursSpider(BenchParse, OurRedisSpider):
     custom_settings["MAX_IDLE_TIME_BEFORE_CLOSE"] = 2
 
 
+class RecrawlBenchSpider(BenchParse, OurRedisSpider):
+    """``bench_ours`` storing its items and page records in MongoDB, with the
+    recrawl components (bench.recrawl turns them on with ``RECRAWL_ENABLED``)."""
+
+    name = "bench_recrawl"
+    custom_settings = {
+        **_ours_settings(), "MAX_IDLE_TIME_BEFORE_CLOSE": 2, "MONGO_PIPELINE_ENABLED": True,
+        "ITEM_PIPELINES": {"crawlproject.pipelines.mongo.MongoPipeline": 800},
+        "SPIDER_MIDDLEWARES": {"crawlproject.middlewares.recrawl.RecrawlSpiderMiddleware": 950},
+        "EXTENSIONS": {"bench.recorder.BenchRecorder": 0,
+                       "crawlproject.extensions.recrawl.RecrawlFeeder": 510},
+    }
+
+
 class ScrapyRedisSpider(BenchParse, ScrapyRedisRedisSpider):
     name = "bench_scrapy_redis"
     custom_settings = {

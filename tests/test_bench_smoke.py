@@ -97,3 +97,25 @@ def test_frontier_capacity_smallest(tmp_path):
     # the baseline ran main's package, the others this checkout's
     assert data["runs"]["baseline"][0]["origin"] != data["runs"]["new_p1"][0]["origin"]
     assert len(data["checks"]) == 2 and all(positive(c["value"]) for c in data["checks"])
+
+
+def test_recrawl_smallest(tmp_path):
+    from bench import recrawl
+
+    data = recrawl.main(["--smallest", "--out", str(tmp_path / "recrawl.json")])
+    inc, full = data["summary"]["incremental"], data["summary"]["full"]
+    # The second pass got 304s for every page it revisited, the full one bodies.
+    assert inc["statuses"] == {"304": inc["pages"]} and inc["site_body_bytes"] == 0
+    assert "200" in full["statuses"] and positive(full["site_body_bytes"])
+    assert positive(inc["response_bytes"]) and positive(data["checks"][0]["ratio"])
+    mixed = data["summary"]["incremental_mixed"]
+    assert set(mixed["statuses"]) == {"200", "304"}
+
+
+def test_recrawl_memory_smallest(tmp_path):
+    from bench import recrawl_memory
+
+    data = recrawl_memory.main(["--smallest", "--out", str(tmp_path / "memory.json")])
+    assert positive(data["redis"]["bytes_per_page"])
+    assert positive(data["mongo"]["bson_bytes_per_page"])
+    assert positive(data["mongo"]["disk_bytes_per_page"])

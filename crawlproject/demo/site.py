@@ -33,8 +33,8 @@ Validators (unless ``--no-validators``): every 200 page carries a strong ``ETag`
 (sha1 of the body) and a ``Last-Modified`` date that moves with each revision, and
 a conditional request that matches (``If-None-Match``, else ``If-Modified-Since``)
 gets ``304 Not Modified`` without a body. Product pages whose ID is a multiple of
-``NO_VALIDATORS_EVERY`` (5) send no validators, like many real sites: only the
-body tells whether they changed.
+``NO_VALIDATORS_EVERY`` (5; ``--no-validators-every N``, 0 = every page has them)
+send no validators, like many real sites: only the body tells whether they changed.
 ``/__stats``
     JSON ``{path: hits}`` of every request received (including 404s and 503s,
     excluding ``/__stats`` and ``/__reset``).
@@ -434,6 +434,8 @@ class SiteConfig:
     latency_ms: int = 0
     faults: bool = True
     validators: bool = True
+    #: product pages whose ID is a multiple of this send no validators (0: none)
+    no_validators_every: int = NO_VALIDATORS_EVERY
 
 
 @dataclass(frozen=True)
@@ -488,7 +490,8 @@ def render_path(path: str, config: SiteConfig, revisions: dict[int, int] | None 
         revision = (revisions or {}).get(pid, 0)
         page = _html(200, render_product(revised(product(pid, config.products), revision)))
         return replace(page, revision=revision,
-                       validators=config.validators and pid % NO_VALIDATORS_EVERY != 0)
+                       validators=config.validators and not (
+                           config.no_validators_every and pid % config.no_validators_every == 0))
     return NOT_FOUND
 
 
@@ -676,6 +679,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="disable the 503-once responses")
     parser.add_argument("--no-validators", dest="validators", action="store_false",
                         help="send no ETag / Last-Modified, never 304")
+    parser.add_argument("--no-validators-every", type=_non_negative, default=NO_VALIDATORS_EVERY,
+                        help="product pages whose ID is a multiple of N send no validators "
+                             "(0: every page sends them)")
     parser.add_argument("--exit-on-stdin-eof", action="store_true",
                         help="stop when stdin closes (used by DemoSite so no orphan survives)")
     return parser.parse_args(argv)
@@ -691,7 +697,7 @@ def main(argv: list[str] | None = None) -> int:
     from twisted.internet import reactor
 
     config = SiteConfig(args.products, args.per_page, args.latency_ms, args.faults,
-                        args.validators)
+                        args.validators, args.no_validators_every)
     port = reactor.listenTCP(args.port, build_site(config, reactor), backlog=1024,
                              interface=args.host)
     print(URL_PREFIX + _base_url(args.host, port.getHost().port), flush=True)
@@ -734,10 +740,11 @@ class DemoSite:
 
     def __init__(self, products: int = 60, per_page: int = 10, latency_ms: int = 0,
                  faults: bool = True, host: str = "127.0.0.1",
-                 start_timeout: float = 20.0, validators: bool = True) -> None:
+                 start_timeout: float = 20.0, validators: bool = True,
+                 no_validators_every: int = NO_VALIDATORS_EVERY) -> None:
         self.products, self.per_page, self.latency_ms = products, per_page, latency_ms
         self.faults, self.host, self.start_timeout = faults, host, start_timeout
-        self.validators = validators
+        self.validators, self.no_validators_every = validators, no_validators_every
         self.url: str | None = None
         self._proc: subprocess.Popen | None = None
         self._stderr = None
@@ -751,6 +758,8 @@ class DemoSite:
                "--exit-on-stdin-eof"]
         if not self.validators:
             cmd.append("--no-validators")
+        if self.no_validators_every != NO_VALIDATORS_EVERY:
+            cmd += ["--no-validators-every", str(self.no_validators_every)]
         return cmd if self.faults else cmd + ["--no-faults"]
 
     def start(self) -> DemoSite:
