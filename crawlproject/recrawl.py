@@ -42,7 +42,7 @@ from typing import Any, Iterable, Mapping
 from scrapy import Field, Item
 
 __all__ = ["RevisitRule", "RecrawlPolicy", "PageState", "next_state", "checked_state",
-           "body_hash", "PageVisit", "GoneMark", "STATE_META", "VISIT_META",
+           "body_hash", "PageVisit", "PageCheck", "GoneMark", "STATE_META", "VISIT_META",
            "OUTCOMES", "MAX_ITEMS_PER_PAGE"]
 
 #: meta key of a revisit's previous page state (stored with the request).
@@ -268,6 +268,13 @@ class PageVisit(Item):
     items = Field()          # [[collection, key], ...] the page produced
 
 
+class PageCheck(PageVisit):
+    """A page record update of a visit that found the page unchanged or gone:
+    only its fields are set (a ``$set``, not a rewrite: most revisits are these)."""
+
+    mongo_write = "touch"
+
+
 class GoneMark(Item):
     """Mark the stored item *key* of *collection* gone (``gone_at``), not deleted.
 
@@ -286,9 +293,10 @@ def visit_record(url: str, rule: RevisitRule, previous: PageState | None, outcom
                  status: int, now: datetime, payload: str | None, etag: str | None,
                  last_modified: str | None, body: str | None,
                  items: list[list] | None = None) -> PageVisit:
-    """The :class:`PageVisit` of one visit (see :func:`next_state`)."""
+    """The :class:`PageVisit` of one visit (see :func:`next_state`): a
+    :class:`PageCheck` when it found the page unchanged or gone."""
     state = next_state(rule, previous, outcome)
-    record = PageVisit(
+    record = (PageVisit if outcome in ("new", "changed") else PageCheck)(
         url=url, outcome=outcome, status=status, interval=state["interval"],
         next_visit=now + timedelta(seconds=state["interval"]), last_checked=now,
         checks=state["checks"], changes=state["changes"])

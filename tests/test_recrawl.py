@@ -288,3 +288,55 @@ def test_gone_mark_item_is_what_the_pipeline_turns_into_a_gone_op():
     mark = GoneMark(collection="products", key_field="url", key="u")
     assert GoneMark.mongo_write == "gone"
     assert gone_op("db", mark).filter == {"_id": "u"}
+
+
+def test_feeder_holds_an_idle_close_until_it_looked_and_while_pages_are_due():
+    from scrapy.exceptions import DontCloseSpider
+
+    from crawlproject.extensions.recrawl import RecrawlFeeder
+
+    crawler = _crawler()
+    feeder = RecrawlFeeder.from_crawler(crawler)
+
+    class Engine:
+        scheduler = type("S", (), {"control_state": "run"})()
+
+    crawler.engine = Engine()
+    with pytest.raises(DontCloseSpider):
+        feeder.spider_idle()                 # never looked for due pages yet
+    feeder._looked, feeder._due_left = True, 3
+    with pytest.raises(DontCloseSpider):
+        feeder.spider_idle()                 # due pages left after the last cycle
+    Engine.scheduler.control_state = "drain"
+    feeder.spider_idle()                     # the operator drains: no hold
+    Engine.scheduler.control_state = "run"
+    feeder._due_left = 0
+    feeder.spider_idle()                     # nothing due: the node may close
+
+
+def test_unchanged_visits_touch_the_record_and_an_older_touch_changes_nothing(mongo_db):
+    from crawlproject.pipelines.documents import insert_document, touch_update
+    from crawlproject.recrawl import PageCheck, visit_record
+
+    coll = mongo_db["shop_pages"]
+    rule = RevisitRule(pattern="", interval=60)
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    new = visit_record("u", rule, None, "new", status=200, now=t0, payload='{"url":"u"}',
+                       etag='"a"', last_modified=None, body="c" * 40, items=[])
+    assert type(new) is PageVisit
+    coll.insert_one(insert_document(WriteOp.build("db", "shop_pages", "url", dict(new), seen=t0)))
+    later = t0 + timedelta(minutes=1)
+    check = visit_record("u", rule, checked_state({"etag": '"a"', "interval": 60, "checks": 1}),
+                         "unchanged", status=304, now=later, payload=None, etag=None,
+                         last_modified=None, body=None)
+    assert type(check) is PageCheck and check.mongo_write == "touch" and "request" not in check
+    op = WriteOp.build("db", "shop_pages", "url", dict(check), seen=later, kind="touch")
+    coll.update_one(*touch_update(op), upsert=False)
+    doc = coll.find_one({"_id": "u"})
+    assert doc["checks"] == 2 and doc["request"] == '{"url":"u"}' and doc["etag"] == '"a"'
+    assert doc["first_seen"] == t0.replace(tzinfo=None)
+    stale = WriteOp.build("db", "shop_pages", "url", {**dict(check), "checks": 99}, seen=t0,
+                          kind="touch")
+    assert coll.update_one(*touch_update(stale), upsert=False).modified_count == 0
+    assert coll.find_one({"_id": "u"})["checks"] == 2
+    assert from_spool_line(to_spool_line(op)).kind == "touch"

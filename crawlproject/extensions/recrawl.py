@@ -20,6 +20,11 @@ remain):
    discoveries by default), and schedules it: it is as polite as any request;
 5. reports ``pages`` and ``due`` to ``{spider}:recrawl`` (``crawlctl status``).
 
+A node that would close when idle (``MAX_IDLE_TIME_BEFORE_CLOSE``) stays open
+until its feeder has looked once, while a cycle runs, and while its last cycle
+left pages due now: a node started to recrawl does not close before the
+revisits it could feed are in the frontier.
+
 A cycle that fails (MongoDB or Redis unreachable) is logged and retried at the
 next one; the crawl goes on.
 """
@@ -36,7 +41,7 @@ from pymongo import ASCENDING
 from pymongo.errors import PyMongoError
 from redis.exceptions import LockError, RedisError
 from scrapy import signals
-from scrapy.exceptions import NotConfigured
+from scrapy.exceptions import DontCloseSpider, NotConfigured
 
 from crawlproject.connection import (
     mongo_database_from_settings,
@@ -79,6 +84,9 @@ class RecrawlFeeder:
         self._task: asyncio.Task | None = None
         self._closing = False
         self._wake_seen: Any = None
+        self._looked = False      # a first cycle was tried
+        self._busy = False        # a cycle runs now
+        self._due_left = 0        # pages due and not fed at the last cycle
 
     @classmethod
     def from_crawler(cls, crawler):
@@ -96,6 +104,7 @@ class RecrawlFeeder:
                      claim_timeout=max(1.0, s.getfloat("RECRAWL_CLAIM_TIMEOUT", 3600.0)))
         crawler.signals.connect(feeder.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(feeder.spider_closed, signal=signals.spider_closed)
+        crawler.signals.connect(feeder.spider_idle, signal=signals.spider_idle)
         return feeder
 
     # -- lifecycle ------------------------------------------------------------
@@ -121,6 +130,13 @@ class RecrawlFeeder:
         if self.mongo is not None:
             await self.mongo.close()
 
+    def spider_idle(self) -> None:
+        """Hold an idle close while revisits may still be fed (module docstring)."""
+        if self._closing or getattr(self._scheduler(), "control_state", "run") != "run":
+            return  # drained, paused or stopped by the operator: no more revisits now
+        if not self._looked or self._busy or self._due_left > 0:
+            raise DontCloseSpider
+
     @property
     def pages(self):
         name = collection_name("%(spider)s", PageVisit, self.crawler.spider.name)
@@ -134,6 +150,7 @@ class RecrawlFeeder:
             now = time.monotonic()
             if now >= next_cycle or await self._woken():
                 more = False
+                self._busy = True
                 try:
                     if not indexed:
                         await self.pages.create_index([("next_visit", ASCENDING)])
@@ -147,6 +164,9 @@ class RecrawlFeeder:
                 except Exception:  # a bug: say so, keep the crawl and the loop going
                     self.stats.inc_value("recrawl/errors")
                     logger.exception("Revisit cycle failed", extra={"spider": self.crawler.spider})
+                finally:
+                    self._busy = False
+                    self._looked = True
                 next_cycle = time.monotonic() + (0.0 if more else self.check_interval)
             await asyncio.sleep(min(WAKE_POLL, max(0.05, next_cycle - time.monotonic())))
 
@@ -160,8 +180,7 @@ class RecrawlFeeder:
         return seen is not None and wake != seen
 
     def _scheduler(self):
-        slot = getattr(self.crawler.engine, "_slot", None)
-        return getattr(slot, "scheduler", None)
+        return getattr(self.crawler.engine, "scheduler", None)
 
     def _may_feed(self) -> int:
         """How many requests the frontier may take now (0: skip this cycle)."""
@@ -207,6 +226,7 @@ class RecrawlFeeder:
             if fed and hasattr(scheduler, "flushed"):
                 await asyncio.wait_for(asyncio.shield(scheduler.flushed()), 60)
         due = await self.pages.count_documents({"next_visit": {"$lte": now}})
+        self._due_left = due
         total = await self.pages.estimated_document_count()
         self.stats.inc_value("recrawl/cycles")
         self.stats.set_value("recrawl/due", due)

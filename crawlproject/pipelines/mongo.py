@@ -327,11 +327,12 @@ class MongoPipeline:
             target = self._targets[cls] = (self._collection_name(cls), self._key_field(cls))
         collection, key_field = target
         try:
-            if getattr(cls, "mongo_write", None) == "gone":
+            kind = getattr(cls, "mongo_write", "item")
+            if kind == "gone":
                 op = gone_op(self.database, item, self.key_as_id)
             else:
                 op = WriteOp.build(self.database, collection, key_field, item_fields(item),
-                                   key_as_id=self.key_as_id)
+                                   key_as_id=self.key_as_id, kind=kind)
         except KeyError:
             self.stats.inc_value("mongo/dropped/no_key")
             raise DropItem(f"{item_type_name(item)} has no usable {key_field!r} (missing, None "

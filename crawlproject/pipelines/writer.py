@@ -10,7 +10,8 @@ spool replays and ``python -m crawlproject.cli spool-replay``:
   are upserted; otherwise every op is an ``UpdateOne(..., upsert=True)`` in
   one ``bulk_write(ordered=False)`` (see :mod:`.documents` for why they are
   idempotent). A duplicate-key race between writers is retried as an update.
-  Ops of kind ``gone`` are updates that never insert (``mongo/marked_gone``).
+  Ops of kind ``gone`` and ``touch`` are updates that never insert
+  (``mongo/marked_gone``, ``mongo/touched``).
 * transient errors (see :func:`.errors.is_transient`) are retried with
   jittered exponential backoff (:func:`crawlproject.backoff.backoff_delay`)
   until the caller's budget runs out; a batch refused as a whole for another
@@ -34,7 +35,13 @@ from pymongo.errors import BulkWriteError, PyMongoError
 
 from crawlproject.backoff import backoff_delay
 from crawlproject.connection import mongo_client
-from crawlproject.pipelines.documents import WriteOp, gone_update, insert_document, upsert_update
+from crawlproject.pipelines.documents import (
+    WriteOp,
+    gone_update,
+    insert_document,
+    touch_update,
+    upsert_update,
+)
 from crawlproject.pipelines.errors import Scrubber, classify_write_error, is_transient
 
 __all__ = ["MongoWriter", "WriteOutcome", "Counters"]
@@ -224,8 +231,8 @@ class MongoWriter:
         retry: list[WriteOp] = []
         for (database, collection, key_field, key_as_id, kind), group in groups.items():
             coll = self.client[database][collection]
-            if kind == "gone":
-                await self._mark_gone(coll, group, outcome, retry)
+            if kind in ("gone", "touch"):
+                await self._update_only(coll, group, kind, outcome, retry)
                 continue
             await self.ensure_index(database, collection, key_field, key_as_id)
             if mode == "auto" and self._existing_ratio.get(collection, 0.0) < 0.5:
@@ -305,10 +312,13 @@ class MongoWriter:
             ops = duplicates
         return matched
 
-    async def _mark_gone(self, coll, ops: list[WriteOp], outcome: WriteOutcome,
-                         retry: list[WriteOp]) -> None:
-        """Mark stored documents gone (updates only: a missing key stays missing)."""
-        requests = [UpdateOne(op.filter, gone_update(op), upsert=False) for op in ops]
+    async def _update_only(self, coll, ops: list[WriteOp], kind: str, outcome: WriteOutcome,
+                           retry: list[WriteOp]) -> None:
+        """Gone marks or touches of stored documents (a missing key stays missing)."""
+        if kind == "gone":
+            requests = [UpdateOne(op.filter, gone_update(op), upsert=False) for op in ops]
+        else:
+            requests = [UpdateOne(*touch_update(op), upsert=False) for op in ops]
         try:
             result = await coll.bulk_write(requests, ordered=False)
             details = result.bulk_api_result
@@ -324,7 +334,8 @@ class MongoWriter:
                 else:
                     self._fail(op, self.scrub(error.get("errmsg", "")), outcome,
                                code=error.get("code"))
-        self.stats.inc_value("mongo/marked_gone", details.get("nModified", 0))
+        self.stats.inc_value("mongo/marked_gone" if kind == "gone" else "mongo/touched",
+                             details.get("nModified", 0))
 
     def _note_existing(self, collection: str, existing: int, total: int) -> None:
         if total <= 0:
