@@ -243,3 +243,45 @@ def test_server_exits_when_parent_closes_stdin():
     proc.stdin.close()
     assert proc.wait(timeout=10) == 0
     demo.stop()
+
+
+def _get(url: str, **headers) -> tuple[int, dict, bytes]:
+    try:
+        with _OPENER.open(urllib.request.Request(url, headers=headers), timeout=10) as resp:
+            return resp.status, dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers), err.read()
+
+
+def test_validators_304_revisions_and_gone_products():
+    from crawlproject.demo.site import NO_VALIDATORS_EVERY
+
+    with DemoSite(products=20, per_page=5) as site:
+        url = site.url + "product/3"
+        status, headers, body = _get(url)
+        etag, modified = headers["ETag"], headers["Last-Modified"]
+        assert status == 200 and body and etag.startswith('"')
+        assert _get(url, **{"If-None-Match": etag})[0] == 304
+        assert _get(url, **{"If-None-Match": '"other"'})[0] == 200
+        assert _get(url, **{"If-Modified-Since": modified})[0] == 304
+        # If-None-Match decides when both are sent (RFC 9110).
+        assert _get(url, **{"If-None-Match": '"other"', "If-Modified-Since": modified})[0] == 200
+        site.change([3])
+        status, headers, body = _get(url, **{"If-None-Match": etag})
+        assert status == 200 and b"(revision 1)" in body and headers["ETag"] != etag
+        assert _get(url, **{"If-Modified-Since": modified})[0] == 200   # Last-Modified moved
+        no_validators = site.url + f"product/{NO_VALIDATORS_EVERY}"
+        status, headers, _ = _get(no_validators, **{"If-None-Match": "*"})
+        assert status == 200 and "ETag" not in headers and "Last-Modified" not in headers
+        site.remove([4])
+        assert _get(site.url + "product/4")[0] == 410
+        served = site.served()
+        assert served["paths"]["/product/3"] == {"200": 5, "304": 2}
+        assert served["paths"]["/product/4"] == {"410": 1}
+        assert served["body_bytes"] > 0
+        site.reset()   # counters go; revisions and gone products stay
+        assert site.served() == {"paths": {}, "body_bytes": 0}
+        assert b"(revision 1)" in _get(url)[2] and _get(site.url + "product/4")[0] == 410
+    with DemoSite(products=10, per_page=5, validators=False) as plain:
+        status, headers, _ = _get(plain.url + "product/3", **{"If-None-Match": "*"})
+        assert status == 200 and "ETag" not in headers

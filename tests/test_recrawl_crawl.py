@@ -125,6 +125,15 @@ def test_adaptive_intervals_move_the_right_way_over_three_cycles(redis, redis_ur
         moving, still = f"{base}/product/3", f"{base}/product/4"
         intervals = {moving: [pages.find_one({"_id": moving})["interval"]],
                      still: [pages.find_one({"_id": still})["interval"]]}
+        # Records are read back from MongoDB: untrusted. These are skipped,
+        # counted, and the revisits go on.
+        hostile = [
+            {"_id": f"{base}/product/3?a", "url": f"{base}/product/3?a",
+             "request": json.dumps({"url": f"{base}/product/3?a", "callback": "_set_crawler"})},
+            {"_id": f"{base}/product/3?b", "url": f"{base}/product/3?b", "request": "{not json"},
+            {"_id": f"{base}/product/3?c", "url": f"{base}/product/3?c", "request": 5},
+        ]
+        pages.insert_many([{**h, "next_visit": datetime.now(timezone.utc)} for h in hostile])
         for cycle in range(3):
             site.change([3])
             out = recrawl(redis_url, mongo_uri, database.name, "--pattern", r"/product/(3|4)$",
@@ -132,6 +141,9 @@ def test_adaptive_intervals_move_the_right_way_over_three_cycles(redis, redis_ur
             assert out.returncode == 0 and "2 page(s)" in out.stdout, out
             nodes, codes = revisit_pass(tmp_path, env, (f"cycle-{cycle}",), settings)
             assert codes == [0], nodes[0].tail()
+            if cycle == 0:
+                assert nodes[0].stat("recrawl/invalid_records") == 2, nodes[0].tail()
+                assert nodes[0].stat("recrawl/not_revisitable") == 1
             for url in intervals:
                 intervals[url].append(pages.find_one({"_id": url})["interval"])
         served = site.served()
