@@ -51,6 +51,11 @@ COUNTERS = {
     "mongo_replayed": ("spooled items stored after all", "mongo/replayed"),
     "mongo_outages": ("MongoDB outages seen", "mongo/outages"),
     "proxy_bans": ("proxy bans detected", "proxy/bans"),
+    "recrawl_fed": ("due pages this node put back into the frontier", "recrawl/fed"),
+    "recrawl_unchanged": ("revisits that found the page unchanged (304 or same body)",
+                          "recrawl/unchanged"),
+    "recrawl_changed": ("revisits that found the page changed", "recrawl/changed"),
+    "recrawl_gone": ("revisits that found the page gone (404/410)", "recrawl/gone"),
 }
 #: gauge name → help, read from the frontier client
 FRONTIER_GAUGES = {
