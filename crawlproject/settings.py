@@ -179,6 +179,8 @@ RECRAWL_CHECK_INTERVAL = 10.0           # seconds between looks for due pages
 RECRAWL_BATCH_SIZE = 500                # due pages fed to the frontier per look, at most
 RECRAWL_MAX_QUEUED = 5000               # no feeding while the frontier holds this many
 RECRAWL_CLAIM_TIMEOUT = 3600.0          # a fed page not visited by then is due again
+RECRAWL_GONE_COLLECTIONS = []           # item collections besides MONGO_COLLECTION's that
+                                        # a page answering 404/410 may mark gone
 
 # --- JavaScript rendering (crawlproject.rendering, crawlproject.middlewares.rendering) ----
 # The add-on routes http/https through scrapy-playwright's handler (only requests

@@ -190,12 +190,25 @@ def test_gone_page_marks_its_items_and_hostile_item_lists_are_filtered():
     mw = RecrawlMiddleware.from_crawler(crawler)
     request = _revisit(interval=60, items=[["products", "url", "http://127.0.0.1/product/3"],
                                           ["products", "$where", "x"], "junk",
-                                          ["products", "url", {"$gt": ""}]])
+                                          ["products", "url", {"$gt": ""}],
+                                          ["accounts", "url", "x"], ["products_pages", "url", "y"],
+                                          ["productsx", "url", "z"]])
     out = mw.process_response(request, Response(request.url, status=410, request=request))
     records = list(mw.record(out))
     assert records[0]["outcome"] == "gone" and records[0]["gone_at"] is not None
+    # Only the spider's item collection: the list came back through Redis.
     assert [dict(r) for r in records[1:]] == [
         {"collection": "products", "key_field": "url", "key": "http://127.0.0.1/product/3"}]
+    assert crawler.stats.get_value("recrawl/gone_refused") == 3
+
+
+def test_gone_collections_follow_mongo_collection_and_the_allow_list():
+    from crawlproject.middlewares.recrawl import item_collections_pattern
+
+    per_item = item_collections_pattern("%(spider)s_%(item)s", "shop", ["catalog_%(spider)s"])
+    assert per_item.fullmatch("shop_productitem") and per_item.fullmatch("catalog_shop")
+    assert not per_item.fullmatch("shop_") and not per_item.fullmatch("other_productitem")
+    assert not item_collections_pattern("%(spider)s", "a.b", []).fullmatch("aXb")
 
 
 def test_spider_middleware_adds_the_record_after_the_output_with_item_keys():

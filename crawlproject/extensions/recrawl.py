@@ -61,6 +61,8 @@ logger = logging.getLogger(__name__)
 PROJECTION = {"request": 1, "url": 1, "etag": 1, "last_modified": 1, "body_hash": 1,
               "interval": 1, "checks": 1, "changes": 1, "gone_at": 1, "items": 1}
 WAKE_POLL = 1.0
+#: Due pages are counted up to this many (an index range scan every cycle).
+DUE_COUNT_MAX = 1_000_000
 
 
 class RecrawlFeeder:
@@ -225,7 +227,7 @@ class RecrawlFeeder:
             scheduler = self._scheduler()
             if fed and hasattr(scheduler, "flushed"):
                 await asyncio.wait_for(asyncio.shield(scheduler.flushed()), 60)
-        due = await self.pages.count_documents({"next_visit": {"$lte": now}})
+        due = await self.pages.count_documents({"next_visit": {"$lte": now}}, limit=DUE_COUNT_MAX)
         self._due_left = due
         total = await self.pages.estimated_document_count()
         self.stats.inc_value("recrawl/cycles")

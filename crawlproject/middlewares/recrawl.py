@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import Any, AsyncIterator
 
 from itemadapter import ItemAdapter
@@ -77,16 +78,22 @@ def _enabled(crawler) -> RecrawlPolicy:
 class RecrawlMiddleware:
     """Downloader middleware: validators out, visit outcome in (module docstring)."""
 
-    def __init__(self, crawler, policy: RecrawlPolicy, input_policy: InputPolicy):
+    def __init__(self, crawler, policy: RecrawlPolicy, input_policy: InputPolicy,
+                 item_collections: re.Pattern):
         self.crawler = crawler
         self.stats = crawler.stats
         self.policy = policy
         self.input_policy = input_policy
+        #: the collections a gone mark may name (the spider's item collections)
+        self.item_collections = item_collections
 
     @classmethod
     def from_crawler(cls, crawler):
-        return cls(crawler, _enabled(crawler),
-                   InputPolicy.from_settings(crawler.settings, crawler.spidercls))
+        s = crawler.settings
+        return cls(crawler, _enabled(crawler), InputPolicy.from_settings(s, crawler.spidercls),
+                   item_collections_pattern(s.get("MONGO_COLLECTION") or "%(spider)s",
+                                            crawler.spidercls.name,
+                                            s.getlist("RECRAWL_GONE_COLLECTIONS")))
 
     def process_request(self, request: Request):
         state = checked_state(request.meta.get(STATE_META))
@@ -152,6 +159,11 @@ class RecrawlMiddleware:
         yield record
         if visit["outcome"] == "gone":
             for entry in _stored_items(request.meta.get(STATE_META)):
+                if not self.item_collections.fullmatch(entry[0]):
+                    # The record came back through Redis: it may only mark the
+                    # spider's own items gone.
+                    self.stats.inc_value("recrawl/gone_refused")
+                    continue
                 yield GoneMark(collection=entry[0], key_field=entry[1], key=entry[2])
 
 
@@ -161,6 +173,18 @@ def _header(response: Response, name: bytes) -> str | None:
         return None
     text = value.decode("latin-1")
     return text if 0 < len(text) <= 256 else None
+
+
+def item_collections_pattern(pattern: str, spider: str, extra=()) -> re.Pattern:
+    """The collection names the spider's items may be stored in: *pattern*
+    (``MONGO_COLLECTION``) with ``%(item)s`` as any item class name, plus the
+    names of ``RECRAWL_GONE_COLLECTIONS`` (item classes with a ``mongo_collection``
+    of their own, ``%(spider)s`` expanded)."""
+    marker = "\x00item\x00"
+    names = [re.escape(pattern % {"spider": spider, "item": marker}).replace(
+        re.escape(marker), "[a-z0-9_]+")]
+    names += [re.escape(name % {"spider": spider, "item": ""}) for name in extra]
+    return re.compile("|".join(f"(?:{n})" for n in names))
 
 
 def _stored_items(raw: Any) -> list[list]:
