@@ -13,6 +13,7 @@
     python -m crawlproject.cli deploy [TARGET...] [--targets-file F] [--version V]
     python -m crawlproject.cli schedule products [TARGET...] -s MAX_IDLE_TIME_BEFORE_CLOSE=60
     python -m crawlproject.cli jobs [TARGET...] [--json]
+    python -m crawlproject.cli dashboard [SPIDER...] [--host 127.0.0.1] [--port 9420]
 
 ``crawlctl`` (the package's console script) is the same program. The scrapyd
 commands read targets from scrapy.cfg (``[deploy:NAME]``) or ``--targets-file``
@@ -683,6 +684,27 @@ def cmd_spool_replay(args) -> int:
     return 0
 
 
+def cmd_dashboard(args) -> int:
+    """The live dashboard in the browser (crawlproject/dashboard): every spider
+    named, else every spider of the project."""
+    from crawlproject.dashboard import DashboardConfig
+    from crawlproject.dashboard.auth import Credentials
+    from crawlproject.dashboard.server import run
+
+    spiders = list(dict.fromkeys(args.spiders))
+    if not spiders:
+        _, loader = _project()
+        spiders = sorted(loader.list()) if loader is not None else []
+    if not spiders:
+        raise UsageError("name the spider(s) to show: no Scrapy project here")
+    if args.interval <= 0 or args.window < args.interval:
+        raise UsageError("--interval must be above 0 and --window at least one interval")
+    config = DashboardConfig(spiders, args.redis_url, cluster=args.cluster,
+                             credentials=Credentials.from_env(token_file=args.token_file),
+                             interval=args.interval, window=args.window)
+    return run(config, args.host, args.port)
+
+
 # -- scrapyd nodes -------------------------------------------------------------------------
 def _targets(args) -> list:
     from crawlproject.scrapyd import targets_from_cfg, targets_from_file
@@ -843,6 +865,16 @@ def build_parser() -> argparse.ArgumentParser:
                            help="also delete items handed to Redis that are not in MongoDB yet")
             p.add_argument("--drop-proxy-pool", action="store_true",
                            help="also delete the operator's proxy list {spider}:proxies")
+    p = sub.add_parser("dashboard", help="live dashboard in the browser (127.0.0.1; any other "
+                       "address needs DASHBOARD_TOKEN or DASHBOARD_USERNAME/_PASSWORD)")
+    p.add_argument("spiders", nargs="*", help="spiders to show (default: the project's)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=9420, help="port (0: a free one, printed)")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between reads of Redis")
+    p.add_argument("--window", type=float, default=600.0, help="seconds the charts show")
+    p.add_argument("--token-file", help="read the access token from this file "
+                                        "(else $DASHBOARD_TOKEN; never on the command line)")
+    p.set_defaults(func=cmd_dashboard)
     p = sub.add_parser("spool-replay", help="store the items a node left in its MongoDB spool "
                        "(no crawl); exit 0 when none is left")
     p.add_argument("--mongo-uri", help="default: MONGO_URI (setting, then environment)")
