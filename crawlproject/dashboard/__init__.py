@@ -123,7 +123,8 @@ async def _headers(request, handler):
 def _secure(headers, path: str) -> None:
     headers.setdefault("Content-Security-Policy", CSP)
     headers.setdefault("X-Content-Type-Options", "nosniff")
-    headers.setdefault("Referrer-Policy", "no-referrer")
+    # "same-origin": with "no-referrer" a browser sends "Origin: null" on our own POSTs
+    headers.setdefault("Referrer-Policy", "same-origin")
     headers.setdefault("X-Frame-Options", "DENY")
     if not path.startswith("/static/"):
         headers.setdefault("Cache-Control", "no-store")

@@ -165,7 +165,7 @@ def bloom_fragment(data: dict) -> str:
     if not b["layers"]:
         return '<p class="empty">The Bloom filter is empty.</p>'
     return _dl([("layers", "bloom.layers", b["layers"]), ("URLs seen", "bloom.items", b["items"]),
-                ("fill", "bloom.fill_ratio", f'{b["fill_ratio"] * 100:.2f} %'),
+                ("fill", "bloom.fill_ratio", f'{b["fill_ratio"] * 100:.3g} %'),
                 ("estimated false-positive rate", "bloom.est_fp_rate", f'{b["est_fp_rate"]:.2e}'),
                 ("bytes per URL", "bloom.bytes_per_item", b["bytes_per_item"])])
 
