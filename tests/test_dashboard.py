@@ -306,6 +306,22 @@ def test_no_secret_and_no_markup_from_redis_reach_the_page(tmp_path):
         server.stop()
 
 
+def test_an_unreachable_redis_is_shown_and_the_dashboard_stays_up():
+    from crawlproject.services import free_port
+
+    url = f"redis://:topsecret-redis-pw@127.0.0.1:{free_port()}/0"
+    with Dashboard(url, "shop") as dash:
+        status, _, page = http(f"{dash.url}/spider/shop")
+        assert status == 200 and "Cannot read the crawl state: Redis: ConnectionError" in page
+        status, _, body = http(f"{dash.url}/api/spiders/shop/status")
+        assert status == 503 and "ConnectionError" in json.loads(body)["error"]
+        assert json.loads(body)["redis"].startswith("redis://***@127.0.0.1:")
+        time.sleep(2)   # four more failed reads by the sampler: not four more log lines
+        assert dash.proc.poll() is None
+    assert "topsecret" not in page + body + dash.log()
+    assert dash.log().count("Reading the state of shop failed") == 1, dash.log()
+
+
 # -- in the browser -----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def browser():

@@ -182,7 +182,8 @@ def _same_origin(request) -> bool:
     if origin is None:
         return True   # not a browser's cross-site form or fetch (they send Origin on POST)
     parts = urlsplit(origin)
-    return parts.scheme in ("http", "https") and parts.netloc.lower() == (request.host or "").lower()
+    return parts.scheme in ("http", "https") and \
+        parts.netloc.lower() == (request.host or "").lower()
 
 
 # -- handlers -------------------------------------------------------------------------

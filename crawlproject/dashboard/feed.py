@@ -80,10 +80,9 @@ class SpiderFeed:
             try:
                 data = await asyncio.to_thread(self._read)
             except (RedisError, OSError) as exc:
-                self.error = self._redact(f"Redis: {type(exc).__name__}: {exc}")
+                self._failed(f"Redis: {type(exc).__name__}: {exc}")
             except Exception as exc:  # noqa: BLE001 - bad data in Redis; the page says so
-                logger.exception("Reading the state of %s failed", self.spider)
-                self.error = self._redact(f"{type(exc).__name__}: {exc}")
+                self._failed(f"{type(exc).__name__}: {exc}", traceback=True)
             else:
                 self.latest, self.error = data, None
                 self.samples.append(sample_of(data))
@@ -91,6 +90,13 @@ class SpiderFeed:
             self.version += 1
             self._updated.set()
             self._updated = asyncio.Event()
+
+    def _failed(self, message: str, traceback: bool = False) -> None:
+        message = self._redact(message)
+        if message != self.error:   # once per distinct error, not once per interval
+            logger.warning("Reading the state of %s failed: %s", self.spider, message,
+                           exc_info=traceback)
+        self.error = message
 
     async def wait_newer(self, version: int, timeout: float) -> None:
         """Return once a read newer than *version* is done (or after *timeout*)."""

@@ -145,7 +145,8 @@ def hosts_fragment(data: dict) -> str:
                   if lim else "settings")
         blocked = ""
         if h["blocked_for_s"]:
-            blocked = f'{n(h["blocked_for_s"])} s (until {utc(data["at"] + h["blocked_for_s"] * 1000)})'
+            until = utc(data["at"] + h["blocked_for_s"] * 1000)
+            blocked = f'{n(h["blocked_for_s"])} s (until {until})'
         rows.append([e(h["host"]), n(h["queued"]), n(h["inflight"]), e(limits),
                      "" if h["next_start_in_s"] is None else f'{n(h["next_start_in_s"])} s',
                      blocked, f'{n(h["backoff_s"])} s' if h["backoff_s"] else "",
@@ -231,12 +232,51 @@ def _nav(spiders: list[str], current: str | None) -> str:
     return f'<nav aria-label="Spiders"><ul>{links}</ul></nav>'
 
 
+CONFIRM_DIALOG = (
+    '<dialog id="confirm" aria-labelledby="confirm-title" aria-describedby="confirm-text">'
+    '<form method="dialog"><h2 id="confirm-title">Confirm</h2><p id="confirm-text"></p>'
+    '<div class="buttons"><button value="cancel" id="confirm-cancel" autofocus>Cancel</button>'
+    '<button value="confirm" id="confirm-ok" class="primary">Confirm</button></div></form>'
+    '</dialog>')
+
+
 def spider_page(feed, spiders: list[str], csrf: str, where: str, window: float,
                 user: str | None) -> str:
     """The dashboard of one spider, filled with the latest snapshot."""
-    spider = feed.spider
-    frags = fragments(feed)
+    spider, frags = feed.spider, fragments(feed)
+    path = f"/api/spiders/{quote(spider, safe='')}"
+    return (
+        _head(f"{spider} · crawl dashboard", csrf)
+        + '<script src="/static/uPlot.iife.min.js" defer></script>'
+        '<script src="/static/dashboard.js" defer></script></head><body>'
+        '<a class="skip" href="#main">Skip to the dashboard</a>'
+        f'<header><h1>Crawl dashboard: {e(spider)}</h1>{_nav(spiders, spider)}'
+        f'<p class="where">Redis {e(where)}{_signed_in(user)} · <span id="frag-updated">'
+        f'{frags["updated"]}</span> <span id="live" class="live">connecting…</span></p></header>'
+        f'<main id="main" data-spider="{e(spider)}" data-window="{e(window)}" '
+        f'data-events="{path}/events" data-actions="{path}/actions/">'
+        + "".join(_sections(spider, frags, f"{window / 60:g}")) + "</main>"
+        + CONFIRM_DIALOG + json_script("samples", list(feed.samples)) + "</body></html>")
 
+
+def _signed_in(user: str | None) -> str:
+    if user == "token":
+        return (' · signed in with the token <form method="post" action="/logout" '
+                'class="inline"><button type="submit" class="link">Sign out</button></form>')
+    return f" · signed in as {e(user)}" if user else ""
+
+
+def _section(name: str, title: str, body: str, wide: bool = False) -> str:
+    return (f'<section{" class=wide" if wide else ""} aria-labelledby="h-{name}">'
+            f'<h2 id="h-{name}">{e(title)}</h2>{body}</section>')
+
+
+def _chart(name: str, label: str, caption: str) -> str:
+    return (f'<figure><div id="chart-{name}" class="chart" role="img" aria-label="Chart: '
+            f'{e(label)}"></div><figcaption>{e(caption)}</figcaption></figure>')
+
+
+def _sections(spider: str, frags: dict[str, str], minutes: str):
     def region(name: str) -> str:
         return f'<div id="frag-{name}" class="fragment">{frags.get(name, "")}</div>'
 
@@ -244,51 +284,22 @@ def spider_page(feed, spiders: list[str], csrf: str, where: str, window: float,
         f'<button type="button" class="action action-{name}" data-action="{name}" '
         f'data-label="{e(label)}" data-confirm="{e(text.format(spider=spider))}">{e(label)}'
         "</button>" for name, (label, text) in ACTIONS.items())
-    minutes = f"{window / 60:g}"
-    signed = (f' · signed in as {e(user)} <form method="post" action="/logout" class="inline">'
-              '<button type="submit" class="link">Sign out</button></form>'
-              if user == "token" else (f" · {e(user)}" if user else ""))
-    return (
-        _head(f"{spider} · crawl dashboard", csrf)
-        + '<script src="/static/uPlot.iife.min.js" defer></script>'
-        '<script src="/static/dashboard.js" defer></script></head><body>'
-        '<a class="skip" href="#main">Skip to the dashboard</a>'
-        f'<header><h1>Crawl dashboard: {e(spider)}</h1>{_nav(spiders, spider)}'
-        f'<p class="where">Redis {e(where)}{signed} · <span id="frag-updated">'
-        f'{frags["updated"]}</span> <span id="live" class="live">connecting…</span></p></header>'
-        f'<main id="main" data-spider="{e(spider)}" data-window="{e(window)}" '
-        f'data-events="/api/spiders/{quote(spider, safe="")}/events" '
-        f'data-actions="/api/spiders/{quote(spider, safe="")}/actions/">'
-        '<section aria-labelledby="h-control"><h2 id="h-control">Operator control</h2>'
-        f'{region("control")}<div class="actions" role="group" aria-label="Operator actions">'
-        f'{buttons}</div><p id="action-result" role="status" aria-live="polite"></p></section>'
-        '<section aria-labelledby="h-frontier"><h2 id="h-frontier">Frontier</h2>'
-        f'{region("frontier")}<figure><div id="chart-frontier" class="chart" role="img" '
-        f'aria-label="Chart: queued, in flight, delayed, dead and invalid requests over the '
-        f'last {minutes} minutes (the numbers are above)"></div>'
-        f'<figcaption>Frontier sizes, last {minutes} minutes</figcaption></figure></section>'
-        '<section aria-labelledby="h-rates"><h2 id="h-rates">Throughput and errors</h2>'
-        f'{region("rates")}<figure><div id="chart-rates" class="chart" role="img" '
-        f'aria-label="Chart: pages and items per second over the last {minutes} minutes">'
-        f'</div><figcaption>Pages/s and items/s (last minute, all nodes)</figcaption></figure>'
-        '</section>'
-        f'<section class="wide" aria-labelledby="h-nodes"><h2 id="h-nodes">Nodes</h2>{region("nodes")}'
-        '</section>'
-        f'<section class="wide" aria-labelledby="h-hosts"><h2 id="h-hosts">Hosts</h2>{region("hosts")}'
-        '</section>'
-        f'<section aria-labelledby="h-bloom"><h2 id="h-bloom">Bloom filter</h2>{region("bloom")}'
-        '</section>'
-        f'<section class="wide" aria-labelledby="h-proxies"><h2 id="h-proxies">Proxies</h2>'
-        f'{region("proxies")}</section>'
-        f'<section aria-labelledby="h-totals"><h2 id="h-totals">Counters</h2>'
-        f'<details><summary>Cluster-wide counters</summary>{region("totals")}</details>'
-        '</section></main>'
-        '<dialog id="confirm" aria-labelledby="confirm-title" aria-describedby="confirm-text">'
-        '<form method="dialog"><h2 id="confirm-title">Confirm</h2><p id="confirm-text"></p>'
-        '<div class="buttons"><button value="cancel" id="confirm-cancel" autofocus>Cancel'
-        '</button><button value="confirm" id="confirm-ok" class="primary">Confirm</button>'
-        '</div></form></dialog>'
-        + json_script("samples", list(feed.samples)) + "</body></html>")
+    yield _section("control", "Operator control", region("control") +
+                   f'<div class="actions" role="group" aria-label="Operator actions">{buttons}'
+                   '</div><p id="action-result" role="status" aria-live="polite"></p>')
+    yield _section("frontier", "Frontier", region("frontier") + _chart(
+        "frontier", f"queued, in flight, delayed, dead and invalid requests over the last "
+                    f"{minutes} minutes (the numbers are above)",
+        f"Frontier sizes, last {minutes} minutes"))
+    yield _section("rates", "Throughput and errors", region("rates") + _chart(
+        "rates", f"pages and items per second over the last {minutes} minutes",
+        "Pages/s and items/s (last minute, all nodes)"))
+    yield _section("nodes", "Nodes", region("nodes"), wide=True)
+    yield _section("hosts", "Hosts", region("hosts"), wide=True)
+    yield _section("bloom", "Bloom filter", region("bloom"))
+    yield _section("proxies", "Proxies", region("proxies"), wide=True)
+    yield _section("totals", "Counters", "<details><summary>Cluster-wide counters</summary>"
+                   f'{region("totals")}</details>')
 
 
 def index_page(spiders: list[str], where: str) -> str:
