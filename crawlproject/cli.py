@@ -697,6 +697,8 @@ def cmd_dashboard(args) -> int:
         spiders = sorted(loader.list()) if loader is not None else []
     if not spiders:
         raise UsageError("name the spider(s) to show: no Scrapy project here")
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be 0 to 65535, got {args.port}")
     if args.interval <= 0 or args.window < args.interval:
         raise UsageError("--interval must be above 0 and --window at least one interval")
     config = DashboardConfig(spiders, args.redis_url, cluster=args.cluster,
