@@ -17,7 +17,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -32,8 +31,6 @@ DASHBOARD = ROOT / "crawlproject" / "dashboard"
 ARTIFACTS = ROOT / "tests" / "artifacts"
 TOKEN = "correct-horse-battery-staple-42"
 PASSWORD = "s3cret-basic-pw"
-NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}),
-                                       urllib.request.HTTPRedirectHandler())
 
 
 class NoRedirect(urllib.request.HTTPRedirectHandler):

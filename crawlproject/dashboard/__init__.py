@@ -67,7 +67,6 @@ class DashboardConfig:
     credentials: Credentials = field(default_factory=Credentials)
     interval: float = 2.0
     window: float = 600.0
-    allowed_hosts: frozenset[str] = frozenset()   # Host names accepted without credentials
 
 
 def create_app(config: DashboardConfig, client=None) -> web.Application:
@@ -134,7 +133,7 @@ def _secure(headers, path: str) -> None:
 async def _guard(request, handler):
     config: DashboardConfig = request.app["config"]
     creds = config.credentials
-    if not creds.configured and not _loopback_host(request, config):
+    if not creds.configured and not _loopback_host(request):
         # Only a loopback name reaches an open dashboard (no DNS rebinding).
         raise web.HTTPMisdirectedRequest(text="this dashboard answers loopback names only\n")
     if request.method == "POST" and not _same_origin(request):
@@ -169,12 +168,12 @@ def _unauthorized(request, creds: Credentials) -> web.HTTPException:
                                 headers=headers)
 
 
-def _loopback_host(request, config: DashboardConfig) -> bool:
+def _loopback_host(request) -> bool:
     try:
         name = urlsplit(f"//{request.host or ''}").hostname or ""
     except ValueError:
         return False
-    return name in LOOPBACK_NAMES or name in config.allowed_hosts
+    return name in LOOPBACK_NAMES
 
 
 def _same_origin(request) -> bool:
