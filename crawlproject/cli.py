@@ -14,6 +14,7 @@
     python -m crawlproject.cli deploy [TARGET...] [--targets-file F] [--version V]
     python -m crawlproject.cli schedule products [TARGET...] -s MAX_IDLE_TIME_BEFORE_CLOSE=60
     python -m crawlproject.cli jobs [TARGET...] [--json]
+    python -m crawlproject.cli dashboard [SPIDER...] [--host 127.0.0.1] [--port 9420]
 
 ``crawlctl`` (the package's console script) is the same program. The scrapyd
 commands read targets from scrapy.cfg (``[deploy:NAME]``) or ``--targets-file``
@@ -70,11 +71,14 @@ def _frontier(args) -> Frontier:
 
 
 def _partitions(args) -> list[Frontier]:
+    return frontier_partitions(_client(args), args.spider)
+
+
+def frontier_partitions(client, spider: str) -> list[Frontier]:
     """Every partition of the spider's frontier (the count the crawl started with)."""
-    client = _client(args)
-    stored = client.hget(FrontierKeys(args.spider).config, "partitions")
+    stored = client.hget(FrontierKeys(spider).config, "partitions")
     count = int(stored) if stored else 1
-    return [Frontier(client, args.spider, node="cli", partition=p, partitions=count)
+    return [Frontier(client, spider, node="cli", partition=p, partitions=count)
             for p in range(count)]
 
 
@@ -91,17 +95,27 @@ def _project():
 
 
 def _spider_class(args):
+    return project_spider(args.spider)
+
+
+def project_spider(spider: str):
+    """(project settings, the spider's class or None if the project has no such spider)."""
     settings, loader = _project()
     try:
-        return settings, loader.load(args.spider) if loader is not None else None
+        return settings, loader.load(spider) if loader is not None else None
     except KeyError:
         return settings, None
 
 
 def _seed_keys(args, settings=None, spidercls=None) -> SeedKeys:
+    return seed_keys_of(args.spider, settings, spidercls)
+
+
+def seed_keys_of(spider: str, settings=None, spidercls=None) -> SeedKeys:
+    """The seed keys of *spider*: its class' ``redis_key``, else ``REDIS_START_URLS_KEY``."""
     pattern = getattr(spidercls, "redis_key", None) or (
         settings.get("REDIS_START_URLS_KEY") if settings is not None else None)
-    return SeedKeys(start_urls_key(args.spider, pattern))
+    return SeedKeys(start_urls_key(spider, pattern))
 
 
 def cmd_status(args) -> int:
@@ -117,47 +131,51 @@ def cmd_status(args) -> int:
         if not args.json:
             print(f"{args.spider}: no crawl state in Redis yet (push seeds to {seeds.key})")
     if args.json:
-        print(json.dumps(status_data(args, parts, seeds), sort_keys=True))
+        print(json.dumps(status_data(args.spider, parts, seeds), sort_keys=True))
         return 0
     from rich.console import Console
     from rich.live import Live
 
     console = Console(width=max(Console().width, 140))
     if not args.watch:
-        console.print(_status_table(args, status_data(args, parts, seeds)))
+        console.print(_status_table(args, status_data(args.spider, parts, seeds)))
         return 0
     with Live(console=console, auto_refresh=False) as live:
         try:
             while True:
-                live.update(_status_table(args, status_data(args, _partitions(args), seeds)),
+                live.update(_status_table(args, status_data(args.spider, _partitions(args), seeds)),
                             refresh=True)
                 time.sleep(args.interval)
         except KeyboardInterrupt:
             return 0
 
 
-def status_data(args, parts: list[Frontier], seeds: SeedKeys) -> dict:
-    """Everything `status` shows, as JSON-safe data (the stable ``--json`` form)."""
+def status_data(spider: str, parts: list[Frontier], seeds: SeedKeys) -> dict:
+    """Everything `status` shows, as JSON-safe data (the stable ``--json`` form;
+    also what the dashboard shows)."""
     f = parts[0]
     counts: dict[str, int] = {}
     for part in parts:
         for name, value in part.counts().items():
             counts[name] = counts.get(name, 0) + value
-    registered = {_s(n) for part in parts for n in part.client.zrange(part.keys.nodes, 0, -1)}
+    now_ms = _server_ms(f.client)
+    deadlines = {_s(n): int(score) for part in parts
+                 for n, score in part.client.zrange(part.keys.nodes, 0, -1, withscores=True)}
+    registered = set(deadlines)
     counts["nodes"] = len(registered)
     counts["partitions"] = len(parts)
     totals: dict[str, int] = dict(f.stats())
     for part in parts[1:]:
         for name, value in part.client.hgetall(part.keys.stats).items():
             totals[_s(name)] = totals.get(_s(name), 0) + int(value)
-    reports = node_reports(f.client, args.spider)
+    reports = node_reports(f.client, spider)
     for report in reports:
-        report["registered"] = report["node"] in registered
+        _lease_fields(report, deadlines.get(report["node"]), now_ms)
     est = _bloom_totals([part.bloom_estimates() for part in parts])
     return {
         "politeness": _politeness_summary(parts, counts["hosts"]),
-        "spider": args.spider, "at": int(time.time() * 1000),
-        "control": read_state(f.client, args.spider),
+        "spider": spider, "at": int(time.time() * 1000),
+        "control": read_state(f.client, spider),
         "frontier": {k: counts[k] for k in ("queued", "delayed", "inflight", "dead", "invalid",
                                             "hosts", "nodes", "partitions")},
         "seeds": {"waiting": _seed_count(f.client, seeds.key),
@@ -174,7 +192,7 @@ def status_data(args, parts: list[Frontier], seeds: SeedKeys) -> dict:
                   "fill_ratio": round(est["fill_ratio"], 6),
                   "est_fp_rate": est["est_fp_rate"],
                   "bytes_per_item": round(est["bytes_per_item"], 3)},
-        "recrawl": _recrawl_summary(f.client, args.spider),
+        "recrawl": _recrawl_summary(f.client, spider),
     }
 
 
@@ -189,6 +207,18 @@ def _recrawl_summary(client, spider: str) -> dict:
         except ValueError:  # not written by a node: shown as unknown
             out[name] = 0
     return out
+
+
+def _lease_fields(report: dict, deadline_ms: int | None, now_ms: int) -> None:
+    """``registered``, ``lease_left_s`` (until its leases are reclaimed) and, when the
+    node reports its lease TTL, ``heartbeat_age_s`` (since it last renewed them)."""
+    report["registered"] = deadline_ms is not None
+    if deadline_ms is None:
+        return
+    report["lease_left_s"] = round((deadline_ms - now_ms) / 1000, 1)
+    ttl = report.get("lease_ttl_s")
+    if isinstance(ttl, (int, float)) and ttl > 0:
+        report["heartbeat_age_s"] = round(max(0.0, ttl - report["lease_left_s"]), 1)
 
 
 STATUS_HOSTS_MAX = 200   # per-host rows read only below this many hosts (2 calls a host)
@@ -287,13 +317,22 @@ def _ago(ms) -> str:
 
 def cmd_control(args) -> int:
     """pause / resume / drain / stop: the state every node reads within ~1 s."""
-    state = {"resume": "run"}.get(args.command, args.command)
-    client = _client(args)
     who = f"{os.environ.get('USER') or 'operator'}@{socket.gethostname()}"
-    previous = set_state(client, args.spider, state, by=who)
+    previous, state = control_command(_client(args), args.spider, args.command, who)
     print(f"{args.spider}: {previous} -> {state} (nodes follow within about "
           f"{CONTROL_HINT}s)")
     return 0
+
+
+CONTROL_COMMANDS = ("pause", "resume", "drain", "stop")
+
+
+def control_command(client, spider: str, command: str, by: str) -> tuple[str, str]:
+    """Apply ``pause | resume | drain | stop``; returns (previous state, new state)."""
+    if command not in CONTROL_COMMANDS:
+        raise ValueError(f"unknown control command {command!r}")
+    state = {"resume": "run"}.get(command, command)
+    return set_state(client, spider, state, by=by), state
 
 
 def _bloom_totals(estimates: list[dict]) -> dict:
@@ -363,16 +402,29 @@ def cmd_politeness(args) -> int:
 
 def cmd_proxies(args) -> int:
     """The shared proxy pool: masked ids, health, bans per domain, retirements."""
-    from crawlproject.proxies import InvalidProxy, entry_fingerprint, parse_proxy
-    from crawlproject.proxystore import ProxyStore
-
-    store = ProxyStore(_client(args), args.spider)
     if args.revive:
+        from crawlproject.proxystore import ProxyStore
+
+        store = ProxyStore(_client(args), args.spider)
         for proxy_id in args.revive:
             done = store.revive(proxy_id)
             print(f"{proxy_id}: " + ("revived" if done else "was not retired"))
         return 0
-    snap = store.read()
+    report = proxy_report(_client(args), args.spider)
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
+        return 0
+    _print_proxies(args.spider, report["proxies"], report["invalid_entries"])
+    return 0
+
+
+def proxy_report(client, spider: str) -> dict:
+    """The proxy pool by masked id (health, bans per domain, retirements), the
+    pool entries that do not parse, and the pool key's type (``proxies --json``)."""
+    from crawlproject.proxies import InvalidProxy, entry_fingerprint, parse_proxy
+    from crawlproject.proxystore import ProxyStore
+
+    snap = ProxyStore(client, spider).read()
     rows: dict[str, dict] = {}
     invalid = []
     for raw in snap.entries:
@@ -393,12 +445,7 @@ def cmd_proxies(args) -> int:
                 "for_s": round((until - snap.now_ms) / 1000, 1), "strikes": strikes}
     for pid, record in snap.retired.items():
         rows.setdefault(pid, {})["retired"] = str(record.get("reason", ""))
-    if args.json:
-        print(json.dumps({"proxies": rows, "invalid_entries": invalid,
-                          "pool_key_type": snap.pool_type}, sort_keys=True))
-        return 0
-    _print_proxies(args.spider, rows, invalid)
-    return 0
+    return {"proxies": rows, "invalid_entries": invalid, "pool_key_type": snap.pool_type}
 
 
 def _print_proxies(spider: str, rows: dict[str, dict], invalid: list[dict]) -> None:
@@ -584,9 +631,13 @@ def cmd_invalid_seeds(args) -> int:
 
 
 def cmd_replay(args) -> int:
-    replayed = sum(part.replay_dead(args.n) for part in _partitions(args))
-    print(f"replayed {replayed} dead letter(s)")
+    print(f"replayed {replay_dead_letters(_partitions(args), args.n)} dead letter(s)")
     return 0
+
+
+def replay_dead_letters(parts: list[Frontier], count: int = 1000) -> int:
+    """Move up to *count* dead letters of each partition back (fresh retries)."""
+    return sum(part.replay_dead(count) for part in parts)
 
 
 def cmd_reset(args) -> int:
@@ -698,6 +749,29 @@ def cmd_recrawl(args) -> int:
         _client(args).hincrby(FrontierKeys(args.spider).recrawl, "wake", 1)
         print(f"nodes of {args.spider} look for due pages within ~1 s")
     return 0
+
+
+def cmd_dashboard(args) -> int:
+    """The live dashboard in the browser (crawlproject/dashboard): every spider
+    named, else every spider of the project."""
+    from crawlproject.dashboard import DashboardConfig
+    from crawlproject.dashboard.auth import Credentials
+    from crawlproject.dashboard.server import run
+
+    spiders = list(dict.fromkeys(args.spiders))
+    if not spiders:
+        _, loader = _project()
+        spiders = sorted(loader.list()) if loader is not None else []
+    if not spiders:
+        raise UsageError("name the spider(s) to show: no Scrapy project here")
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be 0 to 65535, got {args.port}")
+    if args.interval <= 0 or args.window < args.interval:
+        raise UsageError("--interval must be above 0 and --window at least one interval")
+    config = DashboardConfig(spiders, args.redis_url, cluster=args.cluster,
+                             credentials=Credentials.from_env(token_file=args.token_file),
+                             interval=args.interval, window=args.window)
+    return run(config, args.host, args.port)
 
 
 # -- scrapyd nodes -------------------------------------------------------------------------
@@ -869,6 +943,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mongo-uri", help="default: MONGO_URI (setting, then environment)")
     p.add_argument("--database", help="default: MONGO_DATABASE (setting, then environment)")
     p.set_defaults(func=cmd_recrawl)
+    p = sub.add_parser("dashboard", help="live dashboard in the browser (127.0.0.1; any other "
+                       "address needs DASHBOARD_TOKEN or DASHBOARD_USERNAME/_PASSWORD)")
+    p.add_argument("spiders", nargs="*", help="spiders to show (default: the project's)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=9420, help="port (0: a free one, printed)")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between reads of Redis")
+    p.add_argument("--window", type=float, default=600.0, help="seconds the charts show")
+    p.add_argument("--token-file", help="read the access token from this file "
+                                        "(else $DASHBOARD_TOKEN; never on the command line)")
+    p.set_defaults(func=cmd_dashboard)
     p = sub.add_parser("spool-replay", help="store the items a node left in its MongoDB spool "
                        "(no crawl); exit 0 when none is left")
     p.add_argument("--mongo-uri", help="default: MONGO_URI (setting, then environment)")

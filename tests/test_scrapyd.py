@@ -105,8 +105,11 @@ def test_the_wheel_is_the_runtime_package_with_crawlctl_and_pinned_dependencies(
                     "-q", "-w", str(tmp_path), str(ROOT)], check=True, capture_output=True)
     wheel = zipfile.ZipFile(next(tmp_path.glob("crawlproject-*.whl")))
     names = wheel.namelist()
-    assert not [n for n in names if n.startswith(("tests/", "bench/", "crawlproject/demo/"))
+    assert not [n for n in names if n.startswith(("tests/", "bench/", "crawlproject/demo/",
+                                                  "crawlproject/dashboard/vendor/"))
                 or n == "crawlproject/services.py"], names
+    static = {n.rsplit("/", 1)[1] for n in names if n.startswith("crawlproject/dashboard/static/")}
+    assert static == {p.name for p in (ROOT / "crawlproject/dashboard/static").iterdir()}, static
     meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
     requires = [line for line in wheel.read(meta).decode().splitlines()
                 if line.startswith("Requires-Dist:")]
@@ -132,6 +135,10 @@ def test_the_wheel_is_the_runtime_package_with_crawlctl_and_pinned_dependencies(
     helped = subprocess.run([str(target / "bin" / "crawlctl"), "deploy", "--help"], cwd=empty,
                             env=env, capture_output=True, text=True)
     assert helped.returncode == 0 and "--targets-file" in helped.stdout, helped.stderr
+    served = subprocess.run([sys.executable, "-c", "from crawlproject.dashboard import STATIC; "
+                             "print((STATIC / 'uPlot.iife.min.js').stat().st_size)"],
+                            cwd=empty, env=env, capture_output=True, text=True)
+    assert served.returncode == 0 and int(served.stdout) > 10_000, served.stderr[-2000:]
 
 
 def test_deploy_fails_loudly_then_crawls_on_every_node(redis, redis_url, mongo_uri, database,
