@@ -171,6 +171,16 @@ def bloom_fragment(data: dict) -> str:
                 ("bytes per URL", "bloom.bytes_per_item", b["bytes_per_item"])])
 
 
+def recrawl_fragment(data: dict) -> str:
+    r = data.get("recrawl") or {}
+    if not r.get("at"):
+        return '<p class="empty">No revisit feeder has reported (RECRAWL_ENABLED is off).</p>'
+    return _dl([("known pages", "recrawl.pages", r["pages"]),
+                ("due now, not yet fed", "recrawl.due", r["due"]),
+                ("fed to the frontier", "recrawl.fed", r["fed"]),
+                ("reported", "recrawl.at", utc(r["at"]))])
+
+
 def proxies_fragment(data: dict) -> str:
     report = data.get("proxies") or {"proxies": {}, "invalid_entries": []}
     rows = []
@@ -201,7 +211,8 @@ def totals_fragment(data: dict) -> str:
 
 FRAGMENTS = {"control": control_fragment, "frontier": frontier_fragment,
              "rates": rates_fragment, "nodes": nodes_fragment, "hosts": hosts_fragment,
-             "bloom": bloom_fragment, "proxies": proxies_fragment, "totals": totals_fragment}
+             "bloom": bloom_fragment, "recrawl": recrawl_fragment, "proxies": proxies_fragment,
+             "totals": totals_fragment}
 
 
 def fragments(feed) -> dict[str, str]:
@@ -297,6 +308,7 @@ def _sections(spider: str, frags: dict[str, str], minutes: str):
     yield _section("nodes", "Nodes", region("nodes"), wide=True)
     yield _section("hosts", "Hosts", region("hosts"), wide=True)
     yield _section("bloom", "Bloom filter", region("bloom"))
+    yield _section("recrawl", "Revisits", region("recrawl"))
     yield _section("proxies", "Proxies", region("proxies"), wide=True)
     yield _section("totals", "Counters", "<details><summary>Cluster-wide counters</summary>"
                    f'{region("totals")}</details>')
