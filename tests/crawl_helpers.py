@@ -133,3 +133,24 @@ def assert_matches_catalog(stored: dict, expected: dict) -> None:
         assert doc["currency"] == want["currency"], url
         assert doc["published"] == want["published"], url
         assert doc["first_seen"] <= doc["updated_at"]
+
+
+def leases_held(client, name: str) -> int:
+    """Frontier entries leased to the node started as *name* (``NODE_ID``), in every
+    partition (``T:held:<name>-<pid>-<hex>``); works on a Redis Cluster too."""
+    return sum(client.scard(key) for key in client.scan_iter(match=f"*:held:{name}-*"))
+
+
+def kill_while_holding(node: Node, client, timeout: float = 90) -> int:
+    """SIGKILL *node* at a moment it holds leases (so that the kill puts work
+    back for others to reclaim); returns how many it held just before."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        held = leases_held(client, node.name)
+        if held:
+            node.kill()
+            return held
+        if node.proc.poll() is not None:
+            raise AssertionError(f"{node.name} exited before it held a lease:\n{node.tail()}")
+        time.sleep(0.02)
+    raise AssertionError(f"{node.name} held no lease within {timeout}s:\n{node.tail()}")

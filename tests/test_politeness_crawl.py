@@ -11,7 +11,7 @@ import pytest
 
 from crawlproject.demo.hosts import DEFAULT_HOSTS, MultiHostSite
 from crawlproject.keys import FrontierKeys, start_urls_key
-from tests.crawl_helpers import ROOT, Node, node_env
+from tests.crawl_helpers import ROOT, Node, kill_while_holding, node_env
 
 pytestmark = pytest.mark.slow
 BASE = {"SPIDER_MODULES": "tests.spiders", "ROBOTSTXT_OBEY": False,
@@ -189,7 +189,7 @@ def test_twelve_partitions_on_a_three_master_cluster_survive_a_sigkill(
             while database["hosts"].count_documents({}) < 60:
                 assert time.monotonic() < deadline, victim.tail()
                 time.sleep(0.1)
-            victim.kill()
+            kill_while_holding(victim, client)
             assert database["hosts"].count_documents({}) < pages * len(DEFAULT_HOSTS)
             assert survivor.wait(240) == 0, survivor.tail()
         finally:

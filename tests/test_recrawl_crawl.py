@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 import pytest
 
 from crawlproject.demo.site import JS_PRODUCT_ID, NO_VALIDATORS_EVERY, DemoSite
-from tests.crawl_helpers import Node, crawl_until_done, node_env
+from tests.crawl_helpers import Node, crawl_until_done, kill_while_holding, node_env
 
 pytestmark = pytest.mark.slow
 PRODUCTS = 40
@@ -180,7 +180,7 @@ def test_recrawl_with_two_nodes_and_a_sigkill_loses_nothing(redis, redis_url, mo
                 time.sleep(0.1)
             else:
                 raise AssertionError(f"no revisits under way:\n{victim.tail()}")
-            victim.kill()
+            kill_while_holding(victim, redis)
             assert survivor.wait(240) == 0, survivor.tail()
         finally:
             victim.stop()
