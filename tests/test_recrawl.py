@@ -140,13 +140,14 @@ def test_revisit_is_conditional_and_304_skips_the_callback():
     mw = RecrawlMiddleware.from_crawler(crawler)
     request = _revisit(etag='"v1"', last_modified="Thu, 01 Jan 2026 00:00:00 GMT",
                        body_hash="b" * 40, interval=60, checks=1, changes=1)
+    request = request.replace(cb_kwargs={"page": 2})   # the spider's, not the record's
     mw.process_request(request)
     assert request.headers[b"If-None-Match"] == b'"v1"'
     assert request.headers[b"If-Modified-Since"] == b"Thu, 01 Jan 2026 00:00:00 GMT"
     out = mw.process_response(request, Response(request.url, status=304, request=request))
     assert out.request.callback == mw.record and out.request.errback is None
     assert out.request.meta["handle_httpstatus_all"] is True
-    records = list(mw.record(out))
+    records = list(out.request.callback(out, **out.request.cb_kwargs))
     assert len(records) == 1 and isinstance(records[0], PageVisit)
     record = records[0]
     assert record["outcome"] == "unchanged" and record["checks"] == 2 and record["changes"] == 1

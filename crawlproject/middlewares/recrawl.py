@@ -147,7 +147,7 @@ class RecrawlMiddleware:
         meta[VISIT_META] = visit
         meta["handle_httpstatus_all"] = True
         return response.replace(request=request.replace(callback=self.record, errback=None,
-                                                        meta=meta))
+                                                        cb_kwargs={}, meta=meta))
 
     def record(self, response: Response):
         """Callback of unchanged and gone pages: the page record (and gone marks)."""
