@@ -2,10 +2,11 @@
 
     python -m crawlproject.cli status products
     python -m crawlproject.cli seed products http://127.0.0.1:8000/ '{"url": "...", "priority": 5}'
-    python -m crawlproject.cli dead products [-n 20]
-    python -m crawlproject.cli replay products [-n 1000]
-    python -m crawlproject.cli invalid products          # payloads moved aside
-    python -m crawlproject.cli invalid-seeds products    # seeds moved aside
+    python -m crawlproject.cli dead [list] products [-n 20]
+    python -m crawlproject.cli dead requeue products [-n 1000]   # = replay products
+    python -m crawlproject.cli dead purge products --yes         # = dead products --purge --yes
+    python -m crawlproject.cli invalid [list|purge] products          # payloads moved aside
+    python -m crawlproject.cli invalid-seeds [list|purge] products    # seeds moved aside
     python -m crawlproject.cli proxies products [--json] [--revive HOST:PORT]
     python -m crawlproject.cli pause|resume|drain|stop products   # every node, within ~1 s
     python -m crawlproject.cli reset products --yes [--keep-seeds] [--drop-proxy-pool]
@@ -520,12 +521,22 @@ def _purge(args, keys: list[str], what: str) -> int:
     return 0
 
 
+def _action(args) -> str:
+    """The subcommand's action word (``list`` by default; ``--purge`` is ``purge``)."""
+    if args.purge and args.action not in (None, "purge"):
+        raise UsageError(f"--purge contradicts {args.action!r}")
+    return "purge" if args.purge else (args.action or "list")
+
+
 def cmd_dead(args) -> int:
+    action = _action(args)
+    if action == "requeue":
+        return cmd_replay(args)
     parts = _partitions(args)
-    if args.purge:
+    if action == "purge":
         return _purge(args, [p.keys.dead for p in parts], "dead letter(s)")
     for part in parts:
-        for record in part.dead_letters(args.n):
+        for record in part.dead_letters(args.n if args.n is not None else 20):
             record.pop("payload", None)
             print(json.dumps(record))
     return 0
@@ -533,7 +544,7 @@ def cmd_dead(args) -> int:
 
 def cmd_invalid(args) -> int:
     parts = _partitions(args)
-    if args.purge:
+    if _action(args) == "purge":
         return _purge(args, [p.keys.invalid for p in parts], "invalid payload(s)")
     for part in parts:
         for record in part.invalid_entries(args.n):
@@ -553,7 +564,7 @@ def cmd_nodes(args) -> int:
 def cmd_invalid_seeds(args) -> int:
     settings, spidercls = _spider_class(args)
     key = _seed_keys(args, settings, spidercls).invalid
-    if args.purge:
+    if _action(args) == "purge":
         return _purge(args, [key], "invalid seed(s)")
     for raw in _client(args).lrange(key, 0, args.n - 1):
         try:
@@ -564,7 +575,8 @@ def cmd_invalid_seeds(args) -> int:
 
 
 def cmd_replay(args) -> int:
-    replayed = sum(part.replay_dead(args.n) for part in _partitions(args))
+    count = args.n if args.n is not None else 1000
+    replayed = sum(part.replay_dead(count) for part in _partitions(args))
     print(f"replayed {replayed} dead letter(s)")
     return 0
 
@@ -734,6 +746,11 @@ def _add_target_options(p) -> None:
                                      "else crawlproject)")
 
 
+#: action words of the list commands (the first is the default)
+ACTIONS = {"dead": ("list", "requeue", "purge"), "invalid": ("list", "purge"),
+           "invalid-seeds": ("list", "purge")}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="crawlctl",
                                      description=__doc__.splitlines()[0])
@@ -744,10 +761,12 @@ def build_parser() -> argparse.ArgumentParser:
     for name, func, help_ in [
         ("status", cmd_status, "queue, in-flight, delayed, dead, nodes, Bloom filter"),
         ("seed", cmd_seed, "check seeds as the nodes do, then push them to <spider>:start_urls"),
-        ("dead", cmd_dead, "list dead letters with their reason and attempts"),
-        ("invalid", cmd_invalid, "list payloads that were moved aside"),
-        ("invalid-seeds", cmd_invalid_seeds, "list seeds that were moved aside, with the reason"),
-        ("replay", cmd_replay, "move dead letters back into the queue (with fresh retries)"),
+        ("dead", cmd_dead, "dead letters: list (reason, attempts), requeue (fresh retries) "
+                           "or purge (with --yes)"),
+        ("invalid", cmd_invalid, "payloads that were moved aside: list or purge (with --yes)"),
+        ("invalid-seeds", cmd_invalid_seeds, "seeds that were moved aside, with the reason: "
+                                             "list or purge (with --yes)"),
+        ("replay", cmd_replay, "move dead letters back into the queue (= dead requeue)"),
         ("reset", cmd_reset, "delete the spider's queue, filter, seeds and seed claims"),
         ("politeness", cmd_politeness, "per-host politeness (limits, in flight, blocks); "
                                        "--delay/--concurrency HOST... change limits now"),
@@ -760,6 +779,9 @@ def build_parser() -> argparse.ArgumentParser:
         ("stop", cmd_control, "nodes close now (leases back to the queue) until resume"),
     ]:
         p = sub.add_parser(name, help=help_)
+        if name in ACTIONS:  # `dead [list|requeue|purge] SPIDER`
+            p.add_argument("action", nargs="?", choices=ACTIONS[name],
+                           help=f"default: list ({' | '.join(ACTIONS[name])})")
         p.add_argument("spider")
         p.set_defaults(func=func)
         if name == "seed":
@@ -771,7 +793,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
             p.add_argument("--interval", type=float, default=2.0, help="--watch period (s)")
         if name in ("dead", "invalid", "invalid-seeds", "replay"):
-            p.add_argument("-n", type=int, default=20 if name != "replay" else 1000)
+            p.add_argument("-n", type=int, default=20 if name in ("invalid", "invalid-seeds")
+                           else None, help="records shown (default 20) or requeued (1000)")
         if name in ("dead", "invalid", "invalid-seeds"):
             p.add_argument("--purge", action="store_true", help="delete them all (with --yes)")
             p.add_argument("--yes", action="store_true")
@@ -822,7 +845,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from redis.exceptions import RedisError
+    from redis.exceptions import RedisClusterException, RedisError
 
     from crawlproject.scrapyd import ScrapydError
 
@@ -839,7 +862,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # e.g. an http:// REDIS_URL
         print(f"error: {str(exc).replace(args.redis_url, where)}", file=sys.stderr)
         return 2
-    except RedisError as exc:
+    except (RedisError, RedisClusterException) as exc:  # the cluster's is not a RedisError
         message = str(exc).replace(args.redis_url, where)
         print(f"error: Redis at {where}: {type(exc).__name__}: {message}", file=sys.stderr)
         return 1
