@@ -1,6 +1,6 @@
 """Small operator tool: seed, inspect and reset a crawl's shared state.
 
-    python -m crawlproject.cli status products
+    python -m crawlproject.cli status [products] [--json] [--watch]
     python -m crawlproject.cli seed products http://127.0.0.1:8000/ '{"url": "...", "priority": 5}'
     python -m crawlproject.cli dead [list] products [-n 20]
     python -m crawlproject.cli dead requeue products [-n 1000]   # = replay products
@@ -105,7 +105,10 @@ def _seed_keys(args, settings=None, spidercls=None) -> SeedKeys:
 
 
 def cmd_status(args) -> int:
-    """The crawl's shared state; ``--json`` for scripts, ``--watch`` to refresh."""
+    """The crawl's shared state; ``--json`` for scripts, ``--watch`` to refresh.
+    Without a spider: every spider of the project that has crawl state."""
+    if args.spider is None:
+        return _status_all(args)
     settings, spidercls = _spider_class(args)
     seeds = _seed_keys(args, settings, spidercls)
     parts = _partitions(args)
@@ -134,6 +137,31 @@ def cmd_status(args) -> int:
                 time.sleep(args.interval)
         except KeyboardInterrupt:
             return 0
+
+
+def _status_all(args) -> int:
+    """`status` of each spider of this project with state in Redis (one JSON
+    object a line with ``--json``, one table each otherwise)."""
+    settings, loader = _project()
+    names = sorted(loader.list()) if loader is not None else []
+    if not names:
+        raise UsageError("no Scrapy project here to find spiders in: name one "
+                         "(crawlctl status SPIDER)")
+    client = _client(args)
+    active = [name for name in names if spider_keys(
+        client, name, _seed_keys(argparse.Namespace(spider=name), settings,
+                                 loader.load(name)).key)]
+    if not active:
+        print(f"no crawl state in Redis at {redact_url(args.redis_url)} for any spider of "
+              f"this project ({', '.join(names)})")
+        return 0
+    if args.watch and len(active) > 1:
+        raise UsageError(f"--watch shows one spider: name one of {', '.join(active)}")
+    for name in active:
+        code = cmd_status(argparse.Namespace(**{**vars(args), "spider": name}))
+        if code:
+            return code
+    return 0
 
 
 def status_data(args, parts: list[Frontier], seeds: SeedKeys) -> dict:
@@ -782,7 +810,11 @@ def build_parser() -> argparse.ArgumentParser:
         if name in ACTIONS:  # `dead [list|requeue|purge] SPIDER`
             p.add_argument("action", nargs="?", choices=ACTIONS[name],
                            help=f"default: list ({' | '.join(ACTIONS[name])})")
-        p.add_argument("spider")
+        if name == "status":
+            p.add_argument("spider", nargs="?",
+                           help="default: every spider of this project with crawl state")
+        else:
+            p.add_argument("spider")
         p.set_defaults(func=func)
         if name == "seed":
             p.add_argument("seeds", nargs="*")

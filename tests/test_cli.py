@@ -246,9 +246,10 @@ def test_politeness_shows_hosts_and_changes_limits_at_run_time(redis, redis_url)
     assert f.limits() == {}
 
 
-# Every subcommand that talks to Redis (spool-replay needs MongoDB first: below).
+# Every subcommand that talks to Redis (spool-replay, which needs MongoDB first: below).
 REDIS_COMMANDS = [
-    ["status", "shop"], ["status", "shop", "--json"], ["seed", "shop", "http://127.0.0.1/x"],
+    ["status", "shop"], ["status", "shop", "--json"], ["status"],
+    ["seed", "shop", "http://127.0.0.1/x"],
     ["dead", "shop"], ["dead", "list", "shop"], ["dead", "requeue", "shop"],
     ["dead", "purge", "shop", "--yes"], ["invalid", "shop"], ["invalid", "purge", "shop", "--yes"],
     ["invalid-seeds", "shop"], ["invalid-seeds", "purge", "shop", "--yes"], ["replay", "shop"],
@@ -273,12 +274,16 @@ def _one_line_errors(results, expected: str):
         assert "topsecret" not in out.stdout + out.stderr, args
 
 
-def test_every_subcommand_says_in_one_line_that_redis_refuses_the_password(tmp_path):
+def test_every_subcommand_says_in_one_line_that_redis_refuses_the_password(tmp_path,
+                                                                            mongo_uri):
     from crawlproject.services import RedisServer
 
+    spool = ["spool-replay", "--spider", "shop", "--mongo-uri", mongo_uri, "--database",
+             "cli_spool", "--spool-dir", str(tmp_path / "spool")]
     with RedisServer(password="rightpass", data_dir=tmp_path) as server:
         wrong = _all_commands(f"redis://:topsecret@127.0.0.1:{server.port}/0")
         missing = _all_commands(f"redis://127.0.0.1:{server.port}/0")
+        wrong.append((spool, cli(f"redis://:topsecret@127.0.0.1:{server.port}/0", *spool)))
     _one_line_errors(wrong, "AuthenticationError: invalid username-password pair")
     _one_line_errors(missing, "AuthenticationError: Authentication required")
 
@@ -357,3 +362,21 @@ def test_dead_and_invalid_take_list_requeue_purge_words(redis, redis_url):
                                                  "--yes").stdout
     bad = cli(redis_url, "dead", "requeu", "shop")
     assert bad.returncode == 2 and "invalid choice: 'requeu'" in bad.stderr
+
+
+def test_status_without_a_spider_shows_every_spider_with_state(redis, redis_url):
+    from crawlproject.keys import FrontierKeys
+
+    empty = cli(redis_url, "status", "--json")
+    assert empty.returncode == 0 and "no crawl state" in empty.stdout and "products" in empty.stdout
+    redis.lpush(start_urls_key("products"), "http://127.0.0.1/")
+    redis.rpush(FrontierKeys("products").dead, json.dumps({"url": "http://127.0.0.1/d"}))
+    redis.rpush(FrontierKeys("not_in_project").dead, "{}")      # not a spider of this project
+    out = cli(redis_url, "status", "--json")
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert out.returncode == 0 and [r["spider"] for r in rows] == ["products"], out.stdout
+    assert rows[0]["seeds"]["waiting"] == 1 and rows[0]["frontier"]["dead"] == 1
+    assert rows[0] == {**json.loads(cli(redis_url, "status", "products", "--json").stdout),
+                       "at": rows[0]["at"]}
+    table = cli(redis_url, "status")
+    assert table.returncode == 0 and "products on redis://" in table.stdout
