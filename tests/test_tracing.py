@@ -28,6 +28,7 @@ from tests.crawl_helpers import Node, assert_fetched_once, node_env, stored_prod
 pytestmark = pytest.mark.slow
 PRODUCTS = 40
 SECRET = "s3cr3t-t0ken"
+DEAD_LINK = "/product/999999"  # the demo shop's 404
 
 
 def test_one_span_per_fetched_page_from_lease_to_ack(redis, redis_url, mongo_uri, database,
@@ -38,6 +39,8 @@ def test_one_span_per_fetched_page_from_lease_to_ack(redis, redis_url, mongo_uri
         "EXTENSIONS": json.dumps({"tests.tracing_probe.SpanProbe": 100,
                                   "crawlproject.extensions.tracing.RequestTracing": 510}),
         "MAX_IDLE_TIME_BEFORE_CLOSE": 5, "RETRY_BACKOFF_BASE": 0.1,
+        # the dead link (404) is retried twice, then dead-lettered: every outcome shows
+        "RETRY_HTTP_CODES": "503,404", "RETRY_TIMES": 2,
         "RENDERING_ENABLED": False}  # no browser: product 7 is fetched statically (no item)
     with DemoSite(products=PRODUCTS) as site:  # with its 503-once pages
         node = Node("traced", tmp_path, node_env(redis_url, mongo_uri, database.name),
@@ -54,6 +57,7 @@ def test_one_span_per_fetched_page_from_lease_to_ack(redis, redis_url, mongo_uri
     data = json.loads(probe_file.read_text())
     spans, stored = data["spans"], data["stored"]
     assert_fetched_once(served, PRODUCTS)
+    assert served[DEAD_LINK] == 3
 
     # One span per page the site served (every fetch went through a lease).
     fetched = Counter({path: hits for path, hits in served.items() if path != "/robots.txt"})
@@ -68,10 +72,16 @@ def test_one_span_per_fetched_page_from_lease_to_ack(redis, redis_url, mongo_uri
         assert attrs["crawl.politeness_key"] == host and attrs["crawl.partition"] == 0
         assert attrs["crawl.spider"] == "products"
         assert attrs["http.response.status_code"] in (200, 404, 503), attrs
+        assert span["start"] <= span["end"]
+        if urlsplit(attrs["url.full"]).path == DEAD_LINK:
+            continue
         # a 503 answer is retried through the frontier; everything else is done
         assert attrs["crawl.outcome"] == ("retry" if attrs["http.response.status_code"] == 503
                                           else "ack"), attrs
-        assert span["status"] == "UNSET" and span["start"] <= span["end"]
+        assert span["status"] == "UNSET"
+    dead_link = sorted((s["attributes"]["crawl.outcome"], s["status"]) for s in spans
+                       if urlsplit(s["attributes"]["url.full"]).path == DEAD_LINK)
+    assert dead_link == [("dead", "ERROR"), ("retry", "UNSET"), ("retry", "UNSET")]
     urls = [s["attributes"]["url.full"] for s in spans]
     assert SECRET not in json.dumps(spans)
     assert f"{site.url}?token=***" in urls

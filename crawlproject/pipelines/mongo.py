@@ -117,12 +117,13 @@ class MongoPipeline:
         self.key_as_id = key_as_id
         self.spool_dir = spool_dir
         self.redis = redis
+        # First: it refuses a bad MONGO_BULK_SIZE before any client exists.
+        self.batcher = Batcher(self._store, bulk_size=bulk_size, flush_interval=flush_interval,
+                               max_flushes=max_flushes, flush_when_idle=flush_when_idle)
         self.writer = MongoWriter(uri, client_options=client_options, stats=crawler.stats,
                                   write_mode=write_mode, backoff_base=backoff_base,
                                   backoff_max=backoff_max)
         self.scrub = self.writer.scrub
-        self.batcher = Batcher(self._store, bulk_size=bulk_size, flush_interval=flush_interval,
-                               max_flushes=max_flushes, flush_when_idle=flush_when_idle)
         self.outage = OutageHandler(
             self.writer, crawler.stats, requeue=self.batcher.requeue, spool_dir=spool_dir,
             bulk_size=bulk_size, spool_after=spool_after, probe_interval=probe_interval,
