@@ -9,7 +9,6 @@ demo site served and what MongoDB holds.
 from __future__ import annotations
 
 import json
-import logging
 import sys
 from collections import Counter
 from urllib.parse import urlsplit
@@ -20,9 +19,9 @@ from scrapy.exceptions import NotConfigured
 from scrapy.utils.test import get_crawler
 
 from crawlproject.demo.site import DemoSite
-from crawlproject.keys import start_urls_key
 from crawlproject.extensions.tracing import RequestTracing
 from crawlproject.hooks import request_hooks
+from crawlproject.keys import start_urls_key
 from tests.crawl_helpers import Node, assert_fetched_once, node_env, stored_products
 
 pytestmark = pytest.mark.slow
@@ -101,7 +100,7 @@ def test_one_span_per_fetched_page_from_lease_to_ack(redis, redis_url, mongo_uri
     assert sum(s["attributes"]["crawl.items_stored"] for s in spans) == len(products)
 
 
-def test_without_the_packages_the_extension_is_disabled_with_a_reason(monkeypatch, caplog):
+def test_without_the_packages_the_extension_is_disabled_with_a_reason(monkeypatch):
     # The venv has OpenTelemetry installed (requirements-dev.txt): hiding it from
     # the import system is the only way to be without it here.
     for name in [m for m in sys.modules if m == "opentelemetry" or m.startswith("opentelemetry.")]:

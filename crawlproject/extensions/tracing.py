@@ -51,7 +51,7 @@ from twisted.internet import threads
 
 from crawlproject.connection import redact_url
 from crawlproject.frontier.retrypolicy import LEASE_META
-from crawlproject.hooks import DEAD, RequestHooks, add_request_hooks
+from crawlproject.hooks import DEAD, RELEASED, RequestHooks, add_request_hooks
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ class RequestTracing(RequestHooks):
 
     def spider_closed(self, spider):
         for member in list(self._spans):  # the scheduler released them; be sure
-            self.request_settled(None, member=member, outcome="released")
+            self.request_settled(None, member=member, outcome=RELEASED)
         if self.provider is not None:
             # Exporting what is left may take the exporter's timeout: not on the reactor.
             return threads.deferToThread(self.provider.shutdown)

@@ -46,7 +46,6 @@ handed to Redis), ``spool_left`` (spool files left on this machine).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import Any
