@@ -1,11 +1,12 @@
 """Small operator tool: seed, inspect and reset a crawl's shared state.
 
-    python -m crawlproject.cli status products
+    python -m crawlproject.cli status [products] [--json] [--watch]
     python -m crawlproject.cli seed products http://127.0.0.1:8000/ '{"url": "...", "priority": 5}'
-    python -m crawlproject.cli dead products [-n 20]
-    python -m crawlproject.cli replay products [-n 1000]
-    python -m crawlproject.cli invalid products          # payloads moved aside
-    python -m crawlproject.cli invalid-seeds products    # seeds moved aside
+    python -m crawlproject.cli dead [list] products [-n 20]
+    python -m crawlproject.cli dead requeue products [-n 1000]   # = replay products
+    python -m crawlproject.cli dead purge products --yes         # = dead products --purge --yes
+    python -m crawlproject.cli invalid [list|purge] products          # payloads moved aside
+    python -m crawlproject.cli invalid-seeds [list|purge] products    # seeds moved aside
     python -m crawlproject.cli proxies products [--json] [--revive HOST:PORT]
     python -m crawlproject.cli pause|resume|drain|stop products   # every node, within ~1 s
     python -m crawlproject.cli reset products --yes [--keep-seeds] [--drop-proxy-pool]
@@ -119,7 +120,10 @@ def seed_keys_of(spider: str, settings=None, spidercls=None) -> SeedKeys:
 
 
 def cmd_status(args) -> int:
-    """The crawl's shared state; ``--json`` for scripts, ``--watch`` to refresh."""
+    """The crawl's shared state; ``--json`` for scripts, ``--watch`` to refresh.
+    Without a spider: every spider of the project that has crawl state."""
+    if args.spider is None:
+        return _status_all(args)
     settings, spidercls = _spider_class(args)
     seeds = _seed_keys(args, settings, spidercls)
     parts = _partitions(args)
@@ -148,6 +152,31 @@ def cmd_status(args) -> int:
                 time.sleep(args.interval)
         except KeyboardInterrupt:
             return 0
+
+
+def _status_all(args) -> int:
+    """`status` of each spider of this project with state in Redis (one JSON
+    object a line with ``--json``, one table each otherwise)."""
+    settings, loader = _project()
+    names = sorted(loader.list()) if loader is not None else []
+    if not names:
+        raise UsageError("no Scrapy project here to find spiders in: name one "
+                         "(crawlctl status SPIDER)")
+    client = _client(args)
+    active = [name for name in names if spider_keys(
+        client, name, _seed_keys(argparse.Namespace(spider=name), settings,
+                                 loader.load(name)).key)]
+    if not active:
+        print(f"no crawl state in Redis at {redact_url(args.redis_url)} for any spider of "
+              f"this project ({', '.join(names)})")
+        return 0
+    if args.watch and len(active) > 1:
+        raise UsageError(f"--watch shows one spider: name one of {', '.join(active)}")
+    for name in active:
+        code = cmd_status(argparse.Namespace(**{**vars(args), "spider": name}))
+        if code:
+            return code
+    return 0
 
 
 def status_data(spider: str, parts: list[Frontier], seeds: SeedKeys) -> dict:
@@ -587,12 +616,22 @@ def _purge(args, keys: list[str], what: str) -> int:
     return 0
 
 
+def _action(args) -> str:
+    """The subcommand's action word (``list`` by default; ``--purge`` is ``purge``)."""
+    if args.purge and args.action not in (None, "purge"):
+        raise UsageError(f"--purge contradicts {args.action!r}")
+    return "purge" if args.purge else (args.action or "list")
+
+
 def cmd_dead(args) -> int:
+    action = _action(args)
+    if action == "requeue":
+        return cmd_replay(args)
     parts = _partitions(args)
-    if args.purge:
+    if action == "purge":
         return _purge(args, [p.keys.dead for p in parts], "dead letter(s)")
     for part in parts:
-        for record in part.dead_letters(args.n):
+        for record in part.dead_letters(args.n if args.n is not None else 20):
             record.pop("payload", None)
             print(json.dumps(record))
     return 0
@@ -600,7 +639,7 @@ def cmd_dead(args) -> int:
 
 def cmd_invalid(args) -> int:
     parts = _partitions(args)
-    if args.purge:
+    if _action(args) == "purge":
         return _purge(args, [p.keys.invalid for p in parts], "invalid payload(s)")
     for part in parts:
         for record in part.invalid_entries(args.n):
@@ -620,7 +659,7 @@ def cmd_nodes(args) -> int:
 def cmd_invalid_seeds(args) -> int:
     settings, spidercls = _spider_class(args)
     key = _seed_keys(args, settings, spidercls).invalid
-    if args.purge:
+    if _action(args) == "purge":
         return _purge(args, [key], "invalid seed(s)")
     for raw in _client(args).lrange(key, 0, args.n - 1):
         try:
@@ -631,7 +670,8 @@ def cmd_invalid_seeds(args) -> int:
 
 
 def cmd_replay(args) -> int:
-    print(f"replayed {replay_dead_letters(_partitions(args), args.n)} dead letter(s)")
+    count = args.n if args.n is not None else 1000
+    print(f"replayed {replay_dead_letters(_partitions(args), count)} dead letter(s)")
     return 0
 
 
@@ -875,6 +915,11 @@ def _add_target_options(p) -> None:
                                      "else crawlproject)")
 
 
+#: action words of the list commands (the first is the default)
+ACTIONS = {"dead": ("list", "requeue", "purge"), "invalid": ("list", "purge"),
+           "invalid-seeds": ("list", "purge")}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="crawlctl",
                                      description=__doc__.splitlines()[0])
@@ -885,10 +930,12 @@ def build_parser() -> argparse.ArgumentParser:
     for name, func, help_ in [
         ("status", cmd_status, "queue, in-flight, delayed, dead, nodes, Bloom filter"),
         ("seed", cmd_seed, "check seeds as the nodes do, then push them to <spider>:start_urls"),
-        ("dead", cmd_dead, "list dead letters with their reason and attempts"),
-        ("invalid", cmd_invalid, "list payloads that were moved aside"),
-        ("invalid-seeds", cmd_invalid_seeds, "list seeds that were moved aside, with the reason"),
-        ("replay", cmd_replay, "move dead letters back into the queue (with fresh retries)"),
+        ("dead", cmd_dead, "dead letters: list (reason, attempts), requeue (fresh retries) "
+                           "or purge (with --yes)"),
+        ("invalid", cmd_invalid, "payloads that were moved aside: list or purge (with --yes)"),
+        ("invalid-seeds", cmd_invalid_seeds, "seeds that were moved aside, with the reason: "
+                                             "list or purge (with --yes)"),
+        ("replay", cmd_replay, "move dead letters back into the queue (= dead requeue)"),
         ("reset", cmd_reset, "delete the spider's queue, filter, seeds and seed claims"),
         ("politeness", cmd_politeness, "per-host politeness (limits, in flight, blocks); "
                                        "--delay/--concurrency HOST... change limits now"),
@@ -901,7 +948,14 @@ def build_parser() -> argparse.ArgumentParser:
         ("stop", cmd_control, "nodes close now (leases back to the queue) until resume"),
     ]:
         p = sub.add_parser(name, help=help_)
-        p.add_argument("spider")
+        if name in ACTIONS:  # `dead [list|requeue|purge] SPIDER`
+            p.add_argument("action", nargs="?", choices=ACTIONS[name],
+                           help=f"default: list ({' | '.join(ACTIONS[name])})")
+        if name == "status":
+            p.add_argument("spider", nargs="?",
+                           help="default: every spider of this project with crawl state")
+        else:
+            p.add_argument("spider")
         p.set_defaults(func=func)
         if name == "seed":
             p.add_argument("seeds", nargs="*")
@@ -912,7 +966,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
             p.add_argument("--interval", type=float, default=2.0, help="--watch period (s)")
         if name in ("dead", "invalid", "invalid-seeds", "replay"):
-            p.add_argument("-n", type=int, default=20 if name != "replay" else 1000)
+            p.add_argument("-n", type=int, default=20 if name in ("invalid", "invalid-seeds")
+                           else None, help="records shown (default 20) or requeued (1000)")
         if name in ("dead", "invalid", "invalid-seeds"):
             p.add_argument("--purge", action="store_true", help="delete them all (with --yes)")
             p.add_argument("--yes", action="store_true")
@@ -982,7 +1037,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from redis.exceptions import RedisError
+    from redis.exceptions import RedisClusterException, RedisError
 
     from crawlproject.scrapyd import ScrapydError
 
@@ -999,7 +1054,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # e.g. an http:// REDIS_URL
         print(f"error: {str(exc).replace(args.redis_url, where)}", file=sys.stderr)
         return 2
-    except RedisError as exc:
+    except (RedisError, RedisClusterException) as exc:  # the cluster's is not a RedisError
         message = str(exc).replace(args.redis_url, where)
         print(f"error: Redis at {where}: {type(exc).__name__}: {message}", file=sys.stderr)
         return 1

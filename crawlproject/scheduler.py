@@ -54,6 +54,7 @@ from crawlproject.frontier.bloom import BloomConfig
 from crawlproject.frontier.client import FrontierClient, Rejected
 from crawlproject.frontier.politeness import PolitenessConfig
 from crawlproject.control import ControlWatcher
+from crawlproject.hooks import ACK, DEAD, RELEASED, RETRY, request_hooks
 from crawlproject.frontier.queue import DEAD_MAX, INVALID_MAX, MAX_PRIORITY, AsyncFrontier
 from crawlproject.frontier.retrypolicy import (
     CALLBACK_ATTEMPTS_META,
@@ -121,6 +122,8 @@ class RedisScheduler(BaseScheduler):
         self._stopping = False
         self._spider_opened = False
         self._report_samples: deque[tuple[float, int, int]] = deque()
+        #: request lifecycle hooks (crawlproject.hooks), read at open
+        self.hooks: list = []
 
     @classmethod
     def from_crawler(cls, crawler):
@@ -176,6 +179,7 @@ class RedisScheduler(BaseScheduler):
     def setup(self, spider) -> None:
         """Everything :meth:`open` does that needs neither the engine nor Redis."""
         self.spider = spider
+        self.hooks = request_hooks(self.crawler)
         self.policy = InputPolicy.from_settings(self.crawler.settings, type(spider))
         redis = redis_from_settings(self.crawler.settings, asyncio=True)
         parts = self.politeness.partitions
@@ -282,6 +286,7 @@ class RedisScheduler(BaseScheduler):
 
     def _enqueue(self, request: Request) -> bool:
         member = request.meta.pop(LEASE_META, None)
+        retried = RETRY_DELAY_META in request.meta
         delay = request.meta.pop(RETRY_DELAY_META, 0)
         request.meta.pop(SLOW_DOWN_META, None)
         fp = None if request.dont_filter else self.fingerprinter.fingerprint(request)
@@ -307,7 +312,10 @@ class RedisScheduler(BaseScheduler):
             # A downloader middleware (redirect, retry) replaced a leased request:
             # the old entry is done once the new one is stored (the client sends
             # the ack after it).
+            replaced = self.client.held[member].item
             self.client.ack(member, relieve=False)
+            if self.hooks:
+                self._settled(replaced, member, RETRY if retried else ACK)
         self.stats.inc_value("scheduler/enqueued/redis")
         return True
 
@@ -423,7 +431,23 @@ class RedisScheduler(BaseScheduler):
         # What the frontier stored, before downloader middlewares added their
         # headers: a page record keeps it to fetch the page again (recrawl).
         request.meta[PAYLOAD_META] = payload
+        if self.hooks:
+            key = self.politeness.key(request)
+            self._call_hooks("request_leased", request, member=member, partition=partition,
+                             node=self.node, key=key)
         return request
+
+    def _settled(self, request: Request, member: str, outcome: str) -> None:
+        self._call_hooks("request_settled", request, member=member, outcome=outcome)
+
+    def _call_hooks(self, name: str, *args, **kwargs) -> None:
+        for hook in list(self.hooks):
+            try:
+                getattr(hook, name)(*args, **kwargs)
+            except Exception:  # a hook's bug never stops the crawl: leave it out
+                self.hooks.remove(hook)
+                logger.exception("Request hook %r failed in %s: left out from now on", hook,
+                                 name, extra={"spider": self.spider})
 
     def _node_report(self) -> dict:
         """What `crawlctl status` shows for this node (sent every few seconds)."""
@@ -514,11 +538,15 @@ class RedisScheduler(BaseScheduler):
             if failure is None:
                 self.client.ack(member, relieve=not request.meta.get(SLOW_DOWN_META))
                 self._count("scheduler/acked")
+                outcome = ACK
             else:
-                self._handle_failure(member, request, *failure)
+                outcome = self._handle_failure(member, request, *failure)
+            if self.hooks:
+                self._settled(request, member, outcome)
         self._maybe_report()
 
-    def _handle_failure(self, member: str, request: Request, kind: str, reason: str) -> None:
+    def _handle_failure(self, member: str, request: Request, kind: str, reason: str) -> str:
+        """Retry a failed callback or dead-letter *request*; the outcome (retry, dead)."""
         attempts = request.meta.get(CALLBACK_ATTEMPTS_META, 0) + 1
         key = self.politeness.key(request)
         if kind == "callback" and self.retry.retry_callback(attempts):
@@ -534,7 +562,7 @@ class RedisScheduler(BaseScheduler):
                                 int(self.retry.delay(attempts) * 1000), key)
                 self.client.ack(member)
                 self._count("scheduler/callback_retries")
-                return
+                return RETRY
         request.meta.pop(LEASE_META, None)
         retries = request.meta.get("retry_times", 0)
         try:
@@ -550,6 +578,7 @@ class RedisScheduler(BaseScheduler):
         self._count(f"scheduler/dead/{kind}")
         logger.error("Dead-lettered %s after %s attempt(s): %s", request, record["attempts"],
                      reason, extra={"spider": self.spider})
+        return DEAD
 
     def _maybe_report(self) -> None:
         now = time.monotonic()
@@ -573,7 +602,10 @@ class RedisScheduler(BaseScheduler):
         if self.client is None:
             return
         await self.control.stop()
-        await self.client.close()
+        leftovers = await self.client.close()
+        if self.hooks:  # back in the queue for another node
+            for entry in leftovers:
+                self._settled(entry.item, entry.member, RELEASED)
         try:
             await self.client.partitions[0].add_stats(self._stat_deltas)
         except Exception:

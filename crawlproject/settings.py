@@ -152,9 +152,15 @@ MONGO_RETRY_BACKOFF_MAX = 2.0
 VALIDATION_ENABLED = True
 VALIDATION_INVALID_COLLECTION = ""        # e.g. "invalid_items" to keep dropped items
 
-# Prometheus endpoint per node (crawlproject/extensions/metrics.py): opt-in.
+# Prometheus endpoint per node (crawlproject/extensions/metrics.py),
+# OpenTelemetry spans per request (crawlproject/extensions/tracing.py), both
+# opt-in, and the incremental recrawl's feeder (crawlproject/extensions/recrawl.py).
 EXTENSIONS = {"crawlproject.extensions.metrics.PrometheusMetrics": 500,
-              "crawlproject.extensions.recrawl.RecrawlFeeder": 510}
+              "crawlproject.extensions.tracing.RequestTracing": 510,
+              "crawlproject.extensions.recrawl.RecrawlFeeder": 520}
+TRACING_ENABLED = False                 # True: a span per request, lease to ack (extra "tracing")
+TRACING_EXPORTER = "otlp"               # otlp (HTTP) or console, unless the process has a provider
+TRACING_ENDPOINT = ""                   # OTLP/HTTP URL; "": $OTEL_EXPORTER_OTLP_*ENDPOINT or localhost:4318
 LOG_JSON = False                        # True: one JSON object per log line (JsonLogsAddon)
 METRICS_ENABLED = False
 METRICS_HOST = "127.0.0.1"              # 0.0.0.0 to let a Prometheus on another host scrape

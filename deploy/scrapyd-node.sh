@@ -1,39 +1,114 @@
 #!/usr/bin/env bash
-# Prepare one crawler node for scrapyd deployment (run as root on the node, from
-# a checkout or a copy of this repository's requirements files and deploy/):
-#   sudo bash deploy/scrapyd-node.sh
-# What it does: a 'scrapyd' system user; /opt/crawlproject/venv with scrapyd and
-# the project's pinned runtime requirements (an egg installs no dependencies:
-# they must be in scrapyd's virtualenv); the system Chromium; /etc/scrapyd/scrapyd.conf;
-# /etc/crawlproject/scrapyd.env (mode 600, filled in by you: credentials and the
-# Redis/MongoDB addresses, never in the repository); the systemd unit.
-# Re-running it upgrades the requirements and keeps an existing env file.
+# Prepare one crawler node for scrapyd deployment (from a checkout or a copy of
+# this repository's requirements files and deploy/).
+#
+#   sudo bash deploy/scrapyd-node.sh                      # production: as root, systemd
+#   bash deploy/scrapyd-node.sh --prefix DIR --no-systemd [--bind ADDR] [--port N]
+#
+# Production (no options): a 'scrapyd' system user; /opt/crawlproject/venv with
+# scrapyd and the project's pinned runtime requirements (an egg installs no
+# dependencies: they must be in scrapyd's virtualenv); the system Chromium;
+# /etc/scrapyd/scrapyd.conf; /etc/crawlproject/scrapyd.env (mode 600, filled in
+# by you: credentials and the Redis/MongoDB addresses, never in the repository);
+# the systemd unit. Re-running it upgrades the requirements and keeps an
+# existing env file.
+#
+# Options:
+#   --prefix DIR   everything in DIR instead of /opt, /etc and /var: DIR/venv,
+#                  DIR/scrapyd.conf (eggs, dbs, logs under DIR), DIR/scrapyd.env,
+#                  and DIR/run-scrapyd, which starts scrapyd in DIR with that env
+#                  (no system user, no systemd unit)
+#   --no-systemd   no system user, no systemd unit, no apt-get (python3-venv and
+#                  Chromium must be there): with --prefix, runs unprivileged;
+#                  alone, /opt/crawlproject/run-scrapyd starts scrapyd
+#   --bind ADDR    scrapyd's bind_address (default: deploy/scrapyd.conf's, 0.0.0.0)
+#   --port N       scrapyd's http_port (default: 6800)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 VENV=/opt/crawlproject/venv
+PREFIX=""
+SYSTEMD=1
+BIND=""
+PORT=""
+usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --prefix) [ $# -ge 2 ] || usage; PREFIX="$2"; shift 2 ;;
+    --no-systemd) SYSTEMD=0; shift ;;
+    --bind) [ $# -ge 2 ] || usage; BIND="$2"; shift 2 ;;
+    --port) [ $# -ge 2 ] || usage; PORT="$2"; shift 2 ;;
+    -h|--help) usage ;;
+    *) echo "scrapyd-node.sh: unknown option $1" >&2; usage ;;
+  esac
+done
 SCRAPYD_VERSION="$(grep -E '^scrapyd==' requirements-dev.txt | cut -d= -f3)"
 
-id scrapyd >/dev/null 2>&1 || useradd --system --home-dir /var/lib/scrapyd --shell /usr/sbin/nologin scrapyd
-install -d -o scrapyd -g scrapyd /var/lib/scrapyd /var/lib/scrapyd/eggs /var/lib/scrapyd/dbs /var/log/scrapyd
-install -d /etc/scrapyd /etc/crawlproject
-if command -v apt-get >/dev/null; then
+if [ -n "$PREFIX" ]; then
+  mkdir -p "$PREFIX"
+  PREFIX="$(cd "$PREFIX" && pwd)"
+  VENV="$PREFIX/venv"
+  CONF="$PREFIX/scrapyd.conf"
+  ENV_FILE="$PREFIX/scrapyd.env"
+  WORKDIR="$PREFIX"
+  install -d "$PREFIX/eggs" "$PREFIX/dbs" "$PREFIX/logs"
+else
+  CONF=/etc/scrapyd/scrapyd.conf
+  ENV_FILE=/etc/crawlproject/scrapyd.env
+  WORKDIR=/var/lib/scrapyd
+  install -d /etc/scrapyd /etc/crawlproject
+fi
+# The system user and the unit: production without a prefix.
+UNIT=0
+[ "$SYSTEMD" = 1 ] && [ -z "$PREFIX" ] && UNIT=1
+if [ "$UNIT" = 1 ]; then
+  id scrapyd >/dev/null 2>&1 || useradd --system --home-dir /var/lib/scrapyd --shell /usr/sbin/nologin scrapyd
+  install -d -o scrapyd -g scrapyd /var/lib/scrapyd /var/lib/scrapyd/eggs /var/lib/scrapyd/dbs /var/log/scrapyd
+elif [ -z "$PREFIX" ]; then
+  install -d /var/lib/scrapyd /var/lib/scrapyd/eggs /var/lib/scrapyd/dbs /var/log/scrapyd
+fi
+if [ "$SYSTEMD" = 1 ] && command -v apt-get >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv chromium >/dev/null
 fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 "$VENV/bin/python" -m pip install -q -r requirements.txt "scrapyd==$SCRAPYD_VERSION"
-install -m 644 deploy/scrapyd.conf /etc/scrapyd/scrapyd.conf
-if [ ! -e /etc/crawlproject/scrapyd.env ]; then
-  install -m 600 /dev/null /etc/crawlproject/scrapyd.env
-  cat > /etc/crawlproject/scrapyd.env <<'ENV'
+
+if [ -z "$PREFIX" ]; then
+  install -m 644 deploy/scrapyd.conf /etc/scrapyd/scrapyd.conf
+else  # the same file, with its data directories under the prefix
+  sed -e "s#^eggs_dir .*#eggs_dir     = $PREFIX/eggs#" -e "s#^dbs_dir .*#dbs_dir      = $PREFIX/dbs#" \
+      -e "s#^logs_dir .*#logs_dir     = $PREFIX/logs#" deploy/scrapyd.conf > "$CONF"
+fi
+[ -z "$BIND" ] || sed -i "s#^bind_address .*#bind_address = $BIND#" "$CONF"
+[ -z "$PORT" ] || sed -i "s#^http_port .*#http_port    = $PORT#" "$CONF"
+if [ ! -e "$ENV_FILE" ]; then
+  install -m 600 /dev/null "$ENV_FILE"
+  cat > "$ENV_FILE" <<'ENV'
 SCRAPYD_USERNAME=crawl
 SCRAPYD_PASSWORD=
 REDIS_URL=redis://redis.internal:6379/0
 MONGO_URI=mongodb://mongo.internal:27017/
 MONGO_DATABASE=crawl
 ENV
-  echo "Fill in /etc/crawlproject/scrapyd.env (SCRAPYD_PASSWORD is empty), then: systemctl enable --now scrapyd"
+  echo "Fill in $ENV_FILE (SCRAPYD_PASSWORD is empty), then start scrapyd"
 fi
-install -m 644 deploy/scrapyd.service /etc/systemd/system/scrapyd.service
-command -v systemctl >/dev/null && systemctl daemon-reload || true
+if [ "$UNIT" = 1 ]; then
+  install -m 644 deploy/scrapyd.service /etc/systemd/system/scrapyd.service
+  command -v systemctl >/dev/null && systemctl daemon-reload || true
+  echo "Start with: systemctl enable --now scrapyd"
+else
+  # What the systemd unit does, without systemd: the env file, the working
+  # directory (scrapyd.conf is read from it; the MongoDB spool lives in it), scrapyd.
+  LAUNCHER="${PREFIX:-/opt/crawlproject}/run-scrapyd"
+  cat > "$LAUNCHER" <<RUN
+#!/usr/bin/env bash
+set -euo pipefail
+cd "$WORKDIR"
+set -a; . "$ENV_FILE"; set +a
+export CHROMIUM_PATH="\${CHROMIUM_PATH:-/usr/lib/chromium/chromium}"
+exec "$VENV/bin/scrapyd" "\$@"
+RUN
+  chmod 755 "$LAUNCHER"
+  echo "Start with: $LAUNCHER"
+fi

@@ -20,7 +20,7 @@ apt_install() {
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv 2>/dev/null || { apt_install python3-venv && "$PYTHON" -m venv .venv; }
 fi
-STAMP=".venv/.installed-$(cat requirements.txt requirements-local.txt "$REQS" | sha1sum | cut -c1-12)"
+STAMP=".venv/.installed-$(cat requirements.txt requirements-local.txt requirements-tracing.txt "$REQS" | sha1sum | cut -c1-12)"
 if [ ! -e "$STAMP" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -r requirements.txt -r "$REQS"

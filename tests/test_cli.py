@@ -244,3 +244,139 @@ def test_politeness_shows_hosts_and_changes_limits_at_run_time(redis, redis_url)
     assert cli(redis_url, "politeness", "shop", "--delay", "1").returncode == 2   # which host?
     assert cli(redis_url, "politeness", "shop", "slow.example", "--clear").returncode == 0
     assert f.limits() == {}
+
+
+# Every subcommand that talks to Redis (spool-replay, which needs MongoDB first: below).
+REDIS_COMMANDS = [
+    ["status", "shop"], ["status", "shop", "--json"], ["status"],
+    ["seed", "shop", "http://127.0.0.1/x"],
+    ["dead", "shop"], ["dead", "list", "shop"], ["dead", "requeue", "shop"],
+    ["dead", "purge", "shop", "--yes"], ["invalid", "shop"], ["invalid", "purge", "shop", "--yes"],
+    ["invalid-seeds", "shop"], ["invalid-seeds", "purge", "shop", "--yes"], ["replay", "shop"],
+    ["reset", "shop", "--yes"], ["politeness", "shop"], ["politeness", "shop", "h", "--delay", "1"],
+    ["proxies", "shop"], ["proxies", "shop", "--revive", "127.0.0.1:1"], ["nodes", "shop"],
+    ["pause", "shop"], ["resume", "shop"], ["drain", "shop"], ["stop", "shop"]]
+
+
+def _all_commands(url, *extra):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:
+        return list(pool.map(lambda args: (args, cli(url, *extra, *args)), REDIS_COMMANDS))
+
+
+def _one_line_errors(results, expected: str):
+    for args, out in results:
+        lines = [line for line in out.stderr.strip().splitlines()
+                 if not line.startswith("note: ")]  # `seed` of a spider not in this project
+        assert out.returncode == 1 and len(lines) == 1, (args, out.stdout, out.stderr)
+        assert lines[0].startswith("error: Redis at redis://") and expected in lines[0], args
+        assert "topsecret" not in out.stdout + out.stderr, args
+
+
+def test_every_subcommand_says_in_one_line_that_redis_refuses_the_password(tmp_path,
+                                                                            mongo_uri):
+    from crawlproject.services import RedisServer
+
+    spool = ["spool-replay", "--spider", "shop", "--mongo-uri", mongo_uri, "--database",
+             "cli_spool", "--spool-dir", str(tmp_path / "spool")]
+    with RedisServer(password="rightpass", data_dir=tmp_path) as server:
+        wrong = _all_commands(f"redis://:topsecret@127.0.0.1:{server.port}/0")
+        missing = _all_commands(f"redis://127.0.0.1:{server.port}/0")
+        wrong.append((spool, cli(f"redis://:topsecret@127.0.0.1:{server.port}/0", *spool)))
+    _one_line_errors(wrong, "AuthenticationError: invalid username-password pair")
+    _one_line_errors(missing, "AuthenticationError: Authentication required")
+
+
+def test_every_subcommand_says_in_one_line_that_a_cluster_is_unreachable(tmp_path):
+    """--cluster: redis-py's cluster errors are not RedisErrors (they were tracebacks)."""
+    from crawlproject.services import RedisServer, free_port
+
+    down = _all_commands(f"redis://:topsecret@127.0.0.1:{free_port()}/0", "--cluster")
+    _one_line_errors(down, "Redis Cluster cannot be connected")
+    with RedisServer(data_dir=tmp_path) as server:  # not a cluster node
+        plain = _all_commands(f"redis://127.0.0.1:{server.port}/0", "--cluster")
+    _one_line_errors(plain, "Cluster mode is not enabled on this node")
+
+
+def test_every_subcommand_works_on_a_redis_cluster_across_partitions(redis_cluster):
+    """A frontier of 3 partitions spread over 3 masters: the commands see all of them."""
+    from crawlproject.keys import FrontierKeys
+
+    client = redis_cluster.client()
+    url = redis_cluster.url
+    client.hset(FrontierKeys("shop").config, "partitions", 3)
+    parts = [Frontier(client, "shop", "n1", partition=p, partitions=3) for p in range(3)]
+    masters = {client.get_node_from_key(f.keys.dead).name for f in parts}
+    assert len(masters) >= 2  # else this test would not show anything about a cluster
+    for p, f in enumerate(parts):
+        batch = Batch()
+        batch.add(json.dumps({"url": f"http://127.0.0.{p + 1}/x"}), bytes([p]) * 20, 0,
+                  key=f"127.0.0.{p + 1}")
+        batch.take = 1
+        member = f.sync(batch).taken[0][0]
+        dead = Batch()
+        dead.fail(member, "dead", {"payload": json.dumps({"url": f"http://127.0.0.{p + 1}/x"}),
+                                   "priority": 0, "url": f"http://127.0.0.{p + 1}/x",
+                                   "reason": f"HTTP 50{p}", "attempts": 3})
+        f.sync(dead)
+    try:
+        status = json.loads(cli(url, "--cluster", "status", "shop", "--json").stdout)
+        assert status["frontier"]["dead"] == 3, status["frontier"]
+        listed = cli(url, "--cluster", "dead", "list", "shop")
+        assert sorted(json.loads(line)["reason"] for line in listed.stdout.splitlines()) == [
+            "HTTP 500", "HTTP 501", "HTTP 502"]
+        assert "replayed 3 dead letter(s)" in cli(url, "--cluster", "dead", "requeue",
+                                                  "shop").stdout
+        assert sum(f.counts()["delayed"] + f.counts()["queued"] for f in parts) == 3
+        assert cli(url, "--cluster", "seed", "shop", "http://127.0.0.1/s").returncode == 0
+        for args in REDIS_COMMANDS:
+            out = cli(url, "--cluster", *args)
+            assert out.returncode == 0, (args, out.stdout, out.stderr)
+        for args in (["seed", "shop", "http://127.0.0.1/t"], ["reset", "shop", "--yes"]):
+            assert cli(url, "--cluster", *args).returncode == 0
+        left = [k for node in client.get_primaries()
+                for k in client.get_redis_connection(node).scan_iter("*shop*")]
+        assert left == [], left
+    finally:
+        client.close()
+
+
+def test_dead_and_invalid_take_list_requeue_purge_words(redis, redis_url):
+    from crawlproject.keys import FrontierKeys
+
+    keys = FrontierKeys("shop")
+    record = {"payload": '{"url": "http://127.0.0.1/x"}', "priority": 0,
+              "url": "http://127.0.0.1/x", "reason": "HTTP 503", "attempts": 3}
+    redis.rpush(keys.dead, json.dumps({**record, "member": "m1"}))
+    redis.rpush(keys.invalid, '{"member": "m", "error": "bad"}')
+    assert json.loads(cli(redis_url, "dead", "list", "shop").stdout)["reason"] == "HTTP 503"
+    assert cli(redis_url, "dead", "purge", "shop").returncode == 2          # needs --yes
+    contradiction = cli(redis_url, "dead", "requeue", "shop", "--purge", "--yes")
+    assert contradiction.returncode == 2 and "--purge contradicts 'requeue'" in contradiction.stderr
+    assert redis.llen(keys.dead) == 1
+    assert "replayed 1 dead letter(s)" in cli(redis_url, "dead", "requeue", "shop").stdout
+    assert redis.llen(keys.dead) == 0
+    assert json.loads(cli(redis_url, "invalid", "list", "shop").stdout)["error"] == "bad"
+    assert "purged 1 invalid payload(s)" in cli(redis_url, "invalid", "purge", "shop",
+                                                 "--yes").stdout
+    bad = cli(redis_url, "dead", "requeu", "shop")
+    assert bad.returncode == 2 and "invalid choice: 'requeu'" in bad.stderr
+
+
+def test_status_without_a_spider_shows_every_spider_with_state(redis, redis_url):
+    from crawlproject.keys import FrontierKeys
+
+    empty = cli(redis_url, "status", "--json")
+    assert empty.returncode == 0 and "no crawl state" in empty.stdout and "products" in empty.stdout
+    redis.lpush(start_urls_key("products"), "http://127.0.0.1/")
+    redis.rpush(FrontierKeys("products").dead, json.dumps({"url": "http://127.0.0.1/d"}))
+    redis.rpush(FrontierKeys("not_in_project").dead, "{}")      # not a spider of this project
+    out = cli(redis_url, "status", "--json")
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert out.returncode == 0 and [r["spider"] for r in rows] == ["products"], out.stdout
+    assert rows[0]["seeds"]["waiting"] == 1 and rows[0]["frontier"]["dead"] == 1
+    assert rows[0] == {**json.loads(cli(redis_url, "status", "products", "--json").stdout),
+                       "at": rows[0]["at"]}
+    table = cli(redis_url, "status")
+    assert table.returncode == 0 and "products on redis://" in table.stdout

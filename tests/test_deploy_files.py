@@ -181,7 +181,11 @@ def test_systemd_unit_and_node_script_agree():
     venv = re.search(r"^VENV=(\S+)", script, re.M).group(1)
     assert f"ExecStart={venv}/bin/scrapyd" in unit
     env_file = re.search(r"^EnvironmentFile=(\S+)", unit, re.M).group(1)
-    assert f"install -m 600 /dev/null {env_file}" in script
+    # Without --prefix the script writes the files the unit reads.
+    assert f"  ENV_FILE={env_file}\n" in script
+    assert 'install -m 600 /dev/null "$ENV_FILE"' in script
+    workdir = re.search(r"^WorkingDirectory=(\S+)", unit, re.M).group(1)
+    assert f"  WORKDIR={workdir}\n" in script and f"--home-dir {workdir} " in script
     template = script.split("<<'ENV'")[1].split("\nENV\n")[0]
     check_env([line.split("=")[0] for line in template.strip().splitlines()], "scrapyd.env")
     check_env([line.split("=", 1)[1].split("=")[0] for line in unit.splitlines()

