@@ -357,7 +357,9 @@ def chromium_browsers(pid: int) -> list[psutil.Process]:
 def test_a_killed_browser_is_restarted_and_the_page_retried(redis, redis_url, mongo_uri,
                                                             database, tmp_path):
     env = node_env(redis_url, mongo_uri, database.name)
-    settings = {"RENDER_URL_PATTERNS": "/hang/"}
+    # The page's script writes the title 30 ms after load: wait for it (without
+    # it the page may be read before, more often the faster the machine).
+    settings = {"RENDER_URL_PATTERNS": "/hang/", "RENDER_WAIT_FOR_SELECTOR": ".title"}
     with RenderSite() as site:
         node = Node("crash", tmp_path, env, spider="render", settings={**NODE, **settings})
         try:
@@ -386,7 +388,8 @@ def test_a_killed_browser_is_restarted_and_the_page_retried(redis, redis_url, mo
 def test_browser_contexts_follow_the_identity_and_stay_within_the_bound(
         redis, redis_url, mongo_uri, database, tmp_path):
     env = node_env(redis_url, mongo_uri, database.name)
-    settings = {"RENDER_URL_PATTERNS": "/js/", "RENDER_MAX_CONTEXTS": 2}
+    settings = {"RENDER_URL_PATTERNS": "/js/", "RENDER_MAX_CONTEXTS": 2,
+                "RENDER_WAIT_FOR_SELECTOR": ".title"}
     with RenderSite() as site:
         seeds = [f"{site.url}js/{n}?who={n}" for n in range(1, 6)] + [f"{site.url}js/6?who=1"]
         node = run_node(tmp_path, env, "ctx", "render_sessions", settings, seeds, redis)
@@ -456,7 +459,8 @@ def test_rendered_pages_go_through_the_pool_proxy_with_the_sessions_identity(
     password = "Rend3r-Pr0xy-Secret"
     with RenderSite() as site, ForwardProxy("rend", password) as proxy:
         settings = {"RENDER_URL_PATTERNS": "/js/", "PROXY_POOL_ENABLED": True,
-                    "PROXY_POOL": proxy.url, "IDENTITY_ENABLED": True}
+                    "PROXY_POOL": proxy.url, "IDENTITY_ENABLED": True,
+                    "RENDER_WAIT_FOR_SELECTOR": ".title"}
         seeds = [f"{site.url}static/1", f"{site.url}js/1", f"{site.url}js/2"]
         node = run_node(tmp_path, env, "via", "render", settings, seeds, redis)
         hits = site.hits()
@@ -494,7 +498,7 @@ def test_a_rendered_request_survives_a_node_kill(redis, redis_url, mongo_uri, da
     env = node_env(redis_url, mongo_uri, database.name)
     # Short leases keep the test quick; the mechanism is the default one.
     settings = {**NODE, "RENDER_URL_PATTERNS": "/(js|hang)/", "SCHEDULER_LEASE_TTL": 4,
-                "SCHEDULER_HEARTBEAT_INTERVAL": 1}
+                "SCHEDULER_HEARTBEAT_INTERVAL": 1, "RENDER_WAIT_FOR_SELECTOR": ".title"}
     with RenderSite() as site:
         seeds = [f"{site.url}hang/1", f"{site.url}js/1", f"{site.url}js/2", f"{site.url}static/1"]
         victim = Node("victim", tmp_path, env, spider="render", settings=settings)
