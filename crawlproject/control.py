@@ -126,18 +126,21 @@ class ControlWatcher:
         self.log_extra = log_extra or {}
         self.state = "run"
         self._task: asyncio.Task | None = None
+        self._stopping = False
         self._refused: set[str] = set()
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._run())
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._task is not None:
+            # The flag ends the loop even when the cancellation is swallowed:
+            # redis-py may turn a CancelledError in a command into a
+            # connection error (caught like an outage), and the node then
+            # waited here for ever at close (seen 1 close in ~20).
             self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            await asyncio.wait({self._task}, timeout=self.interval + 5)
         await self._send_report(final=True)  # a closed node is no longer listed
 
     async def poll(self) -> str:
@@ -161,7 +164,7 @@ class ControlWatcher:
 
     async def _run(self) -> None:
         first = True
-        while True:
+        while not self._stopping:
             try:
                 if first and self.on_ready is not None:
                     # A node started while the crawl is paused or stopped must not

@@ -61,6 +61,43 @@ def test_unknown_states_from_redis_count_as_run(redis, redis_url):
     assert changes == [("run", "pause"), ("pause", "run")]
 
 
+def test_stop_returns_when_a_redis_command_swallows_the_cancellation(redis_url):
+    """A node hung at close, about once in 20 (seen in a benchmark): the watcher's
+    task was cancelled while a Redis command ran, the client turned the
+    CancelledError into a connection error, the loop went on sleeping and
+    ``stop()`` waited for ever. The interleaving cannot be forced against a real
+    Redis, so this client stands in for one (a subclass of the real one): its
+    HGET turns a cancellation into ``ConnectionError`` exactly as it happened."""
+    import asyncio
+
+    from redis import asyncio as aioredis
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    class SwallowingRedis(aioredis.Redis):
+        async def hget(self, *args):
+            try:
+                await asyncio.sleep(0.2)  # a command in flight
+            except asyncio.CancelledError:
+                raise RedisConnectionError("Connection closed by server.") from None
+            return await super().hget(*args)
+
+    async def scenario():
+        client = SwallowingRedis.from_url(redis_url)
+        watcher = ControlWatcher(client, "shop", lambda old, new: None, interval=0.5)
+        watcher.start()
+        await asyncio.sleep(0.05)   # the first HGET is in flight
+        stopping = asyncio.ensure_future(watcher.stop())
+        try:
+            done, _ = await asyncio.wait({stopping}, timeout=20)   # it takes < 1 s
+        finally:
+            stopping.cancel()
+            watcher._task.cancel()
+            await client.aclose()
+        return bool(done), watcher._task.done()
+
+    assert asyncio.run(scenario()) == (True, True)
+
+
 @pytest.mark.slow
 def test_pause_stops_fetching_on_every_node_and_resume_finishes_the_crawl(
         redis, redis_url, mongo_uri, database, tmp_path):
