@@ -19,7 +19,11 @@ first request to the last response. A third configuration, once, is the
 incremental pass over the same site where every fifth product page sends no
 validators (only the body hash can tell it is unchanged), as many real sites do.
 
-    python -m bench.recrawl [--quick] [--repeat N] [--latency-ms MS]
+With ``--page-kb N`` every product page carries N KiB more markup (the demo's
+pages weigh about 1 KiB, real product pages tens): the same comparison where
+downloading and parsing a page costs what it does on real sites.
+
+    python -m bench.recrawl [--quick] [--repeat N] [--latency-ms MS] [--page-kb N] [--out F]
 """
 
 from __future__ import annotations
@@ -86,6 +90,9 @@ def one_pass(redis: BenchRedis, site: DemoSite, mongo_uri: str, kind: str, produ
 def main(argv=None) -> dict:
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--latency-ms", type=int, default=10, help="the site's latency per page")
+    parser.add_argument("--page-kb", type=int, default=0,
+                        help="KiB of extra markup per product page (the demo's are ~1 KiB; "
+                             "real ones tens of KiB)")
     args = parser.parse_args(argv)
     mode = mode_of(args)
     products = SIZES[mode]
@@ -98,7 +105,7 @@ def main(argv=None) -> dict:
     try:
         with BenchRedis() as redis:
             with DemoSite(products=products, per_page=PER_PAGE, latency_ms=args.latency_ms,
-                          faults=False, no_validators_every=0) as site:
+                          faults=False, no_validators_every=0, page_kb=args.page_kb) as site:
                 first = one_pass(redis, site, mongo.uri, "first", products)
                 print(f"  first crawl: {first['pages']} pages in {first['elapsed_s']:.1f}s",
                       flush=True)
@@ -112,7 +119,8 @@ def main(argv=None) -> dict:
                               flush=True)
             # The same site where every fifth product page has no validators.
             with DemoSite(products=products, per_page=PER_PAGE, latency_ms=args.latency_ms,
-                          faults=False) as mixed, pymongo.MongoClient(mongo.uri) as client:
+                          faults=False, page_kb=args.page_kb) as mixed, \
+                    pymongo.MongoClient(mongo.uri) as client:
                 client.drop_database(DATABASE)  # only this site's pages are known
                 one_pass(redis, mixed, mongo.uri, "first", products)
                 run = one_pass(redis, mixed, mongo.uri, "incremental", products)
@@ -133,6 +141,7 @@ def main(argv=None) -> dict:
     full, inc = summary["full"], summary["incremental"]
     bytes_ratio = ratio(full["response_bytes"], inc["response_bytes"])
     data = {"mode": mode, "products": products, "repeat": repeat, "latency_ms": args.latency_ms,
+            "page_kb": args.page_kb,
             "first": first, "summary": summary, "runs": runs,
             "checks": [{"check": "full re-crawl bytes ÷ incremental pass bytes",
                         "ratio": bytes_ratio, "floor": FLOOR_BYTES,

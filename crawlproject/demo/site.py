@@ -412,11 +412,18 @@ def _js_details(p: Product) -> str:
     return _JS_TEMPLATE % (encoded, JS_DELAY_MS)
 
 
-def render_product(p: Product) -> str:
-    """HTML of a product page (static markup, or the JavaScript variant)."""
+def render_product(p: Product, page_kb: int = 0) -> str:
+    """HTML of a product page (static markup, or the JavaScript variant);
+    *page_kb* adds about that many KiB of specification rows (real product
+    pages weigh tens of KiB), which no field of the item comes from."""
     details = _js_details(p) if p.js else _static_details(p)
     body = f'<article class="product-page">\n{details}\n</article>\n{_related_html(p)}'
     body += f'\n<p><a class="home" href="/">Back to the shop</a></p>'
+    if page_kb > 0:
+        row = (f'<tr><th>Property {{n}} of product {p.id}</th><td>value {{n}}, '
+               f'deterministic filler text for a realistic page weight</td></tr>\n')
+        rows = "".join(row.format(n=n) for n in range(page_kb * 1024 // 110 + 1))
+        body += f'\n<table class="specs">\n{rows}</table>'
     return _layout(f"Demo shop - product {p.id}", body)
 
 
@@ -436,6 +443,8 @@ class SiteConfig:
     validators: bool = True
     #: product pages whose ID is a multiple of this send no validators (0: none)
     no_validators_every: int = NO_VALIDATORS_EVERY
+    #: about this many KiB of extra markup on each product page
+    page_kb: int = 0
 
 
 @dataclass(frozen=True)
@@ -488,7 +497,8 @@ def render_path(path: str, config: SiteConfig, revisions: dict[int, int] | None 
         if pid in gone:
             return GONE
         revision = (revisions or {}).get(pid, 0)
-        page = _html(200, render_product(revised(product(pid, config.products), revision)))
+        page = _html(200, render_product(revised(product(pid, config.products), revision),
+                                         config.page_kb))
         return replace(page, revision=revision,
                        validators=config.validators and not (
                            config.no_validators_every and pid % config.no_validators_every == 0))
@@ -682,6 +692,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-validators-every", type=_non_negative, default=NO_VALIDATORS_EVERY,
                         help="product pages whose ID is a multiple of N send no validators "
                              "(0: every page sends them)")
+    parser.add_argument("--page-kb", type=_non_negative, default=0,
+                        help="about this many KiB of extra markup on each product page")
     parser.add_argument("--exit-on-stdin-eof", action="store_true",
                         help="stop when stdin closes (used by DemoSite so no orphan survives)")
     return parser.parse_args(argv)
@@ -697,7 +709,7 @@ def main(argv: list[str] | None = None) -> int:
     from twisted.internet import reactor
 
     config = SiteConfig(args.products, args.per_page, args.latency_ms, args.faults,
-                        args.validators, args.no_validators_every)
+                        args.validators, args.no_validators_every, args.page_kb)
     port = reactor.listenTCP(args.port, build_site(config, reactor), backlog=1024,
                              interface=args.host)
     print(URL_PREFIX + _base_url(args.host, port.getHost().port), flush=True)
@@ -741,10 +753,11 @@ class DemoSite:
     def __init__(self, products: int = 60, per_page: int = 10, latency_ms: int = 0,
                  faults: bool = True, host: str = "127.0.0.1",
                  start_timeout: float = 20.0, validators: bool = True,
-                 no_validators_every: int = NO_VALIDATORS_EVERY) -> None:
+                 no_validators_every: int = NO_VALIDATORS_EVERY, page_kb: int = 0) -> None:
         self.products, self.per_page, self.latency_ms = products, per_page, latency_ms
         self.faults, self.host, self.start_timeout = faults, host, start_timeout
         self.validators, self.no_validators_every = validators, no_validators_every
+        self.page_kb = page_kb
         self.url: str | None = None
         self._proc: subprocess.Popen | None = None
         self._stderr = None
@@ -760,6 +773,8 @@ class DemoSite:
             cmd.append("--no-validators")
         if self.no_validators_every != NO_VALIDATORS_EVERY:
             cmd += ["--no-validators-every", str(self.no_validators_every)]
+        if self.page_kb:
+            cmd += ["--page-kb", str(self.page_kb)]
         return cmd if self.faults else cmd + ["--no-faults"]
 
     def start(self) -> DemoSite:
