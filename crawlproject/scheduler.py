@@ -131,10 +131,7 @@ class RedisScheduler(BaseScheduler):
         concurrency = s.getint("CONCURRENT_REQUESTS")
         return cls(
             crawler,
-            # Twice the concurrency: responses come back in bursts (requests sent
-            # together return together), and a burst may empty the buffer
-            # before the refill it triggered is back from Redis.
-            prefetch=s.getint("SCHEDULER_PREFETCH") or max(16, 2 * concurrency),
+            prefetch=s.getint("SCHEDULER_PREFETCH") or max(16, concurrency),
             batch_size=s.getint("SCHEDULER_BATCH_SIZE", 100),
             flush_interval=s.getfloat("SCHEDULER_FLUSH_INTERVAL", 0.05),
             min_sync_interval=s.getfloat("SCHEDULER_MIN_SYNC_INTERVAL", 0.02),
