@@ -38,6 +38,7 @@ import pymongo
 
 from bench.common import BenchRedis, base_parser, median, mode_of, ratio, run_nodes, table, \
     write_result
+import crawlproject.settings as project_settings
 from crawlproject.demo.site import DemoSite
 from crawlproject.keys import start_urls_key
 from crawlproject.services import MongoServer
@@ -55,7 +56,9 @@ def node_settings(mongo_uri: str, recrawl: bool) -> dict:
             "RECRAWL_INTERVAL": 3600, "RECRAWL_CHECK_INTERVAL": 0.5,
             "RECRAWL_BATCH_SIZE": 1000, "RECRAWL_MAX_QUEUED": 4000,
             "CONCURRENT_REQUESTS": 16, "CONCURRENT_REQUESTS_PER_DOMAIN": 64,
-            "MONGO_CLOSE_WAIT": 0}
+            "MONGO_CLOSE_WAIT": 0,
+            # the project's default (crawlproject/settings.py), both passes alike
+            "CONCURRENT_ITEMS": project_settings.CONCURRENT_ITEMS}
 
 
 def one_pass(redis: BenchRedis, site: DemoSite, mongo_uri: str, kind: str, products: int) -> dict:

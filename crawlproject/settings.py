@@ -25,6 +25,12 @@ COMMANDS_MODULE = "crawlproject.commands"
 ROBOTSTXT_OBEY = True
 CONCURRENT_REQUESTS = 32
 CONCURRENT_REQUESTS_PER_DOMAIN = 16
+# Scrapy starts CONCURRENT_ITEMS worker tasks for every response's output,
+# however little it holds (100 by default: about a third of a node's CPU on
+# small pages, BENCHMARKS.md §8). The MongoDB pipeline groups items across
+# responses, so 32 per response loses nothing; raise it for pages that yield
+# hundreds of items each.
+CONCURRENT_ITEMS = 32
 DOWNLOAD_TIMEOUT = 30
 REMOTE_CONTROL_ENABLED = False
 TELNETCONSOLE_ENABLED = False

@@ -119,3 +119,12 @@ def test_recrawl_memory_smallest(tmp_path):
     assert positive(data["redis"]["bytes_per_page"])
     assert positive(data["mongo"]["bson_bytes_per_page"])
     assert positive(data["mongo"]["disk_bytes_per_page"])
+
+
+def test_prefetch_smallest(tmp_path):
+    from bench import prefetch
+
+    data = prefetch.main(["--smallest", "--values", "8,16", "--out", str(tmp_path / "p.json")])
+    assert set(data["summary"]) == {"plain|0", "ours8|0", "ours16|0"}
+    for s in data["summary"].values():
+        assert s["complete"] and positive(s["pages_per_s"]) and positive(s["vs_plain"])
