@@ -26,7 +26,7 @@ ROBOTSTXT_OBEY = True
 CONCURRENT_REQUESTS = 32
 CONCURRENT_REQUESTS_PER_DOMAIN = 16
 # Scrapy starts CONCURRENT_ITEMS worker tasks for every response's output,
-# however little it holds (100 by default: about a third of a node's CPU on
+# however little it holds (100 by default: about a quarter of a node's CPU on
 # small pages, BENCHMARKS.md §8). The MongoDB pipeline groups items across
 # responses, so 32 per response loses nothing; raise it for pages that yield
 # hundreds of items each.
