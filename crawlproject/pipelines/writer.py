@@ -282,24 +282,10 @@ class MongoWriter:
         for race in range(DUPLICATE_RETRIES + 1):
             requests = [UpdateOne(op.filter, upsert_update(op), upsert=True) for op in ops]
             duplicates: list[WriteOp] = []
-            try:
-                result = await coll.bulk_write(requests, ordered=False)
-                details = result.bulk_api_result
-            except BulkWriteError as exc:
-                details = exc.details
-                if details.get("writeConcernErrors"):
-                    retry.extend(ops)
-                    return matched
-                for error in details.get("writeErrors", []):
-                    op = ops[error["index"]]
-                    kind = classify_write_error(error)
-                    if kind == "duplicate" and race < DUPLICATE_RETRIES:
-                        duplicates.append(op)
-                    elif kind == "transient":
-                        retry.append(op)
-                    else:
-                        self._fail(op, self.scrub(error.get("errmsg", "")), outcome,
-                                   code=error.get("code"))
+            details = await self._bulk(coll, requests, ops, outcome, retry,
+                                       duplicates if race < DUPLICATE_RETRIES else None)
+            if details is None:
+                return matched
             upserted = details.get("nUpserted", 0)
             modified = details.get("nModified", 0)
             matched += details.get("nMatched", 0)
@@ -319,23 +305,37 @@ class MongoWriter:
             requests = [UpdateOne(op.filter, gone_update(op), upsert=False) for op in ops]
         else:
             requests = [UpdateOne(*touch_update(op), upsert=False) for op in ops]
+        details = await self._bulk(coll, requests, ops, outcome, retry)
+        if details is not None:
+            self.stats.inc_value("mongo/marked_gone" if kind == "gone" else "mongo/touched",
+                                 details.get("nModified", 0))
+
+    async def _bulk(self, coll, requests: list, ops: list[WriteOp], outcome: WriteOutcome,
+                    retry: list[WriteOp], duplicates: list[WriteOp] | None = None) -> dict | None:
+        """One unordered ``bulk_write`` of *requests* (one per op of *ops*). Ops
+        that failed go to *retry* (transient errors), *duplicates* (E11000,
+        when a list is given) or fail for good. Returns the result's details,
+        or None when a write-concern error sent the whole batch to *retry*."""
         try:
             result = await coll.bulk_write(requests, ordered=False)
-            details = result.bulk_api_result
+            return result.bulk_api_result
         except BulkWriteError as exc:
             details = exc.details
-            if details.get("writeConcernErrors"):
-                retry.extend(ops)
-                return
-            for error in details.get("writeErrors", []):
-                op = ops[error["index"]]
-                if classify_write_error(error) == "transient":
-                    retry.append(op)
-                else:
-                    self._fail(op, self.scrub(error.get("errmsg", "")), outcome,
-                               code=error.get("code"))
-        self.stats.inc_value("mongo/marked_gone" if kind == "gone" else "mongo/touched",
-                             details.get("nModified", 0))
+        if details.get("writeConcernErrors"):
+            # Applied but not replicated as asked: write them all again (idempotent).
+            retry.extend(ops)
+            return None
+        for error in details.get("writeErrors", []):
+            op = ops[error["index"]]
+            kind = classify_write_error(error)
+            if kind == "duplicate" and duplicates is not None:
+                duplicates.append(op)
+            elif kind == "transient":
+                retry.append(op)
+            else:
+                self._fail(op, self.scrub(error.get("errmsg", "")), outcome,
+                           code=error.get("code"))
+        return details
 
     def _note_existing(self, collection: str, existing: int, total: int) -> None:
         if total <= 0:
