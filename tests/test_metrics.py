@@ -85,3 +85,29 @@ def test_a_node_serves_its_metrics_and_the_dashboard_queries_only_those(
     families = {re.sub(r"_(bucket|sum|count|created)$", "", n) for n in after}
     shown = {re.sub(r"_(bucket|sum|count|created)$", "", n) for n in queried}
     assert not {f for f in families if f.startswith("crawlproject_")} - shown
+
+
+def test_mongo_outage_and_spool_gauges_read_the_pipeline_and_stats():
+    from types import SimpleNamespace
+
+    from scrapy.pipelines import ItemPipelineManager
+    from scrapy.utils.test import get_crawler
+
+    from crawlproject.extensions.metrics import StatsCollector
+
+    crawler = get_crawler(settings_dict={
+        "ITEM_PIPELINES": {"crawlproject.pipelines.mongo.MongoPipeline": 800},
+        "MONGO_URI": "mongodb://127.0.0.1:9/", "MONGO_SPOOL_HANDOFF": False})
+    manager = ItemPipelineManager.from_crawler(crawler)   # the real pipeline objects
+    crawler.engine = SimpleNamespace(scraper=SimpleNamespace(itemproc=manager))
+    crawler.stats.set_value("mongo/spooled", 7)
+    crawler.stats.set_value("mongo/replayed", 2)
+
+    def gauges():
+        return {m.name: m.samples[0].value for m in StatsCollector(crawler).collect()
+                if m.name in ("crawlproject_mongo_unavailable", "crawlproject_mongo_spool_pending")}
+
+    assert gauges() == {"crawlproject_mongo_unavailable": 0.0,
+                        "crawlproject_mongo_spool_pending": 5.0}
+    manager.middlewares[0].outage.active = True   # what an outage sets
+    assert gauges()["crawlproject_mongo_unavailable"] == 1.0

@@ -108,10 +108,28 @@ class StatsCollector:
             family = GaugeMetricFamily(f"{PREFIX}_{name}", help_, labels=["spider"])
             family.add_metric([spider], float(sizes.get(name, 0)))
             yield family
+        for name, help_, value in (
+                ("mongo_unavailable", "1 while MongoDB is unreachable and items go to the spool",
+                 1.0 if self._mongo_outage() else 0.0),
+                ("mongo_spool_pending", "items this node spooled and has not stored yet "
+                                        "(spooled - replayed)",
+                 float(max(0, (stats.get("mongo/spooled", 0) or 0)
+                           - (stats.get("mongo/replayed", 0) or 0))))):
+            family = GaugeMetricFamily(f"{PREFIX}_{name}", help_, labels=["spider"])
+            family.add_metric([spider], value)
+            yield family
         up = GaugeMetricFamily(f"{PREFIX}_node_up", "1 while the node's spider is open",
                                labels=["spider"])
         up.add_metric([spider], 1.0 if self.crawler.spider is not None else 0.0)
         yield up
+
+    def _mongo_outage(self) -> bool:
+        itemproc = getattr(getattr(self.crawler.engine, "scraper", None), "itemproc", None)
+        for pipeline in getattr(itemproc, "middlewares", ()):
+            outage = getattr(pipeline, "outage", None)
+            if outage is not None and hasattr(outage, "active"):
+                return bool(outage.active)
+        return False
 
     def _frontier_sizes(self) -> dict[str, int]:
         client = getattr(getattr(self.crawler.engine, "scheduler", None), "client", None)
