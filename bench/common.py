@@ -31,13 +31,16 @@ from crawlproject.services import RedisServer
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "bench" / "results"
 
-SPIDERS = {"ours": "bench_ours", "ours-old": "bench_ours", "scrapy-redis": "bench_scrapy_redis",
-           "plain": "bench_plain"}
+SPIDERS = {"ours": "bench_ours", "ours-old": "bench_ours", "ours-shipped": "bench_ours",
+           "scrapy-redis": "bench_scrapy_redis", "plain": "bench_plain",
+           "plain-tuned": "bench_plain"}
 # The frontier before the per-host one (issue 8): one global queue, per-process politeness.
 BASELINE_REF = "5440a15"
 LABELS = {"ours": "ours (RedisScheduler)", "ours-old": f"ours before per-host queues ({BASELINE_REF})",
+          "ours-shipped": "ours with the project's CONCURRENT_ITEMS and GC freeze",
           "scrapy-redis": "scrapy-redis 0.9.1",
-          "plain": "plain Scrapy"}
+          "plain": "plain Scrapy",
+          "plain-tuned": "plain Scrapy with the same CONCURRENT_ITEMS and GC freeze"}
 # Redis commands the harness itself sends (not the crawl's).
 HARNESS_COMMANDS = {"config", "info", "flushall", "slowlog", "memory", "dbsize", "ping"}
 

@@ -20,7 +20,8 @@ STATS_KEPT = ("elapsed_time_seconds", "item_scraped_count", "response_received_c
               "scheduler/enqueued/redis", "scheduler/dequeued/redis", "seeds/read",
               "log_count/ERROR", "scheduler/dead", "scheduler/reclaimed",
               "downloader/response_bytes", "recrawl/not_modified", "recrawl/unchanged",
-              "recrawl/changed", "recrawl/new", "recrawl/fed", "mongo/modified", "mongo/upserted")
+              "recrawl/changed", "recrawl/new", "recrawl/fed", "mongo/modified", "mongo/upserted",
+              "gc/frozen_objects", "gc/collections/0", "gc/collections/1", "gc/collections/2")
 
 
 class BenchRecorder:
