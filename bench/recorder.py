@@ -21,7 +21,7 @@ STATS_KEPT = ("elapsed_time_seconds", "item_scraped_count", "response_received_c
               "log_count/ERROR", "scheduler/dead", "scheduler/reclaimed",
               "downloader/response_bytes", "recrawl/not_modified", "recrawl/unchanged",
               "recrawl/changed", "recrawl/new", "recrawl/fed", "mongo/modified", "mongo/upserted",
-              "gc/frozen_objects", "gc/collections/0", "gc/collections/1", "gc/collections/2")
+              "gc/frozen_objects")
 
 
 class BenchRecorder:
