@@ -62,7 +62,7 @@ def test_freezes_what_is_alive_at_open_and_undoes_it_at_close(gc_state):
 
 @pytest.mark.parametrize("value, expected", [
     (None, None), ("", None), ([], None), ("10000", (10000,)), ("10000,10,10", (10000, 10, 10)),
-    ([700, 10], (700, 10)), ("700 10 10", (700, 10, 10)),
+    ([700, 10], (700, 10)), ("700 10 10", (700, 10, 10)), ("[10000, 10, 10]", (10000, 10, 10)),
 ])
 def test_threshold_values(value, expected):
     assert parse_threshold(value) == expected

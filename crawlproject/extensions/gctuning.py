@@ -40,7 +40,7 @@ def parse_threshold(value) -> tuple[int, ...] | None:
     if value in (None, "", [], ()):
         return None
     if isinstance(value, str):
-        value = value.replace(",", " ").split()
+        value = value.strip().strip("[]()").replace(",", " ").split()  # "-s GC_THRESHOLD=[…]"
     try:
         threshold = tuple(int(v) for v in value)
     except (TypeError, ValueError):
