@@ -20,7 +20,7 @@ import psutil
 from crawlproject.keys import start_urls_key
 from crawlproject.demo.site import DemoSite
 from bench.common import (LABELS, BenchRedis, base_parser, crawl_commands, mode_of, ratio,
-                          run_nodes, strip_series, table, write_result)
+                          run_nodes, strip_series, table, finish)
 
 NAME = "commands"
 PER_PAGE = 50
@@ -95,10 +95,7 @@ def main(argv=None) -> dict:
                            "scrapy_redis": sr["calls_per_page"] if sr else None})
     data = {"mode": mode, "products": products, "runs": runs, "checks": checks,
             "duration_s": time.monotonic() - t0}
-    path = write_result(NAME, data, args.out)
-    print(render(data))
-    print(f"\nwritten {path} in {data['duration_s']:.0f}s")
-    return data
+    return finish(NAME, data, args.out, render)
 
 
 def render(data: dict) -> str:

@@ -359,6 +359,8 @@ def run_nodes(system: str, count: int, *, redis_url: str | None, settings: dict 
         "push_to_last_response_s": (max(lasts) - pushed_at) if lasts else None,
         "cpu_ms_per_page": (1000 * sum(r.get("crawl_cpu_s") or 0 for r in records) / pages
                             if pages else None),
+        "gc_ms_per_page": (1000 * sum(r.get("gc_cpu_s") or 0 for r in records) / pages
+                           if pages else None),
         "per_node": [{"pages": r["responses"], "reason": r["reason"], "stats": r["stats"],
                       "crawl_cpu_s": r.get("crawl_cpu_s"),
                       "first_request": r["first_request"], "last_response": r["last_response"],
@@ -443,6 +445,14 @@ def write_result(name: str, data: dict, out: Path | None = None) -> Path:
             "machine": machine_info(), **data}
     path.write_text(json.dumps(data, indent=2, default=str))
     return path
+
+
+def finish(name: str, data: dict, out: Path | None, render) -> dict:
+    """The end of every benchmark: write the result file, print the table, return *data*."""
+    path = write_result(name, data, out)
+    print(render(data))
+    print(f"\nwritten {path} in {data['duration_s']:.0f}s")
+    return data
 
 
 def table(headers: list[str], rows: list[list]) -> str:

@@ -28,7 +28,7 @@ from crawlproject.frontier.bloom import BloomConfig
 from crawlproject.frontier.queue import Batch, Frontier
 from crawlproject.keys import FrontierKeys
 from crawlproject.serialization import request_to_json
-from bench.common import BenchRedis, base_parser, mode_of, table, write_result
+from bench.common import BenchRedis, base_parser, mode_of, table, finish
 
 NAME = "costs"
 QUEUED = {"full": 20_000, "quick": 5_000, "smallest": 500}
@@ -197,10 +197,7 @@ def main(argv=None) -> dict:
         reclaim = reclaim_costs(redis, INFLIGHT_SIZES[mode])
     data = {"mode": mode, "payload": sizes, "queued": queued, "sync": syncs, "reclaim": reclaim,
             "duration_s": time.monotonic() - t0}
-    path = write_result(NAME, data, args.out)
-    print(render(data))
-    print(f"\nwritten {path} in {data['duration_s']:.0f}s")
-    return data
+    return finish(NAME, data, args.out, render)
 
 
 def render(data: dict) -> str:

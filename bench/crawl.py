@@ -34,7 +34,7 @@ from crawlproject.keys import start_urls_key
 from crawlproject.demo.site import DemoSite
 from bench.common import (LABELS, SPIDERS, baseline_available, BenchRedis, base_parser, crawl_commands, median, mode_of,
                           ratio, rerun_disturbed, run_nodes, strip_series, table,
-                          undisturbed, write_result)
+                          undisturbed, finish)
 
 NAME = "crawl"
 PER_PAGE = 50
@@ -206,10 +206,7 @@ def main(argv=None) -> dict:
             "ours_settings": ours_settings,
             "sizes": SIZES[mode], "summary": summary, "checks": checks, "runs": runs,
             "duration_s": time.monotonic() - t0}
-    path = write_result(NAME, data, args.out)
-    print(render(data))
-    print(f"\nwritten {path} in {data['duration_s']:.0f}s")
-    return data
+    return finish(NAME, data, args.out, render)
 
 
 def render(data: dict) -> str:

@@ -29,7 +29,7 @@ import time
 
 from crawlproject.frontier.bloom import BloomConfig, BloomFilter
 from crawlproject.services import find_redisbloom
-from bench.common import BenchRedis, base_parser, mode_of, ratio, table, write_result
+from bench.common import BenchRedis, base_parser, mode_of, ratio, table, finish
 
 NAME = "dedupe"
 COUNTS = {"full": 1_000_000, "quick": 50_000, "smallest": 3_000}
@@ -212,10 +212,7 @@ def main(argv=None) -> dict:
     checks[2]["pass"] = ours["bytes_per_url"] <= FLOOR_BYTES_PER_URL
     data = {"mode": mode, "count": n, "sr_bloom_measured": n_sr, "error_rate": ERROR_RATE,
             "results": results, "checks": checks, "duration_s": time.monotonic() - t0}
-    path = write_result(NAME, data, args.out)
-    print(render(data))
-    print(f"\nwritten {path} in {data['duration_s']:.0f}s")
-    return data
+    return finish(NAME, data, args.out, render)
 
 
 def render(data: dict) -> str:

@@ -78,7 +78,7 @@ import redis as redis_lib
 
 from bench.common import (BASELINE_REF, HARNESS_COMMANDS, ROOT, export_baseline, BenchError, BenchRedis, CpuWatch, base_parser,
                           machine_busy_cpu, median, mode_of, node_env, ratio, rerun_disturbed,
-                          table, undisturbed, write_result, DISTURBED_CORES)
+                          table, undisturbed, finish, DISTURBED_CORES)
 from crawlproject.keys import FrontierKeys
 from crawlproject.services import RedisCluster
 
@@ -573,10 +573,7 @@ def main(argv=None) -> dict:
             "baseline": {"ref": args.baseline_ref, "commit": baseline_commit}, "new_commit": head,
             "labels": {c.key: c.label for c in configs}, "summary": summary,
             "checks": checks_for(summary), "runs": runs, "duration_s": time.monotonic() - t0}
-    path = write_result(NAME, data, args.out)
-    print(render(data))
-    print(f"\nwritten {path} in {data['duration_s']:.0f}s")
-    return data
+    return finish(NAME, data, args.out, render)
 
 
 def commands_table(summary: dict, count: int = 14) -> str:

@@ -1,11 +1,12 @@
 """The garbage collector's freeze on a long crawl: speed and memory of one node.
 
 One node of ours at ``CONCURRENT_REQUESTS=16`` crawls the demo shop at 0 ms
-(20,000 products, 20,401 pages) with Scrapy's defaults and with the project's
-node tuning (:data:`bench.crawl.TUNING`: ``CONCURRENT_ITEMS`` and the freeze of
-:mod:`crawlproject.extensions.gctuning`), interleaved. Reported: pages/s, node
-CPU per page, peak RSS, and the objects frozen (from the node's stats). The freeze
-keeps the start-up heap out of every collection; what it could cost is memory
+(20,000 products, 20,401 pages) with Scrapy's defaults, with the freeze of
+:mod:`crawlproject.extensions.gctuning` only, and with the project's node tuning
+(:data:`bench.crawl.TUNING`: the freeze and ``CONCURRENT_ITEMS``), interleaved.
+Reported: pages/s, node CPU per page and the collector's share of it (a
+``gc.callbacks`` timer in :mod:`bench.recorder`), peak RSS, and the objects
+frozen (from the node's stats). The freeze keeps the start-up heap out of every collection; what it could cost is memory
 (a reference cycle among frozen objects is kept until close), hence the long
 crawl and the RSS.
 
@@ -16,13 +17,14 @@ from __future__ import annotations
 
 import time
 
-from bench.common import BenchRedis, base_parser, median, mode_of, ratio, table, write_result
+from bench.common import BenchRedis, base_parser, median, mode_of, ratio, table, finish
 from bench.crawl import PER_PAGE, TUNING, one_run
 from crawlproject.demo.site import DemoSite
 
 NAME = "gcfreeze"
 PRODUCTS = {"full": 20_000, "quick": 2_000, "smallest": 60}
-CONFIGS = {"defaults": ("ours", None), "tuned": ("ours", TUNING)}
+FREEZE_ONLY = {k: v for k, v in TUNING.items() if k != "CONCURRENT_ITEMS"}
+CONFIGS = {"defaults": ("ours", None), "freeze": ("ours", FREEZE_ONLY), "tuned": ("ours", TUNING)}
 
 
 def main(argv=None) -> dict:
@@ -47,6 +49,7 @@ def main(argv=None) -> dict:
                     runs.setdefault(name, []).append({
                         "pages": run["pages"], "pages_per_s": run["pages_per_s"],
                         "cpu_ms_per_page": run["cpu_ms_per_page"],
+                        "gc_ms_per_page": run["gc_ms_per_page"],
                         "peak_rss_mb": node["peak_rss_mb"], "complete": run["complete"],
                         "external_cores": run["external_cores"],
                         "frozen_objects": stats.get("gc/frozen_objects")})
@@ -58,7 +61,8 @@ def main(argv=None) -> dict:
     summary = {}
     for name, rs in runs.items():
         summary[name] = {k: median([r[k] for r in rs])
-                         for k in ("pages", "pages_per_s", "cpu_ms_per_page", "peak_rss_mb")}
+                         for k in ("pages", "pages_per_s", "cpu_ms_per_page", "gc_ms_per_page",
+                                   "peak_rss_mb")}
         summary[name].update(complete=all(r["complete"] for r in rs),
                              frozen_objects=rs[-1]["frozen_objects"])
     base = summary.get("defaults", {})
@@ -67,17 +71,16 @@ def main(argv=None) -> dict:
         s["rss_vs_defaults"] = ratio(s["peak_rss_mb"], base.get("peak_rss_mb"))
     data = {"mode": mode, "repeat": repeat, "products": products, "summary": summary,
             "runs": runs, "duration_s": time.monotonic() - t0}
-    path = write_result(NAME, data, args.out)
-    print(render(data))
-    print(f"\nwritten {path} in {data['duration_s']:.0f}s")
-    return data
+    return finish(NAME, data, args.out, render)
 
 
 def render(data: dict) -> str:
     rows = [[name, s["pages"], s["pages_per_s"], s["speed_vs_defaults"], s["cpu_ms_per_page"],
+             s["gc_ms_per_page"],
              s["peak_rss_mb"], s["rss_vs_defaults"], s["frozen_objects"] or "–", "yes" if s["complete"] else "NO"]
             for name, s in data["summary"].items()]
     return table(["ours with", "pages", "pages/s", "× defaults", "node CPU ms/page",
+                  "of it, garbage collector",
                   "peak RSS MB", "RSS × defaults", "frozen objects", "complete"], rows)
 
 

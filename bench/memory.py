@@ -19,7 +19,7 @@ import time
 from crawlproject.keys import start_urls_key
 from crawlproject.demo.site import DemoSite
 from bench.common import (LABELS, BenchRedis, base_parser, median, mode_of, ratio, run_nodes,
-                          strip_series, table, write_result)
+                          strip_series, table, finish)
 
 NAME = "memory"
 PER_PAGE = 50
@@ -127,10 +127,7 @@ def main(argv=None) -> dict:
     data = {"mode": mode, "repeat": repeat, "peak_products": PEAK_PRODUCTS[mode],
             "flat_products": flat_n, "peak": peak, "flat": flat, "checks": checks,
             "duration_s": time.monotonic() - t0}
-    path = write_result(NAME, data, args.out)
-    print(render(data))
-    print(f"\nwritten {path} in {data['duration_s']:.0f}s")
-    return data
+    return finish(NAME, data, args.out, render)
 
 
 def render(data: dict) -> str:

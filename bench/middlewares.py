@@ -36,7 +36,7 @@ import time
 from contextlib import ExitStack
 
 from bench.common import (BenchRedis, base_parser, median, mode_of, ratio, run_nodes,
-                          strip_series, table, write_result)
+                          strip_series, table, finish)
 from crawlproject.demo.proxy import ForwardProxy
 from crawlproject.demo.site import DemoSite
 from crawlproject.keys import start_urls_key
@@ -149,10 +149,7 @@ def main(argv=None) -> dict:
     data = {"mode": mode, "repeat": repeat, "concurrency": CONCURRENCY, "products": products,
             "summary": summary, "checks": checks, "runs": runs,
             "duration_s": time.monotonic() - t0}
-    path = write_result(NAME, data, args.out)
-    print(render(data))
-    print(f"\nwritten {path} in {data['duration_s']:.0f}s")
-    return data
+    return finish(NAME, data, args.out, render)
 
 
 def render(data: dict) -> str:

@@ -50,7 +50,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from bench.common import (BenchRedis, base_parser, mode_of, run_nodes, strip_series, table,
-                          write_result)
+                          finish)
 from crawlproject.demo.hosts import Hit, MultiHostSite, expected_paths, max_in_window, max_overlap
 from crawlproject.keys import start_urls_key
 
@@ -237,10 +237,7 @@ def main(argv=None) -> dict:
             "latency_ms": args.latency_ms, "randomize": args.randomize, "hosts": len(hosts),
             "pages": pages, "summary": summary, "checks": checks_for(summary), "runs": runs,
             "duration_s": time.monotonic() - t0}
-    path = write_result(NAME, data, args.out)
-    print(render(data))
-    print(f"\nwritten {path} in {data['duration_s']:.0f}s")
-    return data
+    return finish(NAME, data, args.out, render)
 
 
 def render(data: dict) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from bench.common import BenchRedis, base_parser, median, mode_of, ratio, table, write_result
+from bench.common import BenchRedis, base_parser, median, mode_of, ratio, table, finish
 from bench.crawl import PER_PAGE, one_run
 from crawlproject.demo.site import DemoSite
 
@@ -63,10 +63,7 @@ def main(argv=None) -> dict:
                         "complete": all(r["complete"] for r in rs)}
     data = {"mode": mode, "repeat": repeat, "values": values, "summary": summary, "runs": runs,
             "duration_s": time.monotonic() - t0}
-    path = write_result(NAME, data, args.out)
-    print(render(data))
-    print(f"\nwritten {path} in {data['duration_s']:.0f}s")
-    return data
+    return finish(NAME, data, args.out, render)
 
 
 def render(data: dict) -> str:

@@ -8,6 +8,7 @@ node closes, for every system alike.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import resource
@@ -34,6 +35,10 @@ class BenchRecorder:
         self.cpu_first = self.cpu_last = None
         self.progress: list[tuple[float, int]] = []
         self._last_tick = 0.0
+        # CPU seconds the garbage collector took from the first request to
+        # close: a gc.callbacks timer.
+        self.gc_cpu_s = 0.0
+        self._gc_start: float | None = None
 
     @classmethod
     def from_crawler(cls, crawler):
@@ -55,6 +60,14 @@ class BenchRecorder:
             self.first_request = time.time()
             self.cpu_first = time.process_time()
             self.progress.append((self.first_request, 0))
+            gc.callbacks.append(self._gc_timer)
+
+    def _gc_timer(self, phase, info):
+        if phase == "start":
+            self._gc_start = time.process_time()
+        elif self._gc_start is not None:
+            self.gc_cpu_s += time.process_time() - self._gc_start
+            self._gc_start = None
 
     def response_received(self, response, request, spider):
         now = time.time()
@@ -66,6 +79,8 @@ class BenchRecorder:
             self.progress.append((now, self.responses))
 
     def spider_closed(self, spider, reason):
+        if self._gc_timer in gc.callbacks:
+            gc.callbacks.remove(self._gc_timer)
         if self.last_response is not None:
             self.progress.append((self.last_response, self.responses))
         stats = self.crawler.stats.get_stats()
@@ -76,6 +91,7 @@ class BenchRecorder:
                   "crawl_cpu_s": (self.cpu_last - self.cpu_first
                                   if self.cpu_first is not None and self.cpu_last is not None
                                   else None),
+                  "gc_cpu_s": self.gc_cpu_s,
                   "reason": reason, "closed_at": time.time(), "progress": self.progress,
                   # the process's own peak (KiB on Linux): there even if the
                   # harness never sampled a process that lived very briefly

@@ -37,7 +37,7 @@ from pathlib import Path
 import pymongo
 
 from bench.common import BenchRedis, base_parser, median, mode_of, ratio, run_nodes, table, \
-    write_result
+    finish
 import crawlproject.settings as project_settings
 from crawlproject.demo.site import DemoSite
 from crawlproject.keys import start_urls_key
@@ -153,10 +153,7 @@ def main(argv=None) -> dict:
                         "ratio": ratio(full["elapsed_s"], inc["elapsed_s"]), "floor": None,
                         "pass": None}],
             "duration_s": time.monotonic() - t0}
-    path = write_result(NAME, data, args.out)
-    print(render(data))
-    print(f"\nwritten {path} in {data['duration_s']:.0f}s")
-    return data
+    return finish(NAME, data, args.out, render)
 
 
 def render(data: dict) -> str:

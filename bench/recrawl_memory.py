@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pymongo
 
-from bench.common import BenchRedis, base_parser, mode_of, ratio, table, write_result
+from bench.common import BenchRedis, base_parser, mode_of, ratio, table, finish
 from crawlproject.pipelines.documents import WriteOp, insert_document, item_fields
 from crawlproject.recrawl import PageState, RevisitRule, visit_record
 
@@ -142,10 +142,7 @@ def main(argv=None) -> dict:
             "redis_ram_per_page_vs_mongo_disk": ratio(r["bytes_per_page"],
                                                       m["disk_bytes_per_page"]),
             "duration_s": time.monotonic() - t0}
-    path = write_result(NAME, data, args.out)
-    print(render(data))
-    print(f"\nwritten {path} in {data['duration_s']:.0f}s")
-    return data
+    return finish(NAME, data, args.out, render)
 
 
 def render(data: dict) -> str:

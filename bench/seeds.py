@@ -27,7 +27,7 @@ from crawlproject.keys import start_urls_key
 from crawlproject.demo.site import DemoSite
 from bench.common import (LABELS, BenchRedis, base_parser, crawl_commands, median, mode_of,
                           ratio, rerun_disturbed, run_nodes, strip_series, table,
-                          undisturbed, write_result)
+                          undisturbed, finish)
 
 NAME = "seeds"
 SEEDS = {"full": 3000, "quick": 600, "smallest": 100}
@@ -178,10 +178,7 @@ def main(argv=None) -> dict:
     data = {"mode": mode, "repeat": repeat, "seeds": n, "concurrency": CONCURRENCY,
             "summary": summary, "checks": checks, "runs": runs, "seed_wait": wait,
             "duration_s": time.monotonic() - t0}
-    path = write_result(NAME, data, args.out)
-    print(render(data))
-    print(f"\nwritten {path} in {data['duration_s']:.0f}s")
-    return data
+    return finish(NAME, data, args.out, render)
 
 
 def render(data: dict) -> str:

@@ -134,9 +134,10 @@ def test_gcfreeze_smallest(tmp_path):
     from bench import gcfreeze
 
     data = gcfreeze.main(["--smallest", "--out", str(tmp_path / "gc.json")])
-    assert set(data["summary"]) == {"defaults", "tuned"}
+    assert set(data["summary"]) == {"defaults", "freeze", "tuned"}
     for s in data["summary"].values():
         assert s["complete"] and positive(s["pages_per_s"]) and positive(s["peak_rss_mb"])
     # The tuned node froze its start-up heap; the default one did not.
     assert data["summary"]["tuned"]["frozen_objects"] > 10_000
     assert data["summary"]["defaults"]["frozen_objects"] is None
+    assert all(positive(s["gc_ms_per_page"]) for s in data["summary"].values())

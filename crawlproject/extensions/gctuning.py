@@ -4,10 +4,11 @@ A Scrapy node allocates container objects at a high rate (every response's
 output starts ``CONCURRENT_ITEMS`` asyncio tasks, every request a handful of
 dicts), so CPython's cyclic garbage collector runs thousands of times per
 thousand pages, and each of its full (generation 2) collections walks every
-tracked object of the process: the ~100,000 a Scrapy process holds when its
+tracked object of the process: the ~120,000 a node holds when its
 spider opens (modules, classes, settings, fake-useragent's data, the
 middlewares) and which live until it exits. On the benchmark crawl that was
-a quarter of the node's CPU (1.4 s of 6 s for 2,041 pages; BENCHMARKS.md §8).
+a quarter of the node's CPU (0.85 of 3.50 ms per page, `python -m bench.gcfreeze`;
+BENCHMARKS.md §8).
 
 ``GC_FREEZE_ENABLED = True`` (the project's default) runs one full collection
 when the spider opens and then :func:`gc.freeze`: the objects alive at that
@@ -15,7 +16,9 @@ moment move to a permanent generation that later collections do not walk.
 Reference counting still frees them; only a reference cycle among them that
 becomes garbage later is kept until the spider closes (the heap of the start-up
 is bounded, and the crawl's own objects are collected as before). At close the
-extension unfreezes the heap, so a process that runs another crawl starts over.
+extension unfreezes the heap, so a process that runs another crawl starts over
+(with several crawlers in one process, the first to close unfreezes for all:
+they run on, only without the saving).
 
 ``GC_THRESHOLD`` (default unset: CPython's own) sets :func:`gc.set_threshold`
 for the crawl, e.g. ``[10000, 10, 10]``: fewer, larger young collections.
@@ -57,8 +60,8 @@ class GcFreeze:
         self.crawler = crawler
         self.threshold = threshold
         self._saved_threshold: tuple[int, ...] | None = None
+        # Collections per generation when the spider opened; None: not frozen.
         self._counts_at_open: list[int] | None = None
-        self._frozen = False
 
     @classmethod
     def from_crawler(cls, crawler):
@@ -74,7 +77,6 @@ class GcFreeze:
         # Collect first: what is garbage now must not be frozen with the rest.
         gc.collect()
         gc.freeze()
-        self._frozen = True
         frozen = gc.get_freeze_count()
         if self.threshold:
             self._saved_threshold = gc.get_threshold()
@@ -85,14 +87,13 @@ class GcFreeze:
                      frozen, gc.get_threshold())
 
     def spider_closed(self, spider, reason) -> None:
-        if self._counts_at_open is not None:
-            for generation, stats in enumerate(gc.get_stats()):
-                self.crawler.stats.set_value(
-                    f"gc/collections/{generation}",
-                    stats["collections"] - self._counts_at_open[generation])
+        if self._counts_at_open is None:
+            return
+        for generation, stats in enumerate(gc.get_stats()):
+            self.crawler.stats.set_value(f"gc/collections/{generation}",
+                                         stats["collections"] - self._counts_at_open[generation])
+        self._counts_at_open = None
         if self._saved_threshold is not None:
             gc.set_threshold(*self._saved_threshold)
             self._saved_threshold = None
-        if self._frozen:
-            gc.unfreeze()
-            self._frozen = False
+        gc.unfreeze()
