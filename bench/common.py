@@ -32,15 +32,17 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "bench" / "results"
 
 SPIDERS = {"ours": "bench_ours", "ours-old": "bench_ours", "ours-shipped": "bench_ours",
-           "scrapy-redis": "bench_scrapy_redis", "plain": "bench_plain",
-           "plain-tuned": "bench_plain"}
+           "ours-capped": "bench_ours", "scrapy-redis": "bench_scrapy_redis",
+           "plain": "bench_plain", "plain-tuned": "bench_plain", "plain-capped": "bench_plain"}
 # The frontier before the per-host one (issue 8): one global queue, per-process politeness.
 BASELINE_REF = "5440a15"
 LABELS = {"ours": "ours (RedisScheduler)", "ours-old": f"ours before per-host queues ({BASELINE_REF})",
           "ours-shipped": "ours with the project's CONCURRENT_ITEMS and GC freeze",
           "scrapy-redis": "scrapy-redis 0.9.1",
           "plain": "plain Scrapy",
-          "plain-tuned": "plain Scrapy with the same CONCURRENT_ITEMS and GC freeze"}
+          "plain-tuned": "plain Scrapy with the same CONCURRENT_ITEMS and GC freeze",
+          "ours-capped": "ours, a per-host limit that binds (cluster-wide)",
+          "plain-capped": "plain Scrapy, a per-host limit that binds (per process)"}
 # Redis commands the harness itself sends (not the crawl's).
 HARNESS_COMMANDS = {"config", "info", "flushall", "slowlog", "memory", "dbsize", "ping"}
 
@@ -361,6 +363,12 @@ def run_nodes(system: str, count: int, *, redis_url: str | None, settings: dict 
                             if pages else None),
         "gc_ms_per_page": (1000 * sum(r.get("gc_cpu_s") or 0 for r in records) / pages
                            if pages else None),
+        # downloads under way on average, summed over nodes (bench.recorder)
+        "occupancy": (sum(r.get("occupancy") or 0 for r in records)
+                      if all(r.get("occupancy") is not None for r in records) else None),
+        "download_ms": median([r.get("download_ms") for r in records]),
+        "loop_lag_ms": [r.get("loop_lag_ms") for r in records],
+        "bunched_starts": median([r.get("bunched_starts") for r in records]),
         "per_node": [{"pages": r["responses"], "reason": r["reason"], "stats": r["stats"],
                       "crawl_cpu_s": r.get("crawl_cpu_s"),
                       "first_request": r["first_request"], "last_response": r["last_response"],
@@ -376,7 +384,8 @@ def run_nodes(system: str, count: int, *, redis_url: str | None, settings: dict 
         "exit_codes": [n.proc.returncode for n in nodes],
     }
     result["disturbed"] = (result["external_cores"] or 0) > DISTURBED_CORES
-    shutil.rmtree(workdir, ignore_errors=True)
+    if not os.environ.get("BENCH_KEEP_WORKDIR"):
+        shutil.rmtree(workdir, ignore_errors=True)
     return result
 
 

@@ -1,6 +1,11 @@
 """A tiny extension that records when a node sent its first request and got
 its last response, and its progress every second, into ``BENCH_RECORD_FILE``.
 
+It also records the downloader's flow: downloads under way on average
+(``occupancy``), how long one took (``download_ms``), the share of download
+starts that came in bursts (``bunched_starts``), the garbage collector's CPU
+time, and with ``BENCH_LOOP_LAG_MS`` how late the event loop ran a timer.
+
 Timing from the first request that reached the downloader to the last
 response received excludes process start-up and the idle wait before the
 node closes, for every system alike.
@@ -8,6 +13,7 @@ node closes, for every system alike.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 import os
@@ -34,11 +40,29 @@ class BenchRecorder:
         self.responses = 0
         self.cpu_first = self.cpu_last = None
         self.progress: list[tuple[float, int]] = []
+        self._flow_until: tuple[float, float] | None = None
+        self._flow_from = 0.0
         self._last_tick = 0.0
         # CPU seconds the garbage collector took from the first request to
         # close: a gc.callbacks timer.
         self.gc_cpu_s = 0.0
         self._gc_start: float | None = None
+        # The downloader's flow: how many downloads were under way on average
+        # (time-weighted, first request to last response) and how long one
+        # took from reaching the downloader to leaving it. A node that waits
+        # on its scheduler shows it as occupancy under CONCURRENT_REQUESTS.
+        self._active = 0
+        self._flow_t = 0.0
+        self._flow_area = 0.0
+        self._started: dict[int, float] = {}
+        self.download_s = 0.0
+        self.downloads = 0
+        self.starts: list[float] = []
+        # BENCH_LOOP_LAG_MS: a timer every that many ms measures how late the
+        # event loop runs it (callbacks wait that long behind other work).
+        self.lag_interval = crawler.settings.getfloat("BENCH_LOOP_LAG_MS", 0) / 1000
+        self.lags: list[float] = []
+        self._lag_handle = None
 
     @classmethod
     def from_crawler(cls, crawler):
@@ -48,6 +72,7 @@ class BenchRecorder:
             crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
             crawler.signals.connect(ext.request_reached, signal=signals.request_reached_downloader)
             crawler.signals.connect(ext.response_received, signal=signals.response_received)
+            crawler.signals.connect(ext.request_left, signal=signals.request_left_downloader)
             crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
         return ext
 
@@ -61,6 +86,33 @@ class BenchRecorder:
             self.cpu_first = time.process_time()
             self.progress.append((self.first_request, 0))
             gc.callbacks.append(self._gc_timer)
+            self._flow_t = self._flow_from = time.monotonic()
+            if self.lag_interval > 0:
+                self._lag_tick(None)
+        self._flow(+1)
+        self._started[id(request)] = now = time.monotonic()
+        self.starts.append(now)
+
+    def request_left(self, request, spider):
+        started = self._started.pop(id(request), None)
+        if started is not None:
+            self._flow(-1)
+            self.download_s += time.monotonic() - started
+            self.downloads += 1
+
+    def _lag_tick(self, due: float | None) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if due is not None:
+            self.lags.append(now - due)
+        self._lag_handle = loop.call_at(now + self.lag_interval, self._lag_tick,
+                                        now + self.lag_interval)
+
+    def _flow(self, change: int) -> None:
+        now = time.monotonic()
+        self._flow_area += self._active * (now - self._flow_t)
+        self._flow_t = now
+        self._active += change
 
     def _gc_timer(self, phase, info):
         if phase == "start":
@@ -73,6 +125,8 @@ class BenchRecorder:
         now = time.time()
         self.last_response = now
         self.cpu_last = time.process_time()
+        mono = time.monotonic()
+        self._flow_until = (mono, self._flow_area + self._active * (mono - self._flow_t))
         self.responses += 1
         if now - self._last_tick >= 1.0:
             self._last_tick = now
@@ -81,6 +135,10 @@ class BenchRecorder:
     def spider_closed(self, spider, reason):
         if self._gc_timer in gc.callbacks:
             gc.callbacks.remove(self._gc_timer)
+        if self._lag_handle is not None:
+            self._lag_handle.cancel()
+        lags = sorted(self.lags)
+        gaps = [b - a for a, b in zip(self.starts, self.starts[1:])]
         if self.last_response is not None:
             self.progress.append((self.last_response, self.responses))
         stats = self.crawler.stats.get_stats()
@@ -92,6 +150,20 @@ class BenchRecorder:
                                   if self.cpu_first is not None and self.cpu_last is not None
                                   else None),
                   "gc_cpu_s": self.gc_cpu_s,
+                  "occupancy": (self._flow_until[1] / (self._flow_until[0] - self._flow_from)
+                                if self._flow_until and self._flow_until[0] > self._flow_from
+                                else None),
+                  "download_ms": (1000 * self.download_s / self.downloads
+                                  if self.downloads else None),
+                  # how bunched download starts are: the share that started
+                  # within 0.5 ms of the one before (in the same burst)
+                  "bunched_starts": (sum(1 for g in gaps if g < 0.0005) / len(gaps)
+                                     if gaps else None),
+                  "loop_lag_ms": ({"mean": 1000 * sum(lags) / len(lags),
+                                   "p50": 1000 * lags[len(lags) // 2],
+                                   "p90": 1000 * lags[int(len(lags) * 0.9)],
+                                   "max": 1000 * lags[-1], "samples": len(lags)}
+                                  if lags else None),
                   "reason": reason, "closed_at": time.time(), "progress": self.progress,
                   # the process's own peak (KiB on Linux): there even if the
                   # harness never sampled a process that lived very briefly

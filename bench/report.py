@@ -49,6 +49,9 @@ def summary(results: dict[str, dict]) -> str:
             continue
         for c in data.get("checks", []):
             value = c.get("ratio", c.get("value"))
+            if c["floor"] is None:  # measured and reported, no floor to hold
+                rows.append([titles[name], c["check"], value, "reported", "-"])
+                continue
             floor = c["floor"] if isinstance(c["floor"], str) else (
                 f"≥ {c['floor']}" if "ours/" in c["check"] else f"≤ {c['floor']}")
             rows.append([titles[name], c["check"], value, floor, c["pass"]])

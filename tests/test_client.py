@@ -90,3 +90,59 @@ def test_an_ack_goes_with_the_adds_of_its_own_partition():
 
     calls = run(body)
     assert len(calls[0].adds) == 1 and len(calls[0].acks) == 1
+
+
+class _Outage:
+    def failed(self, *args, **kwargs):
+        raise AssertionError(f"Redis call failed: {args}")
+
+    def ok(self, extra=None):
+        pass
+
+
+def test_a_download_end_is_reported_at_once_where_a_key_is_at_its_concurrency(redis_url):
+    """Real Redis: with a site at its concurrency, the slot a finished download
+    frees is used for the next request at once, not when the request is acked
+    (after its callback and items) nor at the next idle look. Every pause of the
+    loop is set to a minute here: only the prompt report can take the third
+    entry within the test's wait."""
+    import redis.asyncio as aioredis
+
+    from crawlproject.frontier.politeness import Limits
+    from crawlproject.frontier.queue import AsyncFrontier, Batch
+
+    async def main():
+        client = aioredis.Redis.from_url(redis_url)
+        politeness = PolitenessConfig(default=Limits(0, 2), margin=0.0)
+        frontier = AsyncFrontier(client, "capped", "n1", lease_ttl=120, politeness=politeness)
+        seed = Batch()
+        for i in range(5):
+            seed.add('{"url": "http://h/%d"}' % i, None, 0, 0, "h")
+        await frontier.sync(seed)
+        fc = FrontierClient([frontier], politeness, accept=lambda p, m, payload: payload,
+                            before_tick=lambda: None, count=lambda name, value: None,
+                            outage=_Outage(), log_extra={}, prefetch=8, batch_size=100,
+                            flush_interval=60, min_sync_interval=60, idle_poll=60,
+                            heartbeat=60, lease_ttl=120)
+
+        async def until(condition, timeout=10.0):
+            async with asyncio.timeout(timeout):
+                while not condition():
+                    await asyncio.sleep(0.01)
+
+        fc.start()
+        try:
+            await until(lambda: len(fc.buffer) == 2)    # the key's concurrency: 2 leased
+            first, second = fc.next(), fc.next()
+            assert fc.capped == [True]
+            fc.fetched(first.member)                     # its download ended, no ack yet
+            await until(lambda: len(fc.buffer) == 1)
+            states = await client.hget(frontier.keys.kstate, "h")
+            assert int(states.split(b"|")[0]) == 2       # still 2 in flight: 1 freed, 1 new
+            assert first.member in fc.held               # the first is still not acked
+        finally:
+            fc.paused = True
+            await fc.close()
+            await client.aclose()
+
+    asyncio.run(main())

@@ -216,6 +216,35 @@ def test_latency_delays_responses():
         assert time.monotonic() - started >= 0.2
 
 
+def test_latency_jitter_draws_each_latency_within_its_bounds():
+    """--latency-jitter: each page's latency uniformly in latency x (1 ± F), on
+    Twisted's test clock (no waiting); a bad fraction is refused."""
+    from twisted.internet.task import Clock
+    from twisted.web.test.requesthelper import DummyRequest
+
+    from crawlproject.demo.site import DemoResource, SiteConfig, parse_args
+
+    def delays(jitter):
+        clock = Clock()
+        resource = DemoResource(SiteConfig(products=20, latency_ms=100, faults=False,
+                                           latency_jitter=jitter), clock)
+        for i in range(200):
+            request = DummyRequest([b"product", str(1 + i % 20).encode()])
+            request.path = f"/product/{1 + i % 20}".encode()
+            resource.render(request)
+        return [call.getTime() for call in clock.getDelayedCalls()]
+
+    fixed, jittered = delays(0.0), delays(0.3)
+    assert set(fixed) == {0.1}
+    assert min(jittered) >= 0.07 and max(jittered) <= 0.13
+    assert max(jittered) - min(jittered) > 0.04         # spread over the range, not one value
+    assert delays(0.3) == jittered                      # the same draws every run
+    assert parse_args(["--latency-jitter", "0.25"]).latency_jitter == 0.25
+    for bad in ("1.5", "-0.1", "x"):
+        with pytest.raises(SystemExit):
+            parse_args(["--latency-jitter", bad])
+
+
 def test_large_catalog_without_faults():
     with DemoSite(products=50_000, faults=False) as big:
         started = time.monotonic()

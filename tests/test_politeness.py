@@ -244,6 +244,22 @@ def test_a_finished_download_frees_its_slot_before_the_ack(node, clock):
     assert a.key_states(["h1"])["h1"]["inflight"] == 1
 
 
+def test_a_take_tells_when_a_key_s_concurrency_held_it_back(node, clock):
+    """``capped``: the node learns that a key is at its concurrency, so that it
+    reports its downloads' ends at once (see FrontierClient.fetched)."""
+    a = node("a", polite(delay=0, concurrency=3))
+    add(a, "h1", 10)
+    add(a, "h2", 1)
+    first = a.sync(Batch(take=2))
+    assert len(first.taken) == 2 and first.capped == 0      # room left on both keys
+    second = a.sync(Batch(take=5))
+    assert keys_of(second.taken).count("h1") == 1 and second.capped == 1  # h1 filled up
+    assert a.sync(Batch(take=5)).capped == 0                # h1 out of the ready set
+    a.sync(Batch(fetched=[m for m, _ in first.taken if m.endswith("@h1")][:1]))
+    again = a.sync(Batch(take=5))
+    assert keys_of(again.taken) == ["h1"] and again.capped == 1
+
+
 def test_polite_keys_are_taken_only_as_far_as_the_node_can_start(node, clock):
     a = node("a", polite(delay=1, concurrency=5))
     for key in ("h1", "h2", "h3"):

@@ -50,7 +50,9 @@ send no validators, like many real sites: only the body tells whether they chang
     products stay: they are the site's content).
 
 Anything else answers 404. Latency (``--latency-ms``) is added to every page except the
-two control endpoints, using ``reactor.callLater`` (never blocking).
+two control endpoints, using ``reactor.callLater`` (never blocking); with
+``--latency-jitter F`` each page's latency is drawn uniformly from
+``latency × (1 ± F)`` (a fixed seed: the same run draws the same latencies).
 
 Command line::
 
@@ -79,6 +81,7 @@ import json
 import math
 import os
 import queue
+import random
 import re
 import signal
 import subprocess
@@ -445,6 +448,8 @@ class SiteConfig:
     no_validators_every: int = NO_VALIDATORS_EVERY
     #: about this many KiB of extra markup on each product page
     page_kb: int = 0
+    #: each latency drawn from latency_ms x (1 ± this), uniformly (0: always latency_ms)
+    latency_jitter: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -550,6 +555,7 @@ class DemoResource(Resource):
         super().__init__()
         self.config, self.reactor = config, reactor
         self.state = SiteState()
+        self._latency = random.Random(0)
 
     def render(self, request):
         """Count the hit, pick the page, answer now or after the configured latency."""
@@ -606,7 +612,10 @@ class DemoResource(Resource):
         return page.body
 
     def _delay(self, request, path: str, page: Page) -> None:
-        call = self.reactor.callLater(self.config.latency_ms / 1000, self._finish, request,
+        jitter = self.config.latency_jitter
+        latency = self.config.latency_ms * (
+            self._latency.uniform(1 - jitter, 1 + jitter) if jitter else 1)
+        call = self.reactor.callLater(latency / 1000, self._finish, request,
                                       path, page)
         request.notifyFinish().addErrback(lambda _: call.active() and call.cancel())
 
@@ -670,6 +679,16 @@ def _products(value: str) -> int:
     return number
 
 
+def _fraction(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not 0.0 <= number <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1: {value!r}")
+    return number
+
+
 def _non_negative(value: str) -> int:
     number = int(value)
     if number < 0:
@@ -685,6 +704,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--products", type=_products, default=60)
     parser.add_argument("--per-page", type=_positive, default=10)
     parser.add_argument("--latency-ms", type=_non_negative, default=0)
+    parser.add_argument("--latency-jitter", type=_fraction, default=0.0,
+                        help="draw each latency from latency-ms x (1 ± F), 0 <= F <= 1")
     parser.add_argument("--no-faults", dest="faults", action="store_false",
                         help="disable the 503-once responses")
     parser.add_argument("--no-validators", dest="validators", action="store_false",
@@ -709,7 +730,8 @@ def main(argv: list[str] | None = None) -> int:
     from twisted.internet import reactor
 
     config = SiteConfig(args.products, args.per_page, args.latency_ms, args.faults,
-                        args.validators, args.no_validators_every, args.page_kb)
+                        args.validators, args.no_validators_every, args.page_kb,
+                        args.latency_jitter)
     port = reactor.listenTCP(args.port, build_site(config, reactor), backlog=1024,
                              interface=args.host)
     print(URL_PREFIX + _base_url(args.host, port.getHost().port), flush=True)
@@ -753,11 +775,12 @@ class DemoSite:
     def __init__(self, products: int = 60, per_page: int = 10, latency_ms: int = 0,
                  faults: bool = True, host: str = "127.0.0.1",
                  start_timeout: float = 20.0, validators: bool = True,
-                 no_validators_every: int = NO_VALIDATORS_EVERY, page_kb: int = 0) -> None:
+                 no_validators_every: int = NO_VALIDATORS_EVERY, page_kb: int = 0,
+                 latency_jitter: float = 0.0) -> None:
         self.products, self.per_page, self.latency_ms = products, per_page, latency_ms
         self.faults, self.host, self.start_timeout = faults, host, start_timeout
         self.validators, self.no_validators_every = validators, no_validators_every
-        self.page_kb = page_kb
+        self.page_kb, self.latency_jitter = page_kb, latency_jitter
         self.url: str | None = None
         self._proc: subprocess.Popen | None = None
         self._stderr = None
@@ -775,6 +798,8 @@ class DemoSite:
             cmd += ["--no-validators-every", str(self.no_validators_every)]
         if self.page_kb:
             cmd += ["--page-kb", str(self.page_kb)]
+        if self.latency_jitter:
+            cmd += ["--latency-jitter", str(self.latency_jitter)]
         return cmd if self.faults else cmd + ["--no-faults"]
 
     def start(self) -> DemoSite:

@@ -111,6 +111,10 @@ class FrontierClient:
         self.owners: dict[str, str] = {}
         self.outbox = [Batch() for _ in partitions]
         self.remote = [_Remote() for _ in partitions]
+        # Partitions whose takes were held back by a key's concurrency: there a
+        # download's end is reported at once (its slot is what the next take
+        # waits for), elsewhere it waits for the ack, which frees it too.
+        self.capped = [False for _ in partitions]
         # Acknowledgement order across partitions: every add gets a sequence
         # number; an ack waits until every add made before it is stored (or
         # goes in the same atomic call), so a request is never acknowledged
@@ -176,12 +180,16 @@ class FrontierClient:
 
     def fetched(self, member: str) -> None:
         """*member*'s download ended: its politeness key's slot is free again
-        (the entry stays leased until it is acknowledged). Reported with the
-        call after next: most requests are acknowledged by then, and the ack
-        frees the slot itself (one operation less per page)."""
+        (the entry stays leased until it is acknowledged). Where a key's
+        concurrency held takes back, reported at once, with a take; elsewhere
+        with the call after next: most requests are acknowledged by then, and
+        the ack frees the slot itself (one operation less per page)."""
         entry = self.held.get(member)
         if entry is not None:
             self._fetched.append((entry.partition, member, time.monotonic()))
+            if self.capped[entry.partition]:
+                self.remote[entry.partition].next_ready_ms = None  # a slot is free
+                self._wake.set()
 
     def fail(self, member: str, kind: str, record: dict) -> None:
         """*member* is done for good: keep *record* in the dead/invalid list."""
@@ -226,7 +234,7 @@ class FrontierClient:
 
     def _attach_fetched(self, batches: dict[int, Batch], now: float) -> None:
         """Report downloads that ended a while ago and are still not settled."""
-        older = now - 2 * self.min_sync_interval
+        older = now if any(self.capped) else now - 2 * self.min_sync_interval
         while self._fetched and self._fetched[0][2] <= older:
             p, member, _ = self._fetched.popleft()
             if member in self.held and p in batches:
@@ -347,7 +355,7 @@ class FrontierClient:
                 await asyncio.sleep(backoff_delay(errors, 0.4, 5.0))
                 continue
             if pause:
-                await asyncio.sleep(pause)
+                await self._wait(pause)  # coalescing; a wake re-checks what is urgent
             else:
                 await self._wait()
 
@@ -363,9 +371,10 @@ class FrontierClient:
             except Exception:  # closing a dead socket may fail too: nothing to keep
                 pass
 
-    async def _wait(self) -> None:
-        busy = (self.held or any(self.outbox) or len(self.buffer) <= self.prefetch // 2)
-        timeout = self.flush_interval if busy else self.idle_poll
+    async def _wait(self, timeout: float | None = None) -> None:
+        if timeout is None:
+            busy = (self.held or any(self.outbox) or len(self.buffer) <= self.prefetch // 2)
+            timeout = self.flush_interval if busy else self.idle_poll
         try:
             await asyncio.wait_for(self._wake.wait(), timeout)
         except asyncio.TimeoutError:
@@ -527,6 +536,10 @@ class FrontierClient:
             remote.next_ready_ms = None
         if result.now_ms >= 0:
             remote.server_ms, remote.at = result.now_ms, time.monotonic()
+        if result.capped:
+            self.capped[p] = True
+        elif asked and (result.next_ready_ms == -2 or result.queued == 0):
+            self.capped[p] = False  # got all it asked for, or nothing waits
         self.count("scheduler/added", result.added)
         self.count("dupefilter/filtered", result.duplicates)
         self.count("scheduler/stale", result.stale)

@@ -149,6 +149,9 @@ class SyncResult:
     trimmed: int = 0
     #: earliest ready time of a key of the partition (ms), -1 when none is queued
     next_ready_ms: int = -1
+    #: keys the take filled up to their concurrency, or passed over because
+    #: they had it in flight
+    capped: int = 0
 
 
 class Frontier:
@@ -211,7 +214,7 @@ class Frontier:
     def _parse(raw) -> SyncResult:
         flat = raw[0]
         taken = [(_s(flat[i]), _b(flat[i + 1])) for i in range(0, len(flat), 2)]
-        return SyncResult(taken, *(int(float(x)) for x in raw[1:12]))
+        return SyncResult(taken, *(int(float(x)) for x in raw[1:13]))
 
     def sync(self, batch: Batch | None = None, *, leaving: bool = False) -> SyncResult:
         """Send *batch* (and renew this node's lease) in one atomic call."""

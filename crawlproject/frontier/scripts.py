@@ -352,7 +352,8 @@ SYNC = _LIB + r"""
 --          delayed length or -1, inflight length or -1, reclaimed, now or -1,
 --          stale calls, queue members without payload set aside, records trimmed,
 --          earliest ready time (ms), -1 when no key is ready or due, -2 when the
---          take got all it asked for (more may be ready)}
+--          take got all it asked for (more may be ready), keys the take filled
+--          up to their concurrency or passed over because they had it in flight}
 local node, ttl, take_n = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local sweep = string.find(ARGV[5], 's', 1, true) ~= nil
 local registered = string.find(ARGV[5], 'r', 1, true) ~= nil
@@ -768,7 +769,7 @@ do
 end
 
 -- take: from keys whose time has come, oldest-ready first, each once
-local taken, missing = {}, 0
+local taken, missing, capped = {}, 0, 0
 local members, unready, later = {}, {}, {}
 if take_n > 0 and ttl > 0 then
   local want, offset = take_n, 0
@@ -784,6 +785,7 @@ if take_n > 0 and ttl > 0 then
       local due = earliest(k)
       if s.n >= l.conc then
         unready[k] = true
+        capped = capped + 1      -- at its concurrency: the node reports ends at once
       elseif due > now() then
         later[#later + 1] = fmt(due); later[#later + 1] = k   -- an early hint: wait its turn
       else
@@ -801,6 +803,7 @@ if take_n > 0 and ttl > 0 then
           local got = #popped / 2
           if polite then polite_budget = polite_budget - got end
           s.n = s.n + got; s.last = now(); dirty[k] = true; took[k] = true
+          if s.n >= l.conc then capped = capped + 1 end   -- filled up to its concurrency
           want = want - got
           qdelta = qdelta - got
         end
@@ -868,7 +871,7 @@ elseif take_n > 0 then
   next_ready = -2  -- the take got all it asked for: more may be ready now
 end
 return {taken, added, dups, qlen, delayed_len, inflight_len, reclaimed,
-        now_cache and fmt(now_cache) or -1, stale, missing, trimmed, next_ready}
+        now_cache and fmt(now_cache) or -1, stale, missing, trimmed, next_ready, capped}
 """
 
 BLOOM_ADD = _LIB + r"""
