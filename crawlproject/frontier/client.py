@@ -355,7 +355,7 @@ class FrontierClient:
                 await asyncio.sleep(backoff_delay(errors, 0.4, 5.0))
                 continue
             if pause:
-                await self._wait(pause)  # coalescing; a wake re-checks what is urgent
+                await asyncio.sleep(pause)
             else:
                 await self._wait()
 
@@ -371,10 +371,9 @@ class FrontierClient:
             except Exception:  # closing a dead socket may fail too: nothing to keep
                 pass
 
-    async def _wait(self, timeout: float | None = None) -> None:
-        if timeout is None:
-            busy = (self.held or any(self.outbox) or len(self.buffer) <= self.prefetch // 2)
-            timeout = self.flush_interval if busy else self.idle_poll
+    async def _wait(self) -> None:
+        busy = (self.held or any(self.outbox) or len(self.buffer) <= self.prefetch // 2)
+        timeout = self.flush_interval if busy else self.idle_poll
         try:
             await asyncio.wait_for(self._wake.wait(), timeout)
         except asyncio.TimeoutError:
