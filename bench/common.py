@@ -299,7 +299,9 @@ def run_nodes(system: str, count: int, *, redis_url: str | None, settings: dict 
               spider: str | None = None) -> dict:
     """Run *count* nodes until they all exit; *push()* is called once every
     node has opened its spider. *spider* replaces the system's usual spider
-    (one of the same system). Returns timing, pages and RSS per node."""
+    (one of the same system). Returns timing, pages and RSS per node. With
+    ``BENCH_KEEP_WORKDIR=1`` in the environment the nodes' logs and record
+    files stay in their ``/tmp/bench-<system>-*`` directory."""
     workdir = Path(tempfile.mkdtemp(prefix=f"bench-{system}-"))
     settings = dict(settings or {})
     if system == "scrapy-redis" and count > 1:

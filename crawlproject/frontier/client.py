@@ -234,6 +234,8 @@ class FrontierClient:
 
     def _attach_fetched(self, batches: dict[int, Batch], now: float) -> None:
         """Report downloads that ended a while ago and are still not settled."""
+        # One threshold for all: the deque is in time order (a capped partition
+        # makes the others report promptly too; a few operations more at most).
         older = now if any(self.capped) else now - 2 * self.min_sync_interval
         while self._fetched and self._fetched[0][2] <= older:
             p, member, _ = self._fetched.popleft()
