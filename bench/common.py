@@ -373,6 +373,8 @@ def run_nodes(system: str, count: int, *, redis_url: str | None, settings: dict 
         "bunched_starts": median([r.get("bunched_starts") for r in records]),
         "per_node": [{"pages": r["responses"], "reason": r["reason"], "stats": r["stats"],
                       "crawl_cpu_s": r.get("crawl_cpu_s"),
+                      "gc_by_generation": r.get("gc_by_generation"),
+                      "gc_tracked": r.get("gc_tracked"),
                       "first_request": r["first_request"], "last_response": r["last_response"],
                       "closed_at": r["closed_at"],
                       "peak_rss_mb": (max((s for _, s in n.rss), default=0) / 2**20

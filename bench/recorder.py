@@ -47,6 +47,8 @@ class BenchRecorder:
         # close: a gc.callbacks timer.
         self.gc_cpu_s = 0.0
         self._gc_start: float | None = None
+        #: per generation: [collections, CPU s] (which collections cost)
+        self.gc_by_generation = [[0, 0.0], [0, 0.0], [0, 0.0]]
         # The downloader's flow: how many downloads were under way on average
         # (time-weighted, first request to last response) and how long one
         # took from reaching the downloader to leaving it. A node that waits
@@ -118,7 +120,11 @@ class BenchRecorder:
         if phase == "start":
             self._gc_start = time.process_time()
         elif self._gc_start is not None:
-            self.gc_cpu_s += time.process_time() - self._gc_start
+            spent = time.process_time() - self._gc_start
+            self.gc_cpu_s += spent
+            generation = self.gc_by_generation[min(2, info.get("generation", 2))]
+            generation[0] += 1
+            generation[1] += spent
             self._gc_start = None
 
     def response_received(self, response, request, spider):
@@ -150,6 +156,9 @@ class BenchRecorder:
                                   if self.cpu_first is not None and self.cpu_last is not None
                                   else None),
                   "gc_cpu_s": self.gc_cpu_s,
+                  "gc_by_generation": self.gc_by_generation,
+                  # objects the collector tracks at the end (a full collection walks them all)
+                  "gc_tracked": len(gc.get_objects()),
                   "occupancy": (self._flow_until[1] / (self._flow_until[0] - self._flow_from)
                                 if self._flow_until and self._flow_until[0] > self._flow_from
                                 else None),

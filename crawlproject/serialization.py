@@ -177,6 +177,12 @@ def decode_value(value: Any, policy: InputPolicy = _NO_SPIDER) -> Any:
 def encode_request_dict(d: dict[str, Any], policy: InputPolicy = _NO_SPIDER) -> dict[str, Any]:
     """Make a ``Request.to_dict()`` result JSON-safe; callbacks and browser
     actions must pass *policy* (the same checks as when it is read back)."""
+    out = _encode_request_dict(d, policy)
+    _to_json(out)  # refused here, with the offending value, rather than at write time
+    return out
+
+
+def _encode_request_dict(d: dict[str, Any], policy: InputPolicy) -> dict[str, Any]:
     meta = restore_meta(dict(d.get("meta") or {}))
     meta = {k: v for k, v in meta.items() if k not in TRANSIENT_META_KEYS}
     if isinstance(meta.get("proxy"), str):
@@ -204,11 +210,14 @@ def encode_request_dict(d: dict[str, Any], policy: InputPolicy = _NO_SPIDER) -> 
     for key, default in _DEFAULTS.items():  # smaller payloads in Redis
         if key in out and out[key] == default:
             del out[key]
+    return out
+
+
+def _to_json(d: dict[str, Any]) -> str:
     try:
-        json.dumps(out)
+        return json.dumps(d, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
         raise RequestEncodeError(f"request is not JSON-serialisable: {exc}") from exc
-    return out
 
 
 def decode_request_dict(d: Any, policy: InputPolicy = _NO_SPIDER) -> dict[str, Any]:
@@ -278,8 +287,8 @@ def _policy(spider: Spider | None, policy: InputPolicy | None) -> InputPolicy:
 def request_to_json(request: Request, spider: Spider | None,
                     policy: InputPolicy | None = None) -> str:
     """Encode *request* (callbacks must be methods *spider* published)."""
-    d = encode_request_dict(request_to_dict(request, spider), _policy(spider, policy))
-    return json.dumps(d, separators=(",", ":"))
+    # One json.dumps: it is both the check and the payload.
+    return _to_json(_encode_request_dict(request_to_dict(request, spider), _policy(spider, policy)))
 
 
 def request_from_json(data: bytes | str, spider: Spider | None,
@@ -303,7 +312,7 @@ def request_from_json(data: bytes | str, spider: Spider | None,
 # scrapy-redis SCHEDULER_SERIALIZER interface (dict in, dict out).
 def dumps(obj: dict[str, Any]) -> str:
     """Serialise a ``Request.to_dict()`` result (scrapy-redis interface)."""
-    return json.dumps(encode_request_dict(obj), separators=(",", ":"))
+    return _to_json(_encode_request_dict(obj, _NO_SPIDER))
 
 
 def loads(data: bytes | str) -> dict[str, Any]:

@@ -280,6 +280,33 @@ def test_pool_closes_the_least_recently_used_idle_context_or_waits():
     asyncio.run(scenario())
 
 
+
+def test_a_node_that_renders_nothing_does_not_load_playwright():
+    # Playwright's modules are some 25,000 objects every full garbage collection
+    # walks: with RENDERING_ENABLED off, the project's middleware list must not
+    # import them (a fresh interpreter: this one has them loaded already).
+    script = textwrap.dedent("""
+        import sys
+        from scrapy import Spider
+        from scrapy.core.downloader.middleware import DownloaderMiddlewareManager
+        from scrapy.utils.test import get_crawler
+        import crawlproject.settings as project
+        crawler = get_crawler(Spider, {"DOWNLOADER_MIDDLEWARES": project.DOWNLOADER_MIDDLEWARES,
+                                       "RENDERING_ENABLED": False, "IDENTITY_ENABLED": False})
+        manager = DownloaderMiddlewareManager.from_crawler(crawler)
+        names = [type(m).__name__ for m in manager.middlewares]
+        assert "RenderingMiddleware" not in names, names
+        loaded = sorted(m for m in sys.modules
+                        if m.split(".")[0] in ("playwright", "scrapy_playwright"))
+        print(len(names), loaded)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    count, loaded = out.stdout.split(" ", 1)
+    assert int(count) > 5 and loaded.strip() == "[]", out.stdout
+
 # -- real crawls with Chromium ----------------------------------------------------------------
 
 def run_node(tmp_path, env, name, spider, settings, seeds, redis, timeout=240):

@@ -48,7 +48,6 @@ from scrapy.http import TextResponse
 from scrapy.utils.misc import load_object
 
 from crawlproject.middlewares.session import IDENTITY, PROXY_CONTEXT, PROXY_ID
-from crawlproject.rendering import ContextPool, RenderingDownloadHandler, handlers_for
 from crawlproject.serialization import replace_meta, restore_meta
 
 logger = logging.getLogger(__name__)
@@ -140,6 +139,11 @@ class RenderingMiddleware:
         self.stats = crawler.stats
         self.rules = rules
         self.wait_timeout_ms = int(wait_timeout * 1000)
+        # Imported here, not at the top: Playwright is some 25,000 objects that
+        # every full garbage collection walks, on a node that renders nothing
+        # (RENDERING_ENABLED off, but the middleware in DOWNLOADER_MIDDLEWARES).
+        from crawlproject.rendering import ContextPool, handlers_for
+
         self.pool = ContextPool(max_contexts, lambda: handlers_for(crawler), crawler.stats)
         # Context names carry a keyed digest of the context options: two proxies
         # with one address but different credentials never share a context, and
@@ -346,6 +350,8 @@ def _first_line(exception) -> str:
 
 
 def _check_handler(settings) -> None:
+    from crawlproject.rendering import RenderingDownloadHandler
+
     handlers = settings.getwithbase("DOWNLOAD_HANDLERS")
     for scheme in ("http", "https"):
         path = handlers.get(scheme)
