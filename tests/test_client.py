@@ -146,3 +146,51 @@ def test_a_download_end_is_reported_at_once_where_a_key_is_at_its_concurrency(re
             await client.aclose()
 
     asyncio.run(main())
+
+
+def test_a_new_request_that_outranks_the_buffer_is_handed_out_next(redis_url):
+    """Real Redis: the buffer holds prefetched requests of priority 0 when the
+    spider yields one of priority 5 (the next listing page): like Scrapy's own
+    scheduler, the node hands it out before them, without waiting for its
+    buffer to drain to half. Every pause of the loop but the coalescing one is
+    a minute: only the take that goes with the new request can bring it back
+    within the test's wait."""
+    import redis.asyncio as aioredis
+
+    from crawlproject.frontier.politeness import Limits
+    from crawlproject.frontier.queue import AsyncFrontier, Batch
+
+    async def main():
+        client = aioredis.Redis.from_url(redis_url)
+        politeness = PolitenessConfig(default=Limits(0, 100), margin=0.0)
+        frontier = AsyncFrontier(client, "ranked", "n1", lease_ttl=120, politeness=politeness)
+        seed = Batch()
+        for i in range(12):
+            seed.add('{"url": "http://h/%d"}' % i, None, 0, 0, "h")
+        await frontier.sync(seed)
+        fc = FrontierClient([frontier], politeness, accept=lambda p, m, payload: payload,
+                            before_tick=lambda: None, count=lambda name, value: None,
+                            outage=_Outage(), log_extra={}, prefetch=8, batch_size=100,
+                            flush_interval=60, min_sync_interval=0.05, idle_poll=60,
+                            heartbeat=60, lease_ttl=120)
+
+        async def until(condition, timeout=10.0):
+            async with asyncio.timeout(timeout):
+                while not condition():
+                    await asyncio.sleep(0.01)
+
+        fc.start()
+        try:
+            await until(lambda: len(fc.buffer) == 8)
+            assert fc.next().item == b'{"url": "http://h/0"}'   # 7 left: over half
+            fc.add('{"url": "http://h/top"}', None, 5, 0, "h")
+            await until(lambda: len(fc.buffer) == 8)
+            handed = [fc.next().item for _ in range(3)]
+            assert handed == [b'{"url": "http://h/top"}', b'{"url": "http://h/1"}',
+                              b'{"url": "http://h/2"}']
+        finally:
+            fc.paused = True
+            await fc.close()
+            await client.aclose()
+
+    asyncio.run(main())

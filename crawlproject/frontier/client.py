@@ -14,6 +14,11 @@ to say or ready work (calls to several partitions run concurrently):
 * **heartbeat** — every ``heartbeat`` seconds (and whenever idle) each
   partition is called with maintenance: the lease is renewed there, expired
   nodes' leases are reclaimed, sizes are reported;
+* **priority** — the buffer hands out its entries highest priority first; a
+  new request that outranks what the buffer holds (the next listing page
+  behind a page of products) goes with a take for it in the next call,
+  instead of waiting until the buffer has drained to half (Scrapy's own
+  scheduler would hand it out next);
 * **polite takes** — a partition is asked for entries only when it reported
   ready work (its earliest ready time has come) or, at idle pace, to look;
   an entry is taken only when its key may start a request now, so what is
@@ -41,7 +46,8 @@ from redis.exceptions import RedisError
 
 from crawlproject.backoff import backoff_delay
 from crawlproject.frontier.politeness import PolitenessConfig
-from crawlproject.frontier.queue import AsyncFrontier, Batch, SyncResult, member_key
+from crawlproject.frontier.queue import (AsyncFrontier, Batch, SyncResult, clamp_priority,
+                                         member_key)
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +66,16 @@ class Entry:
     member: str
     partition: int
     item: Any
+    priority: int = 0
+
+
+def member_priority(member: str) -> int:
+    """The priority an entry's member carries (``"<prio>:<seq>[@key]"``; 0 if none)."""
+    head = member.partition(":")[0]
+    try:
+        return int(head)
+    except ValueError:  # written by something else than this project's script
+        return 0
 
 
 @dataclass
@@ -115,6 +131,9 @@ class FrontierClient:
         # download's end is reported at once (its slot is what the next take
         # waits for), elsewhere it waits for the ack, which frees it too.
         self.capped = [False for _ in partitions]
+        # New requests per partition, since the last call, that outrank the
+        # buffer's last entry: each asks for a take at once (see add()).
+        self._outranking = [0 for _ in partitions]
         # Acknowledgement order across partitions: every add gets a sequence
         # number; an ack waits until every add made before it is stored (or
         # goes in the same atomic call), so a request is never acknowledged
@@ -149,7 +168,13 @@ class FrontierClient:
         batch.add(payload, fingerprint, priority, delay_ms, key)
         self._seq += 1
         self._unsent[p].append(self._seq)
-        if len(batch.adds) >= self.batch_size or not self.buffer:
+        if self.buffer and not delay_ms and clamp_priority(priority) > self.buffer[-1].priority:
+            # Scrapy would hand it out before some of what we prefetched: take
+            # it back with the call that stores it (coalesced as usual), rather
+            # than once the buffer has drained to half.
+            self._outranking[p] += 1
+            self._wake.set()
+        elif len(batch.adds) >= self.batch_size or not self.buffer:
             # A full batch, or nothing prefetched: the engine may be waiting for
             # exactly these requests (e.g. the next listing page).
             self._wake.set()
@@ -388,6 +413,10 @@ class FrontierClient:
         now = time.monotonic()
         want = self.prefetch - len(self.buffer) if len(self.buffer) <= self.prefetch // 2 else 0
         takes = self._plan_takes(want, now)
+        outranking = self._outranking
+        for p, count in enumerate(outranking):
+            if count and not self.paused:  # at most a prefetch over the buffer's size
+                takes[p] = max(takes.get(p, 0), min(count, self.prefetch))
         maintenance = now - self._last_maintenance >= self.heartbeat or not (
             self.held or self.buffer)
         urgent = (not self.buffer and takes) or self._flush_waiters or maintenance
@@ -397,6 +426,7 @@ class FrontierClient:
         if gap > 0 and not urgent and self.pending_adds() < self.batch_size:
             return gap  # coalesce: more work per round trip
         waiters, self._flush_waiters = self._flush_waiters, []
+        self._outranking = [0 for _ in self.partitions]
         calls: dict[int, Batch] = {}
         polite = None
         if self.free_slots is not None and takes:
@@ -432,6 +462,7 @@ class FrontierClient:
             if isinstance(result, BaseException):
                 failure = failure or result
                 self._requeue(p, batch)
+                self._outranking[p] += outranking[p]
             else:
                 for _ in range(len(batch.adds)):
                     self._unsent[p].popleft()
@@ -572,7 +603,15 @@ class FrontierClient:
                 "reason": str(exc), "node": self.node, "at": time.time()})
             return
         self.owners[member] = self.node
-        self.buffer.append(Entry(member, p, item))
+        entry = Entry(member, p, item, member_priority(member))
+        buffer = self.buffer
+        if not buffer or buffer[-1].priority >= entry.priority:
+            buffer.append(entry)  # the common case: FIFO among equal priorities
+            return
+        at = len(buffer)
+        while at and buffer[at - 1].priority < entry.priority:
+            at -= 1
+        buffer.insert(at, entry)
 
 
 def _resolve(waiters: list[asyncio.Future]) -> None:
