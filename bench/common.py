@@ -371,6 +371,8 @@ def run_nodes(system: str, count: int, *, redis_url: str | None, settings: dict 
         "download_ms": median([r.get("download_ms") for r in records]),
         "loop_lag_ms": [r.get("loop_lag_ms") for r in records],
         "bunched_starts": median([r.get("bunched_starts") for r in records]),
+        "priority_wait_ms": median([(r.get("priority_wait_ms") or {}).get("p50")
+                                    for r in records]),
         "per_node": [{"pages": r["responses"], "reason": r["reason"], "stats": r["stats"],
                       "crawl_cpu_s": r.get("crawl_cpu_s"),
                       "gc_by_generation": r.get("gc_by_generation"),

@@ -163,6 +163,7 @@ def main(argv=None) -> dict:
                       f"{run['elapsed_s']:.2f}s = {run['pages_per_s']:.0f} pages/s, "
                       f"node CPU {run['cpu_ms_per_page']:.2f} ms/page, downloads under way "
                       f"{run['occupancy'] or 0:.2f}, {run['download_ms'] or 0:.1f} ms each, "
+                      f"listing wait {run.get('priority_wait_ms') or 0:.1f} ms, "
                       f"{_lag(run)}other programs "
                       f"{run['external_cores'] or 0:.2f} cores", flush=True)
                 return strip_series(run)
@@ -193,6 +194,7 @@ def main(argv=None) -> dict:
             "cpu_ms_per_page": median([r["cpu_ms_per_page"] for r in rs]),
             "occupancy": median([r.get("occupancy") for r in rs]),
             "download_ms": median([r.get("download_ms") for r in rs]),
+            "priority_wait_ms": median([r.get("priority_wait_ms") for r in rs]),
             "external_cores": median([r.get("external_cores") for r in rs]),
             "system": system, "nodes": int(nodes), "latency_ms": int(latency),
             "products": SIZES[mode][int(latency)],

@@ -401,9 +401,12 @@ class FrontierClient:
     async def _wait(self) -> None:
         busy = (self.held or any(self.outbox) or len(self.buffer) <= self.prefetch // 2)
         timeout = self.flush_interval if busy else self.idle_poll
+        # asyncio.timeout, not wait_for: wait_for runs the wait in a task of its
+        # own, one more turn of a busy event loop before a wake is acted on.
         try:
-            await asyncio.wait_for(self._wake.wait(), timeout)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(timeout):
+                await self._wake.wait()
+        except TimeoutError:
             pass
         self._wake.clear()
 
@@ -454,9 +457,7 @@ class FrontierClient:
         if any(self.outbox) or self._acks:
             waiters, self._flush_waiters = [], waiters  # resolved by a later call
             self._wake.set()
-        results = await asyncio.gather(
-            *(self.partitions[p].sync(batch) for p, batch in calls.items()),
-            return_exceptions=True)
+        results = await self._send(calls)
         failure = None
         for (p, batch), result in zip(calls.items(), results):
             if isinstance(result, BaseException):
@@ -484,11 +485,30 @@ class FrontierClient:
             await hook()
         return 0.0
 
+    async def _send(self, calls: dict[int, Batch]) -> list:
+        """The calls' results (or exceptions), in *calls*' order."""
+        if len(calls) == 1:
+            # Awaited here rather than through gather's task: one turn of the
+            # event loop less between the reply and the engine getting its
+            # requests (on a busy loop a turn can be tens of milliseconds).
+            (p, batch), = calls.items()
+            try:
+                return [await self.partitions[p].sync(batch)]
+            except Exception as exc:  # noqa: BLE001 - handled as gather's would be
+                return [exc]
+        return await asyncio.gather(
+            *(self.partitions[p].sync(batch) for p, batch in calls.items()),
+            return_exceptions=True)
+
     def _plan_takes(self, want: int, now: float) -> dict[int, int]:
         """How many entries to ask each partition for."""
         if want <= 0 or self.paused:
             return {}
-        ready = [p for p, r in enumerate(self.remote) if r.ready_now(now)]
+        # A partition this call brings new requests to may have work ready: the
+        # script stores them before it takes (a request yielded by a callback
+        # must not wait a call more, or an idle look, to come back).
+        ready = [p for p, r in enumerate(self.remote)
+                 if r.ready_now(now) or self.outbox[p].adds]
         if not ready:
             # Nothing ready that we know of: look at idle pace, in turn (new work
             # from other nodes, or a key whose time came).
