@@ -194,3 +194,50 @@ def test_a_new_request_that_outranks_the_buffer_is_handed_out_next(redis_url):
             await client.aclose()
 
     asyncio.run(main())
+
+
+def test_requests_that_keep_outranking_the_buffer_do_not_grow_it_without_bound(redis_url):
+    """Real Redis: a depth-first crawl (every new request outranks the ones
+    before it) must not lease the whole frontier to one node's buffer: it stays
+    within twice the prefetch however many such requests come."""
+    import redis.asyncio as aioredis
+
+    from crawlproject.frontier.politeness import Limits
+    from crawlproject.frontier.queue import AsyncFrontier, Batch
+
+    async def main():
+        client = aioredis.Redis.from_url(redis_url)
+        politeness = PolitenessConfig(default=Limits(0, 1000), margin=0.0)
+        frontier = AsyncFrontier(client, "deep", "n1", lease_ttl=120, politeness=politeness)
+        seed = Batch()
+        for i in range(8):
+            seed.add('{"url": "http://h/%d"}' % i, None, 0, 0, "h")
+        await frontier.sync(seed)
+        fc = FrontierClient([frontier], politeness, accept=lambda p, m, payload: payload,
+                            before_tick=lambda: None, count=lambda name, value: None,
+                            outage=_Outage(), log_extra={}, prefetch=8, batch_size=100,
+                            flush_interval=60, min_sync_interval=0.01, idle_poll=60,
+                            heartbeat=60, lease_ttl=120)
+
+        async def until(condition, timeout=10.0):
+            async with asyncio.timeout(timeout):
+                while not condition():
+                    await asyncio.sleep(0.01)
+
+        fc.start()
+        try:
+            await until(lambda: len(fc.buffer) == 8)
+            largest = 0
+            for depth in range(1, 41):
+                fc.add('{"url": "http://h/d%d"}' % depth, None, depth, 0, "h")
+                await fc.flushed()
+                largest = max(largest, len(fc.buffer))
+            assert largest == 16                        # 2 x prefetch, not 48
+            assert fc.remote_queued() == 32             # the deeper ones wait in Redis
+            assert fc.next().item == b'{"url": "http://h/d8"}'    # the buffer's deepest
+        finally:
+            fc.paused = True
+            await fc.close()
+            await client.aclose()
+
+    asyncio.run(main())

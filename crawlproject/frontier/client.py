@@ -417,9 +417,12 @@ class FrontierClient:
         want = self.prefetch - len(self.buffer) if len(self.buffer) <= self.prefetch // 2 else 0
         takes = self._plan_takes(want, now)
         outranking = self._outranking
+        # Bounded: a crawl whose every new request outranks the last (Scrapy's
+        # DEPTH_PRIORITY > 0) must not lease the frontier to this node's buffer.
+        room = 2 * self.prefetch - len(self.buffer)
         for p, count in enumerate(outranking):
-            if count and not self.paused:  # at most a prefetch over the buffer's size
-                takes[p] = max(takes.get(p, 0), min(count, self.prefetch))
+            if count and room > 0 and not self.paused:
+                takes[p] = max(takes.get(p, 0), min(count, room))
         maintenance = now - self._last_maintenance >= self.heartbeat or not (
             self.held or self.buffer)
         urgent = (not self.buffer and takes) or self._flush_waiters or maintenance
