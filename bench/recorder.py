@@ -158,7 +158,6 @@ class BenchRecorder:
             gc.callbacks.remove(self._gc_timer)
         if self._lag_handle is not None:
             self._lag_handle.cancel()
-        lags = sorted(self.lags)
         gaps = [b - a for a, b in zip(self.starts, self.starts[1:])]
         if self.last_response is not None:
             self.progress.append((self.last_response, self.responses))
@@ -183,11 +182,7 @@ class BenchRecorder:
                   # within 0.5 ms of the one before (in the same burst)
                   "bunched_starts": (sum(1 for g in gaps if g < 0.0005) / len(gaps)
                                      if gaps else None),
-                  "loop_lag_ms": ({"mean": 1000 * sum(lags) / len(lags),
-                                   "p50": 1000 * lags[len(lags) // 2],
-                                   "p90": 1000 * lags[int(len(lags) * 0.9)],
-                                   "max": 1000 * lags[-1], "samples": len(lags)}
-                                  if lags else None),
+                  "loop_lag_ms": _quantiles(self.lags),
                   "priority_wait_ms": _quantiles(self.priority_waits),
                   "reason": reason, "closed_at": time.time(), "progress": self.progress,
                   # the process's own peak (KiB on Linux): there even if the
@@ -201,9 +196,11 @@ class BenchRecorder:
 
 
 def _quantiles(values: list[float]) -> dict | None:
-    """Mean, median and 90th percentile in ms (None without values)."""
+    """Mean, median, 90th percentile and maximum of *values* (s) in ms, and
+    their number; None without values."""
     if not values:
         return None
     ordered = sorted(values)
     return {"mean": 1000 * sum(ordered) / len(ordered), "p50": 1000 * ordered[len(ordered) // 2],
-            "p90": 1000 * ordered[int(len(ordered) * 0.9)], "count": len(ordered)}
+            "p90": 1000 * ordered[int(len(ordered) * 0.9)], "max": 1000 * ordered[-1],
+            "samples": len(ordered)}

@@ -1,6 +1,8 @@
-"""FrontierClient's batching rules (no Redis needed: the calls are not sent)."""
+"""FrontierClient: its batching rules (calls built, not sent) and, on real Redis, how
+promptly its loop takes what the engine needs next."""
 
 import asyncio
+import contextlib
 
 from crawlproject.frontier.client import MAX_CALL_ADDS, FrontierClient
 from crawlproject.frontier.politeness import PolitenessConfig
@@ -100,38 +102,52 @@ class _Outage:
         pass
 
 
+@contextlib.asynccontextmanager
+async def real_client(redis_url, spider, concurrency, entries, **pauses):
+    """A started FrontierClient on real Redis, with *entries* requests queued
+    for key "h" (limit *concurrency*); every pause of its loop is a minute
+    unless *pauses* says otherwise. Yields (client, frontier, redis)."""
+    import redis.asyncio as aioredis
+
+    from crawlproject.frontier.politeness import Limits
+    from crawlproject.frontier.queue import AsyncFrontier, Batch
+
+    redis = aioredis.Redis.from_url(redis_url)
+    politeness = PolitenessConfig(default=Limits(0, concurrency), margin=0.0)
+    frontier = AsyncFrontier(redis, spider, "n1", lease_ttl=120, politeness=politeness)
+    seed = Batch()
+    for i in range(entries):
+        seed.add('{"url": "http://h/%d"}' % i, None, 0, 0, "h")
+    await frontier.sync(seed)
+    settings = {"flush_interval": 60, "min_sync_interval": 60, "idle_poll": 60,
+                "heartbeat": 60, **pauses}
+    fc = FrontierClient([frontier], politeness, accept=lambda p, m, payload: payload,
+                        before_tick=lambda: None, count=lambda name, value: None,
+                        outage=_Outage(), log_extra={}, prefetch=8, batch_size=100,
+                        lease_ttl=120, **settings)
+    fc.start()
+    try:
+        yield fc, frontier, redis
+    finally:
+        fc.paused = True
+        await fc.close()
+        await redis.aclose()
+
+
+async def until(condition, timeout=10.0):
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.01)
+
+
 def test_a_download_end_is_reported_at_once_where_a_key_is_at_its_concurrency(redis_url):
     """Real Redis: with a site at its concurrency, the slot a finished download
     frees is used for the next request at once, not when the request is acked
     (after its callback and items) nor at the next idle look. Every pause of the
     loop is set to a minute here: only the prompt report can take the third
     entry within the test's wait."""
-    import redis.asyncio as aioredis
-
-    from crawlproject.frontier.politeness import Limits
-    from crawlproject.frontier.queue import AsyncFrontier, Batch
-
     async def main():
-        client = aioredis.Redis.from_url(redis_url)
-        politeness = PolitenessConfig(default=Limits(0, 2), margin=0.0)
-        frontier = AsyncFrontier(client, "capped", "n1", lease_ttl=120, politeness=politeness)
-        seed = Batch()
-        for i in range(5):
-            seed.add('{"url": "http://h/%d"}' % i, None, 0, 0, "h")
-        await frontier.sync(seed)
-        fc = FrontierClient([frontier], politeness, accept=lambda p, m, payload: payload,
-                            before_tick=lambda: None, count=lambda name, value: None,
-                            outage=_Outage(), log_extra={}, prefetch=8, batch_size=100,
-                            flush_interval=60, min_sync_interval=60, idle_poll=60,
-                            heartbeat=60, lease_ttl=120)
-
-        async def until(condition, timeout=10.0):
-            async with asyncio.timeout(timeout):
-                while not condition():
-                    await asyncio.sleep(0.01)
-
-        fc.start()
-        try:
+        async with real_client(redis_url, "capped", 2, 5) as (fc, frontier, client):
             await until(lambda: len(fc.buffer) == 2)    # the key's concurrency: 2 leased
             first, second = fc.next(), fc.next()
             assert fc.capped == [True]
@@ -140,10 +156,6 @@ def test_a_download_end_is_reported_at_once_where_a_key_is_at_its_concurrency(re
             states = await client.hget(frontier.keys.kstate, "h")
             assert int(states.split(b"|")[0]) == 2       # still 2 in flight: 1 freed, 1 new
             assert first.member in fc.held               # the first is still not acked
-        finally:
-            fc.paused = True
-            await fc.close()
-            await client.aclose()
 
     asyncio.run(main())
 
@@ -155,32 +167,9 @@ def test_a_new_request_that_outranks_the_buffer_is_handed_out_next(redis_url):
     buffer to drain to half. Every pause of the loop but the coalescing one is
     a minute: only the take that goes with the new request can bring it back
     within the test's wait."""
-    import redis.asyncio as aioredis
-
-    from crawlproject.frontier.politeness import Limits
-    from crawlproject.frontier.queue import AsyncFrontier, Batch
-
     async def main():
-        client = aioredis.Redis.from_url(redis_url)
-        politeness = PolitenessConfig(default=Limits(0, 100), margin=0.0)
-        frontier = AsyncFrontier(client, "ranked", "n1", lease_ttl=120, politeness=politeness)
-        seed = Batch()
-        for i in range(12):
-            seed.add('{"url": "http://h/%d"}' % i, None, 0, 0, "h")
-        await frontier.sync(seed)
-        fc = FrontierClient([frontier], politeness, accept=lambda p, m, payload: payload,
-                            before_tick=lambda: None, count=lambda name, value: None,
-                            outage=_Outage(), log_extra={}, prefetch=8, batch_size=100,
-                            flush_interval=60, min_sync_interval=0.05, idle_poll=60,
-                            heartbeat=60, lease_ttl=120)
-
-        async def until(condition, timeout=10.0):
-            async with asyncio.timeout(timeout):
-                while not condition():
-                    await asyncio.sleep(0.01)
-
-        fc.start()
-        try:
+        async with real_client(redis_url, "ranked", 100, 12,
+                               min_sync_interval=0.05) as (fc, _, _):
             await until(lambda: len(fc.buffer) == 8)
             assert fc.next().item == b'{"url": "http://h/0"}'   # 7 left: over half
             fc.add('{"url": "http://h/top"}', None, 5, 0, "h")
@@ -188,10 +177,6 @@ def test_a_new_request_that_outranks_the_buffer_is_handed_out_next(redis_url):
             handed = [fc.next().item for _ in range(3)]
             assert handed == [b'{"url": "http://h/top"}', b'{"url": "http://h/1"}',
                               b'{"url": "http://h/2"}']
-        finally:
-            fc.paused = True
-            await fc.close()
-            await client.aclose()
 
     asyncio.run(main())
 
@@ -200,32 +185,9 @@ def test_requests_that_keep_outranking_the_buffer_do_not_grow_it_without_bound(r
     """Real Redis: a depth-first crawl (every new request outranks the ones
     before it) must not lease the whole frontier to one node's buffer: it stays
     within twice the prefetch however many such requests come."""
-    import redis.asyncio as aioredis
-
-    from crawlproject.frontier.politeness import Limits
-    from crawlproject.frontier.queue import AsyncFrontier, Batch
-
     async def main():
-        client = aioredis.Redis.from_url(redis_url)
-        politeness = PolitenessConfig(default=Limits(0, 1000), margin=0.0)
-        frontier = AsyncFrontier(client, "deep", "n1", lease_ttl=120, politeness=politeness)
-        seed = Batch()
-        for i in range(8):
-            seed.add('{"url": "http://h/%d"}' % i, None, 0, 0, "h")
-        await frontier.sync(seed)
-        fc = FrontierClient([frontier], politeness, accept=lambda p, m, payload: payload,
-                            before_tick=lambda: None, count=lambda name, value: None,
-                            outage=_Outage(), log_extra={}, prefetch=8, batch_size=100,
-                            flush_interval=60, min_sync_interval=0.01, idle_poll=60,
-                            heartbeat=60, lease_ttl=120)
-
-        async def until(condition, timeout=10.0):
-            async with asyncio.timeout(timeout):
-                while not condition():
-                    await asyncio.sleep(0.01)
-
-        fc.start()
-        try:
+        async with real_client(redis_url, "deep", 1000, 8,
+                               min_sync_interval=0.01) as (fc, _, _):
             await until(lambda: len(fc.buffer) == 8)
             largest = 0
             for depth in range(1, 41):
@@ -235,9 +197,5 @@ def test_requests_that_keep_outranking_the_buffer_do_not_grow_it_without_bound(r
             assert largest == 16                        # 2 x prefetch, not 48
             assert fc.remote_queued() == 32             # the deeper ones wait in Redis
             assert fc.next().item == b'{"url": "http://h/d8"}'    # the buffer's deepest
-        finally:
-            fc.paused = True
-            await fc.close()
-            await client.aclose()
 
     asyncio.run(main())

@@ -132,7 +132,7 @@ class FrontierClient:
         # waits for), elsewhere it waits for the ack, which frees it too.
         self.capped = [False for _ in partitions]
         # New requests per partition, since the last call, that outrank the
-        # buffer's last entry: each asks for a take at once (see add()).
+        # buffer's last entry: the next call takes as many back (see add()).
         self._outranking = [0 for _ in partitions]
         # Acknowledgement order across partitions: every add gets a sequence
         # number; an ack waits until every add made before it is stored (or
