@@ -282,7 +282,7 @@ def test_pool_closes_the_least_recently_used_idle_context_or_waits():
 
 
 def test_a_node_that_renders_nothing_does_not_load_playwright():
-    # Playwright's modules are some 25,000 objects every full garbage collection
+    # Playwright's modules are objects that every full garbage collection
     # walks: with RENDERING_ENABLED off, the project's middleware list must not
     # import them (a fresh interpreter: this one has them loaded already).
     script = textwrap.dedent("""

@@ -139,7 +139,7 @@ class RenderingMiddleware:
         self.stats = crawler.stats
         self.rules = rules
         self.wait_timeout_ms = int(wait_timeout * 1000)
-        # Imported here, not at the top: Playwright is some 25,000 objects that
+        # Imported here, not at the top: Playwright's modules are objects that
         # every full garbage collection walks, on a node that renders nothing
         # (RENDERING_ENABLED off, but the middleware in DOWNLOADER_MIDDLEWARES).
         from crawlproject.rendering import ContextPool, handlers_for
