@@ -13,9 +13,16 @@ import re
 from typing import Any
 from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
 
+from redis.exceptions import RedisClusterException, RedisError
+
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_MONGO_URI = "mongodb://127.0.0.1:27017/"
 DEFAULT_MONGO_DATABASE = "crawlproject"
+
+#: What a Redis call raises when Redis cannot answer: redis-py's errors, a
+#: Redis Cluster's "cannot be connected" (a ``RedisClusterException``, which is
+#: not a ``RedisError``), socket errors and timeouts. An outage, not a bug.
+REDIS_FAILURES = (RedisError, RedisClusterException, OSError, TimeoutError)
 
 
 #: Query parameters whose value is a secret (``redis://host/0?password=...``).
@@ -105,7 +112,7 @@ def redis_from_url(url: str, *, cluster: bool = False, asyncio: bool = False, **
     if asyncio:
         from redis import asyncio as aioredis
 
-        cls = aioredis.RedisCluster if use_cluster else aioredis.Redis
+        cls = _async_cluster_class() if use_cluster else aioredis.Redis
     else:
         import redis
 
@@ -113,6 +120,37 @@ def redis_from_url(url: str, *, cluster: bool = False, asyncio: bool = False, **
     if use_cluster:
         kw.pop("health_check_interval", None)
     return cls.from_url(url, **kw)
+
+
+
+_ASYNC_CLUSTER = None
+
+
+def _async_cluster_class():
+    """redis-py's asyncio ``RedisCluster``, made to read the cluster's slots
+    before it routes a first command.
+
+    Why: redis-py 8.1 routes a command before it has initialised (no default
+    node yet, so no slot), so the first commands a node sends at once (its
+    frontier partitions, control watcher, seed reader) go to any master and
+    come back MOVED. Every fifth MOVED closes the client's connections, those
+    other commands are using too: ``AttributeError: 'NoneType' object has no
+    attribute 'writelines'`` out of the call (in about half of fresh clients;
+    tests/test_connection.py). Initialising first, under redis-py's own lock,
+    routes every command by its slot.
+    """
+    global _ASYNC_CLUSTER
+    if _ASYNC_CLUSTER is None:
+        from redis.asyncio import RedisCluster
+
+        class InitialisedRedisCluster(RedisCluster):
+            async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+                if self._initialize:
+                    await self.initialize()
+                return await super().execute_command(*args, **kwargs)
+
+        _ASYNC_CLUSTER = InitialisedRedisCluster
+    return _ASYNC_CLUSTER
 
 
 def redis_url_from_settings(settings) -> str:

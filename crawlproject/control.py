@@ -34,7 +34,8 @@ import logging
 import time
 from typing import Callable
 
-from redis.exceptions import RedisError
+from crawlproject.connection import REDIS_FAILURES
+
 
 logger = logging.getLogger(__name__)
 
@@ -146,37 +147,35 @@ class ControlWatcher:
     async def poll(self) -> str:
         """Read the state once (an unreachable Redis keeps the last one)."""
         try:
-            raw = await self.redis.hget(self.key, "state")
-        except (RedisError, OSError, asyncio.TimeoutError):
+            new = await self._fetch()
+        except REDIS_FAILURES:
             return self.state  # the frontier loop reports outages
-        value = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
-        if value is not None and value not in STATES:
-            if value[:50] not in self._refused:
-                self._refused.add(value[:50])
-                logger.warning("Ignoring unknown control state %r in %s (known: %s)",
-                               value[:50], self.key, ", ".join(STATES), extra=self.log_extra)
-            value = None
-        new = value or "run"
         if new != self.state:
             old, self.state = self.state, new
             self.on_change(old, new)
         return new
 
     async def _run(self) -> None:
-        first = True
+        ready = self.on_ready is None
         while not self._stopping:
             try:
-                if first and self.on_ready is not None:
-                    # A node started while the crawl is paused or stopped must not
-                    # take anything first: the state before any change callback.
-                    self.state = await self._read() or "run"
-                    first = False
-                    self.on_ready(self.state)
+                if not ready:
+                    # A node started while the crawl is paused or stopped must
+                    # not take anything first: the state as read, before any
+                    # change callback. Until Redis has answered and on_ready
+                    # has run, the node takes nothing: a failed first read or a
+                    # failing on_ready is tried again, never skipped (skipped,
+                    # the node stayed paused for good).
+                    state = await self._fetch()
+                    self.state = state
+                    self.on_ready(state)
+                    ready = True
                 else:
                     await self.poll()
                 await self._send_report()
+            except REDIS_FAILURES:
+                pass  # the frontier loop reports outages; try again next interval
             except Exception:  # a bug in a handler must not end the watcher
-                first = False
                 logger.exception("Control watcher error", extra=self.log_extra)
             await asyncio.sleep(self.interval)
 
@@ -191,13 +190,19 @@ class ControlWatcher:
             else:
                 await self.redis.hset(self.reports_key, self.node, json.dumps(
                     {**self.report(), "at": int(time.time() * 1000)}))
-        except (RedisError, OSError, asyncio.TimeoutError):
+        except REDIS_FAILURES:
             pass  # the frontier loop reports outages
 
-    async def _read(self) -> str | None:
-        try:
-            raw = await self.redis.hget(self.key, "state")
-        except (RedisError, OSError, asyncio.TimeoutError):
-            return None
+    async def _fetch(self) -> str:
+        """The state in Redis: ``run`` when none or not a known state (the
+        value is untrusted; an unknown one is logged once). Raises what the
+        Redis call raised when Redis cannot answer."""
+        raw = await self.redis.hget(self.key, "state")
         value = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
-        return value if value in STATES else None
+        if value is not None and value not in STATES:
+            if value[:50] not in self._refused:
+                self._refused.add(value[:50])
+                logger.warning("Ignoring unknown control state %r in %s (known: %s)",
+                               value[:50], self.key, ", ".join(STATES), extra=self.log_extra)
+            value = None
+        return value or "run"

@@ -81,6 +81,15 @@ SUPPORTED_SCRAPY = ((2, 13), (2, 19))
 __all__ = ["RedisScheduler", "LEASE_META", "RETRY_DELAY_META", "CALLBACK_ATTEMPTS_META"]
 
 
+def _stored_count(raw) -> int:
+    """A count read from Redis, or -1 when it is not one."""
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        return -1
+    return value if value > 0 else -1
+
+
 class RedisScheduler(BaseScheduler):
     """Scheduler shared by every node through Redis (see module docstring)."""
 
@@ -256,11 +265,15 @@ class RedisScheduler(BaseScheduler):
         stored = await client.hsetnx(frontier.keys.config, "partitions",
                                      self.politeness.partitions)
         if not stored:
-            existing = int(await client.hget(frontier.keys.config, "partitions"))
+            raw = await client.hget(frontier.keys.config, "partitions")
+            existing = _stored_count(raw)
             if existing != self.politeness.partitions:
-                logger.error("This crawl's frontier has %d partition(s); FRONTIER_PARTITIONS is "
+                # Read from Redis: a value that is not a count is refused like
+                # a different count (shown as -1), never trusted nor raised.
+                logger.error("This crawl's frontier has %s partition(s); FRONTIER_PARTITIONS is "
                              "%d here. Use the crawl's count (or reset the spider): closing.",
-                             existing, self.politeness.partitions, extra={"spider": self.spider})
+                             existing if existing >= 0 else f"an unreadable count ({raw!r:.40})",
+                             self.politeness.partitions, extra={"spider": self.spider})
                 self.stats.set_value("scheduler/partition_mismatch", existing)
                 await self.crawler.engine.close_spider_async(reason="frontier_partitions_mismatch")
                 return

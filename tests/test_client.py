@@ -199,3 +199,47 @@ def test_requests_that_keep_outranking_the_buffer_do_not_grow_it_without_bound(r
             assert fc.next().item == b'{"url": "http://h/d8"}'    # the buffer's deepest
 
     asyncio.run(main())
+
+
+def test_an_unreachable_redis_cluster_is_an_outage_not_a_bug():
+    """redis-py raises RedisClusterException, not a RedisError, when no node of a
+    cluster answers (nodes started before the cluster): the loop must report it
+    as an outage and retry, not log a traceback as a bug of its own."""
+    from crawlproject.connection import redis_from_url
+    from crawlproject.frontier.queue import AsyncFrontier
+    from crawlproject.services import free_port
+
+    failures, counts = [], {}
+
+    class Outage:
+        def failed(self, what, exc, extra=None):
+            failures.append(type(exc).__name__)
+
+        def ok(self, extra=None):
+            pass
+
+    async def scenario():
+        redis = redis_from_url(f"redis://127.0.0.1:{free_port()}/0", cluster=True,
+                               asyncio=True, socket_connect_timeout=0.5)
+        politeness = PolitenessConfig()
+        fc = FrontierClient([AsyncFrontier(redis, "shop", "n1", lease_ttl=10,
+                                           politeness=politeness)], politeness,
+                            accept=lambda p, m, payload: payload, before_tick=lambda: None,
+                            count=lambda name, value: counts.__setitem__(
+                                name, counts.get(name, 0) + value),
+                            outage=Outage(), log_extra={}, prefetch=8, batch_size=100,
+                            flush_interval=0.05, min_sync_interval=0.02, idle_poll=0.2,
+                            heartbeat=2, lease_ttl=10)
+        fc.start()
+        try:
+            await until(lambda: len(failures) >= 2 or counts.get("scheduler/loop_errors"),
+                        timeout=30)
+        finally:
+            fc._closing = True
+            fc._task.cancel()
+            await asyncio.gather(fc._task, return_exceptions=True)
+            await redis.aclose()
+
+    asyncio.run(scenario())
+    assert "scheduler/loop_errors" not in counts
+    assert failures[:2] == ["RedisClusterException"] * 2

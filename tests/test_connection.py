@@ -103,3 +103,33 @@ def test_node_ids_are_unique_per_process_incarnation():
     first, second = new_node_id(settings), new_node_id(settings)
     assert first != second and first.startswith("worker_1_example-")
     assert node_name(settings) == "worker_1_example"
+
+
+def test_a_fresh_cluster_client_routes_its_first_concurrent_commands_by_slot(redis_cluster):
+    """A node's first Redis calls run at once (12 frontier partitions, the
+    control watcher). redis-py 8.1 sent them before it knew the slots: MOVED,
+    then every fifth MOVED closed the connections the others were using
+    (AttributeError out of the call, in about half of fresh clients); the
+    control watcher's first read failed and the node never unpaused (CI).
+    Real 3-master cluster; each client's first 13 commands go at once."""
+    import asyncio
+
+    from crawlproject.connection import redis_from_url
+
+    async def first_calls(k: int) -> list:
+        client = redis_from_url(redis_cluster.url, cluster=True, asyncio=True)
+        script = client.register_script("return redis.call('INCR', KEYS[1])")
+        try:
+            calls = [script(keys=[f"{{race{k}:{p}}}:n"]) for p in range(12)]
+            return await asyncio.gather(client.hget(f"race{k}:control", "state"), *calls,
+                                        return_exceptions=True)
+        finally:
+            await client.aclose()
+
+    async def scenario():
+        return [await first_calls(k) for k in range(20)]
+
+    results = asyncio.run(scenario())
+    errors = [repr(r) for rs in results for r in rs if isinstance(r, BaseException)]
+    assert errors == []
+    assert all(rs == [None] + [1] * 12 for rs in results)

@@ -98,6 +98,93 @@ def test_stop_returns_when_a_redis_command_swallows_the_cancellation(redis_url):
     assert asyncio.run(scenario()) == (True, True)
 
 
+class CountingRedis:
+    """Builds a real ``redis.asyncio.Redis`` (a subclass) that counts its HGETs,
+    so a test can wait for the watcher to have tried, rather than sleep."""
+
+    @staticmethod
+    def from_url(url):
+        from redis import asyncio as aioredis
+
+        class Counting(aioredis.Redis):
+            hgets = 0
+
+            async def hget(self, *args):
+                type(self).hgets += 1
+                return await super().hget(*args)
+
+        return Counting.from_url(url, socket_connect_timeout=0.5, socket_timeout=1.0)
+
+
+def test_a_node_started_while_redis_is_down_takes_its_first_state_from_redis(tmp_path):
+    """The crawl is paused; a node starts while Redis is down. It must wait for
+    Redis and start paused, not assume "run" from the failed read (it did: it
+    took requests once Redis was back, before its first poll said "pause")."""
+    import asyncio
+
+    from crawlproject.services import RedisServer, free_port
+
+    port = free_port()
+    with RedisServer(port=port, data_dir=tmp_path, appendonly=True) as server:
+        server.client().hset(control_key("shop"), "state", "pause")   # kept in the AOF
+    ready = []
+
+    async def scenario():
+        client = CountingRedis.from_url(f"redis://127.0.0.1:{port}/0")
+        watcher = ControlWatcher(client, "shop", lambda old, new: None, interval=0.05,
+                                 on_ready=ready.append)
+        watcher.start()
+        try:
+            async with asyncio.timeout(30):
+                while client.hgets < 3:           # three reads failed: Redis is down
+                    await asyncio.sleep(0.01)
+            assert ready == [], "a state was assumed while Redis was down"
+            with RedisServer(port=port, data_dir=tmp_path, appendonly=True):
+                async with asyncio.timeout(30):
+                    while not ready:
+                        await asyncio.sleep(0.01)
+        finally:
+            await watcher.stop()
+            await client.aclose()
+
+    asyncio.run(scenario())
+    assert ready == ["pause"]
+
+
+def test_a_failing_ready_handler_is_called_again_not_skipped(redis, redis_url):
+    """on_ready unpauses the node's frontier: if it raised once (a bug, or an
+    error out of the Redis client) and was not called again, the node stayed
+    paused for the whole crawl: it took nothing and closed idle (seen in CI on
+    a Redis Cluster)."""
+    import asyncio
+
+    calls = []
+
+    def on_ready(state):
+        calls.append(state)
+        if len(calls) == 1:
+            raise AttributeError("'NoneType' object has no attribute 'writelines'")
+
+    async def scenario():
+        client = CountingRedis.from_url(redis_url)
+        watcher = ControlWatcher(client, "shop", lambda old, new: None, interval=0.05,
+                                 on_ready=on_ready)
+        watcher.start()
+        try:
+            async with asyncio.timeout(30):
+                while len(calls) < 2:
+                    await asyncio.sleep(0.01)
+                reads = client.hgets
+                while client.hgets < reads + 3:   # polling goes on, on_ready is not repeated
+                    await asyncio.sleep(0.01)
+        finally:
+            await watcher.stop()
+            await client.aclose()
+
+    asyncio.run(scenario())
+    assert calls == ["run", "run"]
+
+
 @pytest.mark.slow
 def test_pause_stops_fetching_on_every_node_and_resume_finishes_the_crawl(
         redis, redis_url, mongo_uri, database, tmp_path):

@@ -15,9 +15,8 @@ import time
 from collections import deque
 from typing import Callable
 
-from redis.exceptions import RedisError
-
 from crawlproject.cli import frontier_partitions, proxy_report, status_data
+from crawlproject.connection import REDIS_FAILURES
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +78,7 @@ class SpiderFeed:
                 return
             try:
                 data = await asyncio.to_thread(self._read)
-            except (RedisError, OSError) as exc:
+            except REDIS_FAILURES as exc:
                 self._failed(f"Redis: {type(exc).__name__}: {exc}")
             except Exception as exc:  # noqa: BLE001 - bad data in Redis; the page says so
                 self._failed(f"{type(exc).__name__}: {exc}", traceback=True)

@@ -39,11 +39,12 @@ from typing import Any
 
 from pymongo import ASCENDING
 from pymongo.errors import PyMongoError
-from redis.exceptions import LockError, RedisError
+from redis.exceptions import LockError
 from scrapy import signals
 from scrapy.exceptions import DontCloseSpider, NotConfigured
 
 from crawlproject.connection import (
+    REDIS_FAILURES,
     mongo_database_from_settings,
     mongo_uri_from_settings,
     redis_from_settings,
@@ -158,7 +159,7 @@ class RecrawlFeeder:
                         await self.pages.create_index([("next_visit", ASCENDING)])
                         indexed = True
                     more = await self.cycle()
-                except (PyMongoError, RedisError, OSError, asyncio.TimeoutError) as exc:
+                except (PyMongoError, *REDIS_FAILURES) as exc:
                     self.stats.inc_value("recrawl/errors")
                     logger.warning("Revisit cycle failed (%s: %s); next try in %.0fs",
                                    type(exc).__name__, exc, self.check_interval,
@@ -176,7 +177,7 @@ class RecrawlFeeder:
         """True when ``crawlctl recrawl --now`` raised the wake counter."""
         try:
             wake = await self.redis.hget(self.keys.recrawl, "wake")
-        except (RedisError, OSError):
+        except REDIS_FAILURES:
             return False
         seen, self._wake_seen = self._wake_seen, wake
         return seen is not None and wake != seen

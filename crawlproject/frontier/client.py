@@ -42,9 +42,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from redis.exceptions import RedisError
-
 from crawlproject.backoff import backoff_delay
+from crawlproject.connection import REDIS_FAILURES
 from crawlproject.frontier.politeness import PolitenessConfig
 from crawlproject.frontier.queue import (AsyncFrontier, Batch, SyncResult, clamp_priority,
                                          member_key)
@@ -367,7 +366,7 @@ class FrontierClient:
             try:
                 pause = await self._tick()
                 errors = 0
-            except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            except REDIS_FAILURES as exc:
                 # Redis unreachable: keep everything, retry
                 errors += 1
                 self.count("scheduler/redis_errors", 1)
@@ -484,8 +483,10 @@ class FrontierClient:
                 self._last_sweep = now
         _resolve(waiters)
         if self.on_first_sync is not None:
-            hook, self.on_first_sync = self.on_first_sync, None
-            await hook()
+            # Dropped only once it went through: a hook that failed (Redis gone
+            # again) runs after the next call, it is not skipped for good.
+            await self.on_first_sync()
+            self.on_first_sync = None
         return 0.0
 
     async def _send(self, calls: dict[int, Batch]) -> list:
