@@ -129,6 +129,7 @@ class RedisScheduler(BaseScheduler):
         self.control_interval = crawler.settings.getfloat("CONTROL_POLL_INTERVAL", 1.0)
         self.control: ControlWatcher | None = None
         self._stopping = False
+        self._stop_task: asyncio.Future | None = None
         self._spider_opened = False
         self._report_samples: deque[tuple[float, int, int]] = deque()
         #: request lifecycle hooks (crawlproject.hooks), read at open
@@ -275,7 +276,7 @@ class RedisScheduler(BaseScheduler):
                              existing if existing >= 0 else f"an unreadable count ({raw!r:.40})",
                              self.politeness.partitions, extra={"spider": self.spider})
                 self.stats.set_value("scheduler/partition_mismatch", existing)
-                await self.crawler.engine.close_spider_async(reason="frontier_partitions_mismatch")
+                self._stop("frontier_partitions_mismatch")
                 return
         overrides: dict[int, dict] = {}
         for key, limits in self.politeness.overrides.items():
@@ -489,6 +490,8 @@ class RedisScheduler(BaseScheduler):
         return self.control.state if self.control is not None else "run"
 
     def _on_control_ready(self, state: str) -> None:
+        if self._stopping:  # refused at the first sync (partition count): stays shut
+            return
         self.client.paused = False
         if state != "run":
             self._on_control("run", state)
@@ -503,15 +506,26 @@ class RedisScheduler(BaseScheduler):
             "stop": ": closing now; leases go back to the queue",
             "run": ""}[new], extra={"spider": self.spider})
         self.stats.inc_value(f"control/{new}")
-        self.client.paused = new in ("pause", "stop")
-        if new in ("run", "drain"):
+        self.client.paused = new in ("pause", "stop") or self._stopping
+        if new in ("run", "drain") and not self._stopping:
             self.client.wake()
             self._nudge_engine()
-        if new == "stop" and not self._stopping:
-            self._stopping = True
-            asyncio.ensure_future(self._stop_when_open())
+        if new == "stop":
+            self._stop("operator_stop")
 
-    async def _stop_when_open(self) -> None:
+    def _stop(self, reason: str) -> None:
+        """Take nothing more and close the spider with *reason*, once.
+
+        Not awaited by the caller: called from the frontier loop (its first
+        sync), and closing the spider closes this scheduler, which waits for
+        that loop to end: awaited there, the node hung for ever."""
+        self.client.paused = True
+        if self._stopping:
+            return
+        self._stopping = True
+        self._stop_task = asyncio.ensure_future(self._stop_when_open(reason))
+
+    async def _stop_when_open(self, reason: str) -> None:
         # A node started while the state is "stop" reads it before the engine
         # has finished opening the spider (spider_opened handlers such as
         # CoreStats' have not run): closing then fails; wait for the signal.
@@ -519,7 +533,7 @@ class RedisScheduler(BaseScheduler):
             if self._spider_opened:
                 break
             await asyncio.sleep(0.05)
-        await self.crawler.engine.close_spider_async(reason="operator_stop")
+        await self.crawler.engine.close_spider_async(reason=reason)
 
     def _on_spider_opened(self, spider) -> None:
         self._spider_opened = True

@@ -209,3 +209,25 @@ def test_twelve_partitions_on_a_three_master_cluster_survive_a_sigkill(
         conn = client.get_redis_connection(node)
         per_master[node.name] = sum(1 for _ in conn.scan_iter(match="{hosts:[0-9]*}:*", count=1000))
     assert len(per_master) == 3 and all(per_master.values()), per_master
+
+
+@pytest.mark.parametrize("stored", ["3", "not-a-count"])
+def test_a_node_refuses_a_crawl_with_another_partition_count(redis, redis_url, mongo_uri,
+                                                              database, tmp_path, stored):
+    """The crawl's partition count is kept in Redis (untrusted): another count, or
+    a value that is not a count, closes the node with a clear error, not a
+    traceback, and at once (the close was awaited inside the frontier loop that the
+    close waits for: the node hung until killed); exit code 1, the crawl did not
+    end as asked. An unparseable count used to be skipped: the node crawled on."""
+    keys = FrontierKeys("hosts", 0, 2)
+    redis.hset(keys.config, "partitions", stored)
+    node = Node("odd", tmp_path, node_env(redis_url, mongo_uri, database.name), spider="hosts",
+                settings={**BASE, "FRONTIER_PARTITIONS": 2})
+    try:
+        assert node.wait(120) == 1
+    finally:
+        node.stop()
+    text = node.text()
+    assert "'finish_reason': 'frontier_partitions_mismatch'" in text, node.tail()
+    assert "FRONTIER_PARTITIONS is 2 here" in text
+    assert "Traceback" not in text
