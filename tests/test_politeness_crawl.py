@@ -231,3 +231,37 @@ def test_a_node_refuses_a_crawl_with_another_partition_count(redis, redis_url, m
     assert "'finish_reason': 'frontier_partitions_mismatch'" in text, node.tail()
     assert "FRONTIER_PARTITIONS is 2 here" in text
     assert "Traceback" not in text
+
+
+def test_a_node_started_before_its_redis_cluster_crawls_once_the_cluster_is_up(
+        mongo_uri, database, tmp_path):
+    """Nodes started before the cluster (a deploy, a reboot): each call fails with
+    redis-py's RedisClusterException, which is not a RedisError. The node must wait
+    (an outage, not an idle crawl), then crawl everything once the cluster is up.
+    It used to stay paused for good: its first control read raised, the watcher
+    went on without ever saying "ready", and the frontier took nothing."""
+    from crawlproject.services import RedisCluster
+
+    pages = 10
+    with RedisCluster(data_dir=tmp_path / "cluster") as cluster:
+        url = cluster.url
+    env = {**node_env(url, mongo_uri, database.name), "REDIS_CLUSTER": "true"}
+    settings = {**BASE, "FRONTIER_PARTITIONS": 3, "CONCURRENT_REQUESTS": 8}
+    with MultiHostSite(DEFAULT_HOSTS, pages=pages, latency_ms=20) as site:
+        node = Node("early", tmp_path, env, spider="hosts", settings=settings)
+        try:
+            node.wait_for_log("is unreachable")
+            cluster.start()                         # same ports, nodes.conf kept
+            try:
+                client = cluster.client()
+                client.lpush(start_urls_key("hosts"), *site.root_urls())
+                assert node.wait(180) == 0, node.tail()
+            finally:
+                cluster.stop()
+        finally:
+            node.stop()
+            cluster.cleanup()
+    stored = Counter(d["host"] for d in database["hosts"].find({}, {"host": 1}))
+    assert stored == Counter({host: pages for host in DEFAULT_HOSTS})
+    assert node.stat("scheduler/loop_errors") == 0
+    assert "Control watcher error" not in node.text()
