@@ -233,6 +233,10 @@ class Node:
         cmd = [sys.executable, "-m", "scrapy", "crawl", spider or SPIDERS[system],
                "-s", f"BENCH_RECORD_FILE={self.record_file}", "-s", f"LOG_FILE={self.log_file}",
                "-s", f"NODE_ID={self.name}"]
+        profile_dir = os.environ.get("BENCH_PROFILE_DIR")
+        if profile_dir:
+            # Where a node's CPU goes (cProfile slows it: compare systems, not rates).
+            cmd[1:1] = ["-m", "cProfile", "-o", str(Path(profile_dir) / f"{self.name}.prof")]
         all_settings = dict(settings or {})
         if redis_url:
             all_settings["REDIS_URL"] = redis_url
