@@ -122,7 +122,6 @@ def redis_from_url(url: str, *, cluster: bool = False, asyncio: bool = False, **
     return cls.from_url(url, **kw)
 
 
-
 _ASYNC_CLUSTER = None
 
 

@@ -36,7 +36,6 @@ from typing import Callable
 
 from crawlproject.connection import REDIS_FAILURES
 
-
 logger = logging.getLogger(__name__)
 
 STATES = ("run", "pause", "drain", "stop")
