@@ -141,15 +141,41 @@ def _async_cluster_class():
     global _ASYNC_CLUSTER
     if _ASYNC_CLUSTER is None:
         from redis.asyncio import RedisCluster
+        from redis.exceptions import ConnectionError as RedisConnectionError
 
         class InitialisedRedisCluster(RedisCluster):
             async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
                 if self._initialize:
                     await self.initialize()
-                return await super().execute_command(*args, **kwargs)
+                try:
+                    return await super().execute_command(*args, **kwargs)
+                except (AttributeError, TypeError) as exc:
+                    if not _closed_under_the_command(exc):
+                        raise
+                    raise RedisConnectionError(
+                        f"the connection was closed while the command used it ({exc})") from exc
 
         _ASYNC_CLUSTER = InitialisedRedisCluster
     return _ASYNC_CLUSTER
+
+
+def _closed_under_the_command(exc: BaseException) -> bool:
+    """True when *exc* came out of redis-py's asyncio connection code.
+
+    When a call to a cluster node fails (e.g. as the cluster comes back after
+    an outage), redis-py disconnects that node's idle connections in a task
+    of its own, while other commands may already be reconnecting one of them:
+    their socket goes away under them (``AttributeError: 'NoneType' object has
+    no attribute 'writelines'``). That is a connection error, and is reported
+    as one (an outage, retried), not as a bug of the caller.
+    """
+    tb = exc.__traceback__
+    while tb is not None:
+        path = tb.tb_frame.f_code.co_filename.replace("\\", "/")
+        if path.endswith("/redis/asyncio/connection.py"):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def redis_url_from_settings(settings) -> str:

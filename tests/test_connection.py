@@ -133,3 +133,30 @@ def test_a_fresh_cluster_client_routes_its_first_concurrent_commands_by_slot(red
     errors = [repr(r) for rs in results for r in rs if isinstance(r, BaseException)]
     assert errors == []
     assert all(rs == [None] + [1] * 12 for rs in results)
+
+
+def test_a_socket_closed_under_a_cluster_command_is_a_connection_error():
+    """What redis-py 8.1 raises when another task disconnected the connection a
+    command was using (seen once in CI as a cluster came back) is recognised as
+    a closed connection, so the node counts an outage and retries instead of
+    logging a bug. The error is produced by redis-py's own code, on a real
+    connection object that has no socket."""
+    import asyncio
+
+    from redis.asyncio.connection import Connection
+
+    from crawlproject.connection import _closed_under_the_command
+
+    async def closed_socket_error():
+        try:
+            await Connection(host="127.0.0.1", port=1)._send_packed_command([b"PING\r\n"])
+        except AttributeError as exc:
+            return exc
+
+    exc = asyncio.run(closed_socket_error())
+    assert exc is not None and "writelines" in str(exc)
+    assert _closed_under_the_command(exc)
+    try:
+        None.writelines  # the same error, from anywhere else: a bug, not a connection
+    except AttributeError as other:
+        assert not _closed_under_the_command(other)
