@@ -169,6 +169,8 @@ def _closed_under_the_command(exc: BaseException) -> bool:
     no attribute 'writelines'``). That is a connection error, and is reported
     as one (an outage, retried), not as a bug of the caller.
     """
+    if "NoneType" not in str(exc):  # a socket gone: None where the stream was
+        return False
     tb = exc.__traceback__
     while tb is not None:
         path = tb.tb_frame.f_code.co_filename.replace("\\", "/")

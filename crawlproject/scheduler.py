@@ -523,6 +523,7 @@ class RedisScheduler(BaseScheduler):
         if self._stopping:
             return
         self._stopping = True
+        # Kept: the event loop holds tasks only weakly.
         self._stop_task = asyncio.ensure_future(self._stop_when_open(reason))
 
     async def _stop_when_open(self, reason: str) -> None:
