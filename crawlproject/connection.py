@@ -134,9 +134,9 @@ def _async_cluster_class():
     frontier partitions, control watcher, seed reader) go to any master and
     come back MOVED. Every fifth MOVED closes the client's connections, those
     other commands are using too: ``AttributeError: 'NoneType' object has no
-    attribute 'writelines'`` out of the call (in about half of fresh clients;
-    tests/test_connection.py). Initialising first, under redis-py's own lock,
-    routes every command by its slot.
+    attribute 'writelines'`` out of the call (tests/test_connection.py).
+    Initialising first, under redis-py's own lock, routes every command by its
+    slot.
     """
     global _ASYNC_CLUSTER
     if _ASYNC_CLUSTER is None:
