@@ -109,7 +109,7 @@ def test_a_fresh_cluster_client_routes_its_first_concurrent_commands_by_slot(red
     """A node's first Redis calls run at once (12 frontier partitions, the
     control watcher). redis-py 8.1 sent them before it knew the slots: MOVED,
     then every fifth MOVED closed the connections the others were using
-    (AttributeError out of the call, in about half of fresh clients); the
+    (AttributeError out of the call); the
     control watcher's first read failed and the node never unpaused (CI).
     Real 3-master cluster; each client's first 13 commands go at once."""
     import asyncio
