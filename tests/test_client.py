@@ -3,6 +3,9 @@ promptly its loop takes what the engine needs next."""
 
 import asyncio
 import contextlib
+import os
+import signal
+import time
 
 from crawlproject.frontier.client import MAX_CALL_ADDS, FrontierClient
 from crawlproject.frontier.politeness import PolitenessConfig
@@ -243,3 +246,219 @@ def test_an_unreachable_redis_cluster_is_an_outage_not_a_bug():
     asyncio.run(scenario())
     assert "scheduler/loop_errors" not in counts
     assert failures[:2] == ["RedisClusterException"] * 2
+
+
+class _CountingOutage:
+    """Records the failures the loop reports (and their kind)."""
+
+    def __init__(self):
+        self.failures = []
+
+    def failed(self, what, exc, extra=None):
+        self.failures.append((what, type(exc).__name__))
+
+    def ok(self, extra=None):
+        pass
+
+
+@contextlib.contextmanager
+def own_cluster(tmp_path):
+    """A 3-master cluster of the test's own (one of its masters gets stopped or
+    killed), serving the slots it still can when a master is down: with the
+    default ``cluster-require-full-coverage yes`` no partition could go on,
+    which is Redis's choice to make, not the frontier's."""
+    from crawlproject.services import RedisCluster
+
+    cluster = RedisCluster(masters=3, data_dir=tmp_path / "cluster").start()
+    try:
+        for node in cluster.nodes:
+            with node.client() as client:
+                client.config_set("cluster-require-full-coverage", "no")
+        yield cluster
+    finally:
+        for node in cluster.nodes:
+            if node.pid:
+                os.kill(node.pid, signal.SIGCONT)
+        cluster.stop()
+
+
+async def partitioned_client(cluster, spider, partitions=12, keys=120, per_key=3):
+    """A started FrontierClient over *partitions* partitions of *cluster*, with
+    *per_key* requests queued for each of *keys* hosts, and a consumer that
+    acknowledges every entry it is handed. Returns (client, consumer task,
+    handed payloads, partition -> master port, all payloads by partition)."""
+    from crawlproject.connection import redis_from_url
+    from crawlproject.frontier.politeness import Limits
+    from crawlproject.frontier.queue import AsyncFrontier, Batch
+    from crawlproject.keys import FrontierKeys
+
+    redis = redis_from_url(cluster.url, cluster=True, asyncio=True, socket_timeout=120)
+    politeness = PolitenessConfig(default=Limits(0), margin=0.0, partitions=partitions)
+    frontiers = [AsyncFrontier(redis, spider, "n1", lease_ttl=120, politeness=politeness,
+                               partition=p, partitions=partitions) for p in range(partitions)]
+    seeds = [Batch() for _ in range(partitions)]
+    expected = {p: [] for p in range(partitions)}
+    for k in range(keys):
+        key = f"h{k}"
+        p = politeness.partition(key)
+        for i in range(per_key):
+            payload = '{"url": "http://%s/%d"}' % (key, i)
+            seeds[p].add(payload, None, 0, 0, key)
+            expected[p].append(payload)
+    for frontier, seed in zip(frontiers, seeds):
+        await frontier.sync(seed)
+    with cluster.client() as probe:
+        masters = {p: probe.get_node_from_key(FrontierKeys(spider, p, partitions).ready).port
+                   for p in range(partitions)}
+    counts = {}
+    fc = FrontierClient(frontiers, politeness, accept=lambda p, m, payload: (p, payload),
+                        before_tick=lambda: None,
+                        count=lambda name, value: counts.__setitem__(
+                            name, counts.get(name, 0) + value),
+                        outage=_CountingOutage(), log_extra={}, prefetch=8, batch_size=100,
+                        flush_interval=0.05, min_sync_interval=0.02, idle_poll=0.2,
+                        heartbeat=2, lease_ttl=120)
+    fc.counts = counts
+    handed = []
+
+    async def consume():
+        while True:
+            entry = fc.next()
+            if entry is None:
+                await asyncio.sleep(0.005)
+                continue
+            handed.append(entry.item)
+            fc.fetched(entry.member)
+            fc.ack(entry.member)
+
+    fc.start()
+    return fc, asyncio.ensure_future(consume()), handed, masters, expected
+
+
+async def _stop_client(fc, consumer):
+    consumer.cancel()
+    await asyncio.gather(consumer, return_exceptions=True)
+    fc.paused = True
+    await fc.close()
+    await fc.partitions[0].client.aclose()
+
+
+def test_a_stalled_master_holds_up_only_its_own_partitions(tmp_path):
+    """Real 3-master cluster, 12 partitions: one master is stopped (SIGSTOP: a
+    fork, a slow command) while the node crawls. The partitions of the other
+    masters go on; the stalled one's call is answered when the master resumes,
+    and every request is handed out exactly once. The client's socket timeout
+    is two minutes: on a loop that waits for all partitions' calls together,
+    nothing at all is handed out while the master is stopped."""
+    async def main(cluster):
+        fc, consumer, handed, masters, expected = await partitioned_client(cluster, "stall")
+        try:
+            stalled = cluster.nodes[0]
+            mine = {p for p, port in masters.items() if port == stalled.port}
+            healthy = sum(len(v) for p, v in expected.items() if p not in mine)
+            assert mine and healthy >= 150
+            await until(lambda: len(handed) >= 20, timeout=30)
+            os.kill(stalled.pid, signal.SIGSTOP)
+            try:
+                before = len(handed)
+                # Healthy partitions keep handing out while the master is stopped.
+                await until(lambda: len(handed) - before >= 100, timeout=30)
+            finally:
+                os.kill(stalled.pid, signal.SIGCONT)
+            total = sum(len(v) for v in expected.values())
+            await until(lambda: len(handed) >= total, timeout=90)
+            await fc.flushed()
+            assert sorted(payload for _, payload in handed) == sorted(
+                payload.encode() for v in expected.values() for payload in v)
+            assert fc.counts.get("scheduler/loop_errors", 0) == 0
+        finally:
+            await _stop_client(fc, consumer)
+
+    with own_cluster(tmp_path) as cluster:
+        asyncio.run(main(cluster))
+
+
+def test_a_failing_master_is_retried_on_its_own_backoff(tmp_path):
+    """Real 3-master cluster, 12 partitions: one master is killed mid-crawl.
+    Every request of the other masters' partitions is handed out, each once,
+    while the dead one's partitions are tried on their own backoff (0.4 s
+    doubling to 5 s): a handful of failed calls, not one per call to the
+    others (at most 8 entries per call: over 30 on a loop whose every call
+    includes the dead partition)."""
+    async def main(cluster):
+        fc, consumer, handed, masters, expected = await partitioned_client(cluster, "dead",
+                                                                           per_key=4)
+        try:
+            ports = list(masters.values())
+            dead = min(cluster.nodes, key=lambda node: ports.count(node.port))
+            mine = {p for p, port in masters.items() if port == dead.port}
+            healthy = sorted(payload.encode() for p, v in expected.items() if p not in mine
+                             for payload in v)
+            assert mine and len(healthy) >= 240
+            await until(lambda: len(handed) >= 8, timeout=30)
+            os.kill(dead.pid, signal.SIGKILL)
+            await until(lambda: sum(p not in mine for p, _ in handed) >= len(healthy),
+                        timeout=120)
+            got = sorted(payload for p, payload in handed if p not in mine)
+            assert got == healthy                        # each exactly once
+            failed = fc.outage.failures
+            assert failed and all("partition" in what for what, _ in failed)
+            assert {int(what.rsplit(" ", 1)[1].rstrip(")")) for what, _ in failed} <= mine
+            assert len(failed) <= 12, failed
+            assert fc.counts.get("scheduler/loop_errors", 0) == 0
+        finally:
+            consumer.cancel()
+            await asyncio.gather(consumer, return_exceptions=True)
+            fc._closing = True              # the dead master never answers the final call
+            fc._task.cancel()
+            await asyncio.gather(fc._task, return_exceptions=True)
+            for call, _, _ in list(fc._calls.values()):
+                call.cancel()
+            await fc.partitions[0].client.aclose()
+
+    with own_cluster(tmp_path) as cluster:
+        asyncio.run(main(cluster))
+
+
+def test_an_idle_node_calls_its_partitions_at_the_loops_pace(redis_url):
+    """Real Redis, 4 partitions, nothing queued: each partition is called at
+    most once per flush interval (0.05 s here; the loop's pace while its buffer
+    is empty), as before calls to partitions stopped waiting for each other. A
+    loop that called a partition again as soon as its last call answered would
+    make thousands of calls a second here. An upper bound: a slow machine only
+    makes fewer."""
+    import redis.asyncio as aioredis
+
+    from crawlproject.frontier.queue import AsyncFrontier
+
+    async def main():
+        redis = aioredis.Redis.from_url(redis_url)
+        politeness = PolitenessConfig(partitions=4)
+        frontiers = [AsyncFrontier(redis, "idle", "n1", lease_ttl=10, politeness=politeness,
+                                   partition=p, partitions=4) for p in range(4)]
+        calls = []
+        for frontier in frontiers:
+            original = frontier.sync
+
+            async def sync(batch=None, *, leaving=False, _original=original, _p=frontier):
+                calls.append(_p.keys.partition)
+                return await _original(batch, leaving=leaving)
+            frontier.sync = sync
+        fc = FrontierClient(frontiers, politeness, accept=lambda p, m, payload: payload,
+                            before_tick=lambda: None, count=lambda name, value: None,
+                            outage=_CountingOutage(), log_extra={}, prefetch=8,
+                            batch_size=100, flush_interval=0.05, min_sync_interval=0.02,
+                            idle_poll=0.2, heartbeat=2, lease_ttl=10)
+        fc.start()
+        try:
+            await until(lambda: len(set(calls)) == 4)    # every partition answered once
+            start, before = time.monotonic(), len(calls)
+            await asyncio.sleep(2.0)                     # the window observed
+            elapsed, made = time.monotonic() - start, len(calls) - before
+        finally:
+            fc.paused = True
+            await fc.close()
+            await redis.aclose()
+        assert made <= 4 * (elapsed / 0.05 + 2), made
+
+    asyncio.run(main())

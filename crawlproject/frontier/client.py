@@ -24,9 +24,14 @@ to say or ready work (calls to several partitions run concurrently):
   an entry is taken only when its key may start a request now, so what is
   leased is started at once;
 * **identity** — a failed call may have leased entries whose reply was lost:
-  the client then changes its id (``<node>~<n>``); the entries it knows it
-  holds are adopted by the new id in the next call, the unknown ones come back
-  when the old id expires.
+  the client then changes its id in that partition (``<node>~<n>``); the
+  entries it knows it holds are adopted by the new id in the next call, the
+  unknown ones come back when the old id expires;
+* **isolation** — with several partitions, each has at most one call in
+  flight and its own backoff: a partition whose master fails or stalls (a
+  fork, a slow command) waits alone, the others' calls go on at their pace.
+  With one partition a call is awaited where it is made (the same turn of the
+  event loop), and a failure backs the whole loop off.
 
 The Scrapy adapter (:class:`crawlproject.scheduler.RedisScheduler`) turns
 payloads into requests (``accept``), tells which requests are done
@@ -52,6 +57,9 @@ logger = logging.getLogger(__name__)
 
 #: Most new requests in one call: one script call blocks Redis for every node.
 MAX_CALL_ADDS = 1000
+#: With several partitions, how long a round of calls waits for a slow one
+#: before it goes on without it (a healthy call takes milliseconds).
+ROUND_GRACE = 0.5
 
 
 class Rejected(Exception):
@@ -142,7 +150,12 @@ class FrontierClient:
         self._acks: list[tuple[str, int, bool, int]] = []
         self._fetched: deque[tuple[int, str, float]] = deque()
         self._last_sync = 0.0
-        self._last_maintenance = 0.0
+        # Per partition: when its lease was last renewed, and how its calls fail.
+        self._maintained = [0.0 for _ in partitions]
+        self._errors = [0 for _ in partitions]
+        self._retry_at = [0.0 for _ in partitions]
+        #: partition -> (its call in flight, the batch, outranking count sent)
+        self._calls: dict[int, tuple[asyncio.Future, Batch, int]] = {}
         self._last_sweep = time.monotonic()
         self._closing = False
         self._flush_waiters: list[asyncio.Future] = []
@@ -261,20 +274,23 @@ class FrontierClient:
         # One threshold for all: the deque is in time order (a capped partition
         # makes the others report promptly too; a few operations more at most).
         older = now if any(self.capped) else now - 2 * self.min_sync_interval
+        later = []  # no call to their partition this round (one in flight, backing off)
         while self._fetched and self._fetched[0][2] <= older:
-            p, member, _ = self._fetched.popleft()
+            p, member, at = self._fetched.popleft()
             if member in self.held and p in batches:
                 batches[p].fetched.append(member)
-            elif member in self.held:  # no call to its partition this round: later
-                self._fetched.appendleft((p, member, now))
-                break
+            elif member in self.held:
+                later.append((p, member, at))
+        self._fetched.extendleft(reversed(later))
 
     def local_backlog(self) -> int:
         """Requests this node holds that Redis has not handed to the engine yet."""
-        return len(self.buffer) + sum(len(b.adds) for b in self.outbox)
+        return len(self.buffer) + self.pending_adds()
 
     def pending_adds(self) -> int:
-        return sum(len(b.adds) for b in self.outbox)
+        """New requests not stored yet (waiting, or in a call not answered yet)."""
+        return (sum(len(b.adds) for b in self.outbox)
+                + sum(len(b.adds) for _, b, _ in self._calls.values()))
 
     def remote_queued(self) -> int:
         return sum(r.queued for r in self.remote)
@@ -283,6 +299,8 @@ class FrontierClient:
         """Work exists here or anywhere in the cluster that may reach this node."""
         if self.buffer or self.pending_adds():
             return True
+        if any(b.take for _, b, _ in self._calls.values()):
+            return True  # its reply may bring entries
         held = {}
         for entry in self.held.values():
             held[entry.partition] = held.get(entry.partition, 0) + 1
@@ -320,6 +338,10 @@ class FrontierClient:
                 await self._task
             except Exception:
                 logger.exception("Frontier loop failed", extra=self.log_extra)
+        try:
+            await self._drain()  # entries a reply leased are returned below
+        except Exception:
+            logger.exception("Frontier loop failed", extra=self.log_extra)
         self.before_tick()
         leftovers = list(self.buffer) + list(self.held.values())
         batches = self.outbox
@@ -400,6 +422,10 @@ class FrontierClient:
     async def _wait(self) -> None:
         busy = (self.held or any(self.outbox) or len(self.buffer) <= self.prefetch // 2)
         timeout = self.flush_interval if busy else self.idle_poll
+        now = time.monotonic()
+        backing_off = [t for t in self._retry_at if t > now]
+        if backing_off:  # a partition's backoff ends: its work goes then
+            timeout = min(timeout, min(backing_off) - now)
         # asyncio.timeout, not wait_for: wait_for runs the wait in a task of its
         # own, one more turn of a busy event loop before a wake is acted on.
         try:
@@ -413,25 +439,31 @@ class FrontierClient:
         """Send what is pending if it is time to; return how long to pause."""
         self.before_tick()
         now = time.monotonic()
+        if self._calls:
+            await self._collect(now)
+        ready = self._open(now)
         want = self.prefetch - len(self.buffer) if len(self.buffer) <= self.prefetch // 2 else 0
-        takes = self._plan_takes(want, now)
+        takes = self._plan_takes(want, now, ready)
         outranking = self._outranking
         # Bounded: a crawl whose every new request outranks the last (Scrapy's
         # DEPTH_PRIORITY > 0) must not lease the frontier to this node's buffer.
         room = 2 * self.prefetch - len(self.buffer)
-        for p, count in enumerate(outranking):
-            if count and room > 0 and not self.paused:
-                takes[p] = max(takes.get(p, 0), min(count, room))
-        maintenance = now - self._last_maintenance >= self.heartbeat or not (
-            self.held or self.buffer)
-        urgent = (not self.buffer and takes) or self._flush_waiters or maintenance
-        if not (any(self.outbox) or self._acks or takes or urgent):
+        for p in ready:
+            if outranking[p] and room > 0 and not self.paused:
+                takes[p] = max(takes.get(p, 0), min(outranking[p], room))
+        idle = not (self.held or self.buffer)
+        due = {p for p in ready if idle or now - self._maintained[p] >= self.heartbeat}
+        urgent = (not self.buffer and takes) or self._flush_waiters or due
+        if not (any(self.outbox[p] for p in ready) or self._acks or takes or urgent):
+            self._resolve_if_flushed()
             return 0.0
         gap = self.min_sync_interval - (now - self._last_sync)
         if gap > 0 and not urgent and self.pending_adds() < self.batch_size:
             return gap  # coalesce: more work per round trip
         waiters, self._flush_waiters = self._flush_waiters, []
-        self._outranking = [0 for _ in self.partitions]
+        sent_outranking = {p: outranking[p] for p in ready}
+        for p in ready:
+            outranking[p] = 0
         calls: dict[int, Batch] = {}
         polite = None
         if self.free_slots is not None and takes:
@@ -440,88 +472,175 @@ class FrontierClient:
             # the interval another node sees.
             polite = max(0, self.free_slots() - len(self.buffer))
             polite = -(-polite // len(takes))
-        for p in range(len(self.partitions)):
+        for p in ready:
             batch = self._next_batch(p)
             batch.take = takes.get(p, 0)
             if batch.take and polite is not None:
                 batch.take_polite = min(batch.take, polite)
-            batch.maintenance = maintenance
-            if not (batch or maintenance or any(a[1] == p for a in self._acks)):
+            batch.maintenance = p in due
+            if not (batch or batch.maintenance or any(a[1] == p for a in self._acks)):
                 continue
             batch.adopt = self._adoptions(p)
-            batch.sweep = maintenance and self._sweep_due(now)
-            batch.registered = now - self._last_maintenance < self.lease_ttl / 2
+            batch.sweep = batch.maintenance and self._sweep_due(now)
+            batch.registered = now - self._maintained[p] < self.lease_ttl / 2
             remote = self.remote[p]
-            batch.promote = maintenance or remote.delayed != 0 or any(a[4] for a in batch.adds)
+            batch.promote = (batch.maintenance or remote.delayed != 0
+                             or any(a[4] for a in batch.adds))
             calls[p] = batch
         self._attach_acks(calls)
         self._attach_fetched(calls, now)
+        if len(self.partitions) > 1:
+            # Acks held back by an ordering rule go once the calls they wait
+            # for are stored: a call with nothing in it is not worth sending.
+            calls = {p: b for p, b in calls.items() if b or b.maintenance}
+            self._flush_waiters[:0] = waiters
+            if calls and (any(self.outbox[p] for p in ready) or self._acks):
+                self._wake.set()  # more to send (a chunk, acks this round unblocks)
+            await self._round(calls, sent_outranking, now)
+            return 0.0
         if any(self.outbox) or self._acks:
             waiters, self._flush_waiters = [], waiters  # resolved by a later call
             self._wake.set()
         results = await self._send(calls)
         failure = None
         for (p, batch), result in zip(calls.items(), results):
-            if isinstance(result, BaseException):
-                failure = failure or result
-                self._requeue(p, batch)
-                self._outranking[p] += outranking[p]
-            else:
-                for _ in range(len(batch.adds)):
-                    self._unsent[p].popleft()
-                self._settled(p, batch, now)
-                self._apply(p, result, asked=batch.take, batch=batch)
+            failure = self._finish(p, batch, result, sent_outranking[p], now) or failure
         if failure is not None:
-            self._change_identity()
             self._flush_waiters[:0] = waiters
             raise failure
         self.outage.ok(self.log_extra)
         self._last_sync = now
-        if maintenance:
-            self._last_maintenance = now
-            if any(b.sweep for b in calls.values()):
-                self._last_sweep = now
+        if any(b.sweep for b in calls.values()):
+            self._last_sweep = now
         _resolve(waiters)
+        await self._first_sync_done()
+        return 0.0
+
+    async def _first_sync_done(self) -> None:
         if self.on_first_sync is not None:
             # Dropped only once it went through: a hook that failed (Redis gone
             # again) runs after the next call, it is not skipped for good.
             await self.on_first_sync()
             self.on_first_sync = None
-        return 0.0
+
+    def _finish(self, p: int, batch: Batch, result, outranking: int,
+                now: float) -> BaseException | None:
+        """Apply partition *p*'s reply (or keep the batch of a failed call)."""
+        if isinstance(result, BaseException):
+            self._requeue(p, batch)
+            self._outranking[p] += outranking
+            self._change_identity(p)
+            return result
+        for _ in range(len(batch.adds)):
+            self._unsent[p].popleft()
+        self._settled(p, batch, now)
+        self._apply(p, result, asked=batch.take, batch=batch)
+        if batch.maintenance:
+            self._maintained[p] = now
+        self._errors[p], self._retry_at[p] = 0, 0.0
+        return None
 
     async def _send(self, calls: dict[int, Batch]) -> list:
-        """The calls' results (or exceptions), in *calls*' order."""
-        if len(calls) == 1:
-            # Awaited here rather than through gather's task: one turn of the
-            # event loop less between the reply and the engine getting its
-            # requests (on a busy loop a turn can be tens of milliseconds).
-            (p, batch), = calls.items()
+        """The calls' results (or exceptions), in *calls*' order (one partition)."""
+        # Awaited here rather than in a task: one turn of the event loop less
+        # between the reply and the engine getting its requests (on a busy
+        # loop a turn can be tens of milliseconds).
+        results = []
+        for p, batch in calls.items():
             try:
-                return [await self.partitions[p].sync(batch)]
-            except Exception as exc:  # noqa: BLE001 - handled as gather's would be
-                return [exc]
-        return await asyncio.gather(
-            *(self.partitions[p].sync(batch) for p, batch in calls.items()),
-            return_exceptions=True)
+                results.append(await self.partitions[p].sync(batch))
+            except Exception as exc:  # noqa: BLE001 - handled by the caller
+                results.append(exc)
+        return results
 
-    def _plan_takes(self, want: int, now: float) -> dict[int, int]:
-        """How many entries to ask each partition for."""
+    # -- several partitions: a call in flight per partition ---------------------
+    def _open(self, now: float) -> list[int]:
+        """Partitions that may be called now: none in flight, not backing off."""
+        return [p for p in range(len(self.partitions))
+                if p not in self._calls and self._retry_at[p] <= now]
+
+    async def _round(self, calls: dict[int, Batch], outranking: dict[int, int],
+                     now: float) -> None:
+        """Send *calls* and wait for their replies, up to ``ROUND_GRACE``: a
+        call that takes longer (its master stalls) stays in flight, and its
+        partition is called again once it has ended; the others go on."""
+        for p, batch in calls.items():
+            self._calls[p] = (asyncio.ensure_future(self.partitions[p].sync(batch)), batch,
+                              outranking.get(p, 0))
+        if calls:
+            self._last_sync = now
+            if any(b.sweep for b in calls.values()):
+                self._last_sweep = now
+            _, late = await asyncio.wait([self._calls[p][0] for p in calls],
+                                         timeout=ROUND_GRACE)
+            # Only a late reply wakes the loop: replies within the round are
+            # applied now, and the loop then waits at its usual pace.
+            wake = lambda _: self._wake.set()  # noqa: E731
+            for call in late:
+                call.add_done_callback(wake)
+        await self._collect(time.monotonic())
+
+    async def _collect(self, now: float, final: bool = False) -> None:
+        """Apply the replies of the calls that ended; a failed partition backs
+        off alone (its work is kept for its next call)."""
+        done = [p for p, (call, _, _) in self._calls.items() if call.done()]
+        failed = False
+        for p in done:
+            call, batch, outranking = self._calls.pop(p)
+            result = call.exception() if not call.cancelled() else asyncio.CancelledError()
+            result = call.result() if result is None else result
+            error = self._finish(p, batch, result, outranking, now)
+            if error is None:
+                continue
+            failed = True
+            self._errors[p] += 1
+            self._retry_at[p] = now + backoff_delay(self._errors[p], 0.4, 5.0)
+            if isinstance(error, REDIS_FAILURES):
+                self.count("scheduler/redis_errors", 1)
+                self.outage.failed(f"frontier call (partition {p})", error, self.log_extra)
+            else:  # a bug: say so; the partition is retried like an outage
+                self.count("scheduler/loop_errors", 1)
+                logger.error("Frontier call to partition %d failed; retrying", p,
+                             exc_info=error, extra=self.log_extra)
+        if failed:
+            await self._drop_idle_connections()
+        elif done and not any(self._errors):
+            self.outage.ok(self.log_extra)
+        self._resolve_if_flushed()
+        if done and not final and not any(self._errors[p] for p in done):
+            await self._first_sync_done()
+
+    def _resolve_if_flushed(self) -> None:
+        if self._flush_waiters and not (any(self.outbox) or self._acks or self._calls):
+            waiters, self._flush_waiters = self._flush_waiters, []
+            _resolve(waiters)
+
+    async def _drain(self) -> None:
+        """Wait for the calls in flight (at close) and apply their replies."""
+        if self._calls:
+            await asyncio.wait([call for call, _, _ in self._calls.values()])
+            await self._collect(time.monotonic(), final=True)
+
+    def _plan_takes(self, want: int, now: float, ready: list[int] | None = None
+                    ) -> dict[int, int]:
+        """How many entries to ask each partition (of *ready*) for."""
         if want <= 0 or self.paused:
             return {}
+        candidates = range(len(self.partitions)) if ready is None else ready
         # A partition this call brings new requests to may have work ready: the
         # script stores them before it takes (a request yielded by a callback
         # must not wait a call more, or an idle look, to come back).
-        ready = [p for p, r in enumerate(self.remote)
-                 if r.ready_now(now) or self.outbox[p].adds]
-        if not ready:
+        chosen = [p for p in candidates
+                  if self.remote[p].ready_now(now) or self.outbox[p].adds]
+        if not chosen:
             # Nothing ready that we know of: look at idle pace, in turn (new work
             # from other nodes, or a key whose time came).
-            idle = [p for p, r in enumerate(self.remote) if now - r.last_poll >= self.idle_poll]
+            idle = [p for p in candidates if now - self.remote[p].last_poll >= self.idle_poll]
             if not idle:
                 return {}
-            ready = [min(idle, key=lambda p: self.remote[p].last_poll)]
-        share = -(-want // len(ready))
-        return {p: share for p in ready}
+            chosen = [min(idle, key=lambda p: self.remote[p].last_poll)]
+        share = -(-want // len(chosen))
+        return {p: share for p in chosen}
 
     def _next_batch(self, p: int) -> Batch:
         """Partition *p*'s outbox, or its first ``MAX_CALL_ADDS`` new requests
@@ -543,20 +662,19 @@ class FrontierClient:
         batch.merge(self.outbox[p])
         self.outbox[p] = batch
 
-    def _change_identity(self) -> None:
-        # The next call adopts what this node knows it holds (buffer, engine);
-        # whatever else the old id got from a lost reply is reclaimed when the
-        # old id expires.
+    def _change_identity(self, p: int) -> None:
+        # The next call to partition p adopts what this node knows it holds
+        # there (buffer, engine); whatever else the old id got from a lost
+        # reply is reclaimed when the old id expires. Each partition has its
+        # own lease (its own nodes zset): the others keep theirs.
         self._incarnation += 1
-        node = f"{self.node_base}~{self._incarnation}"
-        for frontier in self.partitions:
-            frontier.node = node
-        self._last_maintenance = 0.0  # register the new id at once
+        self.partitions[p].node = f"{self.node_base}~{self._incarnation}"
+        self._maintained[p] = 0.0  # register the new id at once
 
     def _settled(self, p: int, batch: Batch, now: float) -> None:
         for member, _ in batch.adopt:
             if member in self.owners:
-                self.owners[member] = self.node
+                self.owners[member] = self.partitions[p].node
         # Forgotten only once the call that settles them went through: until
         # then a changed id must still adopt them for the settling call to count.
         for member in (*batch.acks, *(f[0] for f in batch.fails), *batch.nacks):
@@ -565,7 +683,7 @@ class FrontierClient:
 
     def _adoptions(self, p: int) -> list[tuple[str, str]]:
         """Leases of partition *p* this node holds under a former id of its own."""
-        current = self.node
+        current = self.partitions[p].node
         return [(m, owner) for m, owner in self.owners.items()
                 if owner != current and self._partition_of_member(m) == p]
 
@@ -626,7 +744,7 @@ class FrontierClient:
                 "member": member, "payload": payload.decode("utf-8", "replace"),
                 "reason": str(exc), "node": self.node, "at": time.time()})
             return
-        self.owners[member] = self.node
+        self.owners[member] = self.partitions[p].node
         entry = Entry(member, p, item, member_priority(member))
         buffer = self.buffer
         if not buffer or buffer[-1].priority >= entry.priority:
