@@ -420,13 +420,12 @@ def test_a_failing_master_is_retried_on_its_own_backoff(tmp_path):
         asyncio.run(main(cluster))
 
 
-def test_an_idle_node_calls_its_partitions_at_the_loops_pace(redis_url):
-    """Real Redis, 4 partitions, nothing queued: each partition is called at
-    most once per flush interval (0.05 s here; the loop's pace while its buffer
-    is empty), as before calls to partitions stopped waiting for each other. A
-    loop that called a partition again as soon as its last call answered would
-    make thousands of calls a second here. An upper bound: a slow machine only
-    makes fewer."""
+def test_an_idle_node_calls_its_partitions_at_idle_pace(redis_url):
+    """Real Redis, 4 partitions, nothing queued: each partition is called about
+    once per idle poll (0.2 s here; docs/scaling.md counts on it), not at every
+    turn of the loop (its flush interval, 0.05 s, while the buffer is empty:
+    the old code made 150 calls in the 2 s), nor as soon as its last call
+    answered (thousands). An upper bound: a slow machine only makes fewer."""
     import redis.asyncio as aioredis
 
     from crawlproject.frontier.queue import AsyncFrontier
@@ -459,6 +458,6 @@ def test_an_idle_node_calls_its_partitions_at_the_loops_pace(redis_url):
             fc.paused = True
             await fc.close()
             await redis.aclose()
-        assert made <= 4 * (elapsed / 0.05 + 2), made
+        assert made <= 4 * (elapsed / 0.2 + 2), made
 
     asyncio.run(main())

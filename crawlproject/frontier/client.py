@@ -11,9 +11,9 @@ to say or ready work (calls to several partitions run concurrently):
 * **bounded calls** — at most ``max_call_adds`` new requests per call; the
   acknowledgements of a batch go with its last chunk, so a request is never
   acknowledged before all the requests it produced are stored;
-* **heartbeat** — every ``heartbeat`` seconds (and whenever idle) each
-  partition is called with maintenance: the lease is renewed there, expired
-  nodes' leases are reclaimed, sizes are reported;
+* **heartbeat** — every ``heartbeat`` seconds (every ``idle_poll`` while the
+  node holds nothing) each partition is called with maintenance: the lease is
+  renewed there, expired nodes' leases are reclaimed, sizes are reported;
 * **priority** — the buffer hands out its entries highest priority first; a
   new request that outranks what the buffer holds (the next listing page
   behind a page of products) goes with a take for it in the next call,
@@ -451,8 +451,11 @@ class FrontierClient:
         for p in ready:
             if outranking[p] and room > 0 and not self.paused:
                 takes[p] = max(takes.get(p, 0), min(outranking[p], room))
-        idle = not (self.held or self.buffer)
-        due = {p for p in ready if idle or now - self._maintained[p] >= self.heartbeat}
+        # Maintenance every heartbeat; an idle node (nothing held) also wants its
+        # sizes and the reclaims fresh, at the idle poll's pace (not at every
+        # turn of the loop: that was a call per flush interval per partition).
+        every = self.idle_poll if not (self.held or self.buffer) else self.heartbeat
+        due = {p for p in ready if now - self._maintained[p] >= every}
         urgent = (not self.buffer and takes) or self._flush_waiters or due
         if not (any(self.outbox[p] for p in ready) or self._acks or takes or urgent):
             self._resolve_if_flushed()
