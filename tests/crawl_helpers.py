@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -154,3 +155,25 @@ def kill_while_holding(node: Node, client, timeout: float = 90) -> int:
             raise AssertionError(f"{node.name} exited before it held a lease:\n{node.tail()}")
         time.sleep(0.02)
     raise AssertionError(f"{node.name} held no lease within {timeout}s:\n{node.tail()}")
+
+
+@contextlib.contextmanager
+def partial_cluster(tmp_path):
+    """A 3-master Redis Cluster of the test's own (one of its masters gets stopped
+    or killed) that serves the slots it still can while a master is down. With the
+    default ``cluster-require-full-coverage yes`` no partition could go on once
+    the master is marked failed: Redis's choice to make, not the frontier's."""
+    from crawlproject.services import RedisCluster
+
+    cluster = RedisCluster(masters=3, data_dir=tmp_path / "cluster").start()
+    try:
+        for node in cluster.nodes:
+            with node.client() as client:
+                client.config_set("cluster-require-full-coverage", "no")
+        yield cluster
+    finally:
+        for node in cluster.nodes:
+            if node.pid:
+                os.kill(node.pid, signal.SIGCONT)
+        cluster.stop()
+        cluster.cleanup()

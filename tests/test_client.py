@@ -9,6 +9,7 @@ import time
 
 from crawlproject.frontier.client import MAX_CALL_ADDS, FrontierClient
 from crawlproject.frontier.politeness import PolitenessConfig
+from tests.crawl_helpers import partial_cluster
 
 
 class FakeFrontier:
@@ -261,27 +262,6 @@ class _CountingOutage:
         pass
 
 
-@contextlib.contextmanager
-def own_cluster(tmp_path):
-    """A 3-master cluster of the test's own (one of its masters gets stopped or
-    killed), serving the slots it still can when a master is down: with the
-    default ``cluster-require-full-coverage yes`` no partition could go on,
-    which is Redis's choice to make, not the frontier's."""
-    from crawlproject.services import RedisCluster
-
-    cluster = RedisCluster(masters=3, data_dir=tmp_path / "cluster").start()
-    try:
-        for node in cluster.nodes:
-            with node.client() as client:
-                client.config_set("cluster-require-full-coverage", "no")
-        yield cluster
-    finally:
-        for node in cluster.nodes:
-            if node.pid:
-                os.kill(node.pid, signal.SIGCONT)
-        cluster.stop()
-
-
 async def partitioned_client(cluster, spider, partitions=12, keys=120, per_key=3):
     """A started FrontierClient over *partitions* partitions of *cluster*, with
     *per_key* requests queued for each of *keys* hosts, and a consumer that
@@ -374,7 +354,7 @@ def test_a_stalled_master_holds_up_only_its_own_partitions(tmp_path):
         finally:
             await _stop_client(fc, consumer)
 
-    with own_cluster(tmp_path) as cluster:
+    with partial_cluster(tmp_path) as cluster:
         asyncio.run(main(cluster))
 
 
@@ -416,7 +396,7 @@ def test_a_failing_master_is_retried_on_its_own_backoff(tmp_path):
                 call.cancel()
             await fc.partitions[0].client.aclose()
 
-    with own_cluster(tmp_path) as cluster:
+    with partial_cluster(tmp_path) as cluster:
         asyncio.run(main(cluster))
 
 

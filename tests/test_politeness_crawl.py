@@ -2,6 +2,8 @@
 Redis against ten sites on 127.0.0.2 … 127.0.0.11 that record every request's
 arrival time (crawlproject.demo.hosts)."""
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -11,7 +13,7 @@ import pytest
 
 from crawlproject.demo.hosts import DEFAULT_HOSTS, MultiHostSite
 from crawlproject.keys import FrontierKeys, start_urls_key
-from tests.crawl_helpers import ROOT, Node, kill_while_holding, node_env
+from tests.crawl_helpers import ROOT, Node, kill_while_holding, node_env, partial_cluster
 
 pytestmark = pytest.mark.slow
 BASE = {"SPIDER_MODULES": "tests.spiders", "ROBOTSTXT_OBEY": False,
@@ -265,3 +267,57 @@ def test_a_node_started_before_its_redis_cluster_crawls_once_the_cluster_is_up(
     assert stored == Counter({host: pages for host in DEFAULT_HOSTS})
     assert node.stat("scheduler/loop_errors") == 0
     assert "Control watcher error" not in node.text()
+
+
+def test_a_stalled_master_mid_crawl_holds_up_only_the_sites_it_serves(
+        mongo_uri, database, tmp_path):
+    """One node, FRONTIER_PARTITIONS=12 on a 3-master cluster; mid-crawl one master
+    is stopped (SIGSTOP: what a fork or a slow command does to a master, for
+    longer). The sites whose partitions live on the other masters go on being
+    crawled while it is stopped; once it resumes every page of every site is
+    stored, each fetched once. The node's socket timeout is 30 s and the wait
+    20 s: a node whose calls to all partitions wait for each other sends
+    nothing to any site while the master is stopped."""
+    from crawlproject.frontier.politeness import PolitenessConfig
+
+    pages = 40
+    partitions = 12
+    settings = {**BASE, "FRONTIER_PARTITIONS": partitions, "CONCURRENT_REQUESTS": 8,
+                "DOWNLOAD_DELAY": 0.1}
+    with partial_cluster(tmp_path) as cluster, \
+            MultiHostSite(DEFAULT_HOSTS, pages=pages, latency_ms=20) as site:
+        client = cluster.client()
+        politeness = PolitenessConfig(partitions=partitions)
+        master_of = {host: client.get_node_from_key(
+            FrontierKeys("hosts", politeness.partition(host), partitions).ready).port
+            for host in DEFAULT_HOSTS}
+        ports = list(master_of.values())
+        stalled = next(node for node in cluster.nodes if 0 < ports.count(node.port) < 6)
+        healthy = {host for host, port in master_of.items() if port != stalled.port}
+        env = {**node_env(cluster.url, mongo_uri, database.name), "REDIS_CLUSTER": "true"}
+        node = Node("stall", tmp_path, env, spider="hosts", settings=settings)
+        try:
+            node.wait_for_log("Reading seeds from")
+            client.lpush(start_urls_key("hosts"), *site.root_urls())
+            deadline = time.monotonic() + 90
+            while database["hosts"].count_documents({}) < 60:
+                assert time.monotonic() < deadline, node.tail()
+                time.sleep(0.1)
+            os.kill(stalled.pid, signal.SIGSTOP)
+            try:
+                before = sum(h.host in healthy for h in site.requests())
+                deadline = time.monotonic() + 20
+                while sum(h.host in healthy for h in site.requests()) < before + 30:
+                    assert time.monotonic() < deadline, "no site crawled while stopped"
+                    time.sleep(0.1)
+            finally:
+                os.kill(stalled.pid, signal.SIGCONT)
+            assert node.wait(240) == 0, node.tail()
+        finally:
+            node.stop()
+        hits = site.requests()
+    stored = Counter(d["host"] for d in database["hosts"].find({}, {"host": 1}))
+    assert stored == Counter({host: pages for host in DEFAULT_HOSTS})
+    fetched = Counter((h.host, h.path) for h in hits if h.path.startswith("/p/"))
+    assert len(fetched) == pages * len(DEFAULT_HOSTS) and max(fetched.values()) == 1
+    assert node.stat("scheduler/loop_errors") == 0
