@@ -45,6 +45,14 @@ def crawl(tmp_path, env, redis, site, settings, nodes=3, prefix="n"):
     return running
 
 
+def wait_stored(collection, count, node, timeout=90):
+    """Wait until *collection* holds *count* documents (mid-crawl, for a fault)."""
+    deadline = time.monotonic() + timeout
+    while collection.count_documents({}) < count:
+        assert time.monotonic() < deadline, node.tail()
+        time.sleep(0.1)
+
+
 def test_three_nodes_keep_every_site_under_its_rate_and_without_politeness_they_do_not(
         redis, redis_url, mongo_uri, database, tmp_path):
     """5 requests/s per site, across all nodes: no 2-second window holds more than
@@ -187,10 +195,7 @@ def test_twelve_partitions_on_a_three_master_cluster_survive_a_sigkill(
             for node in (victim, survivor):
                 node.wait_for_log("Reading seeds from")
             client.lpush(start_urls_key("hosts"), *site.root_urls())
-            deadline = time.monotonic() + 90
-            while database["hosts"].count_documents({}) < 60:
-                assert time.monotonic() < deadline, victim.tail()
-                time.sleep(0.1)
+            wait_stored(database["hosts"], 60, victim)
             kill_while_holding(victim, client)
             assert database["hosts"].count_documents({}) < pages * len(DEFAULT_HOSTS)
             assert survivor.wait(240) == 0, survivor.tail()
@@ -299,10 +304,7 @@ def test_a_stalled_master_mid_crawl_holds_up_only_the_sites_it_serves(
         try:
             node.wait_for_log("Reading seeds from")
             client.lpush(start_urls_key("hosts"), *site.root_urls())
-            deadline = time.monotonic() + 90
-            while database["hosts"].count_documents({}) < 60:
-                assert time.monotonic() < deadline, node.tail()
-                time.sleep(0.1)
+            wait_stored(database["hosts"], 60, node)
             os.kill(stalled.pid, signal.SIGSTOP)
             try:
                 before = sum(h.host in healthy for h in site.requests())
