@@ -3,7 +3,10 @@ and then, one INFO with the downtime when it answers again.
 
 Every component of a node that talks to the same service shares one
 :class:`OutageLog` (:func:`outage_log`), so an outage of Redis is reported
-once per node, not once per failed call of each component.
+once per node, not once per failed call of each component. Each component
+names itself (``source``): the outage ends when every component that saw it
+has succeeded since, so one whose calls reach a healthy master of a Redis
+Cluster does not end the outage another sees on a dead one.
 """
 
 from __future__ import annotations
@@ -35,6 +38,10 @@ class OutageLog:
         self.log = log
         self.since: float | None = None
         self.failures = 0
+        # Components whose last call failed. A Redis Cluster can be partly
+        # down: one component's success on a healthy master must not end the
+        # outage another component still sees.
+        self._failing: set[str] = set()
         self._last_reminder = 0.0
 
     def _stats(self):
@@ -46,9 +53,12 @@ class OutageLog:
     def down(self) -> bool:
         return self.since is not None
 
-    def failed(self, what: str, exc: BaseException, extra: dict | None = None) -> None:
-        """A call to the service failed (*what*: which component, doing what)."""
+    def failed(self, what: str, exc: BaseException, extra: dict | None = None,
+               source: str = "") -> None:
+        """A call to the service failed (*what*: doing what; *source*: which
+        component, whose next :meth:`ok` clears it)."""
         now = self.clock()
+        self._failing.add(source)
         self.failures += 1
         if self.since is None:
             self.since = self._last_reminder = now
@@ -64,9 +74,11 @@ class OutageLog:
                              self.service, now - self.since, self.failures,
                              type(exc).__name__, exc, extra=extra)
 
-    def ok(self, extra: dict | None = None) -> None:
-        """A call to the service succeeded."""
-        if self.since is None:
+    def ok(self, extra: dict | None = None, source: str = "") -> None:
+        """A call of component *source* succeeded. The outage ends once every
+        component that saw it failing has succeeded since."""
+        self._failing.discard(source)
+        if self.since is None or self._failing:
             return
         downtime = self.clock() - self.since
         self.since = None

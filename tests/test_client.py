@@ -102,7 +102,7 @@ class _Outage:
     def failed(self, *args, **kwargs):
         raise AssertionError(f"Redis call failed: {args}")
 
-    def ok(self, extra=None):
+    def ok(self, extra=None, source=""):
         pass
 
 
@@ -216,10 +216,10 @@ def test_an_unreachable_redis_cluster_is_an_outage_not_a_bug():
     failures, counts = [], {}
 
     class Outage:
-        def failed(self, what, exc, extra=None):
+        def failed(self, what, exc, extra=None, source=""):
             failures.append(type(exc).__name__)
 
-        def ok(self, extra=None):
+        def ok(self, extra=None, source=""):
             pass
 
     async def scenario():
@@ -255,10 +255,10 @@ class _CountingOutage:
     def __init__(self):
         self.failures = []
 
-    def failed(self, what, exc, extra=None):
+    def failed(self, what, exc, extra=None, source=""):
         self.failures.append((what, type(exc).__name__))
 
-    def ok(self, extra=None):
+    def ok(self, extra=None, source=""):
         pass
 
 

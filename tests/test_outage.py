@@ -81,3 +81,25 @@ def test_a_redis_outage_mid_crawl_is_logged_once(mongo_uri, database, tmp_path):
     # The node kept its leases through the outage (it adopted them under its
     # new id): nothing was reclaimed, no acknowledgement was refused.
     assert node.stat("scheduler/reclaimed") == 0 and node.stat("scheduler/stale") == 0
+
+
+def test_one_components_success_does_not_end_anothers_outage(caplog):
+    """A Redis Cluster can be partly down: the seeds reader's calls to a healthy
+    master succeed while the frontier's calls to a dead one fail. Redis "answers
+    again" only once every component that saw it fail has succeeded since; the
+    code before logged it after each seed read (one outage counted per flap)."""
+    clock, stats = Clock(), Stats()
+    log = OutageLog("Redis at redis://h:1/0", name="redis", stats=stats, clock=clock)
+    with caplog.at_level("INFO"):
+        for _ in range(10):
+            log.failed("frontier call (partition 5)", ConnectionError("refused"),
+                       source="frontier")
+            clock.now += 1.0
+            log.ok(source="seeds")
+            assert log.down
+        log.ok(source="frontier")
+    assert not log.down
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert [lvl for lvl, _ in lines] == ["WARNING", "INFO"]
+    assert re.search(r"answers again after 10\.0s \(10 failed calls\)", lines[-1][1])
+    assert stats == {"redis/outages": 1, "redis/outage_seconds": 10.0}

@@ -323,3 +323,70 @@ def test_a_stalled_master_mid_crawl_holds_up_only_the_sites_it_serves(
     fetched = Counter((h.host, h.path) for h in hits if h.path.startswith("/p/"))
     assert len(fetched) == pages * len(DEFAULT_HOSTS) and max(fetched.values()) == 1
     assert node.stat("scheduler/loop_errors") == 0
+
+
+def test_a_master_killed_mid_crawl_and_back_after_the_lease_time_loses_nothing(
+        mongo_uri, database, tmp_path):
+    """One node, FRONTIER_PARTITIONS=12 on a 3-master cluster; mid-crawl one master
+    is killed (SIGKILL), and comes back from its append-only file once the node's
+    lease there has expired. Meanwhile the sites of the other masters are crawled
+    to the end and the node does not close as idle (work is waiting on the dead
+    master). Afterwards every page of every site is stored, none fetched more than
+    twice (a lease that expired may be fetched again), no loop error, and the
+    node's log tells one outage, not one per call that reached a healthy master."""
+    from crawlproject.frontier.politeness import PolitenessConfig
+
+    pages = 30
+    partitions = 12
+    settings = {**BASE, "FRONTIER_PARTITIONS": partitions, "CONCURRENT_REQUESTS": 8,
+                "DOWNLOAD_DELAY": 0.1}
+    with partial_cluster(tmp_path) as cluster, \
+            MultiHostSite(DEFAULT_HOSTS, pages=pages, latency_ms=20) as site:
+        client = cluster.client()
+        politeness = PolitenessConfig(partitions=partitions)
+        master_of = {host: client.get_node_from_key(
+            FrontierKeys("hosts", politeness.partition(host), partitions).ready).port
+            for host in DEFAULT_HOSTS}
+        ports = list(master_of.values())
+        victim = next(node for node in cluster.nodes if 0 < ports.count(node.port) < 6)
+        healthy = {host for host, port in master_of.items() if port != victim.port}
+        with victim.client() as direct:                # every write on disk before the kill
+            direct.config_set("appendfsync", "always")
+            direct.config_set("appendonly", "yes")
+            deadline = time.monotonic() + 30
+            while direct.info("persistence")["aof_rewrite_in_progress"]:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        env = {**node_env(cluster.url, mongo_uri, database.name), "REDIS_CLUSTER": "true"}
+        node = Node("outage", tmp_path, env, spider="hosts", settings=settings)
+        try:
+            node.wait_for_log("Reading seeds from")
+            client.lpush(start_urls_key("hosts"), *site.root_urls())
+            wait_stored(database["hosts"], 60, node)
+            os.kill(victim.pid, signal.SIGKILL)
+            killed = time.monotonic()
+            victim._proc.wait(10)
+            deadline = killed + 90
+            while database["hosts"].count_documents({"host": {"$in": sorted(healthy)}}) < (
+                    pages * len(healthy)):
+                assert time.monotonic() < deadline and node.proc.poll() is None, node.tail()
+                time.sleep(0.1)
+            while time.monotonic() - killed < 12:       # the lease (10 s) runs out first
+                assert node.proc.poll() is None, node.tail()
+                time.sleep(0.1)
+            victim.appendonly = True
+            victim.extra_args = [*victim.extra_args, "--appendfsync", "always"]
+            victim.start()
+            assert node.wait(240) == 0, node.tail()
+        finally:
+            node.stop()
+        hits = site.requests()
+    stored = Counter(d["host"] for d in database["hosts"].find({}, {"host": 1}))
+    assert stored == Counter({host: pages for host in DEFAULT_HOSTS})
+    fetched = Counter((h.host, h.path) for h in hits if h.path.startswith("/p/"))
+    assert len(fetched) == pages * len(DEFAULT_HOSTS) and max(fetched.values()) <= 2
+    assert node.stat("scheduler/loop_errors") == 0
+    assert node.stat("scheduler/redis_errors") >= 1
+    # One outage (two if the master's first answers, back, are CLUSTERDOWN), not
+    # one per successful call of the seeds reader to a healthy master.
+    assert 1 <= node.stat("redis/outages") <= 2, node.text().count("answers again")

@@ -392,7 +392,7 @@ class FrontierClient:
                 # Redis unreachable: keep everything, retry
                 errors += 1
                 self.count("scheduler/redis_errors", 1)
-                self.outage.failed("frontier call", exc, self.log_extra)
+                self.outage.failed("frontier call", exc, self.log_extra, source="frontier")
                 await self._drop_idle_connections()
                 await asyncio.sleep(backoff_delay(errors, 0.4, 5.0))
                 continue
@@ -511,7 +511,7 @@ class FrontierClient:
         if failure is not None:
             self._flush_waiters[:0] = waiters
             raise failure
-        self.outage.ok(self.log_extra)
+        self.outage.ok(self.log_extra, source="frontier")
         self._last_sync = now
         if any(b.sweep for b in calls.values()):
             self._last_sweep = now
@@ -600,7 +600,8 @@ class FrontierClient:
             self._retry_at[p] = now + backoff_delay(self._errors[p], 0.4, 5.0)
             if isinstance(error, REDIS_FAILURES):
                 self.count("scheduler/redis_errors", 1)
-                self.outage.failed(f"frontier call (partition {p})", error, self.log_extra)
+                self.outage.failed(f"frontier call (partition {p})", error, self.log_extra,
+                                    source="frontier")
             else:  # a bug: say so; the partition is retried like an outage
                 self.count("scheduler/loop_errors", 1)
                 logger.error("Frontier call to partition %d failed; retrying", p,
@@ -608,7 +609,7 @@ class FrontierClient:
         if failed:
             await self._drop_idle_connections()
         elif done and not any(self._errors):
-            self.outage.ok(self.log_extra)
+            self.outage.ok(self.log_extra, source="frontier")
         self._resolve_if_flushed()
         if done and not final and not any(self._errors[p] for p in done):
             await self._first_sync_done()

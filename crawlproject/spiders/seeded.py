@@ -142,10 +142,10 @@ class RedisSpider(Spider):
         try:
             restored, claimed = await self.seed_queue.claim(self.redis_batch_size)
         except Exception as exc:  # Redis down: keep the node alive, retry later
-            self._redis_outage.failed("reading seeds", exc, {"spider": self})
+            self._redis_outage.failed("reading seeds", exc, {"spider": self}, source="seeds")
             self.crawler.stats.inc_value("seeds/redis_errors")
             return [], []
-        self._redis_outage.ok({"spider": self})
+        self._redis_outage.ok({"spider": self}, source="seeds")
         if restored:
             logger.warning("Put back %d seeds claimed by a node that died", restored,
                            extra={"spider": self})
@@ -175,10 +175,12 @@ class RedisSpider(Spider):
                     try:
                         await self.seed_queue.renew(claims)
                     except Exception as exc:
-                        self._redis_outage.failed("renewing seed claims", exc, {"spider": self})
+                        self._redis_outage.failed("renewing seed claims", exc, {"spider": self},
+                                                  source="seeds")
             await self.seed_queue.release(claims)
         except Exception as exc:  # the claims expire and the seeds come back
-            self._redis_outage.failed("releasing seed claims", exc, {"spider": self})
+            self._redis_outage.failed("releasing seed claims", exc, {"spider": self},
+                                      source="seeds")
 
     async def _request_from_raw(self, raw: bytes) -> tuple[Request | None, bool]:
         """(request or None, whether the seed is settled: a request to store,
@@ -195,7 +197,8 @@ class RedisSpider(Spider):
             try:
                 trimmed = await self.seed_queue.reject(raw, exc, self.node_id)
             except Exception as err:  # keep it claimed: it comes back after the claim TTL
-                self._redis_outage.failed("setting an invalid seed aside", err, {"spider": self})
+                self._redis_outage.failed("setting an invalid seed aside", err, {"spider": self},
+                                          source="seeds")
                 return None, False
             if trimmed:
                 stats.inc_value("seeds/invalid_trimmed", trimmed)
