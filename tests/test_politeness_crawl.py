@@ -45,6 +45,48 @@ def crawl(tmp_path, env, redis, site, settings, nodes=3, prefix="n"):
     return running
 
 
+PARTITIONED = {**BASE, "FRONTIER_PARTITIONS": 12, "CONCURRENT_REQUESTS": 8,
+               "DOWNLOAD_DELAY": 0.1}
+
+
+def master_of_some_sites(cluster, client):
+    """A master that serves the partitions of some of the sites (1 to 5 of 10),
+    and the sites whose partitions the other masters serve."""
+    from crawlproject.frontier.politeness import PolitenessConfig
+
+    partitions = PARTITIONED["FRONTIER_PARTITIONS"]
+    politeness = PolitenessConfig(partitions=partitions)
+    master_of = {host: client.get_node_from_key(
+        FrontierKeys("hosts", politeness.partition(host), partitions).ready).port
+        for host in DEFAULT_HOSTS}
+    ports = list(master_of.values())
+    master = next(node for node in cluster.nodes if 0 < ports.count(node.port) < 6)
+    return master, {host for host, port in master_of.items() if port != master.port}
+
+
+def partitioned_node(name, cluster, mongo_uri, database, tmp_path):
+    """A `scrapy crawl hosts` node with PARTITIONED settings on *cluster*."""
+    env = {**node_env(cluster.url, mongo_uri, database.name), "REDIS_CLUSTER": "true"}
+    return Node(name, tmp_path, env, spider="hosts", settings=PARTITIONED)
+
+
+def assert_every_page_stored(database, hits, pages, most_fetches):
+    """Every page of every site stored, each fetched at least once and at most
+    *most_fetches* times."""
+    stored = Counter(d["host"] for d in database["hosts"].find({}, {"host": 1}))
+    assert stored == Counter({host: pages for host in DEFAULT_HOSTS})
+    fetched = Counter((h.host, h.path) for h in hits if h.path.startswith("/p/"))
+    assert len(fetched) == pages * len(DEFAULT_HOSTS)
+    assert max(fetched.values()) <= most_fetches, fetched.most_common(3)
+
+
+def crawl_mid_way(node, client, site, database, stored=60):
+    """Seed *site* once *node* reads seeds; return when *stored* pages are stored."""
+    node.wait_for_log("Reading seeds from")
+    client.lpush(start_urls_key("hosts"), *site.root_urls())
+    wait_stored(database["hosts"], stored, node)
+
+
 def wait_stored(collection, count, node, timeout=90):
     """Wait until *collection* holds *count* documents (mid-crawl, for a fault)."""
     deadline = time.monotonic() + timeout
@@ -283,28 +325,14 @@ def test_a_stalled_master_mid_crawl_holds_up_only_the_sites_it_serves(
     stored, each fetched once. The node's socket timeout is 30 s and the wait
     20 s: a node whose calls to all partitions wait for each other sends
     nothing to any site while the master is stopped."""
-    from crawlproject.frontier.politeness import PolitenessConfig
-
     pages = 40
-    partitions = 12
-    settings = {**BASE, "FRONTIER_PARTITIONS": partitions, "CONCURRENT_REQUESTS": 8,
-                "DOWNLOAD_DELAY": 0.1}
     with partial_cluster(tmp_path) as cluster, \
             MultiHostSite(DEFAULT_HOSTS, pages=pages, latency_ms=20) as site:
         client = cluster.client()
-        politeness = PolitenessConfig(partitions=partitions)
-        master_of = {host: client.get_node_from_key(
-            FrontierKeys("hosts", politeness.partition(host), partitions).ready).port
-            for host in DEFAULT_HOSTS}
-        ports = list(master_of.values())
-        stalled = next(node for node in cluster.nodes if 0 < ports.count(node.port) < 6)
-        healthy = {host for host, port in master_of.items() if port != stalled.port}
-        env = {**node_env(cluster.url, mongo_uri, database.name), "REDIS_CLUSTER": "true"}
-        node = Node("stall", tmp_path, env, spider="hosts", settings=settings)
+        stalled, healthy = master_of_some_sites(cluster, client)
+        node = partitioned_node("stall", cluster, mongo_uri, database, tmp_path)
         try:
-            node.wait_for_log("Reading seeds from")
-            client.lpush(start_urls_key("hosts"), *site.root_urls())
-            wait_stored(database["hosts"], 60, node)
+            crawl_mid_way(node, client, site, database)
             os.kill(stalled.pid, signal.SIGSTOP)
             try:
                 before = sum(h.host in healthy for h in site.requests())
@@ -318,10 +346,7 @@ def test_a_stalled_master_mid_crawl_holds_up_only_the_sites_it_serves(
         finally:
             node.stop()
         hits = site.requests()
-    stored = Counter(d["host"] for d in database["hosts"].find({}, {"host": 1}))
-    assert stored == Counter({host: pages for host in DEFAULT_HOSTS})
-    fetched = Counter((h.host, h.path) for h in hits if h.path.startswith("/p/"))
-    assert len(fetched) == pages * len(DEFAULT_HOSTS) and max(fetched.values()) == 1
+    assert_every_page_stored(database, hits, pages, most_fetches=1)
     assert node.stat("scheduler/loop_errors") == 0
 
 
@@ -334,22 +359,11 @@ def test_a_master_killed_mid_crawl_and_back_after_the_lease_time_loses_nothing(
     master). Afterwards every page of every site is stored, none fetched more than
     twice (a lease that expired may be fetched again), no loop error, and the
     node's log tells one outage, not one per call that reached a healthy master."""
-    from crawlproject.frontier.politeness import PolitenessConfig
-
     pages = 30
-    partitions = 12
-    settings = {**BASE, "FRONTIER_PARTITIONS": partitions, "CONCURRENT_REQUESTS": 8,
-                "DOWNLOAD_DELAY": 0.1}
     with partial_cluster(tmp_path) as cluster, \
             MultiHostSite(DEFAULT_HOSTS, pages=pages, latency_ms=20) as site:
         client = cluster.client()
-        politeness = PolitenessConfig(partitions=partitions)
-        master_of = {host: client.get_node_from_key(
-            FrontierKeys("hosts", politeness.partition(host), partitions).ready).port
-            for host in DEFAULT_HOSTS}
-        ports = list(master_of.values())
-        victim = next(node for node in cluster.nodes if 0 < ports.count(node.port) < 6)
-        healthy = {host for host, port in master_of.items() if port != victim.port}
+        victim, healthy = master_of_some_sites(cluster, client)
         with victim.client() as direct:                # every write on disk before the kill
             direct.config_set("appendfsync", "always")
             direct.config_set("appendonly", "yes")
@@ -357,12 +371,9 @@ def test_a_master_killed_mid_crawl_and_back_after_the_lease_time_loses_nothing(
             while direct.info("persistence")["aof_rewrite_in_progress"]:
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
-        env = {**node_env(cluster.url, mongo_uri, database.name), "REDIS_CLUSTER": "true"}
-        node = Node("outage", tmp_path, env, spider="hosts", settings=settings)
+        node = partitioned_node("outage", cluster, mongo_uri, database, tmp_path)
         try:
-            node.wait_for_log("Reading seeds from")
-            client.lpush(start_urls_key("hosts"), *site.root_urls())
-            wait_stored(database["hosts"], 60, node)
+            crawl_mid_way(node, client, site, database)
             os.kill(victim.pid, signal.SIGKILL)
             killed = time.monotonic()
             victim._proc.wait(10)
@@ -381,10 +392,7 @@ def test_a_master_killed_mid_crawl_and_back_after_the_lease_time_loses_nothing(
         finally:
             node.stop()
         hits = site.requests()
-    stored = Counter(d["host"] for d in database["hosts"].find({}, {"host": 1}))
-    assert stored == Counter({host: pages for host in DEFAULT_HOSTS})
-    fetched = Counter((h.host, h.path) for h in hits if h.path.startswith("/p/"))
-    assert len(fetched) == pages * len(DEFAULT_HOSTS) and max(fetched.values()) <= 2
+    assert_every_page_stored(database, hits, pages, most_fetches=2)
     assert node.stat("scheduler/loop_errors") == 0
     assert node.stat("scheduler/redis_errors") >= 1
     # One outage (two if the master's first answers, back, are CLUSTERDOWN), not

@@ -590,8 +590,8 @@ class FrontierClient:
         failed = False
         for p in done:
             call, batch, outranking = self._calls.pop(p)
-            result = call.exception() if not call.cancelled() else asyncio.CancelledError()
-            result = call.result() if result is None else result
+            result = (asyncio.CancelledError() if call.cancelled()
+                      else call.exception() or call.result())
             error = self._finish(p, batch, result, outranking, now)
             if error is None:
                 continue
@@ -625,12 +625,10 @@ class FrontierClient:
             await asyncio.wait([call for call, _, _ in self._calls.values()])
             await self._collect(time.monotonic(), final=True)
 
-    def _plan_takes(self, want: int, now: float, ready: list[int] | None = None
-                    ) -> dict[int, int]:
-        """How many entries to ask each partition (of *ready*) for."""
+    def _plan_takes(self, want: int, now: float, candidates: list[int]) -> dict[int, int]:
+        """How many entries to ask each partition (of *candidates*) for."""
         if want <= 0 or self.paused:
             return {}
-        candidates = range(len(self.partitions)) if ready is None else ready
         # A partition this call brings new requests to may have work ready: the
         # script stores them before it takes (a request yielded by a callback
         # must not wait a call more, or an idle look, to come back).
