@@ -480,7 +480,8 @@ class RedisScheduler(BaseScheduler):
                 "dead": get("scheduler/dead", 0),
                 "pages_per_s": round((pages - p0) / span, 2) if span > 0 else 0.0,
                 "items_per_s": round((items - i0) / span, 2) if span > 0 else 0.0,
-                "leases": len(self.client.held) + len(self.client.buffer),
+                "leases": (len(self.client.held) + len(self.client.buffer)
+                           + self.client.reserved_count()),
                 # with the lease deadline in {spider}:nodes: when it last renewed
                 "lease_ttl_s": self.lease_ttl, "state": self.control_state}
 

@@ -164,6 +164,57 @@ def test_a_download_end_is_reported_at_once_where_a_key_is_at_its_concurrency(re
     asyncio.run(main())
 
 
+async def leases_counted(client, frontier):
+    """Leases of key "h" that hold a slot (no '|f' ended, no '|r' reserve flag)."""
+    values = (await client.hgetall(frontier.keys.inflight)).values()
+    return sum(1 for v in values if b"|" not in v)
+
+
+def test_a_node_hands_a_finished_download_s_slot_to_its_reserve_at_once(redis_url):
+    """Real Redis: at the key's concurrency the node holds an entry in reserve
+    and starts it the moment one of its downloads ends, with no round trip (the
+    buffer has it before the loop runs again); once reported, the key still
+    counts 2 in flight, and 2 leases hold a slot: the limit held."""
+    async def main():
+        async with real_client(redis_url, "handoff", 2, 10) as (fc, frontier, client):
+            await until(lambda: len(fc.buffer) == 2)
+            first, second = fc.next(), fc.next()
+            fc.fetched(first.member)                 # no reserve yet: reported, a take
+            await until(lambda: fc.reserved_count() == 1 and len(fc.buffer) == 1)
+            third = fc.next()
+            fc.fetched(second.member)
+            assert len(fc.buffer) == 1 and fc.reserved_count() == 0   # at once
+            fourth = fc.next()
+            assert fourth.member not in (first.member, second.member, third.member)
+            await fc.flushed()
+            state = await client.hget(frontier.keys.kstate, "h")
+            assert int(state.split(b"|")[0]) == 2
+            assert await leases_counted(client, frontier) == 2    # third and fourth
+
+    asyncio.run(main())
+
+
+def test_a_block_the_node_hears_of_sends_its_reserve_back(redis_url):
+    """A 429's Retry-After seen on this node: no hand-off past it; the reserve
+    goes back to the key's queue with the next call."""
+    async def main():
+        async with real_client(redis_url, "handback", 2, 10) as (fc, frontier, client):
+            await until(lambda: len(fc.buffer) == 2)
+            first, second = fc.next(), fc.next()
+            fc.fetched(first.member)
+            await until(lambda: fc.reserved_count() == 1 and len(fc.buffer) == 1)
+            fc.feedback("h", "block", 30)
+            assert fc.reserved_count() == 0
+            before = list(fc.buffer)
+            fc.fetched(second.member)
+            assert list(fc.buffer) == before         # nothing started on its slot
+            await fc.flushed()
+            queued = await client.zcard(frontier.keys.queue("h"))
+            assert queued == 10 - 3                  # the reserved entry is back
+
+    asyncio.run(main())
+
+
 def test_a_new_request_that_outranks_the_buffer_is_handed_out_next(redis_url):
     """Real Redis: the buffer holds prefetched requests of priority 0 when the
     spider yields one of priority 5 (the next listing page): like Scrapy's own

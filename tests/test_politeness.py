@@ -278,3 +278,73 @@ def test_intervals_carry_a_safety_margin(node, clock):
     assert a.take(5) == []
     clock.advance(0.02)
     assert len(a.take(5)) == 1
+
+
+def inflight(frontier, key="h1"):
+    return frontier.key_states([key])[key]["inflight"]
+
+
+def test_a_reserve_hands_a_slot_on_without_raising_the_key_s_count(node, clock):
+    """The slot hand-off: entries leased in reserve hold no slot; a reserved
+    entry started on the slot of a download that ended keeps the key's count,
+    so no other node gets a slot the node still uses."""
+    a, b = node("a", polite(delay=0, concurrency=2)), node("b", polite(delay=0, concurrency=2))
+    add(a, "h1", 10)
+    first = a.sync(Batch(take=5))
+    assert len(first.taken) == 2 and first.capped_keys == ["h1"]
+    res = a.sync(Batch(reserve=[("h1", 5)]))
+    assert len(res.reserved) == 2                  # the share: 2 of 2 (one node so far)
+    assert res.reserve_status == {"h1": (True, 2)}
+    assert inflight(a) == 2 and b.take(5) == []   # reserved entries hold no slot
+    ended, started = first.taken[0][0], res.reserved[0][0]
+    a.sync(Batch(handoffs=[(ended, started)]))
+    assert inflight(a) == 2 and b.take(5) == []   # one ended, one started: still 2
+    a.ack(ended)                                  # its slot was handed off: no second free
+    assert inflight(a) == 2 and b.take(5) == []
+    a.ack(started)
+    assert inflight(a) == 1 and len(b.take(5)) == 1
+
+
+def test_a_reserve_is_given_only_at_the_key_s_concurrency_and_split_over_nodes(node, clock):
+    a, b = node("a", polite(delay=0, concurrency=4)), node("b", polite(delay=0, concurrency=4))
+    add(a, "h1", 20)
+    assert len(a.take(2)) == 2
+    assert a.sync(Batch(reserve=[("h1", 3)])).reserved == []   # slots free: take them instead
+    assert len(b.take(2)) == 2                                   # now at 4, two nodes
+    res = a.sync(Batch(reserve=[("h1", 4)]))
+    assert len(res.reserved) == 2 and res.reserve_status["h1"] == (True, 2)
+
+
+def test_a_block_or_an_interval_makes_a_reserve_unusable(node, clock):
+    """A 429 seen by another node, or an interval set for the key, ends the
+    hand-off: the reply says the reserve may not be used, and gives none."""
+    a, b = node("a", polite(delay=0, concurrency=1)), node("b", polite(delay=0, concurrency=1))
+    add(a, "h1", 10)
+    assert len(a.take(5)) == 1
+    assert len(a.sync(Batch(reserve=[("h1", 1)])).reserved) == 1
+    blocked = Batch()
+    blocked.block("h1", 5)
+    b.sync(blocked)
+    res = a.sync(Batch(reserve=[("h1", 1)]))
+    assert res.reserve_status["h1"][0] is False and res.reserved == []
+    clock.advance(6)
+    assert a.sync(Batch(reserve=[("h1", 0)])).reserve_status["h1"][0] is True
+    a.set_limits({"h1": Limits(0.5, 1)})
+    res = a.sync(Batch(reserve=[("h1", 1)]))
+    assert res.reserve_status["h1"][0] is False and res.reserved == []
+
+
+def test_a_dead_node_s_reserve_comes_back_without_freeing_slots_it_never_held(node, clock):
+    """Reclaiming a dead node's reserve puts the entries back and leaves the
+    key's count alone: the slots of other nodes' downloads stay counted."""
+    a, b, c = (node(n, polite(delay=0, concurrency=3)) for n in "abc")
+    add(a, "h1", 10)
+    assert len(c.take(1)) == 1
+    assert len(a.take(5)) == 2
+    assert len(a.sync(Batch(reserve=[("h1", 3)])).reserved) == 2   # share: 2 nodes seen
+    clock.advance(5)
+    c.heartbeat()
+    clock.advance(6)                                # a expired, c renewed 6 s ago
+    assert b.sync(Batch(take=0)).reclaimed == 4     # 2 downloading, 2 in reserve
+    assert inflight(b) == 1                         # c's download still counts
+    assert len(b.take(5)) == 2 and b.take(5) == []  # 3 in all, not 4

@@ -120,6 +120,31 @@ def test_three_nodes_keep_every_site_under_its_rate_and_without_politeness_they_
     assert max(rude_peaks.values()) > 11, rude_peaks
 
 
+def test_three_nodes_keep_every_site_under_its_concurrency_with_slots_handed_off(
+        redis, redis_url, mongo_uri, database, tmp_path):
+    """2 requests in flight per site, across all nodes, no interval: the nodes
+    hand a finished download's slot to a request they hold in reserve (no
+    round trip), and no site ever answers more than 2 at once. The same crawl
+    with the frontier's politeness off (2 per node) goes over: the test can fail."""
+    env = node_env(redis_url, mongo_uri, database.name)
+    with MultiHostSite(DEFAULT_HOSTS, pages=60, latency_ms=40) as site:
+        capped = {**BASE, "DOWNLOAD_DELAY": 0, "CONCURRENT_REQUESTS_PER_DOMAIN": 2}
+        nodes = crawl(tmp_path, env, redis, site, capped)
+        hits = site.requests()
+        peaks = {host: site.max_in_flight(host) for host in DEFAULT_HOSTS}
+        assert max(peaks.values()) <= 2, peaks
+        assert sum(n.stat("scheduler/handoffs") for n in nodes) > 0
+        fetched = Counter((h.host, h.path) for h in hits)
+        assert set(fetched.values()) == {1}
+        assert len(fetched) == sum(len(site.expected_paths(h)) for h in DEFAULT_HOSTS)
+        redis.flushall()
+        site.reset()
+        rude = {**capped, "FRONTIER_POLITENESS": False}
+        crawl(tmp_path, env, redis, site, rude, prefix="rude")
+        rude_peaks = {host: site.max_in_flight(host) for host in DEFAULT_HOSTS}
+    assert max(rude_peaks.values()) > 2, rude_peaks
+
+
 def test_a_big_slow_site_does_not_hold_the_small_ones_back(redis, redis_url, mongo_uri,
                                                             database, tmp_path):
     """One site with 2,000 pages and nine with 100, all at 2 requests/s: the small
@@ -155,17 +180,22 @@ def test_a_big_slow_site_does_not_hold_the_small_ones_back(redis, redis_url, mon
     assert not any("Reclaimed" in n.text() for n in nodes)
 
 
+@pytest.mark.parametrize("delay", [0.1, 0], ids=["interval", "slots-handed-off"])
 def test_retry_after_blocks_a_site_for_every_node_and_the_others_go_on(
-        redis, redis_url, mongo_uri, database, tmp_path):
+        redis, redis_url, mongo_uri, database, tmp_path, delay):
+    """With an interval, and without one (then nodes hand finished downloads'
+    slots to their reserve, which a block from any node must stop)."""
     env = node_env(redis_url, mongo_uri, database.name)
     blocked = DEFAULT_HOSTS[0]
-    settings = {**BASE, "DOWNLOAD_DELAY": 0.1, "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
+    settings = {**BASE, "DOWNLOAD_DELAY": delay, "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
                 "RETRY_BACKOFF_BASE": 0.1}
     with MultiHostSite(DEFAULT_HOSTS, pages=200, latency_ms=10) as site:
         nodes = start_nodes(tmp_path, env, 3, settings)
         try:
             redis.lpush(start_urls_key("hosts"), *site.root_urls())
             site.wait_for_requests(20, host=blocked, timeout=60)
+            if not delay:  # nodes hold reserves (leases flagged '|r') when the 429 comes
+                wait_for_reserve(redis, blocked)
             site.throttle(blocked, status=429, retry_after=5, count=1)
             deadline = time.monotonic() + 60
             # The 429 arrived and its answer went out (done is set when it is sent).
@@ -187,6 +217,16 @@ def test_retry_after_blocks_a_site_for_every_node_and_the_others_go_on(
     assert len(during) <= 2, [(h.t - block.t, h.path) for h in during]
     assert not [h for h in during if h.t > block.done + 0.5]
     assert len(others) >= 9 * 5 * 5 * 0.5          # the nine other sites went on
+
+
+def wait_for_reserve(redis, host, timeout=30):
+    """Wait until some node holds an entry of *host* in reserve (slot hand-off)."""
+    inflight = FrontierKeys("hosts").inflight
+    deadline = time.monotonic() + timeout
+    while not any(m.endswith(f"@{host}".encode()) and v.endswith(b"|r")
+                  for m, v in redis.hgetall(inflight).items()):
+        assert time.monotonic() < deadline, "no reserve held"
+        time.sleep(0.01)
 
 
 def test_a_limit_changed_from_the_command_line_is_in_force_within_2_seconds(

@@ -23,6 +23,14 @@ to say or ready work (calls to several partitions run concurrently):
   ready work (its earliest ready time has come) or, at idle pace, to look;
   an entry is taken only when its key may start a request now, so what is
   leased is started at once;
+* **slot hand-off** — where a key without an interval has its concurrency in
+  flight (the script says which keys a take found so), the node asks for a
+  few of its entries in reserve, leased without a slot; when one of its own
+  downloads of that key ends it starts a reserved entry in its place at once
+  and reports the swap with its next call (the key's count never rises, so the
+  cluster-wide limit holds). At most the node's share of the key's
+  concurrency (concurrency / nodes) is handed off; a block, a backoff or an
+  interval on the key (from any node) sends the reserve back;
 * **identity** — a failed call may have leased entries whose reply was lost:
   the client then changes its id in that partition (``<node>~<n>``); the
   entries it knows it holds are adopted by the new id in the next call, the
@@ -74,6 +82,10 @@ class Entry:
     partition: int
     item: Any
     priority: int = 0
+    #: its politeness key (from the member)
+    key: str = ""
+    #: its download ended (its slot is free or handed off)
+    ended: bool = False
 
 
 def member_priority(member: str) -> int:
@@ -164,6 +176,13 @@ class FrontierClient:
         self.on_first_sync: Callable[[], Any] | None = None
         #: operator pause (crawlproject.control): hand out and take nothing
         self.paused = False
+        # The slot hand-off: entries leased in reserve per key (holding no slot),
+        # the keys worth a reserve (found at their concurrency), and the share
+        # of a key's concurrency this node may hand off (only while the
+        # frontier last said its reserve may be used).
+        self.reserve: dict[str, deque[Entry]] = {}
+        self._reserve_keys: dict[str, int] = {}
+        self._reserve_share: dict[str, int] = {}
 
     # -- what the adapter tells us ----------------------------------------------
     @property
@@ -222,11 +241,68 @@ class FrontierClient:
         with the call after next: most requests are acknowledged by then, and
         the ack frees the slot itself (one operation less per page)."""
         entry = self.held.get(member)
-        if entry is not None:
+        if entry is not None and not entry.ended:
+            entry.ended = True
+            if self._hand_off(entry):
+                return
             self._fetched.append((entry.partition, member, time.monotonic()))
             if self.capped[entry.partition]:
                 self.remote[entry.partition].next_ready_ms = None  # a slot is free
                 self._wake.set()
+
+    def _hand_off(self, ended: Entry) -> bool:
+        """Start a reserved entry of *ended*'s key on the slot it just freed."""
+        stock = self.reserve.get(ended.key)
+        share = self._reserve_share.get(ended.key)
+        if not stock or share is None or self.paused:
+            return False
+        if 1 + self._running().get(ended.key, 0) > share:
+            return False  # more than our share of the key: the slot goes back to all nodes
+        entry = stock.popleft()
+        if not stock:
+            del self.reserve[ended.key]
+        self.outbox[ended.partition].handoffs.append((ended.member, entry.member))
+        self.buffer.appendleft(entry)
+        self.count("scheduler/handoffs", 1)
+        self.nudge()
+        return True
+
+    def _return_reserve(self, key: str) -> None:
+        """Send *key*'s reserve back to its queue (its slots are for all nodes)."""
+        self._reserve_share.pop(key, None)
+        for entry in self.reserve.pop(key, ()):
+            self.outbox[entry.partition].nacks.append(entry.member)
+
+    def _reserve_asks(self, p: int) -> list[tuple[str, int]]:
+        """What partition *p*'s next call asks for the reserve: per key worth
+        one, as many more entries as the node runs downloads of it (up to its
+        share), or 0 to hear whether the reserve held may still be used."""
+        if not self._reserve_keys or self.paused:
+            return []
+        running = self._running()
+        asks = []
+        for key, kp in list(self._reserve_keys.items()):
+            if kp != p:
+                continue
+            n = running.get(key, 0)
+            if not n:
+                # nothing of it runs here: no slot of ours to hand a reserve
+                del self._reserve_keys[key]
+                self._return_reserve(key)
+                continue
+            want = min(n, self._reserve_share.get(key, n)) - len(self.reserve.get(key, ()))
+            asks.append((key, max(0, want)))
+        return asks
+
+    def _running(self) -> dict[str, int]:
+        """Per key worth a reserve: this node's entries that hold a slot of it
+        (downloading, or leased and waiting in the buffer)."""
+        running: dict[str, int] = {}
+        keys = self._reserve_keys
+        for e in (*self.held.values(), *self.buffer):
+            if not e.ended and e.key in keys:
+                running[e.key] = running.get(e.key, 0) + 1
+        return running
 
     def fail(self, member: str, kind: str, record: dict) -> None:
         """*member* is done for good: keep *record* in the dead/invalid list."""
@@ -236,6 +312,8 @@ class FrontierClient:
     def feedback(self, key: str, kind: str, seconds: float = 0.0) -> None:
         """What a site said about politeness key *key* (see :class:`Batch`)."""
         batch = self.outbox[self.partition_of(key)]
+        if kind != "crawldelay" or seconds > 0:
+            self._return_reserve(key)  # no hand-off past what the site said
         {"block": lambda: batch.block(key, seconds), "backoff": lambda: batch.backoff(key),
          "crawldelay": lambda: batch.crawl_delay(key, seconds)}[kind]()
         self._wake.set()
@@ -285,7 +363,11 @@ class FrontierClient:
 
     def local_backlog(self) -> int:
         """Requests this node holds that Redis has not handed to the engine yet."""
-        return len(self.buffer) + self.pending_adds()
+        return len(self.buffer) + self.reserved_count() + self.pending_adds()
+
+    def reserved_count(self) -> int:
+        """Entries leased in reserve (see the slot hand-off)."""
+        return sum(len(stock) for stock in self.reserve.values())
 
     def pending_adds(self) -> int:
         """New requests not stored yet (waiting, or in a call not answered yet)."""
@@ -297,7 +379,7 @@ class FrontierClient:
 
     def has_pending(self) -> bool:
         """Work exists here or anywhere in the cluster that may reach this node."""
-        if self.buffer or self.pending_adds():
+        if self.buffer or self.reserve or self.pending_adds():
             return True
         if any(b.take for _, b, _ in self._calls.values()):
             return True  # its reply may bring entries
@@ -313,7 +395,7 @@ class FrontierClient:
         return {"queued": self.remote_queued(),
                 "delayed": sum(max(0, r.delayed) for r in self.remote),
                 "inflight": sum(r.inflight for r in self.remote),
-                "prefetched": len(self.buffer)}
+                "prefetched": len(self.buffer), "reserved": self.reserved_count()}
 
     def flushed(self) -> asyncio.Future:
         """A future that resolves once everything added so far is in Redis."""
@@ -343,7 +425,8 @@ class FrontierClient:
         except Exception:
             logger.exception("Frontier loop failed", extra=self.log_extra)
         self.before_tick()
-        leftovers = list(self.buffer) + list(self.held.values())
+        leftovers = (list(self.buffer) + list(self.held.values())
+                     + [e for stock in self.reserve.values() for e in stock])
         batches = self.outbox
         self.outbox = [Batch() for _ in self.partitions]
         for member, p, relieve, _ in self._acks:  # the last word: everything goes now
@@ -357,6 +440,9 @@ class FrontierClient:
             batches[entry.partition].nacks.append(entry.member)
         self.buffer.clear()
         self.held.clear()
+        self.reserve.clear()
+        self._reserve_keys.clear()
+        self._reserve_share.clear()
         self.owners.clear()
         await asyncio.gather(*(self._final_sync(p, batch) for p, batch in enumerate(batches)))
         for waiter in self._flush_waiters:
@@ -476,7 +562,9 @@ class FrontierClient:
             polite = max(0, self.free_slots() - len(self.buffer))
             polite = -(-polite // len(takes))
         for p in ready:
+            asks = self._reserve_asks(p)  # may send a reserve back: before the batch
             batch = self._next_batch(p)
+            batch.reserve = asks
             batch.take = takes.get(p, 0)
             if batch.take and polite is not None:
                 batch.take_polite = min(batch.take, polite)
@@ -651,9 +739,12 @@ class FrontierClient:
         if len(outbox.adds) <= MAX_CALL_ADDS:
             self.outbox[p] = Batch()
             return outbox
-        batch = Batch(adds=outbox.adds[:MAX_CALL_ADDS], feedback=outbox.feedback)
+        # Hand-offs go at once: the ack of a request whose slot was handed off
+        # must not reach the frontier before the hand-off.
+        batch = Batch(adds=outbox.adds[:MAX_CALL_ADDS], feedback=outbox.feedback,
+                      handoffs=outbox.handoffs)
         outbox.adds = outbox.adds[MAX_CALL_ADDS:]
-        outbox.feedback = []
+        outbox.feedback, outbox.handoffs = [], []
         return batch
 
     def _requeue(self, p: int, batch: Batch) -> None:
@@ -736,8 +827,26 @@ class FrontierClient:
             self._take(p, member, payload)
         if result.taken:
             self.nudge()
+        self._apply_reserve(p, result)
 
-    def _take(self, p: int, member: str, payload: bytes) -> None:
+    def _apply_reserve(self, p: int, result: SyncResult) -> None:
+        for key in result.capped_keys:
+            self._reserve_keys.setdefault(key, p)
+        for key, (usable, share) in result.reserve_status.items():
+            if usable:
+                self._reserve_share[key] = share
+            else:  # an interval, a block (maybe another node's 429), over its limit
+                self._return_reserve(key)
+        for member, payload in result.reserved:
+            entry = self._accepted(p, member, payload)
+            if entry is not None:
+                self.reserve.setdefault(entry.key, deque()).append(entry)
+        if result.reserved:
+            self.count("scheduler/reserved", len(result.reserved))
+
+    def _accepted(self, p: int, member: str, payload: bytes) -> Entry | None:
+        """A leased entry as the adapter makes it, now owned here (None: rejected,
+        kept in the invalid list)."""
         try:
             item = self.accept(p, member, payload)
         except Rejected as exc:
@@ -745,9 +854,14 @@ class FrontierClient:
             self.outbox[p].fail(member, "invalid", {
                 "member": member, "payload": payload.decode("utf-8", "replace"),
                 "reason": str(exc), "node": self.node, "at": time.time()})
-            return
+            return None
         self.owners[member] = self.partitions[p].node
-        entry = Entry(member, p, item, member_priority(member))
+        return Entry(member, p, item, member_priority(member), member_key(member))
+
+    def _take(self, p: int, member: str, payload: bytes) -> None:
+        entry = self._accepted(p, member, payload)
+        if entry is None:
+            return
         buffer = self.buffer
         if not buffer or buffer[-1].priority >= entry.priority:
             buffer.append(entry)  # the common case: FIFO among equal priorities

@@ -73,6 +73,11 @@ class Batch:
     feedback: list[tuple[str, str, int]] = field(default_factory=list)
     #: leased members whose download ended (frees their key's slot)
     fetched: list[str] = field(default_factory=list)
+    #: (ended member, started member): a reserved entry took the ended one's slot
+    handoffs: list[tuple[str, str]] = field(default_factory=list)
+    #: (politeness key, how many more entries of it to hold in reserve; 0 asks
+    #: only whether the reserve held may still be used)
+    reserve: list[tuple[str, int]] = field(default_factory=list)
     take: int = 0
     #: most entries to take from keys with an interval (None: as many as ``take``)
     take_polite: int | None = None
@@ -111,7 +116,7 @@ class Batch:
 
     def __bool__(self) -> bool:
         return bool(self.adopt or self.adds or self.acks or self.fails or self.nacks
-                    or self.feedback or self.fetched or self.take)
+                    or self.feedback or self.fetched or self.handoffs or self.take)
 
     def merge(self, other: "Batch") -> None:
         """Append *other*'s operations after this batch's."""
@@ -123,6 +128,7 @@ class Batch:
         self.nacks += other.nacks
         self.feedback += other.feedback
         self.fetched += other.fetched
+        self.handoffs += other.handoffs
 
 
 @dataclass
@@ -152,6 +158,12 @@ class SyncResult:
     #: keys the take filled up to their concurrency, or passed over because
     #: they had it in flight
     capped: int = 0
+    #: entries leased into the node's reserve (they hold no slot yet)
+    reserved: list[tuple[str, bytes]] = field(default_factory=list)
+    #: key -> (its reserve may be used, the node's share of its concurrency)
+    reserve_status: dict[str, tuple[bool, int]] = field(default_factory=dict)
+    #: the keys behind ``capped`` (at most 64)
+    capped_keys: list[str] = field(default_factory=list)
 
 
 class Frontier:
@@ -208,17 +220,31 @@ class Frontier:
             args += entry
         args.append(len(batch.fetched))
         args += batch.fetched
+        args.append(len(batch.handoffs))
+        for ended, started in batch.handoffs:
+            args += [ended, started]
+        args.append(len(batch.reserve))
+        for key, count in batch.reserve:
+            args += [key, count]
         return self._sync(keys=keys, args=args)
 
     @staticmethod
     def _parse(raw) -> SyncResult:
         flat = raw[0]
         taken = [(_s(flat[i]), _b(flat[i + 1])) for i in range(0, len(flat), 2)]
-        return SyncResult(taken, *(int(float(x)) for x in raw[1:13]))
+        result = SyncResult(taken, *(int(float(x)) for x in raw[1:13]))
+        if len(raw) > 13:
+            res = raw[13]
+            result.reserved = [(_s(res[i]), _b(res[i + 1])) for i in range(0, len(res), 2)]
+            st = raw[14]
+            result.reserve_status = {_s(st[i]): (int(st[i + 1]) == 1, int(st[i + 2]))
+                                     for i in range(0, len(st), 3)}
+            result.capped_keys = [_s(k) for k in raw[15]]
+        return result
 
     def sync(self, batch: Batch | None = None, *, leaving: bool = False) -> SyncResult:
         """Send *batch* (and renew this node's lease) in one atomic call."""
-        return self._parse(self._sync_call(batch or Batch(), leaving))
+        return self._parse(self._sync_call(Batch() if batch is None else batch, leaving))
 
     # -- conveniences over sync() -------------------------------------------
     def push(self, payload: str, fingerprint=None, priority: int = 0, delay_ms: int = 0,
@@ -334,7 +360,7 @@ class AsyncFrontier(Frontier):
     """The same frontier over an asyncio redis-py client (the Scrapy scheduler)."""
 
     async def sync(self, batch: Batch | None = None, *, leaving: bool = False) -> SyncResult:
-        return self._parse(await self._sync_call(batch or Batch(), leaving))
+        return self._parse(await self._sync_call(Batch() if batch is None else batch, leaving))
 
     async def add_stats(self, deltas: dict[str, int]) -> None:
         if any(deltas.values()):

@@ -324,7 +324,7 @@ SYNC = _LIB + r"""
 --          start at once: an entry of a polite key must not wait in a buffer)
 -- ARGV[20] safety margin on intervals (0.05: 5 % longer, so that the time a
 --          node takes from lease to sending never shortens what the site sees)
--- then seven sections, each a count followed by its items:
+-- then nine sections, each a count followed by its items:
 --   adopt: n x (member, former owner)    (leases this node took under a former
 --                                          id of its own: now held under this id)
 --   add:  n x (politeness key, fingerprint hex or '', priority, payload, delay ms or 0)
@@ -334,6 +334,11 @@ SYNC = _LIB + r"""
 --   feedback: n x (key, 'block'|'backoff'|'crawldelay', ms)
 --   fetched: n x member                  (its download ended: its key's slot is
 --                                          free; the entry stays leased until acked)
+--   handoff: n x (ended member, started member)  (the node gave the slot of a
+--            download that ended to an entry it held in reserve for that key)
+--   reserve: n x (key, count)            (entries of K this node wants in reserve:
+--            leased, holding no slot, started only on a slot the node frees; a
+--            count of 0 asks only whether its reserve may still be used)
 --
 -- Politeness is enforced here, at lease time, for all nodes: a key is taken
 -- from only when its ready time has come (a minimum interval since its last
@@ -348,12 +353,23 @@ SYNC = _LIB + r"""
 -- no-op. Anything else is a stale call: counted, nothing changed. Every take
 -- registers the node with a deadline, so no entry is held by an id that
 -- cannot expire.
+-- Reserve (the slot hand-off): a key with no interval and no block that has
+-- its concurrency in flight frees a slot only when a download ends; the node
+-- whose download ended may start the next request of that key at once, from
+-- its reserve, and say so afterwards (handoff): the key's in-flight count never
+-- goes up, so its concurrency holds for the cluster. A reserve is given only
+-- while the key is at its concurrency, at most its share (concurrency / nodes
+-- of the partition, rounded up) per ask; the reply tells, for every key asked
+-- about, whether the reserve may still be used (no interval, no block, not
+-- over its concurrency) and the share.
 -- Returns {taken = {member, payload, ...}, added, duplicates, queue length,
 --          delayed length or -1, inflight length or -1, reclaimed, now or -1,
 --          stale calls, queue members without payload set aside, records trimmed,
 --          earliest ready time (ms), -1 when no key is ready or due, -2 when the
 --          take got all it asked for (more may be ready), keys the take filled
---          up to their concurrency or passed over because they had it in flight}
+--          up to their concurrency or passed over because they had it in flight,
+--          reserved = {member, payload, ...}, status = {key, 1|0, share, ...},
+--          capped keys = {key, ...} (at most 64)}
 local node, ttl, take_n = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local sweep = string.find(ARGV[5], 's', 1, true) ~= nil
 local registered = string.find(ARGV[5], 'r', 1, true) ~= nil
@@ -368,11 +384,12 @@ local QP, HP = KEYS[13], KEYS[14]
 local function Q(k) return QP .. ':' .. k end
 local function HELD(n) return HP .. ':' .. n end
 -- A lease's value is its node id, with '|f' once its download ended (then its
--- key's in-flight slot is already free).
+-- key's in-flight slot is already free) or '|r' while it waits in the node's
+-- reserve (it holds no slot yet). The second value is that flag, or false.
 local function lease(v)
   if not v then return false, false end
-  local owner = string.match(v, '^(.*)|f$')
-  if owner then return owner, true end
+  local owner, flag = string.match(v, '^(.*)|([fr])$')
+  if owner then return owner, flag end
   return v, false
 end
 local now_cache = nil
@@ -487,6 +504,14 @@ end
 pos = pos + 1 + 3 * #feedback
 local fetched = {}
 for i = 1, tonumber(ARGV[pos]) do fetched[i] = ARGV[pos + i] end
+pos = pos + 1 + #fetched
+local handoffs = {}
+for i = 1, tonumber(ARGV[pos]) do handoffs[i] = {ARGV[pos + 2 * i - 1], ARGV[pos + 2 * i]} end
+pos = pos + 1 + 2 * #handoffs
+local reserve = {}
+for i = 1, tonumber(ARGV[pos]) do
+  reserve[i] = {ARGV[pos + 2 * i - 1], math.max(0, tonumber(ARGV[pos + 2 * i]) or 0)}
+end
 
 -- Only the keys whose in-flight count or state this call changes are read
 -- here: a key that only got new entries joins the ready set as a hint (its
@@ -497,13 +522,15 @@ for _, f in ipairs(fails) do keys[#keys + 1] = member_key(f[1]) end
 for _, m in ipairs(nacks) do keys[#keys + 1] = member_key(m) end
 for _, f in ipairs(feedback) do keys[#keys + 1] = f[1] end
 for _, m in ipairs(fetched) do keys[#keys + 1] = member_key(m) end
+for _, h in ipairs(handoffs) do keys[#keys + 1] = member_key(h[2]) end
+for _, r in ipairs(reserve) do keys[#keys + 1] = r[1] end
 load(keys)
 
 -- adopt
 for _, a in ipairs(adopt) do
   local owner, fetched_ = lease(redis.call('HGET', KEYS[3], a[1]))
   if owner == a[2] then
-    redis.call('HSET', KEYS[3], a[1], fetched_ and node .. '|f' or node)
+    redis.call('HSET', KEYS[3], a[1], fetched_ and node .. '|' .. fetched_ or node)
     redis.call('SMOVE', HELD(a[2]), HELD(node), a[1])
   end
 end
@@ -596,6 +623,34 @@ if #fetched > 0 then
       local k = member_key(member)
       ST[k].n = math.max(0, ST[k].n - 1); dirty[k] = true; touched[k] = true
     end
+  end
+  if #marks > 0 then call_chunked('HSET', KEYS[3], marks, 2) end
+end
+
+-- handoff: a download ended and the node started a reserved entry of the same
+-- key in its place: the ended one no longer holds a slot, the started one does
+if #handoffs > 0 then
+  local flat = {}
+  for _, h in ipairs(handoffs) do flat[#flat + 1] = h[1]; flat[#flat + 1] = h[2] end
+  local values = redis.call('HMGET', KEYS[3], unpack(flat))
+  local marks = {}
+  for i, h in ipairs(handoffs) do
+    -- Both are of the same key; the ready set changes only if its count does.
+    local k, delta = member_key(h[2]), 0
+    local owner, flag = lease(values[2 * i - 1])
+    if owner == node and not flag then
+      marks[#marks + 1] = h[1]; marks[#marks + 1] = node .. '|f'
+      delta = delta - 1
+    end
+    owner, flag = lease(values[2 * i])
+    if owner == node and flag == 'r' then
+      marks[#marks + 1] = h[2]; marks[#marks + 1] = node
+      delta = delta + 1
+    else
+      stale = stale + 1    -- reclaimed meanwhile: it runs without a lease
+    end
+    ST[k].n = math.max(0, ST[k].n + delta); ST[k].last = now(); dirty[k] = true
+    if delta ~= 0 then touched[k] = true end
   end
   if #marks > 0 then call_chunked('HSET', KEYS[3], marks, 2) end
 end
@@ -770,7 +825,11 @@ end
 
 -- take: from keys whose time has come, oldest-ready first, each once
 local taken, missing, capped = {}, 0, 0
-local members, unready, later = {}, {}, {}
+local members, unready, later, capped_keys = {}, {}, {}, {}
+local function note_capped(k)
+  capped = capped + 1
+  if #capped_keys < 64 then capped_keys[#capped_keys + 1] = k end
+end
 if take_n > 0 and ttl > 0 then
   local want, offset = take_n, 0
   for _ = 1, 10 do
@@ -785,7 +844,7 @@ if take_n > 0 and ttl > 0 then
       local due = earliest(k)
       if s.n >= l.conc then
         unready[k] = true
-        capped = capped + 1      -- at its concurrency: the node reports ends at once
+        note_capped(k)           -- at its concurrency: the node reports ends at once
       elseif due > now() then
         later[#later + 1] = fmt(due); later[#later + 1] = k   -- an early hint: wait its turn
       else
@@ -803,7 +862,7 @@ if take_n > 0 and ttl > 0 then
           local got = #popped / 2
           if polite then polite_budget = polite_budget - got end
           s.n = s.n + got; s.last = now(); dirty[k] = true; took[k] = true
-          if s.n >= l.conc then capped = capped + 1 end   -- filled up to its concurrency
+          if s.n >= l.conc then note_capped(k) end   -- filled up to its concurrency
           want = want - got
           qdelta = qdelta - got
         end
@@ -828,6 +887,45 @@ if take_n > 0 and ttl > 0 then
           keep_record('invalid', cjson.encode({member = member, reason = 'no payload',
                                                node = node, at = now() / 1000}))
         end
+      end
+    end
+    if #owned > 0 then
+      call_chunked('HSET', KEYS[3], owned, 2)
+      call_chunked('SADD', HELD(node), held, 1)
+      if not (maintenance or registered) then redis.call('ZADD', KEYS[4], fmt(now() + ttl), node) end
+    end
+  end
+end
+
+-- reserve: entries of keys at their concurrency, for this node's hand-offs
+local reserved, status = {}, {}
+if #reserve > 0 and ttl > 0 then
+  local nodes = math.max(1, redis.call('ZCARD', KEYS[4]))
+  local rmembers = {}
+  for _, r in ipairs(reserve) do
+    local k, s, l = r[1], ST[r[1]], LIM[r[1]]
+    local share = math.ceil(math.min(l.conc, 1000000) / nodes)
+    local ok = interval(k) == 0 and s.block <= now() and s.n <= l.conc
+    status[#status + 1] = k; status[#status + 1] = ok and 1 or 0; status[#status + 1] = share
+    local count = math.min(r[2], share)
+    if ok and s.n >= l.conc and count > 0 then
+      local popped = redis.call('ZPOPMIN', Q(k), count)
+      for i = 1, #popped, 2 do rmembers[#rmembers + 1] = popped[i] end
+      qdelta = qdelta - #popped / 2
+    end
+  end
+  if #rmembers > 0 then
+    local payloads = redis.call('HMGET', KEYS[2], unpack(rmembers))
+    local owned, held = {}, {}
+    for j, member in ipairs(rmembers) do
+      if payloads[j] then
+        reserved[#reserved + 1] = member; reserved[#reserved + 1] = payloads[j]
+        owned[#owned + 1] = member; owned[#owned + 1] = node .. '|r'
+        held[#held + 1] = member
+      else
+        missing = missing + 1
+        keep_record('invalid', cjson.encode({member = member, reason = 'no payload',
+                                             node = node, at = now() / 1000}))
       end
     end
     if #owned > 0 then
@@ -871,7 +969,8 @@ elseif take_n > 0 then
   next_ready = -2  -- the take got all it asked for: more may be ready now
 end
 return {taken, added, dups, qlen, delayed_len, inflight_len, reclaimed,
-        now_cache and fmt(now_cache) or -1, stale, missing, trimmed, next_ready, capped}
+        now_cache and fmt(now_cache) or -1, stale, missing, trimmed, next_ready, capped,
+        reserved, status, capped_keys}
 """
 
 BLOOM_ADD = _LIB + r"""
