@@ -166,6 +166,7 @@ class RedisScheduler(BaseScheduler):
         self.crawler.signals.connect(self._on_response, signal=signals.response_received)
         self.crawler.signals.connect(self._on_left_downloader,
                                      signal=signals.request_left_downloader)
+        self.crawler.signals.connect(self._on_downloaded, signal=signals.response_downloaded)
         self.crawler.signals.connect(self._on_spider_error, signal=signals.spider_error)
         self.crawler.signals.connect(self._on_robots, signal=signals.robots_parsed)
         self.crawler.signals.connect(self._on_spider_opened, signal=signals.spider_opened)
@@ -397,6 +398,13 @@ class RedisScheduler(BaseScheduler):
         if delay:
             self.client.feedback(self.politeness.key(request), "crawldelay", float(delay))
             self.stats.inc_value("politeness/crawl_delays")
+
+    def _on_downloaded(self, response, request, spider=None, **kwargs):
+        # Sent before request_left_downloader (and before the middlewares see
+        # the status): a site that says "slow down" gets no request handed its
+        # slot, even before slow_down() tells every node.
+        if response.status in self.politeness.backoff_codes and LEASE_META in request.meta:
+            self.client.hold_back(self.politeness.key(request))
 
     def _on_left_downloader(self, request, spider=None, **kwargs):
         # The download is over (response or error): the site's slot is free for

@@ -7,6 +7,8 @@ import os
 import signal
 import time
 
+import pytest
+
 from crawlproject.frontier.client import MAX_CALL_ADDS, FrontierClient
 from crawlproject.frontier.politeness import PolitenessConfig
 from tests.crawl_helpers import partial_cluster
@@ -194,23 +196,29 @@ def test_a_node_hands_a_finished_download_s_slot_to_its_reserve_at_once(redis_ur
     asyncio.run(main())
 
 
-def test_a_block_the_node_hears_of_sends_its_reserve_back(redis_url):
-    """A 429's Retry-After seen on this node: no hand-off past it; the reserve
-    goes back to the key's queue with the next call."""
+@pytest.mark.parametrize("heard", ["retry-after", "slow-down status"])
+def test_a_block_the_node_hears_of_sends_its_reserve_back(redis_url, heard):
+    """A 429's Retry-After seen on this node (or, before the middlewares see it,
+    the status itself): no hand-off past it; the reserve goes back to the key's
+    queue with the next call."""
     async def main():
-        async with real_client(redis_url, "handback", 2, 10) as (fc, frontier, client):
+        async with real_client(redis_url, f"handback-{len(heard)}", 2, 10) as (fc, frontier, client):
             await until(lambda: len(fc.buffer) == 2)
             first, second = fc.next(), fc.next()
             fc.fetched(first.member)
             await until(lambda: fc.reserved_count() == 1 and len(fc.buffer) == 1)
-            fc.feedback("h", "block", 30)
+            if heard == "retry-after":
+                fc.feedback("h", "block", 30)
+            else:
+                fc.hold_back("h")
             assert fc.reserved_count() == 0
             before = list(fc.buffer)
             fc.fetched(second.member)
             assert list(fc.buffer) == before         # nothing started on its slot
-            await fc.flushed()
-            queued = await client.zcard(frontier.keys.queue("h"))
-            assert queued == 10 - 3                  # the reserved entry is back
+            if heard == "retry-after":  # (the status alone blocks nothing in Redis)
+                await fc.flushed()
+                queued = await client.zcard(frontier.keys.queue("h"))
+                assert queued == 10 - 3              # the reserved entry is back
 
     asyncio.run(main())
 

@@ -267,6 +267,11 @@ class FrontierClient:
         self.nudge()
         return True
 
+    def hold_back(self, key: str) -> None:
+        """*key*'s site answered a slow-down status: hand off none of its slots
+        (its reserve goes back) until the frontier says the key may go on."""
+        self._return_reserve(key)
+
     def _return_reserve(self, key: str) -> None:
         """Send *key*'s reserve back to its queue (its slots are for all nodes)."""
         self._reserve_share.pop(key, None)
