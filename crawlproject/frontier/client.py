@@ -840,8 +840,10 @@ class FrontierClient:
         for key, (usable, share) in result.reserve_status.items():
             if usable:
                 self._reserve_share[key] = share
-            else:  # an interval, a block (maybe another node's 429), over its limit
+            else:  # an interval, a block (maybe another node's 429), over its limit:
+                # not asked about again until a take finds it at its concurrency
                 self._return_reserve(key)
+                self._reserve_keys.pop(key, None)
         for member, payload in result.reserved:
             entry = self._accepted(p, member, payload)
             if entry is not None:
