@@ -826,6 +826,35 @@ end
 -- take: from keys whose time has come, oldest-ready first, each once
 local taken, missing, capped = {}, 0, 0
 local members, unready, later, capped_keys = {}, {}, {}, {}
+local function lease_out(popped, value, out)
+  -- Lease POPPED (taken out of their queues) to this node as VALUE, appending
+  -- member, payload to OUT. A member without payload is set aside in the
+  -- invalid list and returned (its key's count is the caller's to mend).
+  local owned, held, lost = {}, {}, {}
+  for i = 1, #popped, 500 do
+    local last = math.min(i + 499, #popped)
+    local payloads = redis.call('HMGET', KEYS[2], unpack(popped, i, last))
+    for j = i, last do
+      local member, payload = popped[j], payloads[j - i + 1]
+      if payload then
+        out[#out + 1] = member; out[#out + 1] = payload
+        owned[#owned + 1] = member; owned[#owned + 1] = value
+        held[#held + 1] = member
+      else
+        lost[#lost + 1] = member
+        missing = missing + 1
+        keep_record('invalid', cjson.encode({member = member, reason = 'no payload',
+                                             node = node, at = now() / 1000}))
+      end
+    end
+  end
+  if #owned > 0 then
+    call_chunked('HSET', KEYS[3], owned, 2)
+    call_chunked('SADD', HELD(node), held, 1)
+    if not (maintenance or registered) then redis.call('ZADD', KEYS[4], fmt(now() + ttl), node) end
+  end
+  return lost
+end
 local function note_capped(k)
   capped = capped + 1
   if #capped_keys < 64 then capped_keys[#capped_keys + 1] = k end
@@ -869,31 +898,9 @@ if take_n > 0 and ttl > 0 then
       end
     end
   end
-  if #members > 0 then
-    local owned, held = {}, {}
-    for i = 1, #members, 500 do
-      local last = math.min(i + 499, #members)
-      local payloads = redis.call('HMGET', KEYS[2], unpack(members, i, last))
-      for j = i, last do
-        local member, payload = members[j], payloads[j - i + 1]
-        if payload then
-          taken[#taken + 1] = member; taken[#taken + 1] = payload
-          owned[#owned + 1] = member; owned[#owned + 1] = node
-          held[#held + 1] = member
-        else
-          local k = member_key(member)
-          ST[k].n = math.max(0, ST[k].n - 1)
-          missing = missing + 1
-          keep_record('invalid', cjson.encode({member = member, reason = 'no payload',
-                                               node = node, at = now() / 1000}))
-        end
-      end
-    end
-    if #owned > 0 then
-      call_chunked('HSET', KEYS[3], owned, 2)
-      call_chunked('SADD', HELD(node), held, 1)
-      if not (maintenance or registered) then redis.call('ZADD', KEYS[4], fmt(now() + ttl), node) end
-    end
+  for _, member in ipairs(lease_out(members, node, taken)) do
+    local k = member_key(member)
+    ST[k].n = math.max(0, ST[k].n - 1)
   end
 end
 
@@ -914,26 +921,7 @@ if #reserve > 0 and ttl > 0 then
       qdelta = qdelta - #popped / 2
     end
   end
-  if #rmembers > 0 then
-    local payloads = redis.call('HMGET', KEYS[2], unpack(rmembers))
-    local owned, held = {}, {}
-    for j, member in ipairs(rmembers) do
-      if payloads[j] then
-        reserved[#reserved + 1] = member; reserved[#reserved + 1] = payloads[j]
-        owned[#owned + 1] = member; owned[#owned + 1] = node .. '|r'
-        held[#held + 1] = member
-      else
-        missing = missing + 1
-        keep_record('invalid', cjson.encode({member = member, reason = 'no payload',
-                                             node = node, at = now() / 1000}))
-      end
-    end
-    if #owned > 0 then
-      call_chunked('HSET', KEYS[3], owned, 2)
-      call_chunked('SADD', HELD(node), held, 1)
-      if not (maintenance or registered) then redis.call('ZADD', KEYS[4], fmt(now() + ttl), node) end
-    end
-  end
+  lease_out(rmembers, node .. '|r', reserved)   -- a reserve holds no slot to mend
 end
 
 -- write back the touched keys' state; the keys taken from get their next
