@@ -348,3 +348,17 @@ def test_a_dead_node_s_reserve_comes_back_without_freeing_slots_it_never_held(no
     assert b.sync(Batch(take=0)).reclaimed == 4     # 2 downloading, 2 in reserve
     assert inflight(b) == 1                         # c's download still counts
     assert len(b.take(5)) == 2 and b.take(5) == []  # 3 in all, not 4
+
+
+def test_a_reserved_member_without_payload_is_set_aside_and_holds_no_slot(node, clock, redis):
+    a, b = node("a", polite(delay=0, concurrency=1)), node("b", polite(delay=0, concurrency=1))
+    add(a, "h1", 3)
+    (first, _), = a.take(5)
+    nxt = redis.zrange(a.keys.queue("h1"), 0, 0)[0]
+    redis.hdel(a.keys.payloads, nxt)              # a queue member whose payload is gone
+    res = a.sync(Batch(reserve=[("h1", 1)]))
+    assert res.reserved == [] and res.missing == 1
+    assert a.invalid_entries()[0]["member"] == nxt.decode()
+    assert inflight(a) == 1
+    a.ack(first)
+    assert len(b.take(5)) == 1                    # the one slot is free again
