@@ -49,7 +49,9 @@ key                                type    contents / written by
                                            (:mod:`crawlproject.serialization`); SYNC
 ``T:inflight``                     hash    member → node id holding its lease (with
                                            ``|f`` once its download ended: its key's
-                                           in-flight slot is free); SYNC
+                                           in-flight slot is free; ``|r`` while it
+                                           waits in the node's reserve, holding no
+                                           slot: the slot hand-off); SYNC
 ``T:held:<node>``                  set     members leased to that node (reclaim reads
                                            only the dead node's set)
 ``T:nodes``                        zset    node id → lease deadline (ms, Redis time);
