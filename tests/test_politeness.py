@@ -188,6 +188,19 @@ def test_a_sweep_recounts_in_flight(node, redis):
     assert len(res.taken) == 2
 
 
+def test_a_call_that_only_sweeps_still_sweeps(node, redis):
+    """An idle node's call may carry nothing but maintenance flags: they must
+    reach the script (a batch with nothing in it was once replaced by a
+    default one, dropping the sweep)."""
+    a = node("a", polite(0, 2))
+    add(a, "h1", 5)
+    assert len(a.take(5)) == 2
+    redis.hset(a.keys.kstate, "h1", "2|0|0|0|0")
+    redis.hdel(a.keys.inflight, *redis.hkeys(a.keys.inflight))   # state drifted
+    a.sync(Batch(sweep=True))
+    assert len(a.take(5)) == 2
+
+
 def test_partitions_have_their_own_keys_and_filters(redis, clock):
     config = polite(0, 10, partitions=3)
     hosts = [f"host{i}.example" for i in range(30)]
