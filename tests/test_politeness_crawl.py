@@ -145,6 +145,38 @@ def test_three_nodes_keep_every_site_under_its_concurrency_with_slots_handed_off
     assert max(rude_peaks.values()) > 2, rude_peaks
 
 
+def test_a_node_killed_while_holding_a_reserve_loses_nothing_and_the_limit_holds(
+        redis, redis_url, mongo_uri, database, tmp_path):
+    """SIGKILL a node at a moment it holds entries in reserve: the survivor
+    reclaims them with the rest of its leases once they expire; every page is
+    stored, none fetched more than twice, and no site ever answers more than its
+    2 at once (the dead node's reserve held no slot, its downloads' slots stay
+    counted until its lease expires)."""
+    env = node_env(redis_url, mongo_uri, database.name)
+    pages = 40
+    settings = {**BASE, "DOWNLOAD_DELAY": 0, "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
+                "CONCURRENT_REQUESTS": 8}
+    with MultiHostSite(DEFAULT_HOSTS, pages=pages, latency_ms=100) as site:
+        victim, survivor = (Node(name, tmp_path, env, spider="hosts", settings=settings)
+                            for name in ("victim", "survivor"))
+        try:
+            for node in (victim, survivor):
+                node.wait_for_log("Reading seeds from")
+            redis.lpush(start_urls_key("hosts"), *site.root_urls())
+            wait_for_reserve(redis, holder="victim")
+            victim.kill()
+            assert database["hosts"].count_documents({}) < pages * len(DEFAULT_HOSTS)
+            assert survivor.wait(240) == 0, survivor.tail()
+        finally:
+            victim.stop()
+            survivor.stop()
+        hits = site.requests()
+        peaks = {host: site.max_in_flight(host) for host in DEFAULT_HOSTS}
+    assert_every_page_stored(database, hits, pages, most_fetches=2)
+    assert survivor.stat("scheduler/reclaimed") >= 1
+    assert max(peaks.values()) <= 2, peaks
+
+
 def test_a_big_slow_site_does_not_hold_the_small_ones_back(redis, redis_url, mongo_uri,
                                                             database, tmp_path):
     """One site with 2,000 pages and nine with 100, all at 2 requests/s: the small
@@ -219,11 +251,13 @@ def test_retry_after_blocks_a_site_for_every_node_and_the_others_go_on(
     assert len(others) >= 9 * 5 * 5 * 0.5          # the nine other sites went on
 
 
-def wait_for_reserve(redis, host, timeout=30):
-    """Wait until some node holds an entry of *host* in reserve (slot hand-off)."""
+def wait_for_reserve(redis, host=None, holder=None, timeout=30):
+    """Wait until a node (started as *holder*, if given) holds an entry (of
+    *host*, if given) in reserve: a lease flagged '|r' (the slot hand-off)."""
     inflight = FrontierKeys("hosts").inflight
     deadline = time.monotonic() + timeout
-    while not any(m.endswith(f"@{host}".encode()) and v.endswith(b"|r")
+    while not any((host is None or m.endswith(f"@{host}".encode())) and v.endswith(b"|r")
+                  and (holder is None or v.startswith(f"{holder}-".encode()))
                   for m, v in redis.hgetall(inflight).items()):
         assert time.monotonic() < deadline, "no reserve held"
         time.sleep(0.01)
