@@ -157,19 +157,11 @@ def test_a_node_killed_while_holding_a_reserve_loses_nothing_and_the_limit_holds
     settings = {**BASE, "DOWNLOAD_DELAY": 0, "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
                 "CONCURRENT_REQUESTS": 8}
     with MultiHostSite(DEFAULT_HOSTS, pages=pages, latency_ms=100) as site:
-        victim, survivor = (Node(name, tmp_path, env, spider="hosts", settings=settings)
-                            for name in ("victim", "survivor"))
-        try:
-            for node in (victim, survivor):
-                node.wait_for_log("Reading seeds from")
-            redis.lpush(start_urls_key("hosts"), *site.root_urls())
+        def kill(victim):
             wait_for_reserve(redis, holder="victim")
             victim.kill()
-            assert database["hosts"].count_documents({}) < pages * len(DEFAULT_HOSTS)
-            assert survivor.wait(240) == 0, survivor.tail()
-        finally:
-            victim.stop()
-            survivor.stop()
+        survivor = crawl_killing_one(tmp_path, env, redis, site, settings, kill,
+                                     database["hosts"], pages)
         hits = site.requests()
         peaks = {host: site.max_in_flight(host) for host in DEFAULT_HOSTS}
     assert_every_page_stored(database, hits, pages, most_fetches=2)
@@ -251,6 +243,25 @@ def test_retry_after_blocks_a_site_for_every_node_and_the_others_go_on(
     assert len(others) >= 9 * 5 * 5 * 0.5          # the nine other sites went on
 
 
+def crawl_killing_one(tmp_path, env, client, site, settings, kill, collection, pages):
+    """Nodes "victim" and "survivor" crawl *site*; *kill(victim)* kills the
+    victim mid-crawl (before every page is stored) and the survivor must finish
+    alone. Returns the survivor (its log has the stats)."""
+    victim, survivor = (Node(name, tmp_path, env, spider="hosts", settings=settings)
+                        for name in ("victim", "survivor"))
+    try:
+        for node in (victim, survivor):
+            node.wait_for_log("Reading seeds from")
+        client.lpush(start_urls_key("hosts"), *site.root_urls())
+        kill(victim)
+        assert collection.count_documents({}) < pages * len(DEFAULT_HOSTS)
+        assert survivor.wait(240) == 0, survivor.tail()
+    finally:
+        victim.stop()
+        survivor.stop()
+    return survivor
+
+
 def wait_for_reserve(redis, host=None, holder=None, timeout=30):
     """Wait until a node (started as *holder*, if given) holds an entry (of
     *host*, if given) in reserve: a lease flagged '|r' (the slot hand-off)."""
@@ -305,19 +316,11 @@ def test_twelve_partitions_on_a_three_master_cluster_survive_a_sigkill(
                 "CONCURRENT_REQUESTS_PER_DOMAIN": 2, "CONCURRENT_REQUESTS": 4}
     env = {**node_env(redis_cluster.url, mongo_uri, database.name), "REDIS_CLUSTER": "true"}
     with MultiHostSite(DEFAULT_HOSTS, pages=pages, latency_ms=100) as site:
-        victim, survivor = (Node(name, tmp_path, env, spider="hosts", settings=settings)
-                            for name in ("victim", "survivor"))
-        try:
-            for node in (victim, survivor):
-                node.wait_for_log("Reading seeds from")
-            client.lpush(start_urls_key("hosts"), *site.root_urls())
+        def kill(victim):
             wait_stored(database["hosts"], 60, victim)
             kill_while_holding(victim, client)
-            assert database["hosts"].count_documents({}) < pages * len(DEFAULT_HOSTS)
-            assert survivor.wait(240) == 0, survivor.tail()
-        finally:
-            victim.stop()
-            survivor.stop()
+        survivor = crawl_killing_one(tmp_path, env, client, site, settings, kill,
+                                     database["hosts"], pages)
         hits = site.requests()
     # Every page of every site stored (exactly once: one document per URL, and
     # each page fetched at least once, at most twice when the victim held it).

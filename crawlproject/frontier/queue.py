@@ -233,13 +233,11 @@ class Frontier:
         flat = raw[0]
         taken = [(_s(flat[i]), _b(flat[i + 1])) for i in range(0, len(flat), 2)]
         result = SyncResult(taken, *(int(float(x)) for x in raw[1:13]))
-        if len(raw) > 13:
-            res = raw[13]
-            result.reserved = [(_s(res[i]), _b(res[i + 1])) for i in range(0, len(res), 2)]
-            st = raw[14]
-            result.reserve_status = {_s(st[i]): (int(st[i + 1]) == 1, int(st[i + 2]))
-                                     for i in range(0, len(st), 3)}
-            result.capped_keys = [_s(k) for k in raw[15]]
+        res, st = raw[13], raw[14]
+        result.reserved = [(_s(res[i]), _b(res[i + 1])) for i in range(0, len(res), 2)]
+        result.reserve_status = {_s(st[i]): (int(st[i + 1]) == 1, int(st[i + 2]))
+                                 for i in range(0, len(st), 3)}
+        result.capped_keys = [_s(k) for k in raw[15]]
         return result
 
     def sync(self, batch: Batch | None = None, *, leaving: bool = False) -> SyncResult:
