@@ -196,6 +196,25 @@ def test_a_node_hands_a_finished_download_s_slot_to_its_reserve_at_once(redis_ur
     asyncio.run(main())
 
 
+def test_a_site_s_block_goes_to_redis_at_once_not_after_the_coalescing_pause(redis_url):
+    """Until a Retry-After block is stored, every node may start the site's
+    requests: it goes with the next turn of the loop, not after
+    SCHEDULER_MIN_SYNC_INTERVAL (a minute here; the node just made a call)."""
+    async def main():
+        async with real_client(redis_url, "urgent-block", 2, 5) as (fc, frontier, client):
+            await until(lambda: len(fc.buffer) == 2)
+            fc.feedback("h", "block", 30)
+
+            async def blocked_until():
+                state = await client.hget(frontier.keys.kstate, "h")
+                return int(state.split(b"|")[2])
+            async with asyncio.timeout(10):
+                while not await blocked_until():
+                    await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize("heard", ["retry-after", "slow-down status"])
 def test_a_block_the_node_hears_of_sends_its_reserve_back(redis_url, heard):
     """A 429's Retry-After seen on this node (or, before the middlewares see it,

@@ -547,7 +547,10 @@ class FrontierClient:
         # turn of the loop: that was a call per flush interval per partition).
         every = self.idle_poll if not (self.held or self.buffer) else self.heartbeat
         due = {p for p in ready if now - self._maintained[p] >= every}
-        urgent = (not self.buffer and takes) or self._flush_waiters or due
+        # A site's word (a block, a backoff) goes at once: every call another
+        # node makes before it lands may start that site's requests.
+        urgent = ((not self.buffer and takes) or self._flush_waiters or due
+                  or any(self.outbox[p].feedback for p in ready))
         if not (any(self.outbox[p] for p in ready) or self._acks or takes or urgent):
             self._resolve_if_flushed()
             return 0.0
