@@ -252,8 +252,24 @@ class Node:
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      start_new_session=True)
         self.ps = psutil.Process(self.proc.pid)
+        self.spy = self._sample_stacks()
         self.rss: list[tuple[float, int]] = []
         self.exited_at: float | None = None
+
+    def _sample_stacks(self) -> subprocess.Popen | None:
+        """With ``BENCH_PYSPY`` (the path of a py-spy binary: not a project
+        dependency), sample the node's on-CPU stacks into
+        ``bench/results/stacks/<name>-<pid>.stacks`` (``python -m bench.stacks``
+        sums them). Unlike cProfile it barely slows
+        the node and counts CPU, not the time a preempted function waits."""
+        spy = os.environ.get("BENCH_PYSPY")
+        if not spy:
+            return None
+        out = RESULTS_DIR / "stacks" / f"{self.name}-{self.proc.pid}.stacks"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return subprocess.Popen([spy, "record", "--pid", str(self.proc.pid), "--rate", "100",
+                                 "--nonblocking", "--format", "raw", "--output", str(out)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     @property
     def ready(self) -> bool:
