@@ -267,7 +267,7 @@ class Node:
             return None
         out = RESULTS_DIR / "stacks" / f"{self.name}-{self.proc.pid}.stacks"
         out.parent.mkdir(parents=True, exist_ok=True)
-        return subprocess.Popen([spy, "record", "--pid", str(self.proc.pid), "--rate", "100",
+        return subprocess.Popen([spy, "record", "--pid", str(self.proc.pid), "--rate", "500",
                                  "--nonblocking", "--format", "raw", "--output", str(out)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

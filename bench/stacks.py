@@ -5,7 +5,7 @@
     python -m bench.stacks bench/results/stacks/ours-1-*.stacks \\
         bench/results/stacks/plain-1-*.stacks
 
-For each file (one node's run): its samples (100 per CPU second), then where
+For each file (one node's run): its samples (500 per CPU second), then where
 they went: self samples by package or project module, and the samples spent
 inside this project's code (inclusive: a frame of ``crawlproject/`` anywhere on
 the stack, counted once per sample). Two systems that crawled the same pages
