@@ -260,8 +260,8 @@ class Node:
         """With ``BENCH_PYSPY`` (the path of a py-spy binary: not a project
         dependency), sample the node's on-CPU stacks into
         ``bench/results/stacks/<name>-<pid>.stacks`` (``python -m bench.stacks``
-        sums them). Unlike cProfile it barely slows
-        the node and counts CPU, not the time a preempted function waits."""
+        sums them). Unlike cProfile it barely slows the node and counts CPU,
+        not the time a preempted function waits."""
         spy = os.environ.get("BENCH_PYSPY")
         if not spy:
             return None
