@@ -375,7 +375,7 @@ def _bloom_totals(estimates: list[dict]) -> dict:
 
 def cmd_politeness(args) -> int:
     """Show the per-host politeness state, or change a host's limits at run time."""
-    from crawlproject.frontier.politeness import Limits, limits_from, partition_of
+    from crawlproject.frontier.politeness import Limits, limits_from, partition_of, safe_key
 
     parts = _partitions(args)
     if args.delay is not None or args.concurrency is not None or args.clear:
@@ -391,7 +391,7 @@ def cmd_politeness(args) -> int:
             except ValueError as exc:
                 raise UsageError(str(exc)) from None
         for host in args.hosts:
-            key = host.lower()
+            key = safe_key(host.lower())
             parts[partition_of(key, len(parts))].set_limits({key: value})
             print(f"{key}: " + ("limits cleared (settings apply)" if value is None else
                                 f"at most one request every {value.delay:g}s, "

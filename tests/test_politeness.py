@@ -162,6 +162,27 @@ def test_limits_set_at_run_time_apply_at_once(node, clock):
     assert a.set_limits({"h1": None}) == 1 and a.limits() == {}
 
 
+def test_a_key_shaped_like_an_override_field_leaves_other_keys_limits_alone(node, clock):
+    # kstate keeps key K's override in field '|K'. A page can link to
+    # http://|h1/ (Scrapy takes '|h1' as its host name): that key's state
+    # must not land in h1's override field and lift h1's limits.
+    a = node("a", polite(delay=0, concurrency=5))
+    assert a.set_limits({"h1": Limits(delay=10, concurrency=1)}) == 1
+    add(a, "h1", 3)
+    add(a, "|h1", 3)
+    taken = a.take(10)
+    assert keys_of(taken).count("h1") == 1
+    assert "|h1" not in keys_of(taken) and keys_of(taken).count("%7Ch1") == 3
+    for member, _ in taken:
+        a.ack(member)
+    clock.advance(1)
+    assert "h1" not in keys_of(a.take(10))        # still within its 10 s interval
+    assert a.limits()["h1"] == {"delay": 10.0, "concurrency": 1, "source": "c"}
+    config = PolitenessConfig.from_settings(Settings({"FRONTIER_HONOUR_DOWNLOAD_SLOT": True}))
+    assert config.key(Request("http://|h1/")) == "%7Ch1"
+    assert config.key(Request("http://a.example/", meta={"download_slot": "|h1"})) == "%7Ch1"
+
+
 def test_reclaim_reads_only_the_dead_nodes_own_leases(node, clock, redis):
     a, b, c = node("a", polite(0, 100)), node("b", polite(0, 100)), node("c", polite(0, 100))
     add(a, "h1", 40)

@@ -36,6 +36,19 @@ KEY_MODES = ("host", "domain", "ip")
 UNLIMITED = 1_000_000_000
 
 
+def safe_key(key: str) -> str:
+    """*key* as the frontier stores it: never starting with ``|``.
+
+    The per-key state hash keeps the override of key ``K`` in field ``|K``, so
+    a key of its own starting with ``|`` would overwrite another key's limits
+    with its state. Scrapy accepts ``http://|example.com/`` (its host name is
+    ``|example.com``), so a page can link to one. Such hosts never resolve; the
+    ``%7C`` they get instead may make two of them share a queue, nothing more.
+    Idempotent: keys already safe are returned unchanged.
+    """
+    return "%7C" + key[1:] if key.startswith("|") else key
+
+
 def partition_of(key: str, partitions: int) -> int:
     """The partition of politeness key *key* (stable across processes)."""
     if partitions <= 1:
@@ -110,7 +123,7 @@ class PolitenessConfig:
                          concurrency=concurrency if concurrency > 0 else UNLIMITED)
         overrides = {}
         for key, value in (settings.getdict("FRONTIER_HOST_LIMITS") or {}).items():
-            overrides[str(key).lower()] = limits_from(value, default)
+            overrides[safe_key(str(key).lower())] = limits_from(value, default)
         return cls(
             enabled=enabled, key_mode=mode,
             honour_download_slot=settings.getbool("FRONTIER_HONOUR_DOWNLOAD_SLOT", False),
@@ -126,7 +139,10 @@ class PolitenessConfig:
         )
 
     def key(self, request) -> str:
-        """The politeness key of *request*."""
+        """The politeness key of *request* (always a :func:`safe_key`)."""
+        return safe_key(self._key(request))
+
+    def _key(self, request) -> str:
         if self.honour_download_slot:
             slot = request.meta.get("download_slot")
             if isinstance(slot, str) and slot:

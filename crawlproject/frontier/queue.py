@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass, field
 
 from crawlproject.frontier.bloom import BloomConfig, filter_estimates, fingerprint_hex
-from crawlproject.frontier.politeness import UNLIMITED, Limits, PolitenessConfig
+from crawlproject.frontier.politeness import UNLIMITED, Limits, PolitenessConfig, safe_key
 from crawlproject.frontier.scripts import REPLAY_DEAD, SET_LIMITS, SYNC
 from crawlproject.keys import FrontierKeys
 
@@ -95,19 +95,20 @@ class Batch:
         """Queue *payload* in politeness key *key*'s queue (after *delay_ms*,
         counted in Redis server time); with a fingerprint it is deduplicated first."""
         fp = fingerprint_hex(fingerprint) if fingerprint is not None else ""
-        self.adds.append((key, fp, clamp_priority(priority), payload, max(0, int(delay_ms))))
+        self.adds.append((safe_key(key), fp, clamp_priority(priority), payload,
+                          max(0, int(delay_ms))))
 
     def block(self, key: str, seconds: float) -> None:
         """The site asked (``Retry-After``) not to be sent anything for *seconds*."""
-        self.feedback.append((key, "block", max(0, int(seconds * 1000))))
+        self.feedback.append((safe_key(key), "block", max(0, int(seconds * 1000))))
 
     def backoff(self, key: str) -> None:
         """The site answered a slow-down status without saying how long."""
-        self.feedback.append((key, "backoff", 0))
+        self.feedback.append((safe_key(key), "backoff", 0))
 
     def crawl_delay(self, key: str, seconds: float) -> None:
         """The site's robots.txt asks for *seconds* between requests."""
-        self.feedback.append((key, "crawldelay", max(0, int(seconds * 1000))))
+        self.feedback.append((safe_key(key), "crawldelay", max(0, int(seconds * 1000))))
 
     def fail(self, member: str, kind: str, record: dict) -> None:
         if kind not in ("dead", "invalid"):
@@ -287,7 +288,7 @@ class Frontier:
         (command line). Returns how many keys changed."""
         args = [source]
         for key, value in limits.items():
-            args += [key, value.encoded(source) if value is not None else ""]
+            args += [safe_key(key), value.encoded(source) if value is not None else ""]
         return int(self._set_limits(keys=[self.keys.limits, self.keys.ready, self.keys.kstate],
                                     args=args))
 
