@@ -401,7 +401,7 @@ def cmd_politeness(args) -> int:
     rows = {}
     for part in parts:
         limits = part.limits()
-        states = part.key_states([h.lower() for h in args.hosts] if args.hosts else None)
+        states = part.key_states([safe_key(h.lower()) for h in args.hosts] if args.hosts else None)
         for key, state in states.items():
             rows[key] = {**state, "limits": limits.get(key)}
         for key, value in limits.items():

@@ -246,6 +246,22 @@ def test_politeness_shows_hosts_and_changes_limits_at_run_time(redis, redis_url)
     assert f.limits() == {}
 
 
+def test_politeness_and_status_survive_malformed_records_in_redis(redis, redis_url):
+    # Anyone who can write to Redis can leave junk in the state and limits
+    # hashes: the other hosts are still shown, the junk is named on stderr.
+    f = Frontier(redis, "shop", "n1")
+    batch = Batch(take=1)
+    batch.add('{"url": "http://good.example/1"}', None, 0, 0, "good.example")
+    f.sync(batch)
+    redis.hset(f.keys.kstate, "junk.example", "not|a|state")
+    redis.hset(f.keys.limits, "junk.example", "5000")
+    for args in (("politeness", "shop", "--json"), ("status", "shop", "--json")):
+        shown = cli(redis_url, *args)
+        assert shown.returncode == 0, shown.stderr
+        assert "good.example" in shown.stdout and "junk.example" in shown.stderr
+    assert "good.example" in cli(redis_url, "politeness", "shop").stdout
+
+
 # Every subcommand that talks to Redis (spool-replay, which needs MongoDB first: below).
 REDIS_COMMANDS = [
     ["status", "shop"], ["status", "shop", "--json"], ["status"],

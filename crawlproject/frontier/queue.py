@@ -37,6 +37,7 @@ script call.
 from __future__ import annotations
 
 import json
+import logging
 import random
 import time
 from dataclasses import dataclass, field
@@ -45,6 +46,8 @@ from crawlproject.frontier.bloom import BloomConfig, filter_estimates, fingerpri
 from crawlproject.frontier.politeness import UNLIMITED, Limits, PolitenessConfig, safe_key
 from crawlproject.frontier.scripts import REPLAY_DEAD, SET_LIMITS, SYNC
 from crawlproject.keys import FrontierKeys
+
+logger = logging.getLogger(__name__)
 
 MAX_PRIORITY = 4095  # |priority| < 2^12 keeps the queue score exact in a double
 #: Records kept in the dead-letter and invalid lists (newest first) by default.
@@ -296,9 +299,13 @@ class Frontier:
         """Overrides stored in Redis: key → {delay, concurrency, source}."""
         out = {}
         for key, value in self.client.hgetall(self.keys.limits).items():
-            delay, concurrency, source = _s(value).split("|")
-            out[_s(key)] = {"delay": int(delay) / 1000, "concurrency": int(concurrency),
-                            "source": source}
+            try:
+                delay, concurrency, source = _s(value).split("|")
+                out[_s(key)] = {"delay": int(delay) / 1000, "concurrency": int(concurrency),
+                                "source": source}
+            except ValueError:  # not written by this code: said, not fatal
+                logger.warning("Ignoring a malformed limits record for %r: %r",
+                               _s(key)[:200], _s(value)[:200])
         return out
 
     def key_states(self, keys: list[str] | None = None) -> dict[str, dict]:
@@ -310,8 +317,13 @@ class Frontier:
         for key, value in raw.items():
             if value is None or _s(key).startswith("|"):  # '|key': a mirrored override
                 continue
-            n, last, block, backoff, delay = (int(x) for x in _s(value).split("|"))
             key = _s(key)
+            try:
+                n, last, block, backoff, delay = (int(x) for x in _s(value).split("|"))
+            except ValueError:  # not written by the script: said, not fatal
+                logger.warning("Ignoring a malformed politeness state for %r: %r",
+                               key[:200], _s(value)[:200])
+                continue
             out[key] = {"inflight": n, "last_start_ms": last, "blocked_until_ms": block,
                         "backoff_ms": backoff, "crawl_delay_ms": delay,
                         "queued": self.client.zcard(self.keys.queue(key)),
