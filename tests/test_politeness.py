@@ -148,6 +148,28 @@ def test_robots_crawl_delay_applies(node, clock):
     assert len(a.take(5)) == 1
 
 
+def test_a_site_s_absurd_numbers_are_capped_not_an_error(node, clock):
+    # A Retry-After or Crawl-delay may be 1e308 (finite, but * 1000 is not):
+    # the key is slowed down as far as the settings allow, and nothing raises.
+    a = node("a", polite(delay=0, concurrency=5, retry_after_max=30, backoff_max=20))
+    add(a, "h1", 10)
+    add(a, "h2", 10)
+    said = Batch()
+    said.block("h1", 1e308)
+    said.crawl_delay("h2", 1e308)
+    said.block("h2", float("nan"))
+    said.crawl_delay("h2", -1)
+    a.sync(said)
+    states = a.key_states(["h1", "h2"])
+    assert states["h1"]["blocked_until_ms"] == clock.ms + 30_000
+    assert states["h2"]["crawl_delay_ms"] == 0      # the last word (-1 s: none)
+    assert set(keys_of(a.take(5))) == {"h2"}
+    crawl = Batch()
+    crawl.crawl_delay("h2", 1e308)
+    a.sync(crawl)
+    assert a.key_states(["h2"])["h2"]["crawl_delay_ms"] == 20_000
+
+
 def test_limits_set_at_run_time_apply_at_once(node, clock):
     a = node("a", polite(delay=10, concurrency=1))
     add(a, "h1", 10)

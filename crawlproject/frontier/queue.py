@@ -61,6 +61,18 @@ def clamp_priority(priority: int) -> int:
     """*priority* within ±:data:`MAX_PRIORITY` (the queue score's exact range)."""
     return max(-MAX_PRIORITY, min(MAX_PRIORITY, int(priority)))
 
+#: The longest block or crawl delay sent to the scripts (about 31 years): they
+#: cap both far lower (FRONTIER_RETRY_AFTER_MAX, FRONTIER_BACKOFF_MAX).
+_MAX_MS = 10**12
+
+
+def _ms(seconds: float) -> int:
+    """*seconds* a site asked for, in ms for the scripts: a number it sent may be
+    negative or as large as ``1e308`` (``int(inf)`` would raise), never NaN here."""
+    if seconds != seconds:  # NaN
+        return 0
+    return int(min(max(seconds, 0.0) * 1000, _MAX_MS))
+
 
 @dataclass
 class Batch:
@@ -103,7 +115,7 @@ class Batch:
 
     def block(self, key: str, seconds: float) -> None:
         """The site asked (``Retry-After``) not to be sent anything for *seconds*."""
-        self.feedback.append((safe_key(key), "block", max(0, int(seconds * 1000))))
+        self.feedback.append((safe_key(key), "block", _ms(seconds)))
 
     def backoff(self, key: str) -> None:
         """The site answered a slow-down status without saying how long."""
@@ -111,7 +123,7 @@ class Batch:
 
     def crawl_delay(self, key: str, seconds: float) -> None:
         """The site's robots.txt asks for *seconds* between requests."""
-        self.feedback.append((safe_key(key), "crawldelay", max(0, int(seconds * 1000))))
+        self.feedback.append((safe_key(key), "crawldelay", _ms(seconds)))
 
     def fail(self, member: str, kind: str, record: dict) -> None:
         if kind not in ("dead", "invalid"):
