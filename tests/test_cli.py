@@ -242,6 +242,10 @@ def test_politeness_shows_hosts_and_changes_limits_at_run_time(redis, redis_url)
     table = cli(redis_url, "politeness", "shop")
     assert "slow.example" in table.stdout and "0.5s / 2 (cli)" in table.stdout
     assert cli(redis_url, "politeness", "shop", "--delay", "1").returncode == 2   # which host?
+    for bad in ("1e308", "nan", "-1"):                      # a clear error, nothing changed
+        refused = cli(redis_url, "politeness", "shop", "slow.example", "--delay", bad)
+        assert refused.returncode == 2 and "delay must be 0 to 86400 s" in refused.stderr, bad
+    assert f.limits()["slow.example"]["delay"] == 0.5
     assert cli(redis_url, "politeness", "shop", "slow.example", "--clear").returncode == 0
     assert f.limits() == {}
 

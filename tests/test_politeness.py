@@ -10,7 +10,7 @@ from scrapy import Request
 from scrapy.settings import Settings
 
 from crawlproject.frontier.bloom import BloomConfig
-from crawlproject.frontier.politeness import Limits, PolitenessConfig, partition_of
+from crawlproject.frontier.politeness import UNLIMITED, Limits, PolitenessConfig, partition_of
 from crawlproject.frontier.queue import Batch, Frontier
 
 
@@ -280,6 +280,12 @@ def test_politeness_keys_from_settings():
         "FRONTIER_HOST_LIMITS": {"Slow.Example": {"delay": 3}}}))
     assert config.default == Limits(0.25, 4)
     assert config.overrides == {"slow.example": Limits(3.0, 4)}
+    with pytest.raises(ValueError, match="delay must be 0 to"):
+        PolitenessConfig.from_settings(Settings({"FRONTIER_HOST_LIMITS": {"h": {"delay": 1e308}}}))
+    with pytest.raises(ValueError, match="must be numbers"):
+        PolitenessConfig.from_settings(Settings({"FRONTIER_HOST_LIMITS": {"h": {"delay": "x"}}}))
+    huge = PolitenessConfig.from_settings(Settings({"FRONTIER_HOST_LIMITS": {"h": {"concurrency": 10**30}}}))
+    assert huge.overrides["h"].concurrency == UNLIMITED
     off = PolitenessConfig.from_settings(Settings({"FRONTIER_POLITENESS": False,
                                                    "DOWNLOAD_DELAY": 5}))
     assert off.default == Limits() and off.overrides == {}

@@ -22,7 +22,6 @@ node's full concurrency), so the delay is applied once, cluster-wide.
 from __future__ import annotations
 
 import logging
-import math
 import zlib
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -34,6 +33,8 @@ logger = logging.getLogger(__name__)
 KEY_MODES = ("host", "domain", "ip")
 #: Concurrency meaning "no limit" in the scripts.
 UNLIMITED = 1_000_000_000
+#: The longest interval a host limit may ask for (one request a day).
+MAX_DELAY = 86_400.0
 
 
 def safe_key(key: str) -> str:
@@ -166,8 +167,12 @@ def limits_from(value, default: Limits) -> Limits:
     """A :class:`Limits` from ``{"delay": s, "concurrency": n}`` (missing: *default*'s)."""
     if not isinstance(value, dict):
         raise ValueError(f"a host limit must be {{'delay': s, 'concurrency': n}}, got {value!r}")
-    delay = float(value.get("delay", default.delay))
-    concurrency = int(value.get("concurrency", default.concurrency))
-    if delay < 0 or not math.isfinite(delay) or concurrency < 0:
-        raise ValueError(f"bad host limit {value!r}")
-    return Limits(delay, concurrency if concurrency > 0 else UNLIMITED)
+    try:
+        delay = float(value.get("delay", default.delay))
+        concurrency = int(value.get("concurrency", default.concurrency))
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"bad host limit {value!r}: delay and concurrency must be numbers") from None
+    if not 0 <= delay <= MAX_DELAY or concurrency < 0:
+        raise ValueError(f"bad host limit {value!r}: delay must be 0 to {MAX_DELAY:g} s, "
+                         "concurrency 0 (no limit) or more")
+    return Limits(delay, min(concurrency, UNLIMITED) if concurrency > 0 else UNLIMITED)
