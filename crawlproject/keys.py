@@ -41,7 +41,10 @@ key                                type    contents / written by
                                            concurrency; SYNC
 ``T:qlen``                         string  entries queued in the partition; SYNC
 ``T:kstate``                       hash    politeness key → ``"inflight|last start ms|
-                                           blocked until ms|backoff ms|crawl delay ms"``
+                                           blocked until ms|backoff ms|crawl delay ms"``;
+                                           ``|key`` → its override (mirrored),
+                                           ``||cursor`` → SYNC's place in it (HSCAN);
+                                           a key idle for 3 days loses its state
 ``T:limits``                       hash    politeness key → ``"delay ms|concurrency|
                                            source"`` overrides (``c`` set with the
                                            command line, ``s`` from settings)

@@ -244,6 +244,70 @@ def test_a_call_that_only_sweeps_still_sweeps(node, redis):
     assert len(a.take(5)) == 2
 
 
+def test_a_sweep_reads_a_window_of_key_state_and_goes_round_all_of_it(node, clock, redis):
+    """A partition may have seen millions of keys: a sweep recounts the keys
+    with live leases and a bounded window of the rest (an HSCAN cursor), so
+    no script call reads all of the state, yet every key is recounted over
+    successive sweeps."""
+    a = node("a", polite(0, 1))
+    add(a, "live", 3)
+    assert len(a.take(5)) == 1                    # 'live' has one lease
+    redis.hset(a.keys.kstate, "live", f"3|{clock.ms}|0|0|0")      # drifted: 3
+    total = 6000
+    # Keys that look full (one in flight) but have no lease: drifted state.
+    redis.hset(a.keys.kstate, mapping={f"k{i}": f"1|{clock.ms}|0|0|0" for i in range(total)})
+
+    def still_drifted():
+        values = redis.hmget(a.keys.kstate, [f"k{i}" for i in range(total)])
+        return sum(1 for v in values if v.startswith(b"1|"))
+
+    a.sync(Batch(sweep=True))
+    assert redis.hget(a.keys.kstate, "live").startswith(b"1|")   # outside the window too
+    first = total - still_drifted()
+    assert 0 < first <= total // 2                # bounded, not all at once
+    sweeps = 1
+    while still_drifted() and sweeps < 4 * total // first + 10:
+        a.sync(Batch(sweep=True))
+        sweeps += 1
+    assert still_drifted() == 0                   # every key recounted in the end
+    assert sweeps > 1
+    assert "||cursor" not in a.key_states() and a.counts()["hosts"] == total + 1
+
+
+def test_the_state_of_a_key_idle_for_days_is_dropped_and_nothing_else(node, clock, redis):
+    """Field by field, only a state that says nothing (no lease, no block, no
+    backoff, no crawl delay, last start longer ago than any interval) goes;
+    dropping it changes nothing a node does."""
+    a = node("a", polite(1.0, 2))
+    a.set_limits({"slow.example": Limits(60, 1)})
+    now = clock.ms
+    day = 86_400_000
+    states = {
+        "slow.example": f"0|{now}|0|0|0",         # idle too: its override stays
+        "recent.example": f"0|{now + 3 * day}|0|0|0",
+        "blocked.example": f"0|{now}|{now + 5 * day}|0|0",
+        "backoff.example": f"0|{now}|0|4000|0",
+        "robots.example": f"0|{now}|0|0|10000",
+    }
+    redis.hset(a.keys.kstate, mapping=states)
+    add(a, "idle.example", 1)
+    a.ack(*[m for m, _ in a.take(5)])             # idle.example: crawled, acked
+    assert a.key_states(["idle.example"])["idle.example"]["inflight"] == 0
+    add(a, "busy.example", 1)
+    clock.advance(4 * 86_400 - 60)
+    assert keys_of(a.take(5)) == ["busy.example"]  # in flight now
+    a.sync(Batch())
+    left = set(a.key_states())
+    assert left == {"recent.example", "blocked.example", "backoff.example",
+                    "robots.example", "busy.example"}
+    assert a.limits()["slow.example"]["delay"] == 60.0     # overrides are not state
+    assert redis.hget(a.keys.kstate, "|slow.example") is not None
+    assert a.stats()["keys_pruned"] == 2
+    add(a, "idle.example", 1, start=10)           # comes back: polite as new
+    assert keys_of(a.take(5)) == ["idle.example"]
+    assert keys_of(a.take(5)) == []               # its 1 s interval holds again
+
+
 def test_partitions_have_their_own_keys_and_filters(redis, clock):
     config = polite(0, 10, partitions=3)
     hosts = [f"host{i}.example" for i in range(30)]
@@ -284,6 +348,8 @@ def test_politeness_keys_from_settings():
         PolitenessConfig.from_settings(Settings({"FRONTIER_HOST_LIMITS": {"h": {"delay": 1e308}}}))
     with pytest.raises(ValueError, match="must be numbers"):
         PolitenessConfig.from_settings(Settings({"FRONTIER_HOST_LIMITS": {"h": {"delay": "x"}}}))
+    with pytest.raises(ValueError, match="DOWNLOAD_DELAY must be 0 to 86400 s"):
+        PolitenessConfig.from_settings(Settings({"DOWNLOAD_DELAY": 1e308}))
     huge = PolitenessConfig.from_settings(Settings({"FRONTIER_HOST_LIMITS": {"h": {"concurrency": 10**30}}}))
     assert huge.overrides["h"].concurrency == UNLIMITED
     off = PolitenessConfig.from_settings(Settings({"FRONTIER_POLITENESS": False,

@@ -120,8 +120,10 @@ class PolitenessConfig:
             raise ValueError(f"FRONTIER_PARTITIONS must be >= 1, got {partitions}")
         enabled = settings.getbool("FRONTIER_POLITENESS", True)
         concurrency = settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN", 8)
-        default = Limits(delay=max(0.0, settings.getfloat("DOWNLOAD_DELAY", 0.0)),
-                         concurrency=concurrency if concurrency > 0 else UNLIMITED)
+        delay = max(0.0, settings.getfloat("DOWNLOAD_DELAY", 0.0))
+        if not delay <= MAX_DELAY:  # also NaN: the scripts could not hold it
+            raise ValueError(f"DOWNLOAD_DELAY must be 0 to {MAX_DELAY:g} s, got {delay!r}")
+        default = Limits(delay=delay, concurrency=concurrency if concurrency > 0 else UNLIMITED)
         overrides = {}
         for key, value in (settings.getdict("FRONTIER_HOST_LIMITS") or {}).items():
             overrides[safe_key(str(key).lower())] = limits_from(value, default)

@@ -61,6 +61,7 @@ def clamp_priority(priority: int) -> int:
     """*priority* within ±:data:`MAX_PRIORITY` (the queue score's exact range)."""
     return max(-MAX_PRIORITY, min(MAX_PRIORITY, int(priority)))
 
+
 #: The longest block or crawl delay sent to the scripts (about 31 years): they
 #: cap both far lower (FRONTIER_RETRY_AFTER_MAX, FRONTIER_BACKOFF_MAX).
 _MAX_MS = 10**12
@@ -68,7 +69,8 @@ _MAX_MS = 10**12
 
 def _ms(seconds: float) -> int:
     """*seconds* a site asked for, in ms for the scripts: a number it sent may be
-    negative or as large as ``1e308`` (``int(inf)`` would raise), never NaN here."""
+    negative, NaN or as large as ``1e308`` (``int(inf)`` would raise): NaN and
+    negatives are 0, the rest at most :data:`_MAX_MS`."""
     if seconds != seconds:  # NaN
         return 0
     return int(min(max(seconds, 0.0) * 1000, _MAX_MS))

@@ -298,8 +298,9 @@ SYNC = _LIB + r"""
 -- KEYS[6] dead (list)       KEYS[7] invalid (list)    KEYS[8] seq (string)
 -- KEYS[9] bloom meta (hash); its shards are KEYS[9]:<layer>:<shard> (derived)
 -- KEYS[10] partition stats (hash)
--- KEYS[11] kstate (hash key -> "n|last|block|backoff|crawl delay", and field '|key'
---          -> the key's override, mirrored from KEYS[12] by SET_LIMITS)
+-- KEYS[11] kstate (hash key -> "n|last|block|backoff|crawl delay", field '|key'
+--          -> the key's override, mirrored from KEYS[12] by SET_LIMITS, and
+--          field '||cursor' -> where the next window of it starts (HSCAN))
 -- KEYS[12] limits (hash key -> "delay ms|concurrency|source"; only its existence
 --          is read here: without overrides, no override field is looked up)
 -- KEYS[13] queue prefix: the queue of key K is KEYS[13]:K (derived)
@@ -309,9 +310,11 @@ SYNC = _LIB + r"""
 -- ARGV[3] lease ttl ms (0 = this node leaves: drop its heartbeat)
 -- ARGV[4] how many entries to take
 -- ARGV[5] flags: 'm' = maintenance (renew this node's lease, reclaim the leases
---         of expired nodes, report delayed/inflight sizes), 'd' = promote due
+--         of expired nodes, report delayed/inflight sizes, drop the state of
+--         keys idle for days in a window of kstate), 'd' = promote due
 --         delayed entries, 's' = sweep: also reclaim entries whose owner is not
---         a registered node and recount each key's in-flight (implies 'm'),
+--         a registered node and recount the in-flight of the keys with leases
+--         and of a window of kstate (implies 'm'),
 --         'r' = this node renewed its lease well within the TTL (a take need
 --         not register it again).
 -- ARGV[6..10] bloom capacity, error rate, growth, tightening, shard bits
@@ -735,6 +738,23 @@ local function requeue(members, done)
   qdelta = qdelta + #members
   reclaimed = reclaimed + #members
 end
+-- A window of the per-key state, from a cursor kept in the hash itself (field
+-- '||cursor': no key starts with '|', so no override field is '||...'): a call
+-- reads a bounded part of it however many keys the partition has seen, and
+-- successive calls go round all of it (HSCAN: keys there throughout are seen).
+local SWEEP_WINDOW, TIDY_WINDOW = 2000, 200
+local IDLE_MS = 259200000  -- 3 days: above twice the longest interval a limit may set
+local function kstate_window(count)
+  local cursor = redis.call('HGET', KEYS[11], '||cursor') or '0'
+  local scan = redis.call('HSCAN', KEYS[11], cursor, 'COUNT', count)
+  if scan[1] ~= cursor then redis.call('HSET', KEYS[11], '||cursor', scan[1]) end
+  local keys = {}
+  for i = 1, #scan[2], 2 do
+    if string.sub(scan[2][i], 1, 1) ~= '|' then keys[#keys + 1] = scan[2][i] end
+  end
+  return keys
+end
+local window = nil
 if maintenance or ttl == 0 then
   if ttl > 0 then
     redis.call('ZADD', KEYS[4], fmt(now() + ttl), node)
@@ -775,14 +795,35 @@ if maintenance or ttl == 0 then
       end
     end
     if #orphans > 0 then requeue(orphans, done) end
-    local all = {}
-    for _, k in ipairs(redis.call('HKEYS', KEYS[11])) do
-      if string.sub(k, 1, 1) ~= '|' then all[#all + 1] = k end
+    -- Recounted: every key with a live lease, and the window of the state
+    -- read below (all keys are recounted over successive sweeps).
+    local all, seen = {}, {}
+    for k, _ in pairs(count) do all[#all + 1] = k; seen[k] = true end
+    window = kstate_window(SWEEP_WINDOW)
+    for _, k in ipairs(window) do
+      if not seen[k] then all[#all + 1] = k end
     end
     load(all)
     for _, k in ipairs(all) do
       if ST[k].n ~= (count[k] or 0) then ST[k].n = count[k] or 0; dirty[k] = true; touched[k] = true end
     end
+  end
+  -- Tidy: the state of a key idle for longer than any interval it could have
+  -- is the same as no state, so it is dropped (a crawl of millions of hosts
+  -- seen once would otherwise keep a field for each of them for ever).
+  window = window or kstate_window(TIDY_WINDOW)
+  load(window)
+  local gone = {}
+  for _, k in ipairs(window) do
+    local s = ST[k]
+    if not dirty[k] and s.n == 0 and s.bo == 0 and s.cd == 0 and s.block <= now()
+        and now() - s.last > math.max(IDLE_MS, 2 * (1 + margin) * LIM[k].delay) then
+      gone[#gone + 1] = k
+    end
+  end
+  if #gone > 0 then
+    call_chunked('HDEL', KEYS[11], gone, 1)
+    redis.call('HINCRBY', KEYS[10], 'keys_pruned', #gone)
   end
 end
 
