@@ -43,7 +43,8 @@ key                                type    contents / written by
 ``T:kstate``                       hash    politeness key → ``"inflight|last start ms|
                                            blocked until ms|backoff ms|crawl delay ms"``;
                                            ``|key`` → its override (mirrored),
-                                           ``||cursor`` → SYNC's place in it (HSCAN);
+                                           ``||cursor`` → ``"cursor|ms"``, SYNC's place
+                                           in it (HSCAN windows);
                                            a key idle for 3 days loses its state
 ``T:limits``                       hash    politeness key → ``"delay ms|concurrency|
                                            source"`` overrides (``c`` set with the

@@ -7,7 +7,7 @@ positive numbers.
 
 import pytest
 
-from bench import commands, costs, crawl, dedupe, frontier_capacity, memory, polite, seeds
+from bench import commands, costs, crawl, dedupe, frontier_capacity, kstate, memory, polite, seeds
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -141,3 +141,11 @@ def test_gcfreeze_smallest(tmp_path):
     assert data["summary"]["tuned"]["frozen_objects"] > 10_000
     assert data["summary"]["defaults"]["frozen_objects"] is None
     assert all(positive(s["gc_ms_per_page"]) for s in data["summary"].values())
+
+
+def test_kstate_smallest(tmp_path):
+    data = kstate.main(["--smallest", "--out", str(tmp_path / "kstate.json")])
+    assert (tmp_path / "kstate.json").exists()
+    assert {"incumbent|2000", "ours|2000"} <= set(data["summary"])
+    assert all(positive(r["sweep"]) for r in data["ratios"])
+    assert data["prune"][0]["left"] == 0 and data["prune"][0]["calls"] > 1

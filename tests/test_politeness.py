@@ -308,6 +308,25 @@ def test_the_state_of_a_key_idle_for_days_is_dropped_and_nothing_else(node, cloc
     assert keys_of(a.take(5)) == []               # its 1 s interval holds again
 
 
+def test_state_windows_are_paced_per_partition_not_per_node(node, clock, redis):
+    """A hundred idle nodes polling every 0.2 s must cost the state hash what
+    one does: at most one window per partition every 100 ms."""
+    a, b = node("a"), node("b")
+    redis.hset(a.keys.kstate, mapping={f"k{i}": f"0|{clock.ms}|0|0|0" for i in range(300)})
+    redis.config_resetstat()
+
+    def windows():
+        return redis.info("commandstats").get("cmdstat_hscan", {}).get("calls", 0)
+
+    a.sync(Batch())
+    b.sync(Batch())
+    assert windows() == 1
+    clock.advance(0.1)
+    b.sync(Batch())
+    a.sync(Batch())
+    assert windows() == 2
+
+
 def test_partitions_have_their_own_keys_and_filters(redis, clock):
     config = polite(0, 10, partitions=3)
     hosts = [f"host{i}.example" for i in range(30)]

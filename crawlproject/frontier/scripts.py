@@ -739,20 +739,29 @@ local function requeue(members, done)
   reclaimed = reclaimed + #members
 end
 -- A window of the per-key state, from a cursor kept in the hash itself (field
--- '||cursor': no key starts with '|', so no override field is '||...'): a call
--- reads a bounded part of it however many keys the partition has seen, and
--- successive calls go round all of it (HSCAN: keys there throughout are seen).
-local SWEEP_WINDOW, TIDY_WINDOW = 2000, 200
+-- '||cursor' -> "cursor|ms of the last window": no key starts with '|', so no
+-- override field is '||...'): a call reads a bounded part of it however many
+-- keys the partition has seen, and successive calls go round all of it (HSCAN:
+-- keys there throughout are seen). The tidy windows are paced per partition,
+-- not per node, so a hundred idle nodes cost what one does.
+local SWEEP_WINDOW, TIDY_WINDOW, TIDY_EVERY_MS = 1000, 100, 100
 local IDLE_MS = 259200000  -- 3 days: above twice the longest interval a limit may set
-local function kstate_window(count)
-  local cursor = redis.call('HGET', KEYS[11], '||cursor') or '0'
+local function kstate_window(count, paced)
+  -- Returns {field, value, ...} (overrides and the cursor left out), or nil
+  -- when a paced window is not due yet.
+  local raw = redis.call('HGET', KEYS[11], '||cursor') or ''
+  local cursor, at = string.match(raw, '^(%d+)|(%d+)$')
+  cursor, at = cursor or '0', tonumber(at) or 0
+  if paced and at <= now() and now() - at < TIDY_EVERY_MS then return nil end
   local scan = redis.call('HSCAN', KEYS[11], cursor, 'COUNT', count)
-  if scan[1] ~= cursor then redis.call('HSET', KEYS[11], '||cursor', scan[1]) end
-  local keys = {}
+  redis.call('HSET', KEYS[11], '||cursor', scan[1] .. '|' .. fmt(now()))
+  local out = {}
   for i = 1, #scan[2], 2 do
-    if string.sub(scan[2][i], 1, 1) ~= '|' then keys[#keys + 1] = scan[2][i] end
+    if string.sub(scan[2][i], 1, 1) ~= '|' then
+      out[#out + 1] = scan[2][i]; out[#out + 1] = scan[2][i + 1]
+    end
   end
-  return keys
+  return out
 end
 local window = nil
 if maintenance or ttl == 0 then
@@ -799,9 +808,9 @@ if maintenance or ttl == 0 then
     -- read below (all keys are recounted over successive sweeps).
     local all, seen = {}, {}
     for k, _ in pairs(count) do all[#all + 1] = k; seen[k] = true end
-    window = kstate_window(SWEEP_WINDOW)
-    for _, k in ipairs(window) do
-      if not seen[k] then all[#all + 1] = k end
+    window = kstate_window(SWEEP_WINDOW, false)
+    for i = 1, #window, 2 do
+      if not seen[window[i]] then all[#all + 1] = window[i] end
     end
     load(all)
     for _, k in ipairs(all) do
@@ -811,19 +820,32 @@ if maintenance or ttl == 0 then
   -- Tidy: the state of a key idle for longer than any interval it could have
   -- is the same as no state, so it is dropped (a crawl of millions of hosts
   -- seen once would otherwise keep a field for each of them for ever).
-  window = window or kstate_window(TIDY_WINDOW)
-  load(window)
-  local gone = {}
-  for _, k in ipairs(window) do
-    local s = ST[k]
-    if not dirty[k] and s.n == 0 and s.bo == 0 and s.cd == 0 and s.block <= now()
-        and now() - s.last > math.max(IDLE_MS, 2 * (1 + margin) * LIM[k].delay) then
-      gone[#gone + 1] = k
+  window = window or kstate_window(TIDY_WINDOW, true)
+  -- Only a state "0|last|block|0|0" can go: the others are not parsed.
+  local idle = {}
+  for i = 1, window and #window or 0, 2 do
+    local k, v = window[i], window[i + 1]
+    if not dirty[k] and string.sub(v, 1, 2) == '0|' and string.sub(v, -4) == '|0|0' then
+      local la, bl = string.match(v, '^0|(%d+)|(%d+)|0|0$')
+      if la and now() - tonumber(la) > IDLE_MS and tonumber(bl) <= now() then
+        idle[#idle + 1] = k
+      end
     end
   end
-  if #gone > 0 then
-    call_chunked('HDEL', KEYS[11], gone, 1)
-    redis.call('HINCRBY', KEYS[10], 'keys_pruned', #gone)
+  if #idle > 0 then
+    load(idle)  -- this call's view (the state may have changed above) and limits
+    local gone = {}
+    for _, k in ipairs(idle) do
+      local s = ST[k]
+      if not dirty[k] and s.n == 0 and s.bo == 0 and s.cd == 0 and s.block <= now()
+          and now() - s.last > math.max(IDLE_MS, 2 * (1 + margin) * LIM[k].delay) then
+        gone[#gone + 1] = k
+      end
+    end
+    if #gone > 0 then
+      call_chunked('HDEL', KEYS[11], gone, 1)
+      redis.call('HINCRBY', KEYS[10], 'keys_pruned', #gone)
+    end
   end
 end
 
