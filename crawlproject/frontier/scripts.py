@@ -301,8 +301,8 @@ SYNC = _LIB + r"""
 -- KEYS[11] kstate (hash key -> "n|last|block|backoff|crawl delay", field '|key'
 --          -> the key's override, mirrored from KEYS[12] by SET_LIMITS, and
 --          field '||cursor' -> where the next window of it starts (HSCAN))
--- KEYS[12] limits (hash key -> "delay ms|concurrency|source"; only its existence
---          is read here: without overrides, no override field is looked up)
+-- KEYS[12] limits (hash key -> "delay ms|concurrency|source"; not read here:
+--          SYNC reads each override from its mirror in KEYS[11])
 -- KEYS[13] queue prefix: the queue of key K is KEYS[13]:K (derived)
 -- KEYS[14] held prefix: the members leased to node N are in the set KEYS[14]:N (derived)
 -- KEYS[15] qlen (string: entries queued in this partition)
@@ -417,26 +417,25 @@ end
 -- Per-key state, read once per call for all the keys it touches and written
 -- back once at the end.
 local ST, LIM, dirty = {}, {}, {}
--- Most crawls set no per-key override: then the HMGET asks for half the fields.
-local overrides = redis.call('EXISTS', KEYS[12]) == 1
 local function load(keys)
   -- State and override of each key come from kstate in one HMGET: the
-  -- override of key K is mirrored there as field '|K' (see SET_LIMITS).
+  -- override of key K is mirrored there as field '|K' (see SET_LIMITS). Asking
+  -- for both always costs less than a command that would tell whether any
+  -- override exists (one command fewer per call; a missing field is cheap).
   local need, seen = {}, {}
   for _, k in ipairs(keys) do
     if ST[k] == nil and not seen[k] then need[#need + 1] = k; seen[k] = true end
   end
-  local per = overrides and 2 or 1
   for i = 1, #need, 500 do
     local last = math.min(i + 499, #need)
     local fields = {}
     for j = i, last do
       fields[#fields + 1] = need[j]
-      if overrides then fields[#fields + 1] = '|' .. need[j] end
+      fields[#fields + 1] = '|' .. need[j]
     end
     local got = redis.call('HMGET', KEYS[11], unpack(fields))
     for j = i, last do
-      local k, s, l = need[j], got[per * (j - i) + 1], overrides and got[2 * (j - i) + 2] or nil
+      local k, s, l = need[j], got[2 * (j - i) + 1], got[2 * (j - i) + 2]
       local n, la, bl, bo, cd = 0, 0, 0, 0, 0
       if s then
         n, la, bl, bo, cd = string.match(s, '^(%-?%d+)|(%d+)|(%d+)|(%d+)|(%d+)$')
