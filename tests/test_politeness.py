@@ -272,6 +272,12 @@ def test_a_sweep_reads_a_window_of_key_state_and_goes_round_all_of_it(node, cloc
     assert still_drifted() == 0                   # every key recounted in the end
     assert sweeps > 1
     assert "||cursor" not in a.key_states() and a.counts()["hosts"] == total + 1
+    # A cursor written by someone else never stops a node: the windows start over.
+    for junk in ("18446744073709551616|0", "-1|x", "x" * 1000):
+        redis.hset(a.keys.kstate, "||cursor", junk)
+        a.sync(Batch(sweep=True))
+        clock.advance(0.2)
+        a.sync(Batch())
 
 
 def test_the_state_of_a_key_idle_for_days_is_dropped_and_nothing_else(node, clock, redis):

@@ -752,7 +752,9 @@ local function kstate_window(count, paced)
   local cursor, at = string.match(raw, '^(%d+)|(%d+)$')
   cursor, at = cursor or '0', tonumber(at) or 0
   if paced and at <= now() and now() - at < TIDY_EVERY_MS then return nil end
-  local scan = redis.call('HSCAN', KEYS[11], cursor, 'COUNT', count)
+  -- A cursor written by someone else may be one HSCAN refuses: start over.
+  local scan = redis.pcall('HSCAN', KEYS[11], cursor, 'COUNT', count)
+  if scan.err then scan = redis.call('HSCAN', KEYS[11], '0', 'COUNT', count) end
   redis.call('HSET', KEYS[11], '||cursor', scan[1] .. '|' .. fmt(now()))
   local out = {}
   for i = 1, #scan[2], 2 do
