@@ -263,6 +263,49 @@ def test_every_take_registers_the_taker(node, clock, redis):
     assert res.reclaimed == 1 and payloads(res.taken) == ["x"]
 
 
+def test_a_queue_length_holding_junk_is_recounted_not_fatal(node, redis):
+    """The partition's queue length is a counter in Redis: junk written there
+    (a string, a key of another type) must not make every call fail; it is
+    recounted from the entries themselves and the crawl goes on."""
+    a = node("a")
+    add_all(a, [(f"p{i}", 0) for i in range(5)])
+    assert len(a.take(2)) == 2
+    later = Batch()
+    later.add("later", fp("later"), 0, 60_000)
+    a.sync(later)                                  # one delayed entry
+    for n, junk in enumerate((lambda: redis.set(a.keys.qlen, "abc"),
+                              lambda: (redis.delete(a.keys.qlen), redis.rpush(a.keys.qlen, "x")))):
+        junk()
+        assert a.sync(Batch()).queued == 3          # 5 - 2 taken; the delayed one apart
+        assert a.counts()["queued"] == 3
+        junk()
+        res = a.sync(Batch(take=1))
+        assert len(res.taken) == 1 and res.queued == 2
+        add_all(a, [(f"new{n}", 0)])
+        assert a.counts()["queued"] == 3
+    assert a.stats()["qlen_recounted"] == 4
+
+
+def test_a_sequence_counter_holding_junk_loses_no_request(node, redis):
+    """New entries are numbered from a counter in Redis after their
+    fingerprints went into the Bloom filter: junk in that counter must not fail
+    the call (a retry would find them all "seen" and drop them). Numbering goes
+    on above every entry there is, so no member is reused."""
+    a = node("a")
+    add_all(a, [(f"p{i}", 0) for i in range(3)])
+    held = a.take(1)
+    for junk in (lambda: redis.set(a.keys.seq, "abc"),
+                 lambda: (redis.delete(a.keys.seq), redis.sadd(a.keys.seq, "x"))):
+        junk()
+        res = add_all(a, [(f"{junk}-{i}", 0) for i in range(2)])
+        assert res.added == 2
+    assert a.stats()["seq_recounted"] == 2
+    taken = a.take(10)
+    assert len(taken) == 6                        # 2 left of the first 3, and 4 new
+    members = [m for m, _ in held + taken]
+    assert len(set(members)) == 7 and redis.hlen(a.keys.payloads) == 7
+
+
 def test_a_sweep_reclaims_entries_of_unregistered_owners(node, redis):
     a, b = node("a"), node("b")
     add_all(a, [("x", 0)])

@@ -414,6 +414,23 @@ local function keep_record(kind, record)
   end
 end
 
+local function next_seq(n)
+  -- The first of N new sequence numbers. The fingerprints of these entries are
+  -- already in the Bloom filter, so a counter that is not a count (written by
+  -- someone else) must not fail the call: numbering goes on above every
+  -- member there is (each queued, delayed or leased entry has a payload).
+  local seq = redis.pcall('INCRBY', KEYS[8], n)
+  if type(seq) == 'number' then return seq - n end
+  local top = 0
+  for _, m in ipairs(redis.call('HKEYS', KEYS[2])) do
+    local s = tonumber(string.match(m, '^%-?%d+:(%d+)'))
+    if s and s > top then top = s end
+  end
+  redis.call('SET', KEYS[8], fmt(top + n))  -- whatever type the key had
+  redis.call('HINCRBY', KEYS[10], 'seq_recounted', 1)
+  return top
+end
+
 -- Per-key state, read once per call for all the keys it touches and written
 -- back once at the end.
 local ST, LIM, dirty = {}, {}, {}
@@ -553,7 +570,7 @@ if n_add > 0 then
   end
   added, dups = #keep, n_add - #keep
   if added > 0 then
-    local seq = redis.call('INCRBY', KEYS[8], added) - added
+    local seq = next_seq(added)
     local byq, dargs, pargs = {}, {}, {}
     for j, e in ipairs(keep) do
       local member = tostring(e[3]) .. ':' .. fmt(seq + j) .. '@' .. e[1]
@@ -1007,8 +1024,16 @@ if #rem > 0 then call_chunked('ZREM', KEYS[1], rem, 1) end
 if #set > 0 then call_chunked('ZADD', KEYS[1], set, 2) end
 
 local qlen
-if qdelta ~= 0 then qlen = redis.call('INCRBY', KEYS[15], qdelta)
-else qlen = tonumber(redis.call('GET', KEYS[15]) or '0') end
+if qdelta ~= 0 then qlen = redis.pcall('INCRBY', KEYS[15], qdelta)
+else qlen = tonumber(redis.pcall('GET', KEYS[15]) or '0') end
+if type(qlen) ~= 'number' then
+  -- Not a count (written by someone else): recounted from the entries, each
+  -- of which has a payload while it is queued, delayed or in flight.
+  qlen = math.max(0, redis.call('HLEN', KEYS[2]) - redis.call('HLEN', KEYS[3])
+                     - redis.call('ZCARD', KEYS[5]))
+  redis.call('SET', KEYS[15], qlen)  -- whatever type the key had
+  redis.call('HINCRBY', KEYS[10], 'qlen_recounted', 1)
+end
 local delayed_len, inflight_len, next_ready = -1, -1, -1
 if maintenance then
   delayed_len = redis.call('ZCARD', KEYS[5])
