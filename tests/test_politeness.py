@@ -184,6 +184,29 @@ def test_limits_set_at_run_time_apply_at_once(node, clock):
     assert a.set_limits({"h1": None}) == 1 and a.limits() == {}
 
 
+@pytest.mark.parametrize("count_field", ["kept", "missing", "junk"])
+def test_overrides_are_read_whether_or_not_their_count_is_kept(node, clock, redis, count_field):
+    """SYNC reads overrides only while kstate's '||limits' count says there are
+    some. A crawl begun by an older version has overrides but no count, and
+    the count may hold junk: then it is taken from the limits hash again."""
+    a = node("a", polite(delay=0, concurrency=5))
+    add(a, "h1", 5)
+    add(a, "h2", 5)
+    a.set_limits({"h1": Limits(delay=0, concurrency=1)})
+    if count_field == "missing":
+        redis.hdel(a.keys.kstate, "||limits")
+    elif count_field == "junk":
+        redis.hset(a.keys.kstate, "||limits", "lots")
+    leased = a.take(10)
+    taken = keys_of(leased)
+    assert taken.count("h1") == 1 and taken.count("h2") == 5
+    assert redis.hget(a.keys.kstate, "||limits") == b"1"
+    a.set_limits({"h1": None})
+    assert redis.hget(a.keys.kstate, "||limits") == b"0"
+    a.ack(*[m for m, _ in leased if m.endswith("@h1")])
+    assert keys_of(a.take(10)) == ["h1"] * 4      # no limit left but the default's 5
+
+
 def test_a_key_shaped_like_an_override_field_leaves_other_keys_limits_alone(node, clock):
     # kstate keeps key K's override in field '|K'. A page can link to
     # http://|h1/ (Scrapy takes '|h1' as its host name): that key's state

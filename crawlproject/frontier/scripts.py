@@ -299,10 +299,12 @@ SYNC = _LIB + r"""
 -- KEYS[9] bloom meta (hash); its shards are KEYS[9]:<layer>:<shard> (derived)
 -- KEYS[10] partition stats (hash)
 -- KEYS[11] kstate (hash key -> "n|last|block|backoff|crawl delay", field '|key'
---          -> the key's override, mirrored from KEYS[12] by SET_LIMITS, and
---          field '||cursor' -> where the next window of it starts (HSCAN))
--- KEYS[12] limits (hash key -> "delay ms|concurrency|source"; not read here:
---          SYNC reads each override from its mirror in KEYS[11])
+--          -> the key's override, mirrored from KEYS[12] by SET_LIMITS, field
+--          '||limits' -> how many overrides there are (SET_LIMITS), and field
+--          '||cursor' -> where the next window of it starts (HSCAN))
+-- KEYS[12] limits (hash key -> "delay ms|concurrency|source"; SYNC reads each
+--          override from its mirror in KEYS[11], this only to count them where
+--          KEYS[11] has no '||limits' field yet)
 -- KEYS[13] queue prefix: the queue of key K is KEYS[13]:K (derived)
 -- KEYS[14] held prefix: the members leased to node N are in the set KEYS[14]:N (derived)
 -- KEYS[15] qlen (string: entries queued in this partition)
@@ -434,25 +436,47 @@ end
 -- Per-key state, read once per call for all the keys it touches and written
 -- back once at the end.
 local ST, LIM, dirty = {}, {}, {}
+-- Whether any key has an override: kstate's field '||limits' counts them (SET_LIMITS
+-- keeps it), read with the first states a call loads, so a crawl without
+-- overrides pays neither a command nor a field per key for them.
+local overrides = nil
 local function load(keys)
-  -- State and override of each key come from kstate in one HMGET: the
-  -- override of key K is mirrored there as field '|K' (see SET_LIMITS). Asking
-  -- for both always costs less than a command that would tell whether any
-  -- override exists (one command fewer per call; a missing field is cheap).
+  -- State and override of each key come from kstate: the override of key K
+  -- is mirrored there as field '|K' (see SET_LIMITS).
   local need, seen = {}, {}
   for _, k in ipairs(keys) do
     if ST[k] == nil and not seen[k] then need[#need + 1] = k; seen[k] = true end
   end
   for i = 1, #need, 500 do
     local last = math.min(i + 499, #need)
-    local fields = {}
+    local fields, per = {}, overrides and 2 or 1
     for j = i, last do
       fields[#fields + 1] = need[j]
-      fields[#fields + 1] = '|' .. need[j]
+      if overrides then fields[#fields + 1] = '|' .. need[j] end
     end
+    if overrides == nil then fields[#fields + 1] = '||limits' end
     local got = redis.call('HMGET', KEYS[11], unpack(fields))
+    if overrides == nil then
+      local count = tonumber(got[#fields])
+      if count == nil then
+        -- Not kept yet (a crawl begun by an older version) or junk: from the limits.
+        count = redis.call('HLEN', KEYS[12])
+        redis.call('HSET', KEYS[11], '||limits', count)
+      end
+      overrides = count > 0
+      if overrides then
+        -- This chunk's overrides, in the layout of the next chunks.
+        local lf = {}
+        for j = i, last do lf[#lf + 1] = '|' .. need[j] end
+        local lv = redis.call('HMGET', KEYS[11], unpack(lf))
+        local both = {}
+        for j = 1, last - i + 1 do both[2 * j - 1] = got[j]; both[2 * j] = lv[j] end
+        got, per = both, 2
+      end
+    end
     for j = i, last do
-      local k, s, l = need[j], got[2 * (j - i) + 1], got[2 * (j - i) + 2]
+      local k, s = need[j], got[per * (j - i) + 1]
+      local l = per == 2 and got[2 * (j - i) + 2] or nil
       local n, la, bl, bo, cd = 0, 0, 0, 0, 0
       if s then
         n, la, bl, bo, cd = string.match(s, '^(%-?%d+)|(%d+)|(%d+)|(%d+)|(%d+)$')
@@ -1093,7 +1117,8 @@ SET_LIMITS = _CLOCK + r"""
 -- SET_LIMITS: override (or clear) the politeness limits of keys, in force at once.
 -- KEYS[1] limits (hash key -> "delay ms|concurrency|source")  KEYS[2] ready (zset)
 -- KEYS[3] kstate (hash key -> "n|last|block|backoff|crawl delay"; the override
---         is mirrored there as field '|key', which SYNC reads with the state)
+--         is mirrored there as field '|key', which SYNC reads with the state,
+--         and their number as field '||limits')
 -- ARGV[1] source: 'c' (command line) or 's' (settings: never replaces a 'c')
 -- ARGV[2..] n x (key, "delay ms|concurrency|source", or '' to clear)
 -- A key waiting in the ready set is rescheduled for its last start plus the
@@ -1112,15 +1137,17 @@ for i = 2, #ARGV, 2 do
     changed = changed + 1
     local ready = redis.call('ZSCORE', KEYS[2], key)
     local state = redis.call('HGET', KEYS[3], key)
-    if ready and state and value ~= '' then
-      local _, last, block, bo, cd = string.match(state, '^(%-?%d+)|(%d+)|(%d+)|(%d+)|(%d+)$')
-      local delay = tonumber(string.match(value, '^(%d+)|'))
+    local _, last, block, bo, cd = string.match(state or '', '^(%-?%d+)|(%d+)|(%d+)|(%d+)|(%d+)$')
+    local delay = tonumber(string.match(value, '^(%d+)|'))
+    if ready and last and delay then  -- a malformed state is not rescheduled
       local at = math.max(tonumber(last) + math.max(delay, tonumber(bo), tonumber(cd)),
                           tonumber(block))
       redis.call('ZADD', KEYS[2], string.format('%.0f', at), key)
     end
   end
 end
+-- SYNC reads the overrides only while this count is above 0.
+redis.call('HSET', KEYS[3], '||limits', redis.call('HLEN', KEYS[1]))
 return changed
 """
 
