@@ -207,6 +207,19 @@ def test_overrides_are_read_whether_or_not_their_count_is_kept(node, clock, redi
     assert keys_of(a.take(10)) == ["h1"] * 4      # no limit left but the default's 5
 
 
+def test_a_concurrency_raised_at_run_time_applies_before_the_next_download_ends(node, clock):
+    """A key at its concurrency is out of the ready set until a download of it
+    ends; on a site whose downloads take 30 s, a higher limit set from the
+    command line must not wait for that."""
+    a = node("a", polite(delay=0, concurrency=1))
+    add(a, "slow", 5)
+    assert keys_of(a.take(5)) == ["slow"]         # one in flight: the key is full
+    assert a.take(5) == []
+    assert a.set_limits({"slow": Limits(delay=0, concurrency=3)}) == 1
+    assert keys_of(a.take(5)) == ["slow", "slow"]  # at once, no ack needed
+    assert a.take(5) == []                        # and no more than 3 in flight
+
+
 def test_a_key_shaped_like_an_override_field_leaves_other_keys_limits_alone(node, clock):
     # kstate keeps key K's override in field '|K'. A page can link to
     # http://|h1/ (Scrapy takes '|h1' as its host name): that key's state

@@ -306,8 +306,8 @@ class Frontier:
         args = [source]
         for key, value in limits.items():
             args += [safe_key(key), value.encoded(source) if value is not None else ""]
-        return int(self._set_limits(keys=[self.keys.limits, self.keys.ready, self.keys.kstate],
-                                    args=args))
+        return int(self._set_limits(keys=[self.keys.limits, self.keys.ready, self.keys.kstate,
+                                          self.keys.queue_prefix], args=args))
 
     def limits(self) -> dict[str, dict]:
         """Overrides stored in Redis: key → {delay, concurrency, source}."""

@@ -1119,11 +1119,14 @@ SET_LIMITS = _CLOCK + r"""
 -- KEYS[3] kstate (hash key -> "n|last|block|backoff|crawl delay"; the override
 --         is mirrored there as field '|key', which SYNC reads with the state,
 --         and their number as field '||limits')
+-- KEYS[4] queue prefix: the queue of key K is KEYS[4]:K (derived)
 -- ARGV[1] source: 'c' (command line) or 's' (settings: never replaces a 'c')
 -- ARGV[2..] n x (key, "delay ms|concurrency|source", or '' to clear)
 -- A key waiting in the ready set is rescheduled for its last start plus the
 -- new delay (not before a block), so a shorter delay applies now, not after
--- the old one ran out. Returns how many keys changed.
+-- the old one ran out; a key out of it because it had its concurrency in
+-- flight, with entries queued, goes back into it when the new concurrency is
+-- higher (not only at its next download end). Returns how many keys changed.
 local changed = 0
 for i = 2, #ARGV, 2 do
   local key, value = ARGV[i], ARGV[i + 1]
@@ -1137,8 +1140,14 @@ for i = 2, #ARGV, 2 do
     changed = changed + 1
     local ready = redis.call('ZSCORE', KEYS[2], key)
     local state = redis.call('HGET', KEYS[3], key)
-    local _, last, block, bo, cd = string.match(state or '', '^(%-?%d+)|(%d+)|(%d+)|(%d+)|(%d+)$')
-    local delay = tonumber(string.match(value, '^(%d+)|'))
+    local n, last, block, bo, cd = string.match(state or '', '^(%-?%d+)|(%d+)|(%d+)|(%d+)|(%d+)$')
+    local delay, conc = string.match(value, '^(%d+)|(%d+)|')
+    delay, conc = tonumber(delay), tonumber(conc)
+    if conc and conc <= 0 then conc = 1000000000 end
+    if not ready and last and delay and tonumber(n) < conc
+        and redis.call('ZCARD', KEYS[4] .. ':' .. key) > 0 then
+      ready = true  -- room again: back among the keys a take looks at
+    end
     if ready and last and delay then  -- a malformed state is not rescheduled
       local at = math.max(tonumber(last) + math.max(delay, tonumber(bo), tonumber(cd)),
                           tonumber(block))
