@@ -140,7 +140,8 @@ def prune_run(bench: BenchRedis, n: int, max_calls: int) -> dict:
     calls, longest = 0, 0.0
 
     def left() -> int:  # HLEN, not counts(): that reads every field
-        own = sum(client.hexists(f.keys.kstate, name) for name in ("||cursor", "||limits"))
+        own = sum(client.hexists(f.keys.kstate, name)
+                  for name in ("||cursor", "||limits", "||qlen"))
         return client.hlen(f.keys.kstate) - own
 
     while calls < max_calls and left() > 0:

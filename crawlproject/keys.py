@@ -39,12 +39,17 @@ key                                type    contents / written by
                                            request (ms, Redis time); only keys that may
                                            have queued entries and are below their
                                            concurrency; SYNC
-``T:qlen``                         string  entries queued in the partition; SYNC
+``T:qlen``                         string  entries queued in the partition, as older
+                                           versions kept it: SYNC moves it into
+                                           ``T:kstate`` and deletes it
 ``T:kstate``                       hash    politeness key → ``"inflight|last start ms|
                                            blocked until ms|backoff ms|crawl delay ms"``;
                                            ``|key`` → its override (mirrored),
                                            ``||cursor`` → ``"cursor|ms"``, SYNC's place
                                            in it (HSCAN windows);
+                                           ``||qlen`` → entries queued in the
+                                           partition (read and written with the
+                                           states a call touches);
                                            a key idle for 3 days loses its state
 ``T:limits``                       hash    politeness key → ``"delay ms|concurrency|
                                            source"`` overrides (``c`` set with the

@@ -487,7 +487,7 @@ def test_during_a_live_crawl_the_page_agrees_with_redis_and_pause_stops_fetching
             keys = FrontierKeys("hosts")
 
             def in_redis():
-                return {"queued": int(redis.get(keys.qlen) or 0),
+                return {"queued": int(redis.hget(keys.kstate, "||qlen") or 0),
                         "inflight": redis.hlen(keys.inflight),
                         "delayed": redis.zcard(keys.delayed), "dead": redis.llen(keys.dead),
                         "invalid": redis.llen(keys.invalid)}

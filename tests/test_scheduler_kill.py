@@ -77,5 +77,5 @@ def test_sigkill_loses_nothing(redis, redis_url, mongo_uri, database, tmp_path):
     assert extra <= reclaimed <= len(held) + PREFETCH, (extra, reclaimed, len(held))
     assert recovery <= RECOVERY_TARGET, f"recovered in {recovery:.1f} s"
     keys = FrontierKeys("products")
-    assert int(redis.get(keys.qlen) or 0) == 0 and redis.hlen(keys.inflight) == 0
+    assert int(redis.hget(keys.kstate, "||qlen")) == 0 and not redis.exists(keys.qlen) and redis.hlen(keys.inflight) == 0
     assert redis.zcard(keys.queue("127.0.0.1")) == 0

@@ -42,6 +42,8 @@ import random
 import time
 from dataclasses import dataclass, field
 
+import redis
+
 from crawlproject.frontier.bloom import BloomConfig, filter_estimates, fingerprint_hex
 from crawlproject.frontier.politeness import UNLIMITED, Limits, PolitenessConfig, safe_key
 from crawlproject.frontier.scripts import REPLAY_DEAD, SET_LIMITS, SYNC
@@ -350,9 +352,24 @@ class Frontier:
     def invalid_entries(self, count: int = 100) -> list[dict]:
         return [json.loads(r) for r in self.client.lrange(self.keys.invalid, 0, count - 1)]
 
+    def queued(self) -> int:
+        """Entries queued in this partition, as the last SYNC call left the count
+        (kstate's ``||qlen``; a crawl begun by an older version and not synced
+        since has it in the ``qlen`` key). Not a count: 0 until a call recounts."""
+        raw = self.client.hget(self.keys.kstate, "||qlen")
+        if raw is None:
+            try:
+                raw = self.client.get(self.keys.qlen)
+            except redis.ResponseError:  # not a string: recounted by the next call
+                raw = None
+        try:
+            return max(0, int(raw or 0))
+        except ValueError:
+            return 0
+
     def counts(self) -> dict[str, int]:
         k, c = self.keys, self.client
-        return {"queued": int(c.get(k.qlen) or 0), "delayed": c.zcard(k.delayed),
+        return {"queued": self.queued(), "delayed": c.zcard(k.delayed),
                 "inflight": c.hlen(k.inflight), "dead": c.llen(k.dead),
                 "invalid": c.llen(k.invalid), "nodes": c.zcard(k.nodes),
                 "hosts": sum(1 for f in c.hkeys(k.kstate) if not _s(f).startswith("|"))}

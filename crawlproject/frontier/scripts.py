@@ -300,14 +300,17 @@ SYNC = _LIB + r"""
 -- KEYS[10] partition stats (hash)
 -- KEYS[11] kstate (hash key -> "n|last|block|backoff|crawl delay", field '|key'
 --          -> the key's override, mirrored from KEYS[12] by SET_LIMITS, field
---          '||limits' -> how many overrides there are (SET_LIMITS), and field
---          '||cursor' -> where the next window of it starts (HSCAN))
+--          '||limits' -> how many overrides there are (SET_LIMITS), field
+--          '||cursor' -> where the next window of it starts (HSCAN), and field
+--          '||qlen' -> entries queued in this partition)
 -- KEYS[12] limits (hash key -> "delay ms|concurrency|source"; SYNC reads each
 --          override from its mirror in KEYS[11], this only to count them where
 --          KEYS[11] has no '||limits' field yet)
 -- KEYS[13] queue prefix: the queue of key K is KEYS[13]:K (derived)
 -- KEYS[14] held prefix: the members leased to node N are in the set KEYS[14]:N (derived)
--- KEYS[15] qlen (string: entries queued in this partition)
+-- KEYS[15] qlen of older versions (string): the queue length is kstate's field
+--          '||qlen' now; a crawl begun by an older version has it here, moved
+--          into kstate (and this key deleted) by the first call
 -- ARGV[1] now in ms, or '' for Redis server time      ARGV[2] node id
 -- ARGV[3] lease ttl ms (0 = this node leaves: drop its heartbeat)
 -- ARGV[4] how many entries to take
@@ -440,6 +443,11 @@ local ST, LIM, dirty = {}, {}, {}
 -- keeps it), read with the first states a call loads, so a crawl without
 -- overrides pays neither a command nor a field per key for them.
 local overrides = nil
+-- The partition's queue length is kstate's field '||qlen', read with the first
+-- states a call loads and written back with them: no command of its own in a
+-- call that reads and writes state anyway. qlen_raw is its value as read (false
+-- when absent), qlen_read whether it was read.
+local qlen_raw, qlen_read = false, false
 local function load(keys)
   -- State and override of each key come from kstate: the override of key K
   -- is mirrored there as field '|K' (see SET_LIMITS).
@@ -454,10 +462,13 @@ local function load(keys)
       fields[#fields + 1] = need[j]
       if overrides then fields[#fields + 1] = '|' .. need[j] end
     end
+    local n_own = #fields
     if overrides == nil then fields[#fields + 1] = '||limits' end
+    if not qlen_read then fields[#fields + 1] = '||qlen' end
     local got = redis.call('HMGET', KEYS[11], unpack(fields))
+    if not qlen_read then qlen_raw, qlen_read = got[#fields], true end
     if overrides == nil then
-      local count = tonumber(got[#fields])
+      local count = tonumber(got[n_own + 1])
       if count == nil then
         -- Not kept yet (a crawl begun by an older version) or junk: from the limits.
         count = redis.call('HLEN', KEYS[12])
@@ -1037,6 +1048,33 @@ for k, _ in pairs(dirty) do
   states[#states + 1] = k
   states[#states + 1] = s.n .. '|' .. s.last .. '|' .. s.block .. '|' .. s.bo .. '|' .. s.cd
 end
+-- The queue length: as read plus this call's changes. A partition without the
+-- field is new or was begun by an older version (its count is KEYS[15], moved
+-- here); a value that is not a count (written by someone else) is recounted
+-- from the entries, each of which has a payload while it is queued, delayed
+-- or in flight.
+if not qlen_read then qlen_raw, qlen_read = redis.call('HGET', KEYS[11], '||qlen'), true end
+local qlen = qlen_raw and string.match(qlen_raw, '^%-?%d+$') and tonumber(qlen_raw)
+if qlen then
+  qlen = qlen + qdelta
+else
+  local junk = qlen_raw ~= false
+  if not junk then
+    local old = redis.pcall('GET', KEYS[15])
+    qlen = type(old) == 'string' and string.match(old, '^%-?%d+$') and tonumber(old)
+    if qlen then qlen = qlen + qdelta end
+    junk = old ~= false and not qlen
+    if old ~= false then redis.call('DEL', KEYS[15]) end   -- whatever type it had
+  end
+  if not qlen then
+    qlen = math.max(0, redis.call('HLEN', KEYS[2]) - redis.call('HLEN', KEYS[3])
+                       - redis.call('ZCARD', KEYS[5]))
+  end
+  if junk then redis.call('HINCRBY', KEYS[10], 'qlen_recounted', 1) end
+end
+if qlen_raw ~= fmt(qlen) then
+  states[#states + 1] = '||qlen'; states[#states + 1] = fmt(qlen)
+end
 for k, _ in pairs(unready) do rem[#rem + 1] = k end
 for k, _ in pairs(took) do
   if ST[k].n >= LIM[k].conc then rem[#rem + 1] = k
@@ -1047,17 +1085,6 @@ if #states > 0 then call_chunked('HSET', KEYS[11], states, 2) end
 if #rem > 0 then call_chunked('ZREM', KEYS[1], rem, 1) end
 if #set > 0 then call_chunked('ZADD', KEYS[1], set, 2) end
 
-local qlen
-if qdelta ~= 0 then qlen = redis.pcall('INCRBY', KEYS[15], qdelta)
-else qlen = tonumber(redis.pcall('GET', KEYS[15]) or '0') end
-if type(qlen) ~= 'number' then
-  -- Not a count (written by someone else): recounted from the entries, each
-  -- of which has a payload while it is queued, delayed or in flight.
-  qlen = math.max(0, redis.call('HLEN', KEYS[2]) - redis.call('HLEN', KEYS[3])
-                     - redis.call('ZCARD', KEYS[5]))
-  redis.call('SET', KEYS[15], qlen)  -- whatever type the key had
-  redis.call('HINCRBY', KEYS[10], 'qlen_recounted', 1)
-end
 local delayed_len, inflight_len, next_ready = -1, -1, -1
 if maintenance then
   delayed_len = redis.call('ZCARD', KEYS[5])
