@@ -263,6 +263,53 @@ def test_a_new_request_that_outranks_the_buffer_is_handed_out_next(redis_url):
     asyncio.run(main())
 
 
+def test_the_last_free_slot_waits_for_a_request_that_outranks_the_buffer(redis_url):
+    """Real Redis: while the call that stores the next listing page (priority 5)
+    and takes it back is under way, Scrapy's own scheduler would give the next
+    free slot to that request, not to a prefetched one of priority 0: the node
+    keeps its last free slot for it (other free slots are used as before), and
+    once the reply is in the engine is nudged and gets it first."""
+    async def main():
+        free, nudges = {"slots": 1}, []
+        async with real_client(redis_url, "kept-slot", 100, 12, min_sync_interval=0.05,
+                               free_slots=lambda: free["slots"],
+                               nudge=lambda: nudges.append(1)) as (fc, _, _):
+            await until(lambda: len(fc.buffer) == 8)
+            assert fc.next().item == b'{"url": "http://h/0"}'   # 7 left: over half
+            fc.add('{"url": "http://h/top"}', None, 5, 0, "h")
+            assert fc.next() is None                            # the last slot is kept
+            free["slots"] = 2
+            assert fc.next().item == b'{"url": "http://h/1"}'   # not the last one
+            free["slots"] = 1
+            nudged = len(nudges)
+            await until(lambda: len(nudges) > nudged)           # the reply is in
+            assert fc.next().item == b'{"url": "http://h/top"}'
+
+    asyncio.run(main())
+
+
+def test_a_slot_kept_for_an_outranking_request_is_kept_only_for_a_while(monkeypatch):
+    """No reply comes (Redis down, a stalled loop): the slot goes back to the
+    buffer after OUTRANKING_HOLD, and an entry of the same or higher priority
+    than the one on its way is never held back."""
+    import crawlproject.frontier.client as client_module
+    monkeypatch.setattr(client_module, "OUTRANKING_HOLD", 0.2)
+
+    async def main():
+        from crawlproject.frontier.client import Entry
+        fc = make_client()
+        fc.free_slots = lambda: 1
+        fc.buffer.extend(Entry(f"0:{i}@h", 0, f"p{i}", 0, "h") for i in range(4))
+        fc.add('{"url": "http://h/top"}', None, 5, 0, "h")
+        assert fc.next() is None
+        await until(lambda: fc.next() is not None, timeout=10)
+        fc.buffer.appendleft(Entry("5:9@h", 0, "same", 5, "h"))
+        fc.add('{"url": "http://h/top2"}', None, 5, 0, "h")
+        assert fc.next().item == "same"
+
+    asyncio.run(main())
+
+
 def test_requests_that_keep_outranking_the_buffer_do_not_grow_it_without_bound(redis_url):
     """Real Redis: a depth-first crawl (every new request outranks the ones
     before it) must not lease the whole frontier to one node's buffer: it stays

@@ -18,7 +18,10 @@ to say or ready work (calls to several partitions run concurrently):
   new request that outranks what the buffer holds (the next listing page
   behind a page of products) goes with a take for it in the next call,
   instead of waiting until the buffer has drained to half (Scrapy's own
-  scheduler would hand it out next);
+  scheduler would hand it out next); until that call's reply is in (at most
+  ``OUTRANKING_HOLD`` seconds), the node's last free download slot is kept
+  for it rather than given to a lower-priority entry of the buffer, as
+  Scrapy's scheduler would give that slot to the new request;
 * **polite takes** — a partition is asked for entries only when it reported
   ready work (its earliest ready time has come) or, at idle pace, to look;
   an entry is taken only when its key may start a request now, so what is
@@ -65,6 +68,10 @@ logger = logging.getLogger(__name__)
 
 #: Most new requests in one call: one script call blocks Redis for every node.
 MAX_CALL_ADDS = 1000
+#: Longest a free download slot is kept for a request that outranks the
+#: buffer while the call that stores and takes it is under way (on a busy
+#: event loop a round trip takes tens of milliseconds).
+OUTRANKING_HOLD = 0.25
 #: With several partitions, how long a round of calls waits for a slow one
 #: before it goes on without it (a healthy call takes milliseconds).
 ROUND_GRACE = 0.5
@@ -153,6 +160,11 @@ class FrontierClient:
         # New requests per partition, since the last call, that outrank the
         # buffer's last entry: the next call takes as many back (see add()).
         self._outranking = [0 for _ in partitions]
+        # Those not back yet (unsent or in a call without a reply), the highest
+        # priority among them, and until when the last free slot is kept for them.
+        self._in_transit = 0
+        self._transit_priority = 0
+        self._hold_until = 0.0
         # Acknowledgement order across partitions: every add gets a sequence
         # number; an ack waits until every add made before it is stored (or
         # goes in the same atomic call), so a request is never acknowledged
@@ -204,6 +216,11 @@ class FrontierClient:
             # it back with the call that stores it (coalesced as usual), rather
             # than once the buffer has drained to half.
             self._outranking[p] += 1
+            priority = clamp_priority(priority)
+            self._transit_priority = (priority if not self._in_transit
+                                      else max(priority, self._transit_priority))
+            self._in_transit += 1
+            self._hold_until = time.monotonic() + OUTRANKING_HOLD
             self._wake.set()
         elif len(batch.adds) >= self.batch_size or not self.buffer:
             # A full batch, or nothing prefetched: the engine may be waiting for
@@ -221,11 +238,23 @@ class FrontierClient:
         if not self.buffer:
             self._wake.set()
             return None
+        if self._holds_slot():
+            return None  # the engine is nudged when the call's reply is in
         entry = self.buffer.popleft()
         self.held[entry.member] = entry
         if len(self.buffer) <= self.prefetch // 2:
             self._wake.set()
         return entry
+
+    def _holds_slot(self) -> bool:
+        """Whether the last free download slot waits for a request that
+        outranks the buffer's first entry and is on its way back to us."""
+        if (not self._in_transit or self.free_slots is None
+                or self.buffer[0].priority >= self._transit_priority):
+            return False
+        if time.monotonic() >= self._hold_until:
+            return False
+        return self.free_slots() <= 1
 
     def ack(self, member: str, relieve: bool = True) -> None:
         """*member* is done (also: replaced by a redirect or retry). Sent once
@@ -632,6 +661,10 @@ class FrontierClient:
             return result
         for _ in range(len(batch.adds)):
             self._unsent[p].popleft()
+        if outranking:
+            self._in_transit = max(0, self._in_transit - outranking)
+            if not self._in_transit:
+                self.nudge()  # a slot kept for them is free for what came back
         self._settled(p, batch, now)
         self._apply(p, result, asked=batch.take, batch=batch)
         if batch.maintenance:
