@@ -288,6 +288,26 @@ def test_the_last_free_slot_waits_for_a_request_that_outranks_the_buffer(redis_u
     asyncio.run(main())
 
 
+def test_a_request_that_outranks_the_buffer_cuts_the_coalescing_pause_short(redis_url):
+    """Real Redis: the coalescing pause is a minute here, the node just made a
+    call; the next listing page (priority 5) still comes back within the test's
+    wait. A second one right after waits for the pause (at most one rush per
+    OUTRANKING_RUSH_EVERY pauses): a depth-first crawl, where every new
+    request outranks the buffer, keeps coalescing its calls."""
+    async def main():
+        async with real_client(redis_url, "rush", 100, 12,
+                               min_sync_interval=60) as (fc, _, _):
+            await until(lambda: len(fc.buffer) == 8)
+            assert fc.next().item == b'{"url": "http://h/0"}'   # 7 left: over half
+            fc.add('{"url": "http://h/top"}', None, 5, 0, "h")
+            await until(lambda: fc.buffer[0].priority == 5)
+            fc.add('{"url": "http://h/top2"}', None, 6, 0, "h")
+            await until(lambda: not fc._outranked.is_set())     # the loop looked at it
+            assert fc.pending_adds() == 1 and fc.buffer[0].priority == 5
+
+    asyncio.run(main())
+
+
 def test_a_slot_kept_for_an_outranking_request_is_kept_only_for_a_while(monkeypatch):
     """No reply comes (Redis down, a stalled loop): the slot goes back to the
     buffer after OUTRANKING_HOLD, and an entry of the same or higher priority

@@ -18,10 +18,11 @@ to say or ready work (calls to several partitions run concurrently):
   new request that outranks what the buffer holds (the next listing page
   behind a page of products) goes with a take for it in the next call,
   instead of waiting until the buffer has drained to half (Scrapy's own
-  scheduler would hand it out next); until that call's reply is in (at most
-  ``OUTRANKING_HOLD`` seconds), the node's last free download slot is kept
-  for it rather than given to a lower-priority entry of the buffer, as
-  Scrapy's scheduler would give that slot to the new request;
+  scheduler would hand it out next). That call does not wait out the
+  coalescing pause (at most once per ``OUTRANKING_RUSH_EVERY`` pauses), and
+  until its reply is in (at most ``OUTRANKING_HOLD`` seconds) the node's last
+  free download slot is kept for the new request rather than given to a
+  lower-priority entry of the buffer, as Scrapy's scheduler would give it;
 * **polite takes** — a partition is asked for entries only when it reported
   ready work (its earliest ready time has come) or, at idle pace, to look;
   an entry is taken only when its key may start a request now, so what is
@@ -72,6 +73,9 @@ MAX_CALL_ADDS = 1000
 #: buffer while the call that stores and takes it is under way (on a busy
 #: event loop a round trip takes tens of milliseconds).
 OUTRANKING_HOLD = 0.25
+#: A request that outranks the buffer cuts the coalescing pause short at most
+#: once per this many pauses (``min_sync_interval``).
+OUTRANKING_RUSH_EVERY = 5
 #: With several partitions, how long a round of calls waits for a slow one
 #: before it goes on without it (a healthy call takes milliseconds).
 ROUND_GRACE = 0.5
@@ -165,6 +169,7 @@ class FrontierClient:
         self._in_transit = 0
         self._transit_priority = 0
         self._hold_until = 0.0
+        self._last_rush = 0.0
         # Acknowledgement order across partitions: every add gets a sequence
         # number; an ack waits until every add made before it is stored (or
         # goes in the same atomic call), so a request is never acknowledged
@@ -184,6 +189,9 @@ class FrontierClient:
         self._closing = False
         self._flush_waiters: list[asyncio.Future] = []
         self._wake = asyncio.Event()
+        # Set by a request that outranks the buffer (and at close): it ends a
+        # coalescing pause.
+        self._outranked = asyncio.Event()
         self._task: asyncio.Future | None = None
         self.on_first_sync: Callable[[], Any] | None = None
         #: operator pause (crawlproject.control): hand out and take nothing
@@ -222,6 +230,7 @@ class FrontierClient:
             self._in_transit += 1
             self._hold_until = time.monotonic() + OUTRANKING_HOLD
             self._wake.set()
+            self._outranked.set()
         elif len(batch.adds) >= self.batch_size or not self.buffer:
             # A full batch, or nothing prefetched: the engine may be waiting for
             # exactly these requests (e.g. the next listing page).
@@ -449,6 +458,7 @@ class FrontierClient:
         collected by ``before_tick``)."""
         self._closing = True
         self._wake.set()
+        self._outranked.set()  # ends a coalescing pause too
         if self._task is not None:
             try:
                 await self._task
@@ -523,7 +533,7 @@ class FrontierClient:
                 await asyncio.sleep(backoff_delay(errors, 0.4, 5.0))
                 continue
             if pause:
-                await asyncio.sleep(pause)
+                await self._pause(pause)
             else:
                 await self._wait()
 
@@ -538,6 +548,15 @@ class FrontierClient:
                 await pool.disconnect(inuse_connections=False)
             except Exception:  # closing a dead socket may fail too: nothing to keep
                 pass
+
+    async def _pause(self, seconds: float) -> None:
+        """A coalescing pause, cut short by a request that outranks the buffer:
+        a free slot is kept for it (see ``_holds_slot``)."""
+        try:
+            async with asyncio.timeout(seconds):
+                await self._outranked.wait()
+        except TimeoutError:
+            pass
 
     async def _wait(self) -> None:
         busy = (self.held or any(self.outbox) or len(self.buffer) <= self.prefetch // 2)
@@ -577,8 +596,14 @@ class FrontierClient:
         every = self.idle_poll if not (self.held or self.buffer) else self.heartbeat
         due = {p for p in ready if now - self._maintained[p] >= every}
         # A site's word (a block, a backoff) goes at once: every call another
-        # node makes before it lands may start that site's requests.
-        urgent = ((not self.buffer and takes) or self._flush_waiters or due
+        # node makes before it lands may start that site's requests. So does a
+        # request that outranks the buffer (a free slot waits for it), at most
+        # once per OUTRANKING_RUSH_EVERY coalescing pauses: a depth-first crawl,
+        # where every new request outranks the buffer, still coalesces.
+        self._outranked.clear()
+        rush = (now - self._last_rush >= OUTRANKING_RUSH_EVERY * self.min_sync_interval
+                and room > 0 and not self.paused and any(outranking[p] for p in ready))
+        urgent = ((not self.buffer and takes) or self._flush_waiters or due or rush
                   or any(self.outbox[p].feedback for p in ready))
         if not (any(self.outbox[p] for p in ready) or self._acks or takes or urgent):
             self._resolve_if_flushed()
@@ -586,6 +611,8 @@ class FrontierClient:
         gap = self.min_sync_interval - (now - self._last_sync)
         if gap > 0 and not urgent and self.pending_adds() < self.batch_size:
             return gap  # coalesce: more work per round trip
+        if rush:
+            self._last_rush = now
         waiters, self._flush_waiters = self._flush_waiters, []
         sent_outranking = {p: outranking[p] for p in ready}
         for p in ready:
