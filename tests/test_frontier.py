@@ -278,6 +278,7 @@ def test_a_queue_length_holding_junk_is_recounted_not_fatal(node, redis):
     a.sync(later)                                  # one delayed entry
     junks = (lambda: redis.hset(a.keys.kstate, "||qlen", "abc"),
              lambda: redis.hset(a.keys.kstate, "||qlen", "1e3"),
+             lambda: redis.hset(a.keys.kstate, "||qlen", "-7"),   # every node would close
              # a crawl begun by an older version, its counter spoilt
              lambda: (redis.hdel(a.keys.kstate, "||qlen"), redis.set(a.keys.qlen, "abc")),
              lambda: (redis.hdel(a.keys.kstate, "||qlen"), redis.delete(a.keys.qlen),

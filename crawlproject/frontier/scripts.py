@@ -1054,14 +1054,16 @@ end
 -- from the entries, each of which has a payload while it is queued, delayed
 -- or in flight.
 if not qlen_read then qlen_raw, qlen_read = redis.call('HGET', KEYS[11], '||qlen'), true end
-local qlen = qlen_raw and string.match(qlen_raw, '^%-?%d+$') and tonumber(qlen_raw)
+-- (A count is never negative: a node that read one would think nothing is
+-- queued and close.)
+local qlen = qlen_raw and string.match(qlen_raw, '^%d+$') and tonumber(qlen_raw)
 if qlen then
   qlen = qlen + qdelta
 else
   local junk = qlen_raw ~= false
   if not junk then
     local old = redis.pcall('GET', KEYS[15])
-    qlen = type(old) == 'string' and string.match(old, '^%-?%d+$') and tonumber(old)
+    qlen = type(old) == 'string' and string.match(old, '^%d+$') and tonumber(old)
     if qlen then qlen = qlen + qdelta end
     junk = old ~= false and not qlen
     if old ~= false then redis.call('DEL', KEYS[15]) end   -- whatever type it had
