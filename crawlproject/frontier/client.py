@@ -170,6 +170,7 @@ class FrontierClient:
         self._transit_priority = 0
         self._hold_until = 0.0
         self._last_rush = 0.0
+        self._lapse: asyncio.TimerHandle | None = None
         # Acknowledgement order across partitions: every add gets a sequence
         # number; an ack waits until every add made before it is stored (or
         # goes in the same atomic call), so a request is never acknowledged
@@ -248,12 +249,21 @@ class FrontierClient:
             self._wake.set()
             return None
         if self._holds_slot():
-            return None  # the engine is nudged when the call's reply is in
+            # The engine is nudged when the call's reply is in, or when the
+            # hold lapses (no reply: Redis down), whichever comes first.
+            if self._lapse is None:
+                self._lapse = asyncio.get_running_loop().call_later(
+                    max(0.0, self._hold_until - time.monotonic()), self._hold_lapsed)
+            return None
         entry = self.buffer.popleft()
         self.held[entry.member] = entry
         if len(self.buffer) <= self.prefetch // 2:
             self._wake.set()
         return entry
+
+    def _hold_lapsed(self) -> None:
+        self._lapse = None
+        self.nudge()
 
     def _holds_slot(self) -> bool:
         """Whether the last free download slot waits for a request that
