@@ -548,6 +548,68 @@ def test_a_failing_master_is_retried_on_its_own_backoff(tmp_path):
         asyncio.run(main(cluster))
 
 
+def test_a_node_closing_while_a_partition_is_down_acks_nothing_whose_links_were_lost(redis_url):
+    """Two partitions, the second one's Redis unreachable: a node has crawled a
+    request of the first partition and made two links from it, one for each
+    partition, when it closes. Its ack must not be stored: the link for the
+    unreachable partition cannot be, and an acked request is never crawled
+    again, so that link would be lost for good. The ack is withheld (counted),
+    the node keeps its lease there, and once the lease runs out another node
+    gets the request back (and with it the lost link, when it crawls it)."""
+    import redis.asyncio as aioredis
+
+    from crawlproject.frontier.politeness import Limits
+    from crawlproject.frontier.queue import AsyncFrontier, Batch
+    from crawlproject.services import free_port
+
+    async def main():
+        redis = aioredis.Redis.from_url(redis_url)
+        down = aioredis.Redis.from_url(f"redis://127.0.0.1:{free_port()}/0",
+                                       socket_connect_timeout=0.2)
+        politeness = PolitenessConfig(default=Limits(0), margin=0.0, partitions=2)
+        assert politeness.partition("d") == 0 and politeness.partition("a") == 1
+        frontiers = [AsyncFrontier(client, "closing", "n1", lease_ttl=1, politeness=politeness,
+                                   partition=p, partitions=2)
+                     for p, client in ((0, redis), (1, down))]
+        seed = Batch()
+        seed.add('{"url": "http://d/parent"}', None, 0, 0, "d")
+        await frontiers[0].sync(seed)
+        counts = {}
+        fc = FrontierClient(frontiers, politeness, accept=lambda p, m, payload: payload,
+                            before_tick=lambda: None,
+                            count=lambda name, value: counts.__setitem__(
+                                name, counts.get(name, 0) + value),
+                            outage=_CountingOutage(), log_extra={}, prefetch=8, batch_size=100,
+                            flush_interval=0.05, min_sync_interval=0.02, idle_poll=0.2,
+                            heartbeat=60, lease_ttl=1)
+        fc.start()
+        try:
+            await until(lambda: len(fc.buffer) == 1)
+            parent = fc.next()
+            fc.add('{"url": "http://d/sibling"}', None, 0, 0, "d")    # partition 0
+            fc.add('{"url": "http://a/child"}', None, 0, 0, "a")      # partition 1: down
+            fc.fetched(parent.member)
+            fc.ack(parent.member)
+        finally:
+            await fc.close()
+        keys = frontiers[0].keys
+        assert await redis.hexists(keys.payloads, parent.member)    # not acked
+        assert counts.get("scheduler/acks_withheld") == 1
+        assert await redis.zcard(keys.queue("d")) == 1              # the sibling is stored
+        # The lease runs out (1 s); another node's call takes the parent back.
+        other = AsyncFrontier(redis, "closing", "n2", lease_ttl=10, politeness=politeness,
+                              partition=0, partitions=2)
+        taken = []
+        async with asyncio.timeout(30):
+            while parent.member not in taken:
+                taken += [m for m, _ in (await other.sync(Batch(take=10))).taken]
+                await asyncio.sleep(0.05)
+        await redis.aclose()
+        await down.aclose()
+
+    asyncio.run(main())
+
+
 def test_an_idle_node_calls_its_partitions_at_idle_pace(redis_url):
     """Real Redis, 4 partitions, nothing queued: each partition is called about
     once per idle poll (0.2 s here; docs/scaling.md counts on it), not at every

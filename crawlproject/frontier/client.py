@@ -481,14 +481,14 @@ class FrontierClient:
         self.before_tick()
         leftovers = (list(self.buffer) + list(self.held.values())
                      + [e for stock in self.reserve.values() for e in stock])
-        batches = self.outbox
+        batches = dict(enumerate(self.outbox))
         self.outbox = [Batch() for _ in self.partitions]
-        for member, p, relieve, _ in self._acks:  # the last word: everything goes now
-            batches[p].acks.append(member)
-            if not relieve:
-                batches[p].unrelieved.add(member)
-        self._acks = []
-        for p, batch in enumerate(batches):
+        # The last word keeps the order of the loop: an ack goes only once the
+        # requests added before it are stored (see _attach_acks). With several
+        # partitions that may take a second call, once the first ones stored the
+        # adds; an ack whose adds could not be stored is not sent at all.
+        self._attach_acks(batches)
+        for p, batch in batches.items():
             batch.adopt = self._adoptions(p)
         for entry in leftovers:
             batches[entry.partition].nacks.append(entry.member)
@@ -498,21 +498,51 @@ class FrontierClient:
         self._reserve_keys.clear()
         self._reserve_share.clear()
         self.owners.clear()
-        await asyncio.gather(*(self._final_sync(p, batch) for p, batch in enumerate(batches)))
+        waiting = {p for _, p, _, _ in self._acks}
+        stored = await asyncio.gather(*(self._final_sync(p, batch, leave=p not in waiting)
+                                        for p, batch in batches.items()))
+        for p, ok in zip(batches, stored):
+            if ok:
+                for _ in range(len(batches[p].adds)):
+                    self._unsent[p].popleft()
+        if self._acks:
+            await self._final_acks(waiting)
         for waiter in self._flush_waiters:
             if not waiter.done():
                 waiter.cancel()
         return leftovers
 
-    async def _final_sync(self, p: int, batch: Batch) -> None:
+    async def _final_acks(self, waiting: set[int]) -> None:
+        """At close, the acks that waited for other partitions' adds: sent where
+        those were stored. The others are not sent (the count is logged and in
+        ``scheduler/acks_withheld``): their requests come back when this node's
+        lease there expires and are crawled again, so the requests they produced
+        are made again instead of being lost."""
+        second = {p: Batch() for p in sorted(waiting)}
+        self._attach_acks(second)
+        withheld = {p for _, p, _, _ in self._acks}
+        if self._acks:
+            self.count("scheduler/acks_withheld", len(self._acks))
+            logger.error("%d finished requests not acknowledged at close: requests they "
+                         "produced could not be stored; they come back to the queue when this "
+                         "node's lease expires and are crawled again", len(self._acks),
+                         extra=self.log_extra)
+        self._acks = []
+        await asyncio.gather(*(self._final_sync(p, batch, leave=p not in withheld)
+                               for p, batch in second.items()))
+
+    async def _final_sync(self, p: int, batch: Batch, leave: bool = True) -> bool:
+        """Partition *p*'s last call (leaving it unless *leave* is False: then its
+        lease runs out); whether it went through."""
         for attempt in range(3):
             try:
-                result = await self.partitions[p].sync(batch, leaving=True)
+                result = await self.partitions[p].sync(batch, leaving=leave)
                 self._apply(p, result, asked=0)
-                logger.info("Left the frontier%s: returned %d unstarted requests",
-                            f" partition {p}" if len(self.partitions) > 1 else "",
-                            len(batch.nacks), extra=self.log_extra)
-                return
+                if leave:
+                    logger.info("Left the frontier%s: returned %d unstarted requests",
+                                f" partition {p}" if len(self.partitions) > 1 else "",
+                                len(batch.nacks), extra=self.log_extra)
+                return True
             except Exception as exc:
                 logger.error("Cannot reach Redis at close (%s); attempt %d/3", exc, attempt + 1,
                              extra=self.log_extra)
@@ -520,6 +550,7 @@ class FrontierClient:
         logger.error("Gave up: %d new requests not sent; %d leased requests come back when "
                      "this node's lease expires", len(batch.adds), len(batch.nacks),
                      extra=self.log_extra)
+        return False
 
     # -- the loop ---------------------------------------------------------------
     async def _run(self) -> None:
