@@ -59,6 +59,7 @@ from crawlproject.frontier.queue import DEAD_MAX, INVALID_MAX, MAX_PRIORITY, Asy
 from crawlproject.frontier.retrypolicy import (
     CALLBACK_ATTEMPTS_META,
     LEASE_META,
+    PARENT_META,
     PAYLOAD_META,
     RETRY_DELAY_META,
     SLOW_DOWN_META,
@@ -298,6 +299,7 @@ class RedisScheduler(BaseScheduler):
 
     def _enqueue(self, request: Request) -> bool:
         member = request.meta.pop(LEASE_META, None)
+        parent = request.meta.pop(PARENT_META, None)
         retried = RETRY_DELAY_META in request.meta
         delay = request.meta.pop(RETRY_DELAY_META, 0)
         request.meta.pop(SLOW_DOWN_META, None)
@@ -318,9 +320,15 @@ class RedisScheduler(BaseScheduler):
             self._remember(fp)
         if abs(request.priority) > MAX_PRIORITY:
             self._priority_clamped(request)
+        replaces = (member is not None and member in self.client.held
+                    and member not in self._scraping)
+        if replaces:
+            parent = member  # its ack waits for this one, not for every add before it
+        elif parent is not None and parent not in self.client.held:
+            parent = None    # not ours (any more): this add keeps the wait for everything
         self.client.add(payload, fp, request.priority, int(delay * 1000),
-                        self.politeness.key(request))
-        if member is not None and member in self.client.held and member not in self._scraping:
+                        self.politeness.key(request), parent=parent)
+        if replaces:
             # A downloader middleware (redirect, retry) replaced a leased request:
             # the old entry is done once the new one is stored (the client sends
             # the ack after it).
@@ -593,7 +601,7 @@ class RedisScheduler(BaseScheduler):
                 reason = f"{reason}; cannot be retried: {exc}"
             else:
                 self.client.add(payload, None, retry.priority,
-                                int(self.retry.delay(attempts) * 1000), key)
+                                int(self.retry.delay(attempts) * 1000), key, parent=member)
                 self.client.ack(member)
                 self._count("scheduler/callback_retries")
                 return RETRY

@@ -74,6 +74,8 @@ SPIDER_MIDDLEWARES = {
     "crawlproject.middlewares.referer.SeedRefererMiddleware": 700,
     "crawlproject.middlewares.sessioncookies.SessionCookiesSpiderMiddleware": 650,
     "crawlproject.middlewares.recrawl.RecrawlSpiderMiddleware": 950,   # sees the callback's output
+    # with FRONTIER_PARTITIONS > 1: an ack waits only for the requests its own callback made
+    "crawlproject.middlewares.lineage.LineageMiddleware": 990,
 }
 # Politeness is enforced by the frontier for all nodes together (see
 # crawlproject/frontier/politeness.py): DOWNLOAD_DELAY is the interval between

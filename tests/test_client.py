@@ -36,8 +36,7 @@ def send_round(client, partitions, fail=()):
         if p in fail:
             client._requeue(p, batch)
         else:
-            for _ in range(len(batch.adds)):
-                client._unsent[p].popleft()
+            client._stored(p, len(batch.adds))
     return calls
 
 
@@ -86,6 +85,39 @@ def test_an_ack_waits_for_the_adds_made_before_it_in_other_partitions():
     assert second[0].acks == [parent]
     assert retry[0].acks == [] and len(retry[1].adds) == 1   # still waiting for the re-send
     assert after[0].acks == [parent]
+
+
+def test_an_ack_waits_for_its_own_requests_not_for_those_of_others():
+    """With the member that produced each request known (the lineage spider
+    middleware), an ack waits only for its own requests and for those added
+    without a parent: partition 1 failing holds up the request whose link went
+    there, not one whose links all went to partition 0."""
+    def body():
+        client = make_client(partitions=2)
+        keys = {client.partition_of(k): k for k in (f"h{i}" for i in range(50))}
+        a, b = f"0:1@{keys[0]}", f"0:2@{keys[0]}"
+        client.add('{"a": 1}', None, 0, 0, keys[1], parent=a)   # a's link: partition 1
+        client.add('{"b": 1}', None, 0, 0, keys[0], parent=b)   # b's link: partition 0
+        client.ack(a)
+        client.ack(b)
+        failed = send_round(client, [0, 1], fail={1})            # partition 1 is down
+        still = send_round(client, [0, 1], fail={1})
+        back = send_round(client, [0, 1])                        # it answers again
+        after = send_round(client, [0, 1])
+        # A request added without a parent (a seed) is waited for by every ack after it.
+        seeded = make_client(partitions=2)
+        seeded.add('{"seed": 1}', None, 0, 0, keys[1])
+        seeded.add('{"b": 1}', None, 0, 0, keys[0], parent=b)
+        seeded.ack(b)
+        waits = send_round(seeded, [0, 1], fail={1})
+        return failed, still, back, after, waits, a, b
+
+    failed, still, back, after, waits, a, b = run(body)
+    assert failed[0].acks == [b]                 # with its link, in the same atomic call
+    assert still[0].acks == [] and back[0].acks == []
+    assert len(back[1].adds) == 1
+    assert after[0].acks == [a]
+    assert waits[0].acks == []
 
 
 def test_an_ack_goes_with_the_adds_of_its_own_partition():

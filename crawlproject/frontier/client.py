@@ -67,6 +67,7 @@ from crawlproject.frontier.queue import (AsyncFrontier, Batch, SyncResult, clamp
 
 logger = logging.getLogger(__name__)
 
+INF = float("inf")
 #: Most new requests in one call: one script call blocks Redis for every node.
 MAX_CALL_ADDS = 1000
 #: Longest a free download slot is kept for a request that outranks the
@@ -172,12 +173,17 @@ class FrontierClient:
         self._last_rush = 0.0
         self._lapse: asyncio.TimerHandle | None = None
         # Acknowledgement order across partitions: every add gets a sequence
-        # number; an ack waits until every add made before it is stored (or
-        # goes in the same atomic call), so a request is never acknowledged
-        # before the requests it produced are safe.
+        # number; an ack waits until the adds it depends on are stored (or go
+        # in the same atomic call), so a request is never acknowledged before
+        # the requests it produced are safe. An add made with the member that
+        # produced it (its parent) is a dependency of that member's ack only;
+        # one made without is one of every ack after it.
         self._seq = 0
         self._unsent: list[deque[int]] = [deque() for _ in partitions]
-        self._acks: list[tuple[str, int, bool, int]] = []
+        self._unsent_orphans: list[deque[int]] = [deque() for _ in partitions]
+        #: parent member -> {partition: sequence number of its last add there}
+        self._children: dict[str, dict[int, int]] = {}
+        self._acks: list[tuple[str, int, bool, int, dict[int, int] | None]] = []
         self._fetched: deque[tuple[int, str, float]] = deque()
         self._last_sync = 0.0
         # Per partition: when its lease was last renewed, and how its calls fail.
@@ -213,13 +219,19 @@ class FrontierClient:
     def partition_of(self, key: str) -> int:
         return self.politeness.partition(key) if len(self.partitions) > 1 else 0
 
-    def add(self, payload: str, fingerprint, priority: int, delay_ms: int, key: str) -> None:
-        """A new request for politeness key *key*."""
+    def add(self, payload: str, fingerprint, priority: int, delay_ms: int, key: str,
+            parent: str | None = None) -> None:
+        """A new request for politeness key *key*; *parent*: the member held here
+        whose callback (or redirect, retry) produced it, if known."""
         p = self.partition_of(key)
         batch = self.outbox[p]
         batch.add(payload, fingerprint, priority, delay_ms, key)
         self._seq += 1
         self._unsent[p].append(self._seq)
+        if parent is None:
+            self._unsent_orphans[p].append(self._seq)
+        else:
+            self._children.setdefault(parent, {})[p] = self._seq
         if self.buffer and not delay_ms and clamp_priority(priority) > self.buffer[-1].priority:
             # Scrapy would hand it out before some of what we prefetched: take
             # it back with the call that stores it (coalesced as usual), rather
@@ -280,7 +292,7 @@ class FrontierClient:
         every request added before now is stored (see ``_attach_acks``)."""
         entry = self.held.pop(member, None)
         p = entry.partition if entry else self._partition_of_member(member)
-        self._acks.append((member, p, relieve, self._seq))
+        self._acks.append((member, p, relieve, self._seq, self._children.pop(member, None)))
 
     def fetched(self, member: str) -> None:
         """*member*'s download ended: its politeness key's slot is free again
@@ -360,6 +372,7 @@ class FrontierClient:
     def fail(self, member: str, kind: str, record: dict) -> None:
         """*member* is done for good: keep *record* in the dead/invalid list."""
         entry = self.held.pop(member, None)
+        self._children.pop(member, None)
         self.outbox[entry.partition if entry else 0].fail(member, kind, record)
 
     def feedback(self, key: str, kind: str, seconds: float = 0.0) -> None:
@@ -375,30 +388,52 @@ class FrontierClient:
     def _attach_acks(self, batches: dict[int, Batch]) -> None:
         """Move the acks that may go now into the batches about to be sent.
 
-        An ack for partition p may go when every add made before it is either
+        An ack for partition p may go when every add it depends on is either
         stored, or in p's batch (the script stores adds before it applies
-        acks, atomically); adds still unsent or in another partition's call
-        (which may fail while p's succeeds) make it wait for a later call.
+        acks, atomically): the adds made with it as their parent, and every
+        add made without a parent before it. Such adds still unsent or in
+        another partition's call (which may fail while p's succeeds) make it
+        wait for a later call; the adds of other parents do not.
         """
         if not self._acks:
             return
-        first = [q[0] if q else float("inf") for q in self._unsent]
         sending = {p: len(b.adds) for p, b in batches.items()}
-        after = []  # first unsent add of each partition once this round is stored
+        first, after, first_orphan, after_orphan = [], [], [], []
         for p, pending in enumerate(self._unsent):
             n = sending.get(p, 0)
-            after.append(pending[n] if len(pending) > n else float("inf"))
+            first.append(pending[0] if pending else INF)
+            # the first unsent add of each partition once this round is stored
+            after.append(pending[n] if len(pending) > n else INF)
+            orphans = self._unsent_orphans[p]
+            first_orphan.append(orphans[0] if orphans else INF)
+            after_orphan.append(next((s for s in orphans if s >= after[p]), INF)
+                                if n else first_orphan[p])
+        # An ack for p waits for the orphan adds of every other partition.
+        lowest = sorted((s, q) for q, s in enumerate(first_orphan))[:2]
         keep = []
-        for member, p, relieve, epoch in self._acks:
-            limit = min([after[p]] + [first[q] for q in range(len(first)) if q != p])
+        for ack in self._acks:
+            member, p, relieve, epoch, children = ack
             batch = batches.get(p)
-            if batch is None or epoch >= limit:
-                keep.append((member, p, relieve, epoch))
+            others = next((s for s, q in lowest if q != p), INF)
+            ready = batch is not None and epoch < min(after_orphan[p], others)
+            if ready and children:
+                ready = all(seq < (after[q] if q == p else first[q])
+                            for q, seq in children.items())
+            if not ready:
+                keep.append(ack)
                 continue
             batch.acks.append(member)
             if not relieve:
                 batch.unrelieved.add(member)
         self._acks = keep
+
+    def _stored(self, p: int, count: int) -> None:
+        """The first *count* unsent adds of partition *p* are stored."""
+        pending, orphans, last = self._unsent[p], self._unsent_orphans[p], 0
+        for _ in range(count):
+            last = pending.popleft()
+        while orphans and orphans[0] <= last:
+            orphans.popleft()
 
     def _attach_fetched(self, batches: dict[int, Batch], now: float) -> None:
         """Report downloads that ended a while ago and are still not settled."""
@@ -498,13 +533,12 @@ class FrontierClient:
         self._reserve_keys.clear()
         self._reserve_share.clear()
         self.owners.clear()
-        waiting = {p for _, p, _, _ in self._acks}
+        waiting = {a[1] for a in self._acks}
         stored = await asyncio.gather(*(self._final_sync(p, batch, leave=p not in waiting)
                                         for p, batch in batches.items()))
         for p, ok in zip(batches, stored):
             if ok:
-                for _ in range(len(batches[p].adds)):
-                    self._unsent[p].popleft()
+                self._stored(p, len(batches[p].adds))
         if self._acks:
             await self._final_acks(waiting)
         for waiter in self._flush_waiters:
@@ -520,7 +554,7 @@ class FrontierClient:
         are made again instead of being lost."""
         second = {p: Batch() for p in sorted(waiting)}
         self._attach_acks(second)
-        withheld = {p for _, p, _, _ in self._acks}
+        withheld = {a[1] for a in self._acks}
         if self._acks:
             self.count("scheduler/acks_withheld", len(self._acks))
             logger.error("%d finished requests not acknowledged at close: requests they "
@@ -727,8 +761,7 @@ class FrontierClient:
             self._outranking[p] += outranking
             self._change_identity(p)
             return result
-        for _ in range(len(batch.adds)):
-            self._unsent[p].popleft()
+        self._stored(p, len(batch.adds))
         if outranking:
             self._in_transit = max(0, self._in_transit - outranking)
             if not self._in_transit:

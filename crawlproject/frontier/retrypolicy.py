@@ -22,6 +22,8 @@ RETRY_DELAY_META = "_crawlproject_retry_delay"
 SLOW_DOWN_META = "_crawlproject_slow_down"
 #: The payload the request was leased with, as stored (never stored again).
 PAYLOAD_META = "_crawlproject_payload"
+#: The member of the leased request whose callback yielded this one (never stored).
+PARENT_META = "_crawlproject_parent"
 #: Callback attempts so far (stored: a retried request carries it).
 CALLBACK_ATTEMPTS_META = "crawlproject_callback_attempts"
 
