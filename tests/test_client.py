@@ -642,6 +642,61 @@ def test_a_node_closing_while_a_partition_is_down_acks_nothing_whose_links_were_
     asyncio.run(main())
 
 
+def test_while_a_partition_is_down_the_acks_that_do_not_need_it_are_stored(redis_url):
+    """Two partitions, the second one's Redis unreachable mid-crawl: request b's
+    link went there and waits, so b's ack waits; request a's links all went to
+    the first partition, so a's ack is stored now (with lineage; before, every
+    ack after b's link waited for the second partition to answer)."""
+    import redis.asyncio as aioredis
+
+    from crawlproject.frontier.politeness import Limits
+    from crawlproject.frontier.queue import AsyncFrontier, Batch
+    from crawlproject.services import free_port
+
+    async def main():
+        redis = aioredis.Redis.from_url(redis_url)
+        down = aioredis.Redis.from_url(f"redis://127.0.0.1:{free_port()}/0",
+                                       socket_connect_timeout=0.2)
+        politeness = PolitenessConfig(default=Limits(0), margin=0.0, partitions=2)
+        frontiers = [AsyncFrontier(client, "lineage", "n1", lease_ttl=60, politeness=politeness,
+                                   partition=p, partitions=2)
+                     for p, client in ((0, redis), (1, down))]
+        seed = Batch()
+        for name in ("a", "b"):
+            seed.add('{"url": "http://d/%s"}' % name, None, 0, 0, "d")
+        await frontiers[0].sync(seed)
+        fc = FrontierClient(frontiers, politeness, accept=lambda p, m, payload: payload,
+                            before_tick=lambda: None, count=lambda name, value: None,
+                            outage=_CountingOutage(), log_extra={}, prefetch=8, batch_size=100,
+                            flush_interval=0.05, min_sync_interval=0.02, idle_poll=0.2,
+                            heartbeat=60, lease_ttl=60)
+        fc.start()
+        keys = frontiers[0].keys
+        try:
+            await until(lambda: len(fc.buffer) == 2)
+            a, b = fc.next(), fc.next()
+            fc.add('{"url": "http://a/from-b"}', None, 0, 0, "a", parent=b.member)  # down
+            fc.add('{"url": "http://d/from-a"}', None, 0, 0, "d", parent=a.member)
+            fc.ack(b.member)
+            fc.ack(a.member)
+            async with asyncio.timeout(10):
+                while await redis.hexists(keys.payloads, a.member):
+                    await asyncio.sleep(0.02)
+            assert await redis.hexists(keys.payloads, b.member)     # b's link is not stored
+            stored = await redis.hvals(keys.payloads)
+            assert sum(b"from-a" in v for v in stored) == 1            # a's is
+        finally:
+            fc._closing = True
+            fc._task.cancel()
+            await asyncio.gather(fc._task, return_exceptions=True)
+            for call, _, _ in list(fc._calls.values()):
+                call.cancel()
+            await redis.aclose()
+            await down.aclose()
+
+    asyncio.run(main())
+
+
 def test_an_idle_node_calls_its_partitions_at_idle_pace(redis_url):
     """Real Redis, 4 partitions, nothing queued: each partition is called about
     once per idle poll (0.2 s here; docs/scaling.md counts on it), not at every
