@@ -344,7 +344,8 @@ def test_a_slot_kept_for_an_outranking_request_is_kept_only_for_a_while(monkeypa
     """No reply comes (Redis down, a stalled loop): the slot goes back to the
     buffer after OUTRANKING_HOLD, and the engine is told (with one slot, it
     would otherwise wait for its next heartbeat); an entry of the same or
-    higher priority than the one on its way is never held back."""
+    higher priority than the one on its way is never held back, nor one of a
+    key with an interval."""
     import crawlproject.frontier.client as client_module
     monkeypatch.setattr(client_module, "OUTRANKING_HOLD", 0.2)
 
@@ -361,6 +362,11 @@ def test_a_slot_kept_for_an_outranking_request_is_kept_only_for_a_while(monkeypa
         fc.buffer.appendleft(Entry("5:9@h", 0, "same", 5, "h"))
         fc.add('{"url": "http://h/top2"}', None, 5, 0, "h")
         assert fc.next().item == "same"
+        # An entry of a key with an interval counts as started when leased: never held.
+        fc.buffer.appendleft(Entry("0:8@slow", 0, "polite", 0, "slow", polite=True))
+        fc.add('{"url": "http://h/top3"}', None, 7, 0, "h")
+        assert fc.next().item == "polite"
+        assert fc.next() is None                    # the next one is held again
 
     asyncio.run(main())
 

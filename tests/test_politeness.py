@@ -68,6 +68,20 @@ def test_a_key_starts_at_most_one_request_per_interval_across_nodes(node, clock)
     assert keys_of(b.take(5)) == ["h1"]
 
 
+def test_a_take_names_the_keys_with_an_interval_it_took_from(node, clock):
+    """Their entries count as started when leased: the node must not keep them
+    waiting (e.g. holding a slot for a request of higher priority)."""
+    from crawlproject.frontier.politeness import Limits
+
+    a = node("a")
+    a.set_limits({"free": Limits(0, 100)})
+    add(a, "slow", 3)
+    add(a, "free", 3)
+    res = a.sync(Batch(take=10))
+    assert sorted(keys_of(res.taken)) == ["free", "free", "free", "slow"]
+    assert res.polite_keys == {"slow"}
+
+
 def test_a_key_has_at_most_its_concurrency_in_flight_across_nodes(node, clock):
     a, b = node("a", polite(delay=0, concurrency=3)), node("b", polite(delay=0, concurrency=3))
     add(a, "h1", 10)

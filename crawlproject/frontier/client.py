@@ -98,6 +98,8 @@ class Entry:
     key: str = ""
     #: its download ended (its slot is free or handed off)
     ended: bool = False
+    #: its key has an interval: counted as started when leased, it must not wait
+    polite: bool = False
 
 
 def member_priority(member: str) -> int:
@@ -280,8 +282,10 @@ class FrontierClient:
     def _holds_slot(self) -> bool:
         """Whether the last free download slot waits for a request that
         outranks the buffer's first entry and is on its way back to us."""
-        if (not self._in_transit or self.free_slots is None
-                or self.buffer[0].priority >= self._transit_priority):
+        head = self.buffer[0]
+        if (not self._in_transit or self.free_slots is None or head.polite
+                or head.priority >= self._transit_priority):
+            # (a polite entry's interval counts from its lease: it may not wait)
             return False
         if time.monotonic() >= self._hold_until:
             return False
@@ -966,7 +970,7 @@ class FrontierClient:
             logger.warning("Reclaimed %d requests leased by nodes that stopped answering",
                            result.reclaimed, extra=self.log_extra)
         for member, payload in result.taken:
-            self._take(p, member, payload)
+            self._take(p, member, payload, result.polite_keys)
         if result.taken:
             self.nudge()
         self._apply_reserve(p, result)
@@ -1002,10 +1006,11 @@ class FrontierClient:
         self.owners[member] = self.partitions[p].node
         return Entry(member, p, item, member_priority(member), member_key(member))
 
-    def _take(self, p: int, member: str, payload: bytes) -> None:
+    def _take(self, p: int, member: str, payload: bytes, polite: set[str] = frozenset()) -> None:
         entry = self._accepted(p, member, payload)
         if entry is None:
             return
+        entry.polite = entry.key in polite
         buffer = self.buffer
         if not buffer or buffer[-1].priority >= entry.priority:
             buffer.append(entry)  # the common case: FIFO among equal priorities

@@ -184,6 +184,8 @@ class SyncResult:
     reserve_status: dict[str, tuple[bool, int]] = field(default_factory=dict)
     #: the keys behind ``capped`` (at most 64)
     capped_keys: list[str] = field(default_factory=list)
+    #: the keys with an interval the take took from (their entries start at once)
+    polite_keys: set[str] = field(default_factory=set)
 
 
 class Frontier:
@@ -258,6 +260,7 @@ class Frontier:
         result.reserve_status = {_s(st[i]): (int(st[i + 1]) == 1, int(st[i + 2]))
                                  for i in range(0, len(st), 3)}
         result.capped_keys = [_s(k) for k in raw[15]]
+        result.polite_keys = {_s(k) for k in raw[16]} if len(raw) > 16 else set()
         return result
 
     def sync(self, batch: Batch | None = None, *, leaving: bool = False) -> SyncResult:

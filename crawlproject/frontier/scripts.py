@@ -377,7 +377,9 @@ SYNC = _LIB + r"""
 --          take got all it asked for (more may be ready), keys the take filled
 --          up to their concurrency or passed over because they had it in flight,
 --          reserved = {member, payload, ...}, status = {key, 1|0, share, ...},
---          capped keys = {key, ...} (at most 64)}
+--          capped keys = {key, ...} (at most 64), polite keys = {key, ...}: the
+--          keys with an interval this call took from (their entries must start
+--          at once)}
 local node, ttl, take_n = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local sweep = string.find(ARGV[5], 's', 1, true) ~= nil
 local registered = string.find(ARGV[5], 'r', 1, true) ~= nil
@@ -941,7 +943,7 @@ end
 
 -- take: from keys whose time has come, oldest-ready first, each once
 local taken, missing, capped = {}, 0, 0
-local members, unready, later, capped_keys = {}, {}, {}, {}
+local members, unready, later, capped_keys, polite_keys = {}, {}, {}, {}, {}
 local function lease_out(popped, value, out)
   -- Lease POPPED (taken out of their queues) to this node as VALUE, appending
   -- member, payload to OUT. A member without payload is set aside in the
@@ -1005,7 +1007,10 @@ if take_n > 0 and ttl > 0 then
         else
           for i = 1, #popped, 2 do members[#members + 1] = popped[i] end
           local got = #popped / 2
-          if polite then polite_budget = polite_budget - got end
+          if polite then
+            polite_budget = polite_budget - got
+            polite_keys[#polite_keys + 1] = k
+          end
           s.n = s.n + got; s.last = now(); dirty[k] = true; took[k] = true
           if s.n >= l.conc then note_capped(k) end   -- filled up to its concurrency
           want = want - got
@@ -1100,7 +1105,7 @@ elseif take_n > 0 then
 end
 return {taken, added, dups, qlen, delayed_len, inflight_len, reclaimed,
         now_cache and fmt(now_cache) or -1, stale, missing, trimmed, next_ready, capped,
-        reserved, status, capped_keys}
+        reserved, status, capped_keys, polite_keys}
 """
 
 BLOOM_ADD = _LIB + r"""
