@@ -242,6 +242,10 @@ def decode_request_dict(d: Any, policy: InputPolicy = _NO_SPIDER) -> dict[str, A
         if not isinstance(out["meta"], dict) or not isinstance(out["cb_kwargs"], dict):
             raise TypeError("meta and cb_kwargs must be objects")
         policy.check_meta(out["meta"])
+        # Keys that only make sense inside one process are never stored: one read
+        # from Redis was written by someone else (a lease, a parent, Scrapy's
+        # proxy bookkeeping) and is dropped.
+        out["meta"] = {k: v for k, v in out["meta"].items() if k not in TRANSIENT_META_KEYS}
     except RequestDecodeError:
         raise
     except Refused as exc:

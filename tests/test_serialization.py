@@ -82,6 +82,21 @@ def test_transient_meta_is_dropped(spider):
     assert "playwright_page" not in back.meta and back.meta["x"] == 1
 
 
+def test_process_local_meta_read_from_redis_is_dropped(spider):
+    """A stored payload never holds them: one that does was written by someone
+    else, who must not pose as this node's lease, name an ack's parent (which
+    would let that ack go before the request's own links are stored) or set
+    Scrapy's proxy bookkeeping."""
+    from crawlproject.serialization import TRANSIENT_META_KEYS
+
+    meta = {key: "0:1@127.0.0.1" for key in TRANSIENT_META_KEYS
+            if not key.startswith("playwright")}    # those are refused (above)
+    payload = json.dumps({"url": "http://127.0.0.1/", "meta": {**meta, "x": 1}})
+    back = request_from_json(payload, spider)
+    assert back.meta == {"x": 1}
+    assert "_crawlproject_parent" in TRANSIENT_META_KEYS
+
+
 @pytest.mark.parametrize("payload", [
     b"\x80\x04\x95pickle",                                  # a pickle is never loaded
     b"not json",
