@@ -293,7 +293,9 @@ class FrontierClient:
 
     def ack(self, member: str, relieve: bool = True) -> None:
         """*member* is done (also: replaced by a redirect or retry). Sent once
-        every request added before now is stored (see ``_attach_acks``)."""
+        the requests it depends on are stored: those added with it as their
+        parent, and every one added before now without a parent (see
+        ``_attach_acks``)."""
         entry = self.held.pop(member, None)
         p = entry.partition if entry else self._partition_of_member(member)
         self._acks.append((member, p, relieve, self._seq, self._children.pop(member, None)))
