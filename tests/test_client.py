@@ -501,6 +501,15 @@ async def partitioned_client(cluster, spider, partitions=12, keys=120, per_key=3
     return fc, asyncio.ensure_future(consume()), handed, masters, expected
 
 
+async def _abandon(fc):
+    """Stop *fc*'s loop without its final calls (a partition never answers them)."""
+    fc._closing = True
+    fc._task.cancel()
+    await asyncio.gather(fc._task, return_exceptions=True)
+    for call, _, _ in list(fc._calls.values()):
+        call.cancel()
+
+
 async def _stop_client(fc, consumer):
     consumer.cancel()
     await asyncio.gather(consumer, return_exceptions=True)
@@ -575,15 +584,52 @@ def test_a_failing_master_is_retried_on_its_own_backoff(tmp_path):
         finally:
             consumer.cancel()
             await asyncio.gather(consumer, return_exceptions=True)
-            fc._closing = True              # the dead master never answers the final call
-            fc._task.cancel()
-            await asyncio.gather(fc._task, return_exceptions=True)
-            for call, _, _ in list(fc._calls.values()):
-                call.cancel()
+            await _abandon(fc)              # the dead master never answers the final call
             await fc.partitions[0].client.aclose()
 
     with partial_cluster(tmp_path) as cluster:
         asyncio.run(main(cluster))
+
+
+@contextlib.asynccontextmanager
+async def half_down(redis_url, spider, seeds, lease_ttl):
+    """A started FrontierClient over two partitions: the first on real Redis with
+    *seeds* (payloads of key "d") queued, the second on a closed port. Yields
+    (client, the first partition's frontier, its redis client, the stats)."""
+    import redis.asyncio as aioredis
+
+    from crawlproject.frontier.politeness import Limits
+    from crawlproject.frontier.queue import AsyncFrontier, Batch
+    from crawlproject.services import free_port
+
+    redis = aioredis.Redis.from_url(redis_url)
+    down = aioredis.Redis.from_url(f"redis://127.0.0.1:{free_port()}/0",
+                                   socket_connect_timeout=0.2)
+    politeness = PolitenessConfig(default=Limits(0), margin=0.0, partitions=2)
+    assert politeness.partition("d") == 0 and politeness.partition("a") == 1
+    frontiers = [AsyncFrontier(client, spider, "n1", lease_ttl=lease_ttl, politeness=politeness,
+                               partition=p, partitions=2)
+                 for p, client in ((0, redis), (1, down))]
+    seed = Batch()
+    for payload in seeds:
+        seed.add(payload, None, 0, 0, "d")
+    await frontiers[0].sync(seed)
+    counts = {}
+    fc = FrontierClient(frontiers, politeness, accept=lambda p, m, payload: payload,
+                        before_tick=lambda: None,
+                        count=lambda name, value: counts.__setitem__(
+                            name, counts.get(name, 0) + value),
+                        outage=_CountingOutage(), log_extra={}, prefetch=8, batch_size=100,
+                        flush_interval=0.05, min_sync_interval=0.02, idle_poll=0.2,
+                        heartbeat=60, lease_ttl=lease_ttl)
+    fc.start()
+    try:
+        yield fc, frontiers[0], redis, counts
+    finally:
+        if not fc._closing:
+            await _abandon(fc)
+        await redis.aclose()
+        await down.aclose()
 
 
 def test_a_node_closing_while_a_partition_is_down_acks_nothing_whose_links_were_lost(redis_url):
@@ -594,56 +640,32 @@ def test_a_node_closing_while_a_partition_is_down_acks_nothing_whose_links_were_
     again, so that link would be lost for good. The ack is withheld (counted),
     the node keeps its lease there, and once the lease runs out another node
     gets the request back (and with it the lost link, when it crawls it)."""
-    import redis.asyncio as aioredis
-
-    from crawlproject.frontier.politeness import Limits
     from crawlproject.frontier.queue import AsyncFrontier, Batch
-    from crawlproject.services import free_port
 
     async def main():
-        redis = aioredis.Redis.from_url(redis_url)
-        down = aioredis.Redis.from_url(f"redis://127.0.0.1:{free_port()}/0",
-                                       socket_connect_timeout=0.2)
-        politeness = PolitenessConfig(default=Limits(0), margin=0.0, partitions=2)
-        assert politeness.partition("d") == 0 and politeness.partition("a") == 1
-        frontiers = [AsyncFrontier(client, "closing", "n1", lease_ttl=1, politeness=politeness,
-                                   partition=p, partitions=2)
-                     for p, client in ((0, redis), (1, down))]
-        seed = Batch()
-        seed.add('{"url": "http://d/parent"}', None, 0, 0, "d")
-        await frontiers[0].sync(seed)
-        counts = {}
-        fc = FrontierClient(frontiers, politeness, accept=lambda p, m, payload: payload,
-                            before_tick=lambda: None,
-                            count=lambda name, value: counts.__setitem__(
-                                name, counts.get(name, 0) + value),
-                            outage=_CountingOutage(), log_extra={}, prefetch=8, batch_size=100,
-                            flush_interval=0.05, min_sync_interval=0.02, idle_poll=0.2,
-                            heartbeat=60, lease_ttl=1)
-        fc.start()
-        try:
-            await until(lambda: len(fc.buffer) == 1)
-            parent = fc.next()
-            fc.add('{"url": "http://d/sibling"}', None, 0, 0, "d")    # partition 0
-            fc.add('{"url": "http://a/child"}', None, 0, 0, "a")      # partition 1: down
-            fc.fetched(parent.member)
-            fc.ack(parent.member)
-        finally:
-            await fc.close()
-        keys = frontiers[0].keys
-        assert await redis.hexists(keys.payloads, parent.member)    # not acked
-        assert counts.get("scheduler/acks_withheld") == 1
-        assert await redis.zcard(keys.queue("d")) == 1              # the sibling is stored
-        # The lease runs out (1 s); another node's call takes the parent back.
-        other = AsyncFrontier(redis, "closing", "n2", lease_ttl=10, politeness=politeness,
-                              partition=0, partitions=2)
-        taken = []
-        async with asyncio.timeout(30):
-            while parent.member not in taken:
-                taken += [m for m, _ in (await other.sync(Batch(take=10))).taken]
-                await asyncio.sleep(0.05)
-        await redis.aclose()
-        await down.aclose()
+        async with half_down(redis_url, "closing", ['{"url": "http://d/parent"}'],
+                             lease_ttl=1) as (fc, frontier, redis, counts):
+            try:
+                await until(lambda: len(fc.buffer) == 1)
+                parent = fc.next()
+                fc.add('{"url": "http://d/sibling"}', None, 0, 0, "d")    # partition 0
+                fc.add('{"url": "http://a/child"}', None, 0, 0, "a")      # partition 1: down
+                fc.fetched(parent.member)
+                fc.ack(parent.member)
+            finally:
+                await fc.close()
+            keys = frontier.keys
+            assert await redis.hexists(keys.payloads, parent.member)    # not acked
+            assert counts.get("scheduler/acks_withheld") == 1
+            assert await redis.zcard(keys.queue("d")) == 1              # the sibling is stored
+            # The lease runs out (1 s); another node's call takes the parent back.
+            other = AsyncFrontier(redis, "closing", "n2", lease_ttl=10,
+                                  politeness=frontier.politeness, partition=0, partitions=2)
+            taken = []
+            async with asyncio.timeout(30):
+                while parent.member not in taken:
+                    taken += [m for m, _ in (await other.sync(Batch(take=10))).taken]
+                    await asyncio.sleep(0.05)
 
     asyncio.run(main())
 
@@ -653,32 +675,11 @@ def test_while_a_partition_is_down_the_acks_that_do_not_need_it_are_stored(redis
     link went there and waits, so b's ack waits; request a's links all went to
     the first partition, so a's ack is stored now (with lineage; before, every
     ack after b's link waited for the second partition to answer)."""
-    import redis.asyncio as aioredis
-
-    from crawlproject.frontier.politeness import Limits
-    from crawlproject.frontier.queue import AsyncFrontier, Batch
-    from crawlproject.services import free_port
-
     async def main():
-        redis = aioredis.Redis.from_url(redis_url)
-        down = aioredis.Redis.from_url(f"redis://127.0.0.1:{free_port()}/0",
-                                       socket_connect_timeout=0.2)
-        politeness = PolitenessConfig(default=Limits(0), margin=0.0, partitions=2)
-        frontiers = [AsyncFrontier(client, "lineage", "n1", lease_ttl=60, politeness=politeness,
-                                   partition=p, partitions=2)
-                     for p, client in ((0, redis), (1, down))]
-        seed = Batch()
-        for name in ("a", "b"):
-            seed.add('{"url": "http://d/%s"}' % name, None, 0, 0, "d")
-        await frontiers[0].sync(seed)
-        fc = FrontierClient(frontiers, politeness, accept=lambda p, m, payload: payload,
-                            before_tick=lambda: None, count=lambda name, value: None,
-                            outage=_CountingOutage(), log_extra={}, prefetch=8, batch_size=100,
-                            flush_interval=0.05, min_sync_interval=0.02, idle_poll=0.2,
-                            heartbeat=60, lease_ttl=60)
-        fc.start()
-        keys = frontiers[0].keys
-        try:
+        seeds = ['{"url": "http://d/a"}', '{"url": "http://d/b"}']
+        async with half_down(redis_url, "lineage", seeds,
+                             lease_ttl=60) as (fc, frontier, redis, _):
+            keys = frontier.keys
             await until(lambda: len(fc.buffer) == 2)
             a, b = fc.next(), fc.next()
             fc.add('{"url": "http://a/from-b"}', None, 0, 0, "a", parent=b.member)  # down
@@ -691,14 +692,6 @@ def test_while_a_partition_is_down_the_acks_that_do_not_need_it_are_stored(redis
             assert await redis.hexists(keys.payloads, b.member)     # b's link is not stored
             stored = await redis.hvals(keys.payloads)
             assert sum(b"from-a" in v for v in stored) == 1            # a's is
-        finally:
-            fc._closing = True
-            fc._task.cancel()
-            await asyncio.gather(fc._task, return_exceptions=True)
-            for call, _, _ in list(fc._calls.values()):
-                call.cancel()
-            await redis.aclose()
-            await down.aclose()
 
     asyncio.run(main())
 
