@@ -303,6 +303,28 @@ class SeedQueue:
         pairs = [(_s(out[i]), self._raw(out[i + 1])) for i in range(1, len(out), 2)]
         return int(out[0]), pairs
 
+    async def diagnose(self) -> list[str]:
+        """What is wrong with the seed and claim keys, in words (empty: nothing
+        found). Asked after a claim failed with a Redis error reply: a key of
+        the wrong type stops every claim, and retrying will not mend it."""
+        keys = self.keys
+        expected = {keys.seeds: self.kind, keys.claims: "hash", keys.claims_due: "zset",
+                    keys.claims_seq: "string"}
+        async with self.client.pipeline(transaction=False) as pipe:
+            for key in expected:
+                pipe.type(key)
+            types = [_s(t) for t in await pipe.execute()]
+        problems = []
+        for (key, want), got in zip(expected.items(), types):
+            if got not in (want, "none"):
+                problems.append(f"{key} is a {got}, not a {want}"
+                                + (SEED_KIND_HINT if key == keys.seeds else ""))
+        if types[3] == "string":
+            value = _s(await self.client.get(keys.claims_seq) or b"")
+            if not re.fullmatch(r"[0-9]{1,15}", value):  # CLAIM_SEEDS' own rule
+                problems.append(f"{keys.claims_seq} holds {value[:40]!r}, not a counter")
+        return problems
+
     def _raw(self, value) -> bytes:
         value = value if isinstance(value, bytes) else str(value).encode()
         if self.kind == "zset":
@@ -340,8 +362,12 @@ class SeedQueue:
         return await self.client.zcard(self.key)
 
 
+SEED_KIND_HINT = (" (the spider's key type is set by REDIS_START_URLS_AS_SET and"
+                  " REDIS_START_URLS_AS_ZSET; push with LPUSH, SADD or ZADD to match)")
+
+
 def _s(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def _short(value: Any) -> str:

@@ -85,3 +85,66 @@ def test_claim_keys_share_the_seed_key_slot():
     keys = (start_urls_key("products"), SeedKeys(start_urls_key("products")).claims,
             SeedKeys(start_urls_key("products")).claims_due, SeedKeys(start_urls_key("products")).claims_seq)
     assert len({key_slot(k.encode()) for k in keys}) == 1
+
+
+def _claim_keys():
+    return SeedKeys(start_urls_key("shop"))
+
+
+# Junk in a claim key: CLAIM_SEEDS writes these after it has popped the seeds,
+# and a Lua script is not rolled back on error, so a check that came too late
+# would drop a batch of seeds on every call.
+JUNK_CLAIM_KEYS = {
+    "counter not a number": lambda r, k: r.set(k.claims_seq, "junk"),
+    "counter a hash": lambda r, k: r.hset(k.claims_seq, "a", "1"),
+    "claims a string": lambda r, k: r.set(k.claims, "x"),
+}
+
+
+@pytest.mark.parametrize("kind", ["list", "zset"])
+@pytest.mark.parametrize("junk", sorted(JUNK_CLAIM_KEYS))
+def test_junk_in_a_claim_key_takes_no_seed_and_is_named(redis, redis_url, kind, junk):
+    keys = _claim_keys()
+    if kind == "list":
+        redis.lpush(keys.seeds, "u1", "u2", "u3")
+    else:
+        redis.zadd(keys.seeds, {"u1": 1, "u2": 2.5, "u3": 3})
+    before = (redis.lrange(keys.seeds, 0, -1) if kind == "list"
+              else redis.zrange(keys.seeds, 0, -1, withscores=True))
+    JUNK_CLAIM_KEYS[junk](redis, keys)
+
+    async def body(q):
+        with pytest.raises(aioredis.ResponseError, match="BADKEY"):
+            await q.claim(2)
+        return await q.diagnose()
+
+    problems = run(_with_queue(redis_url, kind, body))
+    after = (redis.lrange(keys.seeds, 0, -1) if kind == "list"
+             else redis.zrange(keys.seeds, 0, -1, withscores=True))
+    assert after == before  # every seed back, in its order, with its score
+    assert len(problems) == 1 and (keys.claims_seq in problems[0] or keys.claims in problems[0])
+
+
+def test_a_seed_key_of_the_wrong_type_is_named_with_the_setting_to_change(redis, redis_url):
+    keys = _claim_keys()
+    redis.sadd(keys.seeds, "u1", "u2")  # pushed with SADD, read as a list
+
+    async def body(q):
+        with pytest.raises(aioredis.ResponseError):
+            await q.claim(2)
+        return await q.diagnose()
+
+    problems = run(_with_queue(redis_url, "list", body))
+    assert redis.scard(keys.seeds) == 2
+    assert len(problems) == 1 and problems[0].startswith(f"{keys.seeds} is a set, not a list")
+    assert "REDIS_START_URLS_AS_SET" in problems[0]
+
+
+def test_healthy_keys_have_nothing_to_diagnose(redis, redis_url):
+    redis.lpush(start_urls_key("shop"), "u1")
+
+    async def body(q):
+        await q.claim(1)
+        return await q.diagnose()
+
+    assert run(_with_queue(redis_url, "list", body)) == []

@@ -102,3 +102,26 @@ def test_a_broken_start_exits_non_zero(redis_url, mongo_uri, database, tmp_path)
     finally:
         node.stop()
     assert "finish reason 'start_error'" in node.text()
+
+
+def test_a_seed_key_of_the_wrong_type_is_reported_and_keeps_its_seeds(redis, redis_url, mongo_uri,
+                                                                      database, tmp_path):
+    """Seeds pushed with SADD to a spider that reads a list: Redis answers every
+    claim with an error. That is not an outage (the node would wait forever for
+    Redis to come back): the node says which key is wrong and how to fix it,
+    takes nothing, and closes when idle; the seeds stay in Redis."""
+    key = start_urls_key("leaf")
+    redis.sadd(key, "http://127.0.0.1:9/a", "http://127.0.0.1:9/b")
+    node = Node("n1", tmp_path, node_env(redis_url, mongo_uri, database.name), spider="leaf",
+                settings={"MAX_IDLE_TIME_BEFORE_CLOSE": 2, "SEEDS_POLL_INTERVAL": 0.2,
+                          "SPIDER_MODULES": "tests.spiders"})
+    try:
+        assert node.wait(120) == 0, node.tail()
+    finally:
+        node.stop()
+    log = node.text()
+    assert f"No seed can be read: {key} is a set, not a list" in log, node.tail()
+    assert "REDIS_START_URLS_AS_SET" in log and "unreachable" not in log
+    assert node.stat("seeds/bad_keys") >= 1 and not node.stat("seeds/redis_errors")
+    assert redis.type(key) == b"set" and redis.scard(key) == 2
+    assert "Spider closed (finished)" in log

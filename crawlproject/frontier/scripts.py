@@ -1202,7 +1202,23 @@ CLAIM_SEEDS = _CLOCK + r"""
 -- (KEYS[2..4] are tagged {<seed key>}, so all four share the seed key's slot.)
 -- ARGV[1] 'list' | 'set' | 'zset'  ARGV[2] how many  ARGV[3] claim ttl ms
 -- ARGV[4] now in ms, or '' for Redis server time
--- Returns {restored count, id1, seed1, id2, seed2, ...}
+-- Returns {restored count, id1, seed1, id2, seed2, ...}, or an error reply
+-- 'BADKEY <key> ...' when a claim key holds what it cannot (no seed taken).
+-- A script is not rolled back on error: every key a write after the pop needs is
+-- checked first, and the seeds are put back if one is wrong, so junk in a claim
+-- key (a counter that is not a number, a hash that is a string) loses no seed.
+local function bad_claim_key()
+  local t = redis.call('TYPE', KEYS[2]).ok
+  if t ~= 'hash' and t ~= 'none' then return KEYS[2] .. ' is a ' .. t .. ', not a hash' end
+  t = redis.call('TYPE', KEYS[4]).ok
+  if t == 'none' then return nil end
+  if t ~= 'string' then return KEYS[4] .. ' is a ' .. t .. ', not a counter' end
+  local v = redis.call('GET', KEYS[4])
+  if not string.match(v, '^%d+$') or #v > 15 then
+    return KEYS[4] .. ' holds ' .. string.format('%q', string.sub(v, 1, 40)) .. ', not a counter'
+  end
+  return nil
+end
 local now = server_now(ARGV[4])
 local kind, count = ARGV[1], tonumber(ARGV[2])
 local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', string.format('%.0f', now), 'LIMIT', 0, 500)
@@ -1230,6 +1246,20 @@ else
 end
 local out = {#expired}
 if type(got) ~= 'table' or #got == 0 then return out end
+local bad = bad_claim_key()
+if bad then
+  if kind == 'list' then
+    for i = #got, 1, -1 do redis.call('RPUSH', KEYS[1], got[i]) end
+  elseif kind == 'set' then
+    redis.call('SADD', KEYS[1], unpack(got))
+  else
+    for i = 1, #got do
+      local score, raw = string.match(got[i], '^([^\n]*)\n(.*)$')
+      redis.call('ZADD', KEYS[1], score, raw)
+    end
+  end
+  return redis.error_reply('BADKEY ' .. bad .. ': no seed taken')
+end
 local last = redis.call('INCRBY', KEYS[4], #got)
 local deadline = string.format('%.0f', now + tonumber(ARGV[3]))
 local fields, scores = {}, {}

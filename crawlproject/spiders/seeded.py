@@ -23,6 +23,7 @@ import logging
 import time
 from typing import Any, AsyncIterator
 
+from redis.exceptions import ResponseError
 from scrapy import Request, Spider
 
 from crawlproject.connection import redact_url, redis_from_settings, redis_url_from_settings, setting
@@ -83,6 +84,7 @@ class RedisSpider(Spider):
         url = redact_url(redis_url_from_settings(s))
         self._redis_outage = outage_log(crawler, "redis", f"Redis at {url}")
         client = redis_from_settings(s, asyncio=True)
+        self._bad_keys_logged_at = float("-inf")
         self.seed_queue = SeedQueue(client, self.redis_key, kind,
                                     claim_ttl=s.getfloat("SEEDS_CLAIM_TTL", 15.0),
                                     invalid_max=s.getint("SEEDS_INVALID_MAX", 10_000))
@@ -141,6 +143,11 @@ class RedisSpider(Spider):
         they are stored (a rejected seed's claim too, once it is set aside)."""
         try:
             restored, claimed = await self.seed_queue.claim(self.redis_batch_size)
+        except ResponseError as exc:  # Redis answered: a key may hold the wrong thing
+            if not await self._bad_seed_keys(exc):
+                self._redis_outage.failed("reading seeds", exc, {"spider": self}, source="seeds")
+                self.crawler.stats.inc_value("seeds/redis_errors")
+            return [], []
         except Exception as exc:  # Redis down: keep the node alive, retry later
             self._redis_outage.failed("reading seeds", exc, {"spider": self}, source="seeds")
             self.crawler.stats.inc_value("seeds/redis_errors")
@@ -158,6 +165,28 @@ class RedisSpider(Spider):
             if settled:
                 release.append(claim_id)
         return requests, release
+
+    async def _bad_seed_keys(self, exc: Exception) -> bool:
+        """After a claim failed with an error reply: whether a seed or claim key
+        holds the wrong type or junk. If so, say so (ERROR, at most once a
+        minute while it lasts) and read no seed: nothing was taken, the seeds
+        stay where they are, and the node is not in a Redis outage (it may
+        close when idle). Retrying cannot mend such a key; the operator can."""
+        try:
+            problems = await self.seed_queue.diagnose()
+        except Exception:  # noqa: BLE001 - Redis went away meanwhile: an outage
+            return False
+        if not problems:
+            return False
+        self._redis_outage.ok({"spider": self}, source="seeds")
+        self.crawler.stats.inc_value("seeds/bad_keys")
+        now = time.monotonic()
+        if now - self._bad_keys_logged_at >= 60:
+            self._bad_keys_logged_at = now
+            logger.error("No seed can be read: %s (Redis said: %s). The seeds are left in "
+                         "place; fix or delete the key", "; ".join(problems), exc,
+                         extra={"spider": self})
+        return True
 
     async def _release_when_stored(self, claims: list[str]) -> None:
         """Release *claims* once their requests are in the frontier, renewing
