@@ -4,6 +4,7 @@ import hashlib
 import json
 
 import pytest
+import redis as redis_lib
 
 from crawlproject.frontier.bloom import BloomConfig
 from crawlproject.frontier.queue import Batch, Frontier
@@ -154,6 +155,23 @@ def test_replay_skips_garbage_records(node, redis):
     redis.lpush(a.keys.dead, json.dumps({"payload": "ok", "priority": 0}))
     assert a.replay_dead(10) == 1
     assert redis.lrange(a.keys.dead, 0, -1) == [b"not json"]
+
+
+@pytest.mark.parametrize("junk", ["counter not a number", "counter a list", "payloads a string",
+                                  "delayed a hash"])
+def test_replay_onto_a_junk_key_loses_no_dead_letter(node, redis, junk):
+    # REPLAY_DEAD removes a record from the dead list before it writes the entry:
+    # a key that fails a later write (a script is not rolled back) lost it.
+    a = node("a")
+    records = [json.dumps({"payload": f"p{i}", "priority": 0, "key": "h"}) for i in range(3)]
+    redis.lpush(a.keys.dead, *records)
+    {"counter not a number": lambda: redis.set(a.keys.seq, "junk"),
+     "counter a list": lambda: redis.lpush(a.keys.seq, "1"),
+     "payloads a string": lambda: redis.set(a.keys.payloads, "x"),
+     "delayed a hash": lambda: redis.hset(a.keys.delayed, "x", "1")}[junk]()
+    with pytest.raises(redis_lib.ResponseError, match="BADKEY"):
+        a.replay_dead(10)
+    assert redis.lrange(a.keys.dead, 0, -1) == [r.encode() for r in reversed(records)]
 
 
 def test_invalid_payload_is_moved_aside(node):

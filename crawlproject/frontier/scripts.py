@@ -1133,7 +1133,20 @@ REPLAY_DEAD = _LIB + r"""
 -- running at once never queue the same dead letter twice. Entries go to the
 -- delayed set, already due: the next node call moves them to their key's
 -- queue with the key's politeness applied.
--- Returns the number replayed.
+-- Returns the number replayed, or an error reply 'BADKEY <key> ...' (nothing
+-- changed) when a key written after a record's LREM holds what it cannot: a
+-- script is not rolled back on error, so a late failure would lose the record.
+local function wrong(key, want)
+  local t = redis.call('TYPE', key).ok
+  if t ~= want and t ~= 'none' then return key .. ' is a ' .. t .. ', not a ' .. want end
+  if t == 'string' then
+    local v = redis.call('GET', key)
+    if not string.match(v, '^%-?%d+$') or #v > 18 then return key .. ' is not a counter' end
+  end
+  return nil
+end
+local bad = wrong(KEYS[2], 'hash') or wrong(KEYS[3], 'string') or wrong(KEYS[4], 'zset')
+if bad then return redis.error_reply('BADKEY ' .. bad .. ': no dead letter replayed') end
 local replayed = 0
 for i = 1, #ARGV, 4 do
   if redis.call('LREM', KEYS[1], 1, ARGV[i]) == 1 then
