@@ -27,7 +27,7 @@ from scrapy.http import FormRequest
 from w3lib.url import safe_url_string
 
 from crawlproject.frontier.queue import MAX_PRIORITY
-from crawlproject.frontier.scripts import CLAIM_SEEDS, RENEW_CLAIMS
+from crawlproject.frontier.scripts import CLAIM_SEEDS, COUNTER_PATTERN, RENEW_CLAIMS
 from crawlproject.keys import SeedKeys
 from crawlproject.policy import InputPolicy, Refused
 
@@ -309,7 +309,7 @@ class SeedQueue:
         the wrong type stops every claim, and retrying will not mend it."""
         keys = self.keys
         expected = {keys.seeds: self.kind, keys.claims: "hash", keys.claims_due: "zset",
-                    keys.claims_seq: "string"}
+                    keys.claims_seq: "string"}  # the counter's value: below
         async with self.client.pipeline(transaction=False) as pipe:
             for key in expected:
                 pipe.type(key)
@@ -321,7 +321,7 @@ class SeedQueue:
                                 + (SEED_KIND_HINT if key == keys.seeds else ""))
         if types[3] == "string":
             value = _s(await self.client.get(keys.claims_seq) or b"")
-            if not re.fullmatch(r"[0-9]{1,15}", value):  # CLAIM_SEEDS' own rule
+            if not re.fullmatch(COUNTER_PATTERN, value):  # CLAIM_SEEDS' own rule
                 problems.append(f"{keys.claims_seq} holds {value[:40]!r}, not a counter")
         return problems
 

@@ -37,6 +37,29 @@ local function server_now(arg)
 end
 """
 
+# A script is not rolled back on error: one that removes something and then writes
+# it elsewhere checks the keys it will write first, or junk there loses what it
+# removed. bad_key(key, want) names what is wrong ('counter': a string holding an
+# integer, as INCR needs), or returns nil. COUNTER_PATTERN is its rule, for Python.
+COUNTER_PATTERN = r"-?[0-9]{1,18}"
+_KEY_CHECK = r"""
+local function bad_key(key, want)
+  local t = redis.call('TYPE', key).ok
+  if t == 'none' then return nil end
+  if want == 'counter' then
+    if t ~= 'string' then return key .. ' is a ' .. t .. ', not a counter' end
+    local v = redis.call('GET', key)
+    local digits = string.match(v, '^%-?(%d+)$')
+    if not digits or #digits > 18 then
+      return key .. ' holds ' .. string.format('%q', string.sub(v, 1, 40)) .. ', not a counter'
+    end
+  elseif t ~= want then
+    return key .. ' is a ' .. t .. ', not a ' .. want
+  end
+  return nil
+end
+"""
+
 # Shared Lua helpers: scoring and the sharded, scalable Bloom filter.
 # Bloom helpers take the filter's meta key (from the caller's KEYS) and derive
 # its shard keys as <meta key>:<layer>:<shard>; shards of the next layer may
@@ -1124,7 +1147,7 @@ for i = 1, #ARGV - 6 do out[i] = new[i] and 1 or 0 end
 return out
 """
 
-REPLAY_DEAD = _LIB + r"""
+REPLAY_DEAD = _LIB + _KEY_CHECK + r"""
 -- REPLAY_DEAD: put dead letters back into the frontier of one partition.
 -- KEYS[1] dead (list)  KEYS[2] payloads (hash)  KEYS[3] seq  KEYS[4] delayed (zset)
 -- ARGV: n x (dead record as stored, payload to queue, priority, politeness key)
@@ -1136,16 +1159,7 @@ REPLAY_DEAD = _LIB + r"""
 -- Returns the number replayed, or an error reply 'BADKEY <key> ...' (nothing
 -- changed) when a key written after a record's LREM holds what it cannot: a
 -- script is not rolled back on error, so a late failure would lose the record.
-local function wrong(key, want)
-  local t = redis.call('TYPE', key).ok
-  if t ~= want and t ~= 'none' then return key .. ' is a ' .. t .. ', not a ' .. want end
-  if t == 'string' then
-    local v = redis.call('GET', key)
-    if not string.match(v, '^%-?%d+$') or #v > 18 then return key .. ' is not a counter' end
-  end
-  return nil
-end
-local bad = wrong(KEYS[2], 'hash') or wrong(KEYS[3], 'string') or wrong(KEYS[4], 'zset')
+local bad = bad_key(KEYS[2], 'hash') or bad_key(KEYS[3], 'counter') or bad_key(KEYS[4], 'zset')
 if bad then return redis.error_reply('BADKEY ' .. bad .. ': no dead letter replayed') end
 local replayed = 0
 for i = 1, #ARGV, 4 do
@@ -1207,7 +1221,7 @@ redis.call('HSET', KEYS[3], '||limits', redis.call('HLEN', KEYS[1]))
 return changed
 """
 
-CLAIM_SEEDS = _CLOCK + r"""
+CLAIM_SEEDS = _CLOCK + _KEY_CHECK + r"""
 -- CLAIM_SEEDS: take seeds, keeping each as a claim until the requests made from
 -- it are safely in the frontier; expired claims (their node died) go back first.
 -- KEYS[1] seed key (list | set | zset)   KEYS[2] claims (hash id -> seed)
@@ -1220,18 +1234,6 @@ CLAIM_SEEDS = _CLOCK + r"""
 -- A script is not rolled back on error: every key a write after the pop needs is
 -- checked first, and the seeds are put back if one is wrong, so junk in a claim
 -- key (a counter that is not a number, a hash that is a string) loses no seed.
-local function bad_claim_key()
-  local t = redis.call('TYPE', KEYS[2]).ok
-  if t ~= 'hash' and t ~= 'none' then return KEYS[2] .. ' is a ' .. t .. ', not a hash' end
-  t = redis.call('TYPE', KEYS[4]).ok
-  if t == 'none' then return nil end
-  if t ~= 'string' then return KEYS[4] .. ' is a ' .. t .. ', not a counter' end
-  local v = redis.call('GET', KEYS[4])
-  if not string.match(v, '^%d+$') or #v > 15 then
-    return KEYS[4] .. ' holds ' .. string.format('%q', string.sub(v, 1, 40)) .. ', not a counter'
-  end
-  return nil
-end
 local now = server_now(ARGV[4])
 local kind, count = ARGV[1], tonumber(ARGV[2])
 local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', string.format('%.0f', now), 'LIMIT', 0, 500)
@@ -1259,7 +1261,7 @@ else
 end
 local out = {#expired}
 if type(got) ~= 'table' or #got == 0 then return out end
-local bad = bad_claim_key()
+local bad = bad_key(KEYS[2], 'hash') or bad_key(KEYS[4], 'counter')
 if bad then
   if kind == 'list' then
     for i = #got, 1, -1 do redis.call('RPUSH', KEYS[1], got[i]) end
