@@ -54,9 +54,11 @@ class OutageLog:
         return self.since is not None
 
     def failed(self, what: str, exc: BaseException, extra: dict | None = None,
-               source: str = "") -> None:
+               source: str = "", refused: bool = False) -> None:
         """A call to the service failed (*what*: doing what; *source*: which
-        component, whose next :meth:`ok` clears it)."""
+        component, whose next :meth:`ok` clears it). *refused*: the service
+        answered with an error (a key of the wrong type), it is not down; the
+        node waits for it as for an outage, and says which it is."""
         now = self.clock()
         self._failing.add(source)
         self.failures += 1
@@ -66,13 +68,15 @@ class OutageLog:
             stats = self._stats()
             if stats is not None:
                 stats.inc_value(f"{self.name}/outages")
-            self.log.warning("%s is unreachable (%s: %s: %s); retrying, work is kept",
-                             self.service, what, type(exc).__name__, exc, extra=extra)
+            self.log.warning("%s %s (%s: %s: %s); retrying, work is kept", self.service,
+                             "refuses a call" if refused else "is unreachable", what,
+                             type(exc).__name__, exc, extra=extra)
         elif now - self._last_reminder >= self.reminder_interval:
             self._last_reminder = now
-            self.log.warning("%s still unreachable after %.0fs (%d failed calls; last: %s: %s)",
-                             self.service, now - self.since, self.failures,
-                             type(exc).__name__, exc, extra=extra)
+            self.log.warning("%s still %s after %.0fs (%d failed calls; last: %s: %s)",
+                             self.service, "refusing calls" if refused else "unreachable",
+                             now - self.since, self.failures, type(exc).__name__, exc,
+                             extra=extra)
 
     def ok(self, extra: dict | None = None, source: str = "") -> None:
         """A call of component *source* succeeded. The outage ends once every

@@ -141,7 +141,8 @@ class _Outage:
 
 
 @contextlib.asynccontextmanager
-async def real_client(redis_url, spider, concurrency, entries, **pauses):
+async def real_client(redis_url, spider, concurrency, entries, outage=None, count=None,
+                      **pauses):
     """A started FrontierClient on real Redis, with *entries* requests queued
     for key "h" (limit *concurrency*); every pause of its loop is a minute
     unless *pauses* says otherwise. Yields (client, frontier, redis)."""
@@ -160,8 +161,8 @@ async def real_client(redis_url, spider, concurrency, entries, **pauses):
     settings = {"flush_interval": 60, "min_sync_interval": 60, "idle_poll": 60,
                 "heartbeat": 60, **pauses}
     fc = FrontierClient([frontier], politeness, accept=lambda p, m, payload: payload,
-                        before_tick=lambda: None, count=lambda name, value: None,
-                        outage=_Outage(), log_extra={}, prefetch=8, batch_size=100,
+                        before_tick=lambda: None, count=count or (lambda name, value: None),
+                        outage=outage or _Outage(), log_extra={}, prefetch=8, batch_size=100,
                         lease_ttl=120, **settings)
     fc.start()
     try:
@@ -402,7 +403,7 @@ def test_an_unreachable_redis_cluster_is_an_outage_not_a_bug():
     failures, counts = [], {}
 
     class Outage:
-        def failed(self, what, exc, extra=None, source=""):
+        def failed(self, what, exc, extra=None, source="", refused=False):
             failures.append(type(exc).__name__)
 
         def ok(self, extra=None, source=""):
@@ -441,7 +442,7 @@ class _CountingOutage:
     def __init__(self):
         self.failures = []
 
-    def failed(self, what, exc, extra=None, source=""):
+    def failed(self, what, exc, extra=None, source="", refused=False):
         self.failures.append((what, type(exc).__name__))
 
     def ok(self, extra=None, source=""):
@@ -735,5 +736,57 @@ def test_an_idle_node_calls_its_partitions_at_idle_pace(redis_url):
             await fc.close()
             await redis.aclose()
         assert made <= 4 * (elapsed / 0.2 + 2), made
+
+    asyncio.run(main())
+
+
+class _RecordingOutage:
+    def __init__(self):
+        self.calls = []                      # (exception, refused)
+
+    def failed(self, what, exc, extra=None, source="", refused=False):
+        self.calls.append((exc, refused))
+
+    def ok(self, extra=None, source=""):
+        pass
+
+
+def test_a_call_stopped_by_a_junk_key_loses_no_request_once_the_key_is_mended(redis_url):
+    """Real Redis: junk in a frontier key stops the node's call inside the
+    script after the Bloom filter took the new request (a script is not rolled
+    back). The node says Redis refuses its calls (not that it is down), checks
+    every key before writing on its next calls (refused with BADKEY, naming the
+    key), and once the key is mended its request is queued and handed out: not
+    dropped as a duplicate of itself."""
+    async def main():
+        outage, counts = _RecordingOutage(), {}
+
+        def count(name, value):
+            counts[name] = counts.get(name, 0) + value
+        async with real_client(redis_url, "junkkey", 4, 0, outage=outage, count=count,
+                               flush_interval=0.05, min_sync_interval=0.05,
+                               idle_poll=0.2) as (fc, frontier, client):
+            await client.set(frontier.keys.payloads, "junk")
+            fc.add('{"url": "http://h/new"}', b"\x01" * 20, 0, 0, "h")
+            await until(lambda: any(str(e).startswith("BADKEY") for e, _ in outage.calls),
+                        timeout=30)
+            first, refusal = outage.calls[0][0], next(
+                e for e, _ in outage.calls if str(e).startswith("BADKEY"))
+            assert "WRONGTYPE" in str(first)
+            assert str(refusal).startswith(f"BADKEY {frontier.keys.payloads} is a string")
+            assert all(refused for _, refused in outage.calls)
+            assert counts["scheduler/calls_stopped_in_script"] == 1
+            assert counts["scheduler/refused_calls"] == len(outage.calls)
+            await client.delete(frontier.keys.payloads)
+            got = []
+
+            def taken():
+                entry = fc.next()
+                if entry is not None:
+                    got.append(entry)
+                return bool(got)
+            await until(taken, timeout=30)
+            assert got[0].item == b'{"url": "http://h/new"}'
+            assert fc._check == [False]
 
     asyncio.run(main())

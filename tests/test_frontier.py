@@ -2,12 +2,13 @@
 
 import hashlib
 import json
+import re
 
 import pytest
 import redis as redis_lib
 
 from crawlproject.frontier.bloom import BloomConfig
-from crawlproject.frontier.queue import Batch, Frontier
+from crawlproject.frontier.queue import Batch, Frontier, stopped_in_script
 
 
 class Clock:
@@ -426,3 +427,102 @@ def test_a_node_adopts_its_leases_under_its_new_id(node, redis):
     assert res.stale == 0 and not redis.hexists(a.keys.payloads, x)
     assert redis.hget(a.keys.inflight, y) == b"a"       # not adopted: comes back when "a" expires
     assert a1.sync(Batch(adopt=[(y, "zzz")])).stale == 0 and redis.hget(a.keys.inflight, y) == b"a"
+
+
+def _snapshot(redis):
+    return {k: redis.dump(k) for k in sorted(redis.keys("*"))}
+
+
+#: A key the SYNC script writes, holding another type: how to spoil it, which key.
+_JUNK_SYNC_KEYS = {
+    "payloads a string": lambda k: k.payloads,
+    "queue a string": lambda k: k.queue("h"),
+    "inflight a string": lambda k: k.inflight,
+    "kstate a string": lambda k: k.kstate,
+    "ready a string": lambda k: k.ready,
+    "nodes a string": lambda k: k.nodes,
+    "delayed a string": lambda k: k.delayed,
+}
+
+
+@pytest.mark.parametrize("junk", sorted(_JUNK_SYNC_KEYS))
+def test_a_call_stopped_by_a_junk_key_loses_no_request(node, redis, junk):
+    """A command on a key of the wrong type stops the script part way, and
+    Redis does not roll a script back: the adds' fingerprints are in the filter
+    but nothing is queued. Sent again as usual they would be dropped as
+    duplicates (the request lost); forced, they are queued. The check-mode
+    resend names the junk key and changes nothing."""
+    a = node("a")
+    add_all(a, [("old", 0)])
+    a.take(1)
+    bad = _JUNK_SYNC_KEYS[junk](a.keys)
+    redis.delete(bad)
+    redis.set(bad, "junk")
+
+    def batch():
+        b = Batch(take=1, maintenance=True)
+        b.add("new", fp("new"), 0, key="h")
+        return b
+    first = batch()
+    with pytest.raises(redis_lib.ResponseError) as failed:
+        a.sync(first)
+    assert stopped_in_script(failed.value), failed.value
+
+    first.force_adds()
+    first.check = True
+    before = _snapshot(redis)
+    with pytest.raises(redis_lib.ResponseError,
+                       match=re.escape(f"BADKEY {bad} is a string, not a ")) as refused:
+        a.sync(first)
+    assert not stopped_in_script(refused.value)
+    assert _snapshot(redis) == before                       # nothing changed
+
+    redis.delete(bad)
+    # The defect this guards against: the filter has the fingerprint now, so
+    # the add sent again as usual is dropped.
+    assert a.sync(Batch(adds=list(batch().adds), maintenance=False)).duplicates == 1
+    res = a.sync(first)
+    assert res.added == 1 and res.duplicates == 0
+    taken = payloads(res.taken) + payloads(a.take(10))
+    # Where the stopped call had queued it already, it is there twice: at
+    # worst crawled twice, never lost.
+    assert set(taken) == {"new"} and len(taken) <= 2, taken
+
+
+def test_a_forced_add_is_queued_once_even_if_the_filter_has_it(node):
+    a = node("a")
+    add_all(a, [("p", 0)])
+    again = Batch()
+    again.add("p", fp("p"), 0)
+    again.force_adds()
+    again.force_adds()                                      # a second failure: one '!'
+    assert again.adds[0][1] == "!" + fp("p").hex()
+    assert a.sync(again).added == 1
+    assert sorted(payloads(a.take(10))) == ["p", "p"]       # at worst crawled twice
+    unforced = Batch()
+    unforced.add("p", fp("p"), 0)
+    assert a.sync(unforced).duplicates == 1                       # the filter still has it
+    # A forced add goes into the filter under its own fingerprint.
+    fresh = Batch()
+    fresh.add("z", fp("z"), 0)
+    fresh.force_adds()
+    assert a.sync(fresh).added == 1
+    unforced = Batch()
+    unforced.add("z", fp("z"), 0)
+    assert a.sync(unforced).duplicates == 1
+
+
+def test_check_mode_on_healthy_keys_changes_nothing_but_the_call(node, redis):
+    a = node("a")
+    add_all(a, [(f"p{i}", 0) for i in range(4)])
+    held = a.take(1)
+    b = Batch(take=2, acks=[held[0][0]], maintenance=True)
+    b.add("q", fp("q"), 3, key="other")
+    b.check = True
+    before = a.counts()["queued"]
+    res = a.sync(b)
+    assert res.added == 1 and len(res.taken) == 2
+    assert a.counts()["queued"] == before + 1 - 2
+    assert redis.hlen(a.keys.inflight) == 2                 # the ack went through
+    rest = payloads(res.taken) + payloads(a.take(10))
+    assert sorted(rest) == ["p1", "p2", "p3", "q"]

@@ -63,7 +63,7 @@ from crawlproject.backoff import backoff_delay
 from crawlproject.connection import REDIS_FAILURES
 from crawlproject.frontier.politeness import PolitenessConfig
 from crawlproject.frontier.queue import (AsyncFrontier, Batch, SyncResult, clamp_priority,
-                                         member_key)
+                                         member_key, refused, stopped_in_script)
 
 logger = logging.getLogger(__name__)
 
@@ -192,6 +192,10 @@ class FrontierClient:
         self._maintained = [0.0 for _ in partitions]
         self._errors = [0 for _ in partitions]
         self._retry_at = [0.0 for _ in partitions]
+        # A partition whose last call stopped inside the script is sent its next
+        # calls in check mode (every key checked before any write) until one
+        # goes through.
+        self._check = [False for _ in partitions]
         #: partition -> (its call in flight, the batch, outranking count sent)
         self._calls: dict[int, tuple[asyncio.Future, Batch, int]] = {}
         self._last_sweep = time.monotonic()
@@ -575,6 +579,7 @@ class FrontierClient:
         """Partition *p*'s last call (leaving it unless *leave* is False: then its
         lease runs out); whether it went through."""
         for attempt in range(3):
+            batch.check = self._check[p]
             try:
                 result = await self.partitions[p].sync(batch, leaving=leave)
                 self._apply(p, result, asked=0)
@@ -584,8 +589,10 @@ class FrontierClient:
                                 len(batch.nacks), extra=self.log_extra)
                 return True
             except Exception as exc:
-                logger.error("Cannot reach Redis at close (%s); attempt %d/3", exc, attempt + 1,
-                             extra=self.log_extra)
+                self._failed_call(p, batch, exc)
+                logger.error("%s at close (%s); attempt %d/3",
+                             "Redis refuses the call" if refused(exc) else "Cannot reach Redis",
+                             exc, attempt + 1, extra=self.log_extra)
                 await asyncio.sleep(1.0)
         logger.error("Gave up: %d new requests not sent; %d leased requests come back when "
                      "this node's lease expires", len(batch.adds), len(batch.nacks),
@@ -602,8 +609,7 @@ class FrontierClient:
             except REDIS_FAILURES as exc:
                 # Redis unreachable: keep everything, retry
                 errors += 1
-                self.count("scheduler/redis_errors", 1)
-                self.outage.failed("frontier call", exc, self.log_extra, source="frontier")
+                self._redis_failed("frontier call", exc)
                 await self._drop_idle_connections()
                 await asyncio.sleep(backoff_delay(errors, 0.4, 5.0))
                 continue
@@ -719,6 +725,7 @@ class FrontierClient:
             batch.adopt = self._adoptions(p)
             batch.sweep = batch.maintenance and self._sweep_due(now)
             batch.registered = now - self._maintained[p] < self.lease_ttl / 2
+            batch.check = self._check[p]
             remote = self.remote[p]
             batch.promote = (batch.maintenance or remote.delayed != 0
                              or any(a[4] for a in batch.adds))
@@ -763,11 +770,13 @@ class FrontierClient:
                 now: float) -> BaseException | None:
         """Apply partition *p*'s reply (or keep the batch of a failed call)."""
         if isinstance(result, BaseException):
+            self._failed_call(p, batch, result)
             self._requeue(p, batch)
             self._outranking[p] += outranking
             self._change_identity(p)
             return result
         self._stored(p, len(batch.adds))
+        self._check[p] = False
         if outranking:
             self._in_transit = max(0, self._in_transit - outranking)
             if not self._in_transit:
@@ -835,9 +844,7 @@ class FrontierClient:
             self._errors[p] += 1
             self._retry_at[p] = now + backoff_delay(self._errors[p], 0.4, 5.0)
             if isinstance(error, REDIS_FAILURES):
-                self.count("scheduler/redis_errors", 1)
-                self.outage.failed(f"frontier call (partition {p})", error, self.log_extra,
-                                    source="frontier")
+                self._redis_failed(f"frontier call (partition {p})", error)
             else:  # a bug: say so; the partition is retried like an outage
                 self.count("scheduler/loop_errors", 1)
                 logger.error("Frontier call to partition %d failed; retrying", p,
@@ -894,6 +901,24 @@ class FrontierClient:
         outbox.adds = outbox.adds[MAX_CALL_ADDS:]
         outbox.feedback, outbox.handoffs = [], []
         return batch
+
+    def _redis_failed(self, what: str, exc: BaseException) -> None:
+        """A call failed on Redis' side: unreachable, or refused (an error reply:
+        Redis is up, a key holds junk); either way the work is kept and retried."""
+        self.count("scheduler/redis_errors", 1)
+        if refused(exc):
+            self.count("scheduler/refused_calls", 1)
+        self.outage.failed(what, exc, self.log_extra, source="frontier", refused=refused(exc))
+
+    def _failed_call(self, p: int, batch: Batch, exc: BaseException) -> None:
+        """A call to partition *p* failed: if its script stopped part way (a key
+        of the wrong type), its adds go again even past the filter, which may
+        have them now, and the next calls check every key before writing."""
+        if not stopped_in_script(exc):
+            return
+        batch.force_adds()
+        self._check[p] = True
+        self.count("scheduler/calls_stopped_in_script", 1)
 
     def _requeue(self, p: int, batch: Batch) -> None:
         """Keep the unsent work of a failed call (taken entries, if any, are

@@ -108,6 +108,9 @@ class Batch:
     sweep: bool = False
     #: this node renewed its lease well within the TTL: a take need not register it
     registered: bool = False
+    #: check every key the call may write before writing anything (after a call
+    #: that stopped inside the script): junk there is refused with ``BADKEY``
+    check: bool = False
 
     def add(self, payload: str, fingerprint: bytes | str | None = None,
             priority: int = 0, delay_ms: int = 0, key: str = "") -> None:
@@ -116,6 +119,17 @@ class Batch:
         fp = fingerprint_hex(fingerprint) if fingerprint is not None else ""
         self.adds.append((safe_key(key), fp, clamp_priority(priority), payload,
                           max(0, int(delay_ms))))
+
+    def force_adds(self) -> None:
+        """Queue this batch's new requests even if the filter has them.
+
+        For the adds of a call that stopped inside the script (a key of the wrong
+        type, see :func:`stopped_in_script`): Redis does not roll a script back,
+        so it may have put their fingerprints in the filter without queueing
+        them, and sent again as usual they would be dropped as duplicates. At
+        worst a request is crawled twice; none is lost."""
+        self.adds = [(key, "!" + fp if fp and fp[0] != "!" else fp, prio, payload, delay)
+                     for key, fp, prio, payload, delay in self.adds]
 
     def block(self, key: str, seconds: float) -> None:
         """The site asked (``Retry-After``) not to be sent anything for *seconds*."""
@@ -214,7 +228,8 @@ class Frontier:
     def _sync_call(self, batch: Batch, leaving: bool):
         keys = self.keys.sync_keys()
         flags = (("m" if batch.maintenance else "") + ("d" if batch.promote else "")
-                 + ("s" if batch.sweep else "") + ("r" if batch.registered else ""))
+                 + ("s" if batch.sweep else "") + ("r" if batch.registered else "")
+                 + ("c" if batch.check else ""))
         pol = self.politeness
         args = [str(self.clock()) if self.clock else "", self.node,
                 0 if leaving else self.lease_ttl_ms, batch.take, flags,
@@ -445,6 +460,32 @@ def fresh_payload(payload: str) -> str:
     for key in ATTEMPT_META_KEYS:
         meta.pop(key, None)
     return json.dumps(data, separators=(",", ":"))
+
+
+#: Error replies of calls that did not run, or stopped before their first write
+#: (a script is refused under OOM at its first write): nothing of the call is in Redis.
+_NOT_STARTED = (redis.exceptions.OutOfMemoryError, redis.exceptions.NoScriptError,
+                redis.exceptions.ReadOnlyError, redis.exceptions.AskError,
+                redis.exceptions.MovedError, redis.exceptions.TryAgainError,
+                redis.exceptions.ClusterDownError, redis.exceptions.ClusterCrossSlotError,
+                redis.exceptions.MasterDownError)
+_NOT_STARTED_REPLIES = ("BADKEY ", "BUSY ", "NOREPLICAS ")
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether Redis answered a call with an error (a key of the wrong type, a
+    script refused): it is up, but the call did not go through."""
+    return isinstance(exc, redis.exceptions.ResponseError)
+
+
+def stopped_in_script(exc: BaseException) -> bool:
+    """Whether a failed call's script ran and stopped part way (a command on a
+    key of the wrong type, a bug): what it wrote before the error stays in
+    Redis, which does not roll a script back. A connection error is not one:
+    the call ran whole or not at all."""
+    return (isinstance(exc, redis.exceptions.ResponseError)
+            and not isinstance(exc, _NOT_STARTED)
+            and not str(exc).startswith(_NOT_STARTED_REPLIES))
 
 
 def member_key(member: str) -> str:

@@ -313,7 +313,7 @@ local function bloom_check_add(key, m, fps, dry)
 end
 """
 
-SYNC = _LIB + r"""
+SYNC = _LIB + _KEY_CHECK + r"""
 -- SYNC: one round trip of a node with one partition of the frontier.
 -- KEYS[1] ready (zset politeness key -> ms it may start its next request)
 -- KEYS[2] payloads (hash)   KEYS[3] inflight (hash member->node)
@@ -344,7 +344,10 @@ SYNC = _LIB + r"""
 --         a registered node and recount the in-flight of the keys with leases
 --         and of a window of kstate (implies 'm'),
 --         'r' = this node renewed its lease well within the TTL (a take need
---         not register it again).
+--         not register it again), 'c' = check first: every key the call may
+--         write must hold the right type (the node's call before this one
+--         stopped inside the script), or the call is refused with the error
+--         reply 'BADKEY <key> is a <type>, not a <type>: nothing changed'.
 -- ARGV[6..10] bloom capacity, error rate, growth, tightening, shard bits
 -- ARGV[11] most records kept in the dead list  ARGV[12] ... in the invalid list
 -- ARGV[13] default interval ms between request starts of a key
@@ -359,6 +362,10 @@ SYNC = _LIB + r"""
 --   adopt: n x (member, former owner)    (leases this node took under a former
 --                                          id of its own: now held under this id)
 --   add:  n x (politeness key, fingerprint hex or '', priority, payload, delay ms or 0)
+--         (a fingerprint prefixed '!' is added to the filter and the entry queued
+--         even if the filter had it: the node sends its adds so again after a
+--         call that stopped inside the script, which may have marked them seen
+--         without queueing them, since a script is not rolled back)
 --   ack:  n x (member, '1' = a success that relaxes the key's backoff | '0')
 --   fail: n x (member, 'dead'|'invalid', record)   (forget it, keep record)
 --   nack: n x member                     (not started: back to its queue)
@@ -558,11 +565,13 @@ local adopt = {}
 for i = 1, tonumber(ARGV[pos]) do adopt[i] = {ARGV[pos + 2 * i - 1], ARGV[pos + 2 * i]} end
 pos = pos + 1 + 2 * #adopt
 local n_add = tonumber(ARGV[pos]); pos = pos + 1
-local entries, fps = {}, {}
+local entries, fps, forced = {}, {}, {}
 for i = 1, n_add do
   entries[i] = {ARGV[pos], ARGV[pos + 1], tonumber(ARGV[pos + 2]), ARGV[pos + 3],
                 tonumber(ARGV[pos + 4])}
-  if ARGV[pos + 1] ~= '' then fps[i] = ARGV[pos + 1] end
+  local f = ARGV[pos + 1]
+  if string.byte(f, 1) == 33 then forced[i] = true; f = string.sub(f, 2) end  -- '!'
+  if f ~= '' then fps[i] = f end
   pos = pos + 5
 end
 local acks = {}
@@ -590,6 +599,28 @@ pos = pos + 1 + 2 * #handoffs
 local reserve = {}
 for i = 1, tonumber(ARGV[pos]) do
   reserve[i] = {ARGV[pos + 2 * i - 1], math.max(0, tonumber(ARGV[pos + 2 * i]) or 0)}
+end
+
+-- check mode: nothing is written before this
+if string.find(ARGV[5], 'c', 1, true) then
+  local bad = nil
+  local want = {{KEYS[1], 'zset'}, {KEYS[2], 'hash'}, {KEYS[3], 'hash'}, {KEYS[4], 'zset'},
+                {KEYS[5], 'zset'}, {KEYS[6], 'list'}, {KEYS[7], 'list'}, {KEYS[9], 'hash'},
+                {KEYS[10], 'hash'}, {KEYS[11], 'hash'}, {KEYS[12], 'hash'},
+                {HELD(node), 'set'}}
+  for _, w in ipairs(want) do bad = bad or bad_key(w[1], w[2]) end
+  -- the queues this call may write: of its adds, its nacks, and the keys a
+  -- take or a promotion looks at first (the seq counter and the old queue
+  -- length mend themselves)
+  if not bad then
+    local qs = {}
+    for _, e in ipairs(entries) do qs[e[1]] = true end
+    for _, m in ipairs(nacks) do qs[member_key(m) or ''] = true end
+    for _, k in ipairs(redis.call('ZRANGE', KEYS[1], 0, 999)) do qs[k] = true end
+    for _, m in ipairs(redis.call('ZRANGE', KEYS[5], 0, 999)) do qs[member_key(m) or ''] = true end
+    for k, _ in pairs(qs) do bad = bad or bad_key(Q(k), 'zset') end
+  end
+  if bad then return redis.error_reply('BADKEY ' .. bad .. ': nothing changed') end
 end
 
 -- Only the keys whose in-flight count or state this call changes are read
@@ -626,7 +657,7 @@ if n_add > 0 then
   end
   local keep = {}
   for i = 1, n_add do
-    if entries[i][2] == '' or new[i] then keep[#keep + 1] = entries[i] end
+    if entries[i][2] == '' or new[i] or forced[i] then keep[#keep + 1] = entries[i] end
   end
   added, dups = #keep, n_add - #keep
   if added > 0 then
