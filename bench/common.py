@@ -389,6 +389,8 @@ def run_nodes(system: str, count: int, *, redis_url: str | None, settings: dict 
         "occupancy": (sum(r.get("occupancy") or 0 for r in records)
                       if all(r.get("occupancy") is not None for r in records) else None),
         "download_ms": median([r.get("download_ms") for r in records]),
+        # one node: its ramp, steady rate and tail (bench.recorder.phases)
+        "phases": records[0].get("phases") if len(records) == 1 else None,
         "loop_lag_ms": [r.get("loop_lag_ms") for r in records],
         "bunched_starts": median([r.get("bunched_starts") for r in records]),
         "priority_wait_ms": median([(r.get("priority_wait_ms") or {}).get("p50")

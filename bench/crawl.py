@@ -67,6 +67,14 @@ TUNING = {"CONCURRENT_ITEMS": project_settings.CONCURRENT_ITEMS, "GC_FREEZE_ENAB
 FLOOR_VS_OLD = 0.95
 
 
+def _phases(run: dict) -> str:
+    ph = run.get("phases")
+    if not ph or not ph.get("steady_pages_s"):
+        return ""
+    return (f"ramp {1000 * ph['ramp_s']:.0f} ms, steady {ph['steady_pages_s']:.0f} pages/s, "
+            f"tail {1000 * ph['tail_s']:.0f} ms, ")
+
+
 def configs(mode: str):
     out = []
     for latency in SIZES[mode]:
@@ -167,7 +175,7 @@ def main(argv=None) -> dict:
                       f"node CPU {run['cpu_ms_per_page']:.2f} ms/page, downloads under way "
                       f"{run['occupancy'] or 0:.2f}, {run['download_ms'] or 0:.1f} ms each, "
                       f"listing wait {run.get('priority_wait_ms') or 0:.1f} ms, "
-                      f"{_lag(run)}other programs "
+                      f"{_lag(run)}{_phases(run)}other programs "
                       f"{run['external_cores'] or 0:.2f} cores", flush=True)
                 run = strip_series(run)
                 run["rep"] = rep  # None: a re-run, paired with nothing
@@ -210,6 +218,11 @@ def main(argv=None) -> dict:
             "elapsed_s": median([r["elapsed_s"] for r in rs]),
             "peak_rss_mb": median([max(n["peak_rss_mb"] for n in r["per_node"]) for r in rs]),
             "redis_calls_per_page": median([r.get("redis_calls_per_page") for r in rs]),
+            # one node: time to 10 % of pages, rate 10-90 %, time after 90 %
+            "ramp_s": median([(r.get("phases") or {}).get("ramp_s") for r in rs]),
+            "steady_pages_s": median([(r.get("phases") or {}).get("steady_pages_s")
+                                      for r in rs]),
+            "tail_s": median([(r.get("phases") or {}).get("tail_s") for r in rs]),
             "complete": all(r["complete"] for r in rs),
             "errors": sum(len(r["errors"]) for r in rs),
         }

@@ -40,6 +40,9 @@ class BenchRecorder:
         self.responses = 0
         self.cpu_first = self.cpu_last = None
         self.progress: list[tuple[float, int]] = []
+        # when each response came (s after the first request): where a crawl
+        # loses time, at its start, in its steady state or in its tail
+        self.response_times: list[float] = []
         self._flow_until: tuple[float, float] | None = None
         self._flow_from = 0.0
         self._last_tick = 0.0
@@ -149,6 +152,8 @@ class BenchRecorder:
         mono = time.monotonic()
         self._flow_until = (mono, self._flow_area + self._active * (mono - self._flow_t))
         self.responses += 1
+        if self.first_request is not None:
+            self.response_times.append(now - self.first_request)
         if now - self._last_tick >= 1.0:
             self._last_tick = now
             self.progress.append((now, self.responses))
@@ -184,6 +189,7 @@ class BenchRecorder:
                                      if gaps else None),
                   "loop_lag_ms": _quantiles(self.lags),
                   "priority_wait_ms": _quantiles(self.priority_waits),
+                  "phases": phases(self.response_times),
                   "reason": reason, "closed_at": time.time(), "progress": self.progress,
                   # the process's own peak (KiB on Linux): there even if the
                   # harness never sampled a process that lived very briefly
@@ -193,6 +199,20 @@ class BenchRecorder:
         with open(tmp, "w") as f:
             json.dump(record, f)
         os.replace(tmp, self.path)
+
+
+def phases(times: list[float]) -> dict | None:
+    """A crawl in three phases, from its response times (s after the first
+    request): ``ramp_s`` until the first 10 % of responses, ``steady_pages_s``
+    the rate from 10 % to 90 %, ``tail_s`` from 90 % to the last. A system
+    that loses only at the start or the end of a short crawl shows it here."""
+    if len(times) < 20:
+        return None
+    times = sorted(times)
+    lo, hi = times[len(times) // 10], times[(9 * len(times)) // 10]
+    middle = (9 * len(times)) // 10 - len(times) // 10
+    return {"ramp_s": lo, "tail_s": times[-1] - hi,
+            "steady_pages_s": middle / (hi - lo) if hi > lo else None}
 
 
 def _quantiles(values: list[float]) -> dict | None:
