@@ -252,7 +252,8 @@ class Node:
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      start_new_session=True)
         self.ps = psutil.Process(self.proc.pid)
-        self.spy = self._sample_stacks()
+        # started once the spider is open: the samples cover the crawl, not imports
+        self.spy: subprocess.Popen | None = None
         self.rss: list[tuple[float, int]] = []
         self.exited_at: float | None = None
 
@@ -260,7 +261,8 @@ class Node:
         """With ``BENCH_PYSPY`` (the path of a py-spy binary: not a project
         dependency), sample the node's on-CPU stacks into
         ``bench/results/stacks/<name>-<pid>.stacks`` (``python -m bench.stacks``
-        sums them). Unlike cProfile it barely slows the node and counts CPU,
+        sums them), from the moment the spider is open (start-up imports are
+        not the crawl's cost). Unlike cProfile it barely slows the node and counts CPU,
         not the time a preempted function waits."""
         spy = os.environ.get("BENCH_PYSPY")
         if not spy:
@@ -273,7 +275,10 @@ class Node:
 
     @property
     def ready(self) -> bool:
-        return Path(str(self.record_file) + ".ready").exists()
+        ready = Path(str(self.record_file) + ".ready").exists()
+        if ready and self.spy is None:
+            self.spy = self._sample_stacks()
+        return ready
 
     def sample(self) -> None:
         if self.proc.poll() is not None:

@@ -48,6 +48,8 @@ import scrapy
 from scrapy import Request, signals
 from scrapy.core.scheduler import BaseScheduler
 from scrapy.utils.defer import deferred_from_coro
+from scrapy.utils.request import RequestFingerprinter
+from scrapy.utils.request import fingerprint as scrapy_fingerprint
 
 from crawlproject.connection import redact_url, redis_from_settings, redis_url_from_settings
 from crawlproject.frontier.bloom import BloomConfig
@@ -111,6 +113,16 @@ class RedisScheduler(BaseScheduler):
         self.local_dedupe_size = local_dedupe_size
         self._recent: set[int] = set()
         self._recent_old: set[int] = set()
+        # The same two generations, of the URLs those fingerprints came from:
+        # with Scrapy's own fingerprinter a GET without a body (or verbatim_url)
+        # has the fingerprint of its URL string, so a link this node already
+        # sent (menus, related items: most links a page yields) is dropped on
+        # a set lookup instead of a canonicalisation and a SHA-1 (~15 us).
+        self._recent_urls: set[int] = set()
+        self._recent_urls_old: set[int] = set()
+        self._urls_decide = (type(self.fingerprinter) is RequestFingerprinter
+                             and getattr(self.fingerprinter, "_fingerprint", None)
+                             is scrapy_fingerprint)
         self.bloom = bloom
         self.retry = retry
         self.politeness = politeness
@@ -303,6 +315,12 @@ class RedisScheduler(BaseScheduler):
         retried = RETRY_DELAY_META in request.meta
         delay = request.meta.pop(RETRY_DELAY_META, 0)
         request.meta.pop(SLOW_DOWN_META, None)
+        url_key = self._url_key(request)
+        if url_key is not None and (url_key in self._recent_urls
+                                    or url_key in self._recent_urls_old):
+            self._count("dupefilter/filtered")
+            self.stats.inc_value("dupefilter/filtered_locally")
+            return False
         fp = None if request.dont_filter else self.fingerprinter.fingerprint(request)
         if fp is not None and self._seen_here(fp):
             # This node already sent it: the shared filter has it (or will have
@@ -317,7 +335,7 @@ class RedisScheduler(BaseScheduler):
             self.stats.inc_value("scheduler/unserialisable")
             return False
         if fp is not None:
-            self._remember(fp)
+            self._remember(fp, url_key)
         if abs(request.priority) > MAX_PRIORITY:
             self._priority_clamped(request)
         replaces = (member is not None and member in self.client.held
@@ -362,12 +380,25 @@ class RedisScheduler(BaseScheduler):
         key = hash(fp)
         return key in self._recent or key in self._recent_old
 
-    def _remember(self, fp: bytes) -> None:
+    def _url_key(self, request: Request) -> int | None:
+        """The key of *request*'s URL in the local dedupe, or None where its
+        fingerprint is not a function of its URL string alone."""
+        if (not self._urls_decide or request.dont_filter or request.method != "GET"
+                or request.body or request.meta.get("verbatim_url")):
+            return None
+        return hash(request.url)
+
+    def _remember(self, fp: bytes, url_key: int | None = None) -> None:
         # Two generations of at most local_dedupe_size hashes each: bounded
-        # memory, and the most recent fingerprints are always remembered.
+        # memory, and the most recent fingerprints are always remembered. The
+        # URLs turn over with their fingerprints: a URL is never remembered
+        # after its fingerprint is forgotten.
         if len(self._recent) >= self.local_dedupe_size:
             self._recent_old, self._recent = self._recent, set()
+            self._recent_urls_old, self._recent_urls = self._recent_urls, set()
         self._recent.add(hash(fp))
+        if url_key is not None:
+            self._recent_urls.add(url_key)
 
     def local_backlog(self) -> int:
         """Requests this node holds that Redis has not handed to the engine yet."""

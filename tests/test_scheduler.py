@@ -235,6 +235,59 @@ def test_a_nodes_own_repeats_are_dropped_before_encoding(redis_url):
     assert len(scheduler.client.outbox[0].adds) == 7
 
 
+def _scheduler(redis_url, **settings):
+    crawler = get_crawler(MetaSpider, {"REDIS_URL": redis_url, **settings})
+    crawler.spider = MetaSpider.from_crawler(crawler)
+    scheduler = RedisScheduler.from_crawler(crawler)
+    scheduler.setup(crawler.spider)
+    crawler.stats.open_spider()
+    return scheduler, crawler
+
+
+def test_a_link_this_node_sent_is_dropped_without_computing_its_fingerprint(redis_url):
+    """With Scrapy's own fingerprinter a GET's fingerprint is its URL's: a repeat
+    of a URL this node sent is dropped on a set lookup. Whatever else enters the
+    fingerprint (method, body, verbatim_url) still goes through it."""
+    scheduler, crawler = _scheduler(redis_url)
+    calls = []
+    original = scheduler.fingerprinter._fingerprint
+
+    def counting(request):
+        calls.append(request.url)
+        return original(request)
+    scheduler.fingerprinter._fingerprint = counting
+    url = "http://127.0.0.1/a?x=1&y=2"
+    assert scheduler.enqueue_request(Request(url)) and len(calls) == 1
+    assert not scheduler.enqueue_request(Request(url))
+    assert len(calls) == 1                                  # no second fingerprint
+    # the same resource under another spelling: the fingerprint decides
+    assert not scheduler.enqueue_request(Request("http://127.0.0.1/a?y=2&x=1"))
+    assert len(calls) == 2
+    assert scheduler.enqueue_request(Request(url, method="POST", body=b"q=1"))
+    assert not scheduler.enqueue_request(Request(url, meta={"verbatim_url": True}))
+    assert len(calls) == 4
+    assert crawler.stats.get_value("dupefilter/filtered_locally") == 3
+    assert len(scheduler.client.outbox[0].adds) == 2
+
+
+class SessionFingerprinter:
+    """Tells apart requests of one URL by their session header."""
+
+    def fingerprint(self, request):
+        from scrapy.utils.request import fingerprint
+        return fingerprint(request, include_headers=["X-Session"])
+
+
+def test_with_another_fingerprinter_a_repeated_url_is_not_taken_for_a_duplicate(redis_url):
+    scheduler, _ = _scheduler(
+        redis_url, REQUEST_FINGERPRINTER_CLASS=f"{__name__}.SessionFingerprinter")
+    url = "http://127.0.0.1/account"
+    assert scheduler.enqueue_request(Request(url, headers={"X-Session": "1"}))
+    assert scheduler.enqueue_request(Request(url, headers={"X-Session": "2"}))
+    assert not scheduler.enqueue_request(Request(url, headers={"X-Session": "2"}))
+    assert len(scheduler.client.outbox[0].adds) == 2
+
+
 def test_open_fails_loudly_without_the_engine_state_acks_rely_on(redis_url):
     """If a Scrapy upgrade renamed engine._slot.inprogress, nothing would ever be
     acknowledged, silently: refuse to start instead, saying why."""
