@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -375,27 +376,39 @@ def _bloom_totals(estimates: list[dict]) -> dict:
 
 def cmd_politeness(args) -> int:
     """Show the per-host politeness state, or change a host's limits at run time."""
-    from crawlproject.frontier.politeness import Limits, limits_from, partition_of, safe_key
+    from crawlproject.frontier.politeness import (UNLIMITED, Limits, Override, limits_from,
+                                                  partition_of, safe_key)
 
     parts = _partitions(args)
     if args.delay is not None or args.concurrency is not None or args.clear:
         if not args.hosts:
             raise UsageError("name the host(s) whose limits to change")
-        if args.clear:
+        spec = {k: v for k, v in (("delay", args.delay), ("concurrency", args.concurrency))
+                if v is not None}
+        try:
+            checked = limits_from(spec, Limits(0.0, 0))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        keys = [_politeness_key(host) for host in args.hosts]   # all checked before any change
+        for key in keys:
+            part = parts[partition_of(key, len(parts))]
             value = None
-        else:
-            spec = {k: v for k, v in (("delay", args.delay), ("concurrency", args.concurrency))
-                    if v is not None}
-            try:
-                value = limits_from(spec, Limits(0.0, 0))
-            except ValueError as exc:
-                raise UsageError(str(exc)) from None
-        for host in args.hosts:
-            key = safe_key(host.lower())
-            parts[partition_of(key, len(parts))].set_limits({key: value})
-            print(f"{key}: " + ("limits cleared (settings apply)" if value is None else
-                                f"at most one request every {value.delay:g}s, "
-                                f"{value.concurrency} in flight, across all nodes"))
+            if not args.clear:
+                # A limit not given keeps what applies now: the host's override
+                # if it has one, else the nodes' own setting (never "no limit").
+                current = part.limits().get(key) or {}
+                value = Override(
+                    delay=checked.delay if "delay" in spec else current.get("delay"),
+                    concurrency=(checked.concurrency if "concurrency" in spec
+                                 else current.get("concurrency")))
+            part.set_limits({key: value})
+            print(f"{key}: " + ("limits cleared (the nodes' settings apply)" if value is None
+                                else _describe_override(value) + ", across all nodes"))
+            if not part.key_states([key]) and not part.client.exists(part.keys.queue(key)):
+                print(f"note: no request of {args.spider} has had the politeness key {key!r} "
+                      "yet; the limit applies once one does (keys are host names; registered "
+                      "domains with FRONTIER_POLITENESS_KEY=domain, IP addresses with =ip)",
+                      file=sys.stderr)
         return 0
     now_ms = _server_ms(parts[0].client)
     rows = {}
@@ -420,13 +433,55 @@ def cmd_politeness(args) -> int:
         lim = row.get("limits")
         table.add_row(
             key, str(row.get("queued", 0)), str(row.get("inflight", 0)),
-            f"{lim['delay']:g}s / {lim['concurrency']} ({'cli' if lim['source'] == 'c' else 'settings'})"
+            (("settings'" if lim["delay"] is None else f"{lim['delay']:g}s") + " / "
+             + ("settings'" if lim["concurrency"] is None else
+                "no limit" if lim["concurrency"] >= UNLIMITED else str(lim["concurrency"]))
+             + f" ({'cli' if lim['source'] == 'c' else 'settings'})")
             if lim else "defaults",
             _in(row.get("ready_at_ms"), now_ms), _in(row.get("blocked_until_ms"), now_ms),
             f"{row['backoff_ms'] / 1000:g}s" if row.get("backoff_ms") else "",
             f"{row['crawl_delay_ms'] / 1000:g}s" if row.get("crawl_delay_ms") else "")
     Console(width=max(Console().width, 140)).print(table)
     return 0
+
+
+def _politeness_key(given: str) -> str:
+    """The politeness key an operator means by *given*: a host name, also when
+    given as a URL or with a port (the nodes key requests by host name, as
+    Scrapy's download slots: a limit stored under ``host:8080`` or
+    ``http://host/`` would never apply). Anything else is taken as it is."""
+    from urllib.parse import urlsplit
+
+    from crawlproject.frontier.politeness import safe_key
+
+    text = given.strip()
+    key = text
+    try:
+        if "://" in text:
+            key = urlsplit(text).hostname or ""
+        elif re.fullmatch(r"[^:/\s\[\]]+:\d+", text):
+            key = text.rsplit(":", 1)[0]
+    except ValueError:
+        raise UsageError(f"{given!r} is neither a host name nor a URL") from None
+    key = safe_key(key.lower())
+    if not key:
+        raise UsageError(f"{given!r} names no host")
+    if key != text.lower():
+        print(f"{given}: politeness key {key!r} (host names, without scheme or port)",
+              file=sys.stderr)
+    return key
+
+
+def _describe_override(value) -> str:
+    from crawlproject.frontier.politeness import UNLIMITED
+
+    delay = ("the nodes' DOWNLOAD_DELAY between request starts" if value.delay is None
+             else f"at most one request every {value.delay:g}s")
+    concurrency = ("the nodes' CONCURRENT_REQUESTS_PER_DOMAIN in flight"
+                   if value.concurrency is None else
+                   "no limit in flight" if value.concurrency >= UNLIMITED
+                   else f"{value.concurrency} in flight")
+    return f"{delay}, {concurrency}"
 
 
 def cmd_proxies(args) -> int:

@@ -250,6 +250,45 @@ def test_politeness_shows_hosts_and_changes_limits_at_run_time(redis, redis_url)
     assert f.limits() == {}
 
 
+def test_a_limit_changed_alone_keeps_the_other_and_hosts_are_named_as_nodes_key_them(
+        redis, redis_url):
+    """`--concurrency 2` alone used to store a delay of 0 (and `--delay` alone
+    no concurrency limit), lifting the nodes' DOWNLOAD_DELAY for that site just
+    as the operator tried to slow it down; a URL or host:port was stored as a
+    key no request has."""
+    from crawlproject.frontier.politeness import Limits, PolitenessConfig
+
+    f = Frontier(redis, "shop", "n1",
+                 politeness=PolitenessConfig(default=Limits(delay=60, concurrency=1)))
+    batch = Batch()
+    batch.add('{"url": "http://slow.example/1"}', None, 0, 0, "slow.example")
+    f.sync(batch)
+    done = cli(redis_url, "politeness", "shop", "slow.example", "--concurrency", "2")
+    assert done.returncode == 0 and "the nodes' DOWNLOAD_DELAY" in done.stdout, done.stdout
+    assert "no request" not in done.stderr                  # it has one queued
+    assert f.limits()["slow.example"] == {"delay": None, "concurrency": 2, "source": "c"}
+    assert "settings' / 2 (cli)" in cli(redis_url, "politeness", "shop").stdout
+    assert cli(redis_url, "politeness", "shop", "slow.example", "--delay", "5").returncode == 0
+    assert f.limits()["slow.example"] == {"delay": 5.0, "concurrency": 2, "source": "c"}
+    # An override from the settings (FRONTIER_HOST_LIMITS) keeps its other limit too.
+    f.set_limits({"fast.example": Limits(delay=1, concurrency=4)}, source="s")
+    assert cli(redis_url, "politeness", "shop", "fast.example", "--delay", "2").returncode == 0
+    assert f.limits()["fast.example"] == {"delay": 2.0, "concurrency": 4, "source": "c"}
+    # Hosts as an operator may paste them.
+    named = cli(redis_url, "politeness", "shop", "http://Slow.Example:8080/p?q=1", "--delay", "3")
+    assert named.returncode == 0 and "politeness key 'slow.example'" in named.stderr
+    assert cli(redis_url, "politeness", "shop", "SLOW.example:8080", "--delay", "4").returncode == 0
+    assert f.limits()["slow.example"]["delay"] == 4.0
+    assert not [k for k in f.limits() if ":" in k or "/" in k], f.limits()
+    # One bad host: nothing changed, not even the good one before it.
+    refused = cli(redis_url, "politeness", "shop", "ok.example", "", "--delay", "1")
+    assert refused.returncode == 2 and "names no host" in refused.stderr
+    assert "ok.example" not in f.limits()
+    typo = cli(redis_url, "politeness", "shop", "slow.exmaple", "--delay", "1")
+    assert typo.returncode == 0
+    assert "no request of shop has had the politeness key 'slow.exmaple'" in typo.stderr
+
+
 def test_politeness_and_status_survive_malformed_records_in_redis(redis, redis_url):
     # Anyone who can write to Redis can leave junk in the state and limits
     # hashes: the other hosts are still shown, the junk is named on stderr.

@@ -10,7 +10,8 @@ from scrapy import Request
 from scrapy.settings import Settings
 
 from crawlproject.frontier.bloom import BloomConfig
-from crawlproject.frontier.politeness import UNLIMITED, Limits, PolitenessConfig, partition_of
+from crawlproject.frontier.politeness import (UNLIMITED, Limits, Override, PolitenessConfig,
+                                              partition_of)
 from crawlproject.frontier.queue import Batch, Frontier
 
 
@@ -196,6 +197,48 @@ def test_limits_set_at_run_time_apply_at_once(node, clock):
     assert a.limits()["h1"] == {"delay": 0.5, "concurrency": 2, "source": "c"}
     assert a.set_limits({"h1": Limits(delay=9)}, source="s") == 0   # settings never win
     assert a.set_limits({"h1": None}) == 1 and a.limits() == {}
+
+
+def test_a_limit_changed_alone_keeps_the_nodes_setting_for_the_other(node, clock):
+    """An operator who lowers a site's concurrency (or raises its delay) at run
+    time must not lift the other limit: a field the override leaves out is the
+    nodes' own setting, resolved by every call."""
+    a = node("a", polite(delay=10, concurrency=1))
+    add(a, "h1", 10)
+    assert a.set_limits({"h1": Override(concurrency=3)}) == 1
+    assert keys_of(a.take(5)) == ["h1"]           # 3 allowed in flight, but one start per 10 s
+    clock.advance(5)
+    assert a.take(5) == []
+    clock.advance(5)
+    assert keys_of(a.take(5)) == ["h1"]
+    assert a.limits()["h1"] == {"delay": None, "concurrency": 3, "source": "c"}
+    b = node("b", polite(delay=0, concurrency=1))
+    add(b, "h2", 10)
+    assert b.set_limits({"h2": Override(delay=0.5)}) == 1
+    (m, _), = b.take(5)                           # the nodes' concurrency of 1 still holds
+    b.ack(m)
+    clock.advance(0.2)
+    assert b.take(5) == []                        # the new interval
+    clock.advance(0.4)
+    assert keys_of(b.take(5)) == ["h2"]
+    clock.advance(1)
+    assert b.take(5) == []                        # one in flight: the nodes' concurrency
+    assert b.limits()["h2"] == {"delay": 0.5, "concurrency": None, "source": "c"}
+
+
+def test_an_override_left_to_the_settings_reschedules_a_waiting_key_as_a_hint_only(node, clock):
+    """SET_LIMITS cannot know the nodes' delay of a field left to the settings:
+    it puts a waiting key back in the ready set early, and the take still keeps
+    the key's interval."""
+    a = node("a", polite(delay=10, concurrency=1))
+    add(a, "h1", 5)
+    (m, _), = a.take(5)
+    a.ack(m)
+    clock.advance(1)
+    assert a.set_limits({"h1": Override(concurrency=2)}) == 1
+    assert a.take(5) == []                        # 1 s after the last start: not yet
+    clock.advance(9)
+    assert keys_of(a.take(5)) == ["h1"]
 
 
 @pytest.mark.parametrize("count_field", ["kept", "missing", "junk"])

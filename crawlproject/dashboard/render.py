@@ -133,6 +133,11 @@ def nodes_fragment(data: dict) -> str:
                   rows, "No node has reported in the last 10 minutes.", numeric_from=2)
 
 
+def _limit(value, unit: str) -> str:
+    """One field of a host's override; None: the nodes' setting applies."""
+    return "settings'" + unit if value is None else n(value) + unit
+
+
 def hosts_fragment(data: dict) -> str:
     pol = data["politeness"]
     if "top" not in pol:
@@ -140,7 +145,7 @@ def hosts_fragment(data: dict) -> str:
     rows = []
     for h in pol["top"]:
         lim = h.get("limits")
-        limits = (f'{n(lim["delay"])} s, {n(lim["concurrency"])} at once '
+        limits = (f'{_limit(lim["delay"], " s")}, {_limit(lim["concurrency"], " at once")} '
                   f'({"crawlctl" if lim.get("source") == "c" else "settings"})'
                   if lim else "settings")
         blocked = ""

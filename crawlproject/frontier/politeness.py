@@ -85,6 +85,31 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class Override:
+    """Limits of a key set at run time (``crawlctl politeness``). A field left
+    None is not overridden: the nodes' own setting (``DOWNLOAD_DELAY``,
+    ``CONCURRENT_REQUESTS_PER_DOMAIN``) applies, resolved by every SYNC call,
+    so tightening one limit never loosens the other."""
+
+    delay: float | None = None
+    concurrency: int | None = None
+
+    def encoded(self, source: str) -> str:
+        """The ``T:limits`` value, an empty field for one not overridden."""
+        delay = "" if self.delay is None else str(int(round(self.delay * 1000)))
+        concurrency = "" if self.concurrency is None else str(self.concurrency)
+        return f"{delay}|{concurrency}|{source}"
+
+
+def parse_override(value: str) -> dict:
+    """``{"delay": s or None, "concurrency": n or None, "source": c}`` from a
+    stored override; ValueError for anything else."""
+    delay, concurrency, source = value.split("|")
+    return {"delay": int(delay) / 1000 if delay else None,
+            "concurrency": int(concurrency) if concurrency else None, "source": source}
+
+
+@dataclass(frozen=True)
 class PolitenessConfig:
     """Settings of the frontier's politeness (read once, from settings).
 

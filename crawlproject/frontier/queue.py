@@ -45,7 +45,8 @@ from dataclasses import dataclass, field
 import redis
 
 from crawlproject.frontier.bloom import BloomConfig, filter_estimates, fingerprint_hex
-from crawlproject.frontier.politeness import UNLIMITED, Limits, PolitenessConfig, safe_key
+from crawlproject.frontier.politeness import (UNLIMITED, Limits, Override, PolitenessConfig,
+                                              parse_override, safe_key)
 from crawlproject.frontier.scripts import REPLAY_DEAD, SET_LIMITS, SYNC
 from crawlproject.keys import FrontierKeys
 
@@ -318,11 +319,12 @@ class Frontier:
         return int(self._replay(keys=self.keys.replay_keys(), args=_replay_args(records)))
 
     # -- politeness: per-key limits and state ----------------------------------
-    def set_limits(self, limits: dict[str, Limits | None], source: str = "c") -> int:
+    def set_limits(self, limits: dict[str, Limits | Override | None], source: str = "c") -> int:
         """Override (or, with None, clear) the limits of politeness keys of this
         partition; in force at once (keys waiting in the ready set are
-        rescheduled). ``source`` ``"s"`` (settings) never replaces ``"c"``
-        (command line). Returns how many keys changed."""
+        rescheduled). A field an :class:`Override` leaves None keeps the nodes'
+        setting. ``source`` ``"s"`` (settings) never replaces ``"c"`` (command
+        line). Returns how many keys changed."""
         args = [source]
         for key, value in limits.items():
             args += [safe_key(key), value.encoded(source) if value is not None else ""]
@@ -330,13 +332,12 @@ class Frontier:
                                           self.keys.queue_prefix], args=args))
 
     def limits(self) -> dict[str, dict]:
-        """Overrides stored in Redis: key → {delay, concurrency, source}."""
+        """Overrides stored in Redis: key → {delay, concurrency, source} (a
+        field None: not overridden, the nodes' setting applies)."""
         out = {}
         for key, value in self.client.hgetall(self.keys.limits).items():
             try:
-                delay, concurrency, source = _s(value).split("|")
-                out[_s(key)] = {"delay": int(delay) / 1000, "concurrency": int(concurrency),
-                                "source": source}
+                out[_s(key)] = parse_override(_s(value))
             except ValueError:  # not written by this code: said, not fatal
                 logger.warning("Ignoring a malformed limits record for %r: %r",
                                _s(key)[:200], _s(value)[:200])

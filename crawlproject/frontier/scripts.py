@@ -529,8 +529,9 @@ local function load(keys)
       ST[k] = {n = math.max(0, n), last = la, block = bl, bo = bo, cd = cd}
       local d, c = def_delay, def_conc
       if l then
-        local ld, lc = string.match(l, '^(%d+)|(%d+)')
-        if ld then d, c = tonumber(ld), tonumber(lc) end
+        -- an empty field is not overridden: this node's setting applies
+        local ld, lc = string.match(l, '^(%d*)|(%d*)')
+        if ld then d, c = tonumber(ld) or def_delay, tonumber(lc) or def_conc end
         if c <= 0 then c = 1000000000 end
       end
       LIM[k] = {delay = d, conc = c}
@@ -1213,7 +1214,8 @@ SET_LIMITS = _CLOCK + r"""
 --         and their number as field '||limits')
 -- KEYS[4] queue prefix: the queue of key K is KEYS[4]:K (derived)
 -- ARGV[1] source: 'c' (command line) or 's' (settings: never replaces a 'c')
--- ARGV[2..] n x (key, "delay ms|concurrency|source", or '' to clear)
+-- ARGV[2..] n x (key, "delay ms|concurrency|source", or '' to clear; an empty
+--         delay or concurrency is not overridden: each node's setting applies)
 -- A key waiting in the ready set is rescheduled for its last start plus the
 -- new delay (not before a block), so a shorter delay applies now, not after
 -- the old one ran out; a key out of it because it had its concurrency in
@@ -1233,15 +1235,18 @@ for i = 2, #ARGV, 2 do
     local ready = redis.call('ZSCORE', KEYS[2], key)
     local state = redis.call('HGET', KEYS[3], key)
     local n, last, block, bo, cd = string.match(state or '', '^(%-?%d+)|(%d+)|(%d+)|(%d+)|(%d+)$')
-    local delay, conc = string.match(value, '^(%d+)|(%d+)|')
+    -- (a field left to the nodes' setting is unknown here: the ready set is a
+    -- hint, a take checks the key's limits before it leases, so the key goes
+    -- back in, no later than a zero delay would put it)
+    local delay, conc = string.match(value, '^(%d*)|(%d*)|')
     delay, conc = tonumber(delay), tonumber(conc)
     if conc and conc <= 0 then conc = 1000000000 end
-    if not ready and last and delay and tonumber(n) < conc
+    if not ready and last and (conc == nil or tonumber(n) < conc)
         and redis.call('ZCARD', KEYS[4] .. ':' .. key) > 0 then
       ready = true  -- room again: back among the keys a take looks at
     end
-    if ready and last and delay then  -- a malformed state is not rescheduled
-      local at = math.max(tonumber(last) + math.max(delay, tonumber(bo), tonumber(cd)),
+    if ready and last then  -- a malformed state is not rescheduled
+      local at = math.max(tonumber(last) + math.max(delay or 0, tonumber(bo), tonumber(cd)),
                           tonumber(block))
       redis.call('ZADD', KEYS[2], string.format('%.0f', at), key)
     end
