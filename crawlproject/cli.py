@@ -406,7 +406,8 @@ def cmd_politeness(args) -> int:
                                 "apply (an entry of FRONTIER_HOST_LIMITS for it is published "
                                 "again when a node starts)" if value is None
                                 else _describe_override(value) + ", across all nodes"))
-            if not part.key_states([key]) and not part.client.exists(part.keys.queue(key)):
+            if value is not None and not part.key_states([key]) and not part.client.exists(
+                    part.keys.queue(key)):
                 print(f"note: no request of {args.spider} has had the politeness key {key!r} "
                       "yet; the limit applies once one does (keys are host names; registered "
                       "domains with FRONTIER_POLITENESS_KEY=domain, IP addresses with =ip)",
