@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import socket
 import sys
 import time
@@ -449,27 +448,15 @@ def cmd_politeness(args) -> int:
 
 
 def _politeness_key(given: str) -> str:
-    """The politeness key an operator means by *given*: a host name, also when
-    given as a URL or with a port (the nodes key requests by host name, as
-    Scrapy's download slots: a limit stored under ``host:8080`` or
-    ``http://host/`` would never apply). Anything else is taken as it is."""
-    from urllib.parse import urlsplit
+    """:func:`~crawlproject.frontier.politeness.host_key`, saying so when the
+    key is not what was typed; a usage error if it names no host."""
+    from crawlproject.frontier.politeness import host_key
 
-    from crawlproject.frontier.politeness import safe_key
-
-    text = given.strip()
-    key = text
     try:
-        if "://" in text:
-            key = urlsplit(text).hostname or ""
-        elif re.fullmatch(r"[^:/\s\[\]]+:\d+", text):
-            key = text.rsplit(":", 1)[0]
-    except ValueError:
-        raise UsageError(f"{given!r} is neither a host name nor a URL") from None
-    key = safe_key(key.lower())
-    if not key:
-        raise UsageError(f"{given!r} names no host")
-    if key != text.lower():
+        key = host_key(given)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if key != given.strip().lower():
         print(f"{given}: politeness key {key!r} (host names, without scheme or port)",
               file=sys.stderr)
     return key

@@ -468,6 +468,13 @@ def test_politeness_keys_from_settings():
         PolitenessConfig.from_settings(Settings({"FRONTIER_HOST_LIMITS": {"h": {"delay": "x"}}}))
     with pytest.raises(ValueError, match="DOWNLOAD_DELAY must be 0 to 86400 s"):
         PolitenessConfig.from_settings(Settings({"DOWNLOAD_DELAY": 1e308}))
+    # Hosts as an operator may write them: kept under the key requests have.
+    pasted = PolitenessConfig.from_settings(Settings({"FRONTIER_HOST_LIMITS": {
+        "https://Fast.Example:8443/x": {"delay": 1}, "cdn.example:80": {"delay": 2}}}))
+    assert set(pasted.overrides) == {"fast.example", "cdn.example"}
+    assert pasted.key(Request("https://fast.example:8443/y")) in pasted.overrides
+    with pytest.raises(ValueError, match="FRONTIER_HOST_LIMITS: 'http:///' names no host"):
+        PolitenessConfig.from_settings(Settings({"FRONTIER_HOST_LIMITS": {"http:///": {}}}))
     huge = PolitenessConfig.from_settings(Settings({"FRONTIER_HOST_LIMITS": {"h": {"concurrency": 10**30}}}))
     assert huge.overrides["h"].concurrency == UNLIMITED
     off = PolitenessConfig.from_settings(Settings({"FRONTIER_POLITENESS": False,

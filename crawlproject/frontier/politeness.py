@@ -22,9 +22,11 @@ node's full concurrency), so the delay is applied once, cluster-wide.
 from __future__ import annotations
 
 import logging
+import re
 import zlib
 from dataclasses import dataclass, field
 from functools import lru_cache
+from urllib.parse import urlsplit
 
 from scrapy.utils.httpobj import urlparse_cached
 
@@ -48,6 +50,28 @@ def safe_key(key: str) -> str:
     Idempotent: keys already safe are returned unchanged.
     """
     return "%7C" + key[1:] if key.startswith("|") else key
+
+
+def host_key(given: str) -> str:
+    """The politeness key an operator means by *given* (a setting, a command
+    line argument): a host name, also when given as a URL or with a port,
+    since requests are keyed by host name as Scrapy's download slots are (a
+    limit kept under ``host:8080`` or ``http://host/`` would never apply).
+    Anything else is taken as it is, lower-cased. ValueError if it names no
+    host."""
+    text = str(given).strip()
+    key = text
+    try:
+        if "://" in text:
+            key = urlsplit(text).hostname or ""
+        elif re.fullmatch(r"[^:/\s\[\]]+:\d+", text):
+            key = text.rsplit(":", 1)[0]
+    except ValueError:
+        raise ValueError(f"{given!r} is neither a host name nor a URL") from None
+    key = safe_key(key.lower())
+    if not key:
+        raise ValueError(f"{given!r} names no host")
+    return key
 
 
 def partition_of(key: str, partitions: int) -> int:
@@ -150,8 +174,15 @@ class PolitenessConfig:
             raise ValueError(f"DOWNLOAD_DELAY must be 0 to {MAX_DELAY:g} s, got {delay!r}")
         default = Limits(delay=delay, concurrency=concurrency if concurrency > 0 else UNLIMITED)
         overrides = {}
-        for key, value in (settings.getdict("FRONTIER_HOST_LIMITS") or {}).items():
-            overrides[safe_key(str(key).lower())] = limits_from(value, default)
+        for given, value in (settings.getdict("FRONTIER_HOST_LIMITS") or {}).items():
+            try:
+                key = host_key(given)
+            except ValueError as exc:
+                raise ValueError(f"FRONTIER_HOST_LIMITS: {exc}") from None
+            if key != str(given).strip().lower():
+                logger.warning("FRONTIER_HOST_LIMITS: %r is kept for politeness key %r (host "
+                               "names, without scheme or port)", given, key)
+            overrides[key] = limits_from(value, default)
         return cls(
             enabled=enabled, key_mode=mode,
             honour_download_slot=settings.getbool("FRONTIER_HONOUR_DOWNLOAD_SLOT", False),
