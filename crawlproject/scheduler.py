@@ -386,6 +386,9 @@ class RedisScheduler(BaseScheduler):
         if (not self._urls_decide or request.dont_filter or request.method != "GET"
                 or request.body or request.meta.get("verbatim_url")):
             return None
+        # Like the fingerprints', a 64-bit hash, salted per process (unless
+        # PYTHONHASHSEED is pinned): a page cannot craft a URL that collides
+        # with another to keep it from being sent.
         return hash(request.url)
 
     def _remember(self, fp: bytes, url_key: int | None = None) -> None:
