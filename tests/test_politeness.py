@@ -11,7 +11,7 @@ from scrapy.settings import Settings
 
 from crawlproject.frontier.bloom import BloomConfig
 from crawlproject.frontier.politeness import (UNLIMITED, Limits, Override, PolitenessConfig,
-                                              partition_of)
+                                              host_key, partition_of)
 from crawlproject.frontier.queue import Batch, Frontier
 
 
@@ -472,6 +472,8 @@ def test_politeness_keys_from_settings():
     pasted = PolitenessConfig.from_settings(Settings({"FRONTIER_HOST_LIMITS": {
         "https://Fast.Example:8443/x": {"delay": 1}, "cdn.example:80": {"delay": 2}}}))
     assert set(pasted.overrides) == {"fast.example", "cdn.example"}
+    assert host_key("[::1]:8080") == host_key("[::1]") == "::1"
+    assert host_key("pool-a") == "pool-a"          # a download_slot name: as it is
     assert pasted.key(Request("https://fast.example:8443/y")) in pasted.overrides
     with pytest.raises(ValueError, match="FRONTIER_HOST_LIMITS: 'http:///' names no host"):
         PolitenessConfig.from_settings(Settings({"FRONTIER_HOST_LIMITS": {"http:///": {}}}))

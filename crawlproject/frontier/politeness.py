@@ -64,6 +64,8 @@ def host_key(given: str) -> str:
     try:
         if "://" in text:
             key = urlsplit(text).hostname or ""
+        elif text.startswith("["):  # an IPv6 address, with or without a port
+            key = urlsplit("//" + text).hostname or ""
         elif re.fullmatch(r"[^:/\s\[\]]+:\d+", text):
             key = text.rsplit(":", 1)[0]
     except ValueError:
