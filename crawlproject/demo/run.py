@@ -27,14 +27,21 @@ from crawlproject.services import MongoServer, RedisServer
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def start_nodes(count: int, env: dict, log_dir: Path, idle_close: int) -> list[subprocess.Popen]:
-    """Start *count* ``scrapy crawl products`` processes."""
+def start_nodes(count: int, env: dict, log_dir: Path, idle_close: int,
+                concurrency: int) -> list[subprocess.Popen]:
+    """Start *count* ``scrapy crawl products`` processes, each downloading at
+    most *concurrency* pages at a time. The demo shop is one host, and the
+    frontier lets it have CONCURRENT_REQUESTS_PER_DOMAIN requests in flight
+    across all nodes: a node allowed as many would hold every one of them and
+    the other nodes would wait, so each takes a share, as machines of modest
+    concurrency would."""
     nodes = []
     for n in range(1, count + 1):
         log = log_dir / f"node-{n}.log"
         log.unlink(missing_ok=True)  # Scrapy appends to LOG_FILE
         cmd = [sys.executable, "-m", "scrapy", "crawl", "products",
                "-s", f"MAX_IDLE_TIME_BEFORE_CLOSE={idle_close}",
+               "-s", f"CONCURRENT_REQUESTS={concurrency}",
                "-s", f"NODE_ID=node-{n}", "-s", f"LOG_FILE={log}"]
         nodes.append(subprocess.Popen(cmd, cwd=ROOT, env=env,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
@@ -79,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         env = dict(os.environ, REDIS_URL=redis_server.url, MONGO_URI=mongo_server.uri,
                    MONGO_DATABASE=args.database)
         began = time.monotonic()
-        nodes = start_nodes(args.nodes, env, logs, args.idle_close)
+        nodes = start_nodes(args.nodes, env, logs, args.idle_close, args.node_concurrency)
         print(f"Started {args.nodes} nodes (scrapy crawl products); waiting for the crawl to finish...")
         wait_nodes(nodes, args.timeout)
         elapsed = time.monotonic() - began - args.idle_close
@@ -97,7 +104,7 @@ def print_summary(args, site, collection, logs: Path, elapsed: float, mongo_serv
     stats = site.stats()
     pages = sum(stats.values())
     stored = collection.count_documents({})
-    table = Table(title="crawlproject demo: 2 nodes, one shared Redis frontier")
+    table = Table(title=f"crawlproject demo: {args.nodes} nodes, one shared Redis frontier")
     table.add_column("node")
     table.add_column("pages downloaded", justify="right")
     table.add_column("items scraped", justify="right")
@@ -110,6 +117,12 @@ def print_summary(args, site, collection, logs: Path, elapsed: float, mongo_serv
     console.print(f"Site served {pages} requests; {stored} products stored "
                   f"(expected {args.products}); crawl time {elapsed:.1f}s "
                   f"(plus {args.idle_close}s idle-close wait)")
+    from crawlproject import settings as project
+
+    console.print(f"Politeness: the shop (one host) had at most "
+                  f"{project.CONCURRENT_REQUESTS_PER_DOMAIN} requests in flight across all "
+                  f"nodes (CONCURRENT_REQUESTS_PER_DOMAIN, cluster-wide), each node at most "
+                  f"{args.node_concurrency} (CONCURRENT_REQUESTS)")
     console.print(f"Data: {mongo_server.uri} database {args.database!r} collection 'products' "
                   f"(files in {work / 'mongo'}); logs in {logs}")
 
@@ -120,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--products", type=int, default=60)
     parser.add_argument("--latency-ms", type=int, default=20)
     parser.add_argument("--idle-close", type=int, default=5)
+    parser.add_argument("--node-concurrency", type=int, default=8,
+                        help="CONCURRENT_REQUESTS of each node")
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--database", default="crawlproject_demo")
     parser.add_argument("--dir", default=".demo")
