@@ -402,6 +402,7 @@ def run_nodes(system: str, count: int, *, redis_url: str | None, settings: dict 
                                     for r in records]),
         "per_node": [{"pages": r["responses"], "reason": r["reason"], "stats": r["stats"],
                       "crawl_cpu_s": r.get("crawl_cpu_s"),
+                      "connections": r.get("connections"),
                       "gc_by_generation": r.get("gc_by_generation"),
                       "gc_tracked": r.get("gc_tracked"),
                       "first_request": r["first_request"], "last_response": r["last_response"],

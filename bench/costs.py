@@ -11,7 +11,10 @@ Measured directly on a private Redis with :class:`crawlproject.frontier.queue.Fr
   duplicates, acks, a take), and bigger batches (how long one call blocks
   Redis);
 * the reclaim path: a SYNC that finds an expired node scans the whole
-  ``inflight`` hash (HGETALL) — its time for several inflight sizes.
+  ``inflight`` hash (HGETALL) — its time for several inflight sizes;
+* a node's CPU per request outside Redis: Scrapy's request fingerprint, the
+  local dedupe's set lookup of a URL already sent (what replaces it for a
+  repeat), the JSON encode of a new request and the decode of a leased one.
 
     python -m bench.costs [--quick]
 """
@@ -185,17 +188,48 @@ def reclaim_costs(redis: BenchRedis, sizes) -> list[dict]:
     return out
 
 
+def node_costs(spider, number: int) -> dict:
+    """µs per call, on this process's CPU, of what a node does per request
+    besides Redis (``timeit``, best of 5)."""
+    import timeit
+
+    from scrapy.utils.request import RequestFingerprinter
+
+    from crawlproject.policy import InputPolicy
+    from crawlproject.serialization import request_from_json
+
+    fingerprinter = RequestFingerprinter()
+    policy = InputPolicy(spidercls=type(spider))
+    url = f"{BASE}123"
+    request = typical_request(123, spider)
+    payload = request_to_json(request, spider, policy)
+    sent = {hash(f"{BASE}{i}") for i in range(20_000)}
+
+    def best(fn) -> float:
+        return round(min(timeit.repeat(fn, number=number, repeat=5)) / number * 1e6, 2)
+    new_request = best(lambda: Request(url))
+    return {
+        # a fresh Request each time: Scrapy caches the fingerprint per object
+        "fingerprint_us": round(best(lambda: fingerprinter.fingerprint(Request(url)))
+                                - new_request, 2),
+        "url_lookup_us": best(lambda: hash(url) in sent),
+        "encode_us": best(lambda: request_to_json(request, spider, policy)),
+        "decode_us": best(lambda: request_from_json(payload, spider, policy)),
+    }
+
+
 def main(argv=None) -> dict:
     args = base_parser(__doc__.splitlines()[0]).parse_args(argv)
     mode = mode_of(args)
     t0 = time.monotonic()
     spider = _Spider()
+    node = node_costs(spider, {"full": 20_000}.get(mode, 2_000))
     with BenchRedis() as redis:
         sizes = payload_sizes(spider)
         queued = queued_memory(redis, spider, QUEUED[mode])
         syncs = sync_costs(redis, spider, SYNC_CALLS[mode])
         reclaim = reclaim_costs(redis, INFLIGHT_SIZES[mode])
-    data = {"mode": mode, "payload": sizes, "queued": queued, "sync": syncs, "reclaim": reclaim,
+    data = {"mode": mode, "node": node, "payload": sizes, "queued": queued, "sync": syncs, "reclaim": reclaim,
             "duration_s": time.monotonic() - t0}
     return finish(NAME, data, args.out, render)
 
@@ -210,6 +244,13 @@ def render(data: dict) -> str:
     out += "\n\n" + table(["SYNC call shape", "calls", "server µs/call", "client ms/call"],
                           [[s["shape"], s["calls"], s["server_us_per_call"], s["client_ms_per_call"]]
                            for s in data["sync"]])
+    n = data.get("node")
+    if n:
+        out += "\n\n" + table(["a node's CPU per request, besides Redis", "µs"], [
+            ["Scrapy's request fingerprint", n["fingerprint_us"]],
+            ["local dedupe: lookup of a URL already sent", n["url_lookup_us"]],
+            ["JSON encode of a new request", n["encode_us"]],
+            ["decode of a leased payload into a Request", n["decode_us"]]])
     out += "\n\n" + table(["inflight entries", "reclaimed", "reclaiming SYNC µs", "normal SYNC µs"],
                           [[r["inflight"], r["reclaimed"], r["reclaim_sync_us"], r["normal_sync_us"]]
                            for r in data["reclaim"]])

@@ -90,6 +90,7 @@ class BenchRecorder:
         return ext
 
     def spider_opened(self, spider):
+        _count_connections()
         with open(self.path + ".ready", "w") as f:
             f.write(str(time.time()))
 
@@ -190,6 +191,8 @@ class BenchRecorder:
                   "loop_lag_ms": _quantiles(self.lags),
                   "priority_wait_ms": _quantiles(self.priority_waits),
                   "phases": phases(self.response_times),
+                  # TCP connections the node opened (HostnameEndpoint.connect calls)
+                  "connections": _CONNECTS[0],
                   "reason": reason, "closed_at": time.time(), "progress": self.progress,
                   # the process's own peak (KiB on Linux): there even if the
                   # harness never sampled a process that lived very briefly
@@ -199,6 +202,26 @@ class BenchRecorder:
         with open(tmp, "w") as f:
             json.dump(record, f)
         os.replace(tmp, self.path)
+
+
+_CONNECTS = [0]
+
+
+def _count_connections() -> None:
+    """Count the node's new TCP connections (Scrapy's HTTP/1.1 handler opens
+    them through HostnameEndpoint): a system that reused fewer pooled
+    connections would pay for connects the others do not."""
+    from twisted.internet.endpoints import HostnameEndpoint
+
+    connect = HostnameEndpoint.connect
+    if getattr(connect, "_bench_counted", False):
+        return
+
+    def counted(self, factory):
+        _CONNECTS[0] += 1
+        return connect(self, factory)
+    counted._bench_counted = True
+    HostnameEndpoint.connect = counted
 
 
 def phases(times: list[float]) -> dict | None:

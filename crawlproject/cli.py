@@ -401,10 +401,12 @@ def cmd_politeness(args) -> int:
                     concurrency=(checked.concurrency if "concurrency" in spec
                                  else current.get("concurrency")))
             part.set_limits({key: value})
-            print(f"{key}: " + ("limits cleared: the nodes' DOWNLOAD_DELAY and CONCURRENT_REQUESTS_PER_DOMAIN "
-                                "apply (an entry of FRONTIER_HOST_LIMITS for it is published "
-                                "again when a node starts)" if value is None
-                                else _describe_override(value) + ", across all nodes"))
+            print(f"{key}: " + (_describe_override(value) + ", across all nodes"
+                                if value is not None else
+                                "limits cleared: the nodes' DOWNLOAD_DELAY and "
+                                "CONCURRENT_REQUESTS_PER_DOMAIN apply (an entry of "
+                                "FRONTIER_HOST_LIMITS for it is published again when a "
+                                "node starts)"))
             if value is not None and not part.key_states([key]) and not part.client.exists(
                     part.keys.queue(key)):
                 print(f"note: no request of {args.spider} has had the politeness key {key!r} "

@@ -303,6 +303,12 @@ def test_politeness_and_status_survive_malformed_records_in_redis(redis, redis_u
         assert shown.returncode == 0, shown.stderr
         assert "good.example" in shown.stdout and "junk.example" in shown.stderr
     assert "good.example" in cli(redis_url, "politeness", "shop").stdout
+    # A value the scripts do not read as a limit is neither shown nor merged back.
+    redis.hset(f.keys.limits, "odd.example", "-5|+1|c")
+    assert "odd.example" not in json.loads(
+        cli(redis_url, "politeness", "shop", "--json").stdout)["hosts"]
+    assert cli(redis_url, "politeness", "shop", "odd.example", "--concurrency", "2").returncode == 0
+    assert f.limits()["odd.example"] == {"delay": None, "concurrency": 2, "source": "c"}
 
 
 # Every subcommand that talks to Redis (spool-replay, which needs MongoDB first: below).

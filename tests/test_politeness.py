@@ -11,7 +11,7 @@ from scrapy.settings import Settings
 
 from crawlproject.frontier.bloom import BloomConfig
 from crawlproject.frontier.politeness import (UNLIMITED, Limits, Override, PolitenessConfig,
-                                              host_key, partition_of)
+                                              host_key, parse_override, partition_of)
 from crawlproject.frontier.queue import Batch, Frontier
 
 
@@ -224,6 +224,16 @@ def test_a_limit_changed_alone_keeps_the_nodes_setting_for_the_other(node, clock
     clock.advance(1)
     assert b.take(5) == []                        # one in flight: the nodes' concurrency
     assert b.limits()["h2"] == {"delay": 0.5, "concurrency": None, "source": "c"}
+
+
+def test_a_stored_override_is_read_as_the_scripts_read_it():
+    assert parse_override("500||s") == {"delay": 0.5, "concurrency": None, "source": "s"}
+    assert parse_override("|3|c") == {"delay": None, "concurrency": 3, "source": "c"}
+    assert parse_override(Limits(2, 4).encoded("c")) == {"delay": 2.0, "concurrency": 4,
+                                                         "source": "c"}
+    for junk in ("-5|1|c", "+5||c", " 5||c", "5|x|c", "5|1", "\u0665||c"):
+        with pytest.raises(ValueError):
+            parse_override(junk)
 
 
 def test_an_override_left_to_the_settings_reschedules_a_waiting_key_as_a_hint_only(node, clock):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import redis
 
+from crawlproject import settings as project
 from crawlproject.connection import mongo_client
 from crawlproject.demo.site import DemoSite
 from crawlproject.keys import reset_spider, start_urls_key
@@ -117,8 +118,6 @@ def print_summary(args, site, collection, logs: Path, elapsed: float, mongo_serv
     console.print(f"Site served {pages} requests; {stored} products stored "
                   f"(expected {args.products}); crawl time {elapsed:.1f}s "
                   f"(plus {args.idle_close}s idle-close wait)")
-    from crawlproject import settings as project
-
     console.print(f"Politeness: the shop (one host) had at most "
                   f"{project.CONCURRENT_REQUESTS_PER_DOMAIN} requests in flight across all "
                   f"nodes (CONCURRENT_REQUESTS_PER_DOMAIN, cluster-wide), each node at most "

@@ -107,7 +107,7 @@ class Limits:
 
     def encoded(self, source: str) -> str:
         """The ``T:limits`` value: ``"delay ms|concurrency|source"``."""
-        return f"{int(round(self.delay * 1000))}|{self.concurrency}|{source}"
+        return Override(self.delay, self.concurrency).encoded(source)
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,10 @@ def parse_override(value: str) -> dict:
     """``{"delay": s or None, "concurrency": n or None, "source": c}`` from a
     stored override; ValueError for anything else."""
     delay, concurrency, source = value.split("|")
+    # Only what the scripts read as a limit (digits, or empty): a value they
+    # ignore ("-5", "+5", " 5") is junk here too, never shown nor merged back.
+    if not all(f == "" or (f.isascii() and f.isdigit()) for f in (delay, concurrency)):
+        raise ValueError(f"not a stored override: {value!r}")
     return {"delay": int(delay) / 1000 if delay else None,
             "concurrency": int(concurrency) if concurrency else None, "source": source}
 
