@@ -117,7 +117,7 @@ class RedisScheduler(BaseScheduler):
         # with Scrapy's own fingerprinter a GET without a body (or verbatim_url)
         # has the fingerprint of its URL string, so a link this node already
         # sent (menus, related items: most links a page yields) is dropped on
-        # a set lookup instead of a canonicalisation and a SHA-1 (~15 us).
+        # a set lookup instead of a canonicalisation and a SHA-1 (~9 us, bench.costs).
         self._recent_urls: set[int] = set()
         self._recent_urls_old: set[int] = set()
         self._urls_decide = (type(self.fingerprinter) is RequestFingerprinter
