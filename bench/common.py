@@ -400,6 +400,11 @@ def run_nodes(system: str, count: int, *, redis_url: str | None, settings: dict 
         "bunched_starts": median([r.get("bunched_starts") for r in records]),
         "priority_wait_ms": median([(r.get("priority_wait_ms") or {}).get("p50")
                                     for r in records]),
+        # requests held in a node's memory at most (bench.recorder), and the
+        # mean CPU ms of one full (generation 2) collection, which walks them
+        "held_peak": max((r.get("held_peak") or 0 for r in records), default=None),
+        "full_gc_ms": median([1000 * g[2][1] / g[2][0] for g in
+                              (r.get("gc_by_generation") for r in records) if g and g[2][0]]),
         "per_node": [{"pages": r["responses"], "reason": r["reason"], "stats": r["stats"],
                       "crawl_cpu_s": r.get("crawl_cpu_s"),
                       "connections": r.get("connections"),

@@ -40,6 +40,11 @@ class BenchRecorder:
         self.responses = 0
         self.cpu_first = self.cpu_last = None
         self.progress: list[tuple[float, int]] = []
+        # The most requests the node held in its own memory, sampled once a
+        # second: plain Scrapy's whole queue; ours only its frontier buffer
+        # (the queue is in Redis). Each is a handful of objects that every
+        # full garbage collection walks.
+        self.held_peak = 0
         # when each response came (s after the first request): where a crawl
         # loses time, at its start, in its steady state or in its tail
         self.response_times: list[float] = []
@@ -135,6 +140,16 @@ class BenchRecorder:
         self._flow_t = now
         self._active += change
 
+    def _held_in_memory(self) -> int:
+        scheduler = getattr(getattr(self.crawler.engine, "_slot", None), "scheduler", None)
+        client = getattr(scheduler, "client", None)
+        if client is not None and hasattr(client, "local_backlog"):
+            return client.local_backlog()  # ours: the rest is in Redis
+        try:
+            return len(scheduler)  # Scrapy's scheduler (memory queues; no JOBDIR here)
+        except TypeError:
+            return 0
+
     def _gc_timer(self, phase, info):
         if phase == "start":
             self._gc_start = time.process_time()
@@ -158,6 +173,7 @@ class BenchRecorder:
         if now - self._last_tick >= 1.0:
             self._last_tick = now
             self.progress.append((now, self.responses))
+            self.held_peak = max(self.held_peak, self._held_in_memory())
 
     def spider_closed(self, spider, reason):
         if self._gc_timer in gc.callbacks:
@@ -179,6 +195,7 @@ class BenchRecorder:
                   "gc_by_generation": self.gc_by_generation,
                   # objects the collector tracks at the end (a full collection walks them all)
                   "gc_tracked": len(gc.get_objects()),
+                  "held_peak": self.held_peak,
                   "occupancy": (self._flow_until[1] / (self._flow_until[0] - self._flow_from)
                                 if self._flow_until and self._flow_until[0] > self._flow_from
                                 else None),
