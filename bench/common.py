@@ -410,6 +410,8 @@ def run_nodes(system: str, count: int, *, redis_url: str | None, settings: dict 
                       "connections": r.get("connections"),
                       "gc_by_generation": r.get("gc_by_generation"),
                       "gc_tracked": r.get("gc_tracked"),
+                      **{k: r.get(k) for k in ("user_cpu_s", "sys_cpu_s", "idle_waits",
+                                                 "preempted")},
                       "first_request": r["first_request"], "last_response": r["last_response"],
                       "closed_at": r["closed_at"],
                       "peak_rss_mb": (max((s for _, s in n.rss), default=0) / 2**20

@@ -39,6 +39,10 @@ class BenchRecorder:
         self.last_response = None
         self.responses = 0
         self.cpu_first = self.cpu_last = None
+        # rusage at the first request and the last response: the crawl's CPU
+        # split into user and kernel time, and how often the node went to
+        # sleep waiting (voluntary context switches: one per idle wait)
+        self.ru_first = self.ru_last = None
         self.progress: list[tuple[float, int]] = []
         # The most requests the node held in its own memory, sampled once a
         # second: plain Scrapy's whole queue; ours only its frontier buffer
@@ -110,6 +114,7 @@ class BenchRecorder:
         if self.first_request is None:
             self.first_request = time.time()
             self.cpu_first = time.process_time()
+            self.ru_first = resource.getrusage(resource.RUSAGE_SELF)
             self.progress.append((self.first_request, 0))
             gc.callbacks.append(self._gc_timer)
             self._flow_t = self._flow_from = time.monotonic()
@@ -165,6 +170,7 @@ class BenchRecorder:
         now = time.time()
         self.last_response = now
         self.cpu_last = time.process_time()
+        self.ru_last = resource.getrusage(resource.RUSAGE_SELF)
         mono = time.monotonic()
         self._flow_until = (mono, self._flow_area + self._active * (mono - self._flow_t))
         self.responses += 1
@@ -192,6 +198,7 @@ class BenchRecorder:
                                   if self.cpu_first is not None and self.cpu_last is not None
                                   else None),
                   "gc_cpu_s": self.gc_cpu_s,
+                  **_rusage_delta(self.ru_first, self.ru_last),
                   "gc_by_generation": self.gc_by_generation,
                   # objects the collector tracks at the end (a full collection walks them all)
                   "gc_tracked": len(gc.get_objects()),
@@ -222,6 +229,15 @@ class BenchRecorder:
 
 
 _CONNECTS = [0]
+
+
+def _rusage_delta(first, last) -> dict:
+    if first is None or last is None:
+        return {}
+    return {"user_cpu_s": last.ru_utime - first.ru_utime,
+            "sys_cpu_s": last.ru_stime - first.ru_stime,
+            "idle_waits": last.ru_nvcsw - first.ru_nvcsw,
+            "preempted": last.ru_nivcsw - first.ru_nivcsw}
 
 
 def _count_connections() -> None:
