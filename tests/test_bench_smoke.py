@@ -25,6 +25,11 @@ def test_crawl_smallest(tmp_path):
         assert positive(s["pages_per_s"]) and positive(s["pages"]) and s["complete"]
     assert positive(data["summary"]["ours|1|0"]["redis_calls_per_page"])
     assert all("pass" in c and positive(c["ratio"]) for c in data["checks"])
+    for key, runs in data["runs"].items():
+        assert "held_peak" in data["summary"][key]
+        for node in (n for r in runs for n in r["per_node"]):
+            # rusage from the first request to the last response
+            assert positive(node["user_cpu_s"]) and node["idle_waits"] >= 0, key
 
 
 def test_commands_smallest(tmp_path):
