@@ -442,6 +442,7 @@ _JUNK_SYNC_KEYS = {
     "ready a string": lambda k: k.ready,
     "nodes a string": lambda k: k.nodes,
     "delayed a string": lambda k: k.delayed,
+    "wanting a string": lambda k: k.wanting,
 }
 
 

@@ -627,3 +627,49 @@ def test_a_reserved_member_without_payload_is_set_aside_and_holds_no_slot(node, 
     assert inflight(a) == 1
     a.ack(first)
     assert len(b.take(5)) == 1                    # the one slot is free again
+
+
+def test_a_node_wanting_work_gets_its_share_of_a_key_another_node_holds(node, clock):
+    """One site, two nodes: the node that came first may hold every slot of the
+    key, but once the other asks and gets nothing, the first takes back only
+    up to its share (ceil(concurrency / wanting nodes)) and the rest of the
+    slots it frees go to the other node."""
+    cfg = polite(delay=0, concurrency=4)
+    a, b = node("a", cfg), node("b", cfg)
+    add(a, "h1", 40)
+    held_a = [m for m, _ in a.take(10)]
+    assert len(held_a) == 4                       # all the key's slots
+    assert b.take(10) == []                       # b wants work: nothing free
+    # a's downloads end one by one; each call reports the end and asks for more
+    for member in held_a[:2]:
+        res = a.sync(Batch(fetched=[member], acks=[member], take=10))
+        assert res.taken == []                    # down to its share (2): passed over
+        assert res.next_ready_ms == -1            # not a key for a to wait on
+    got_b = b.take(10)
+    assert len(got_b) == 2                        # the two freed slots
+    # both at their share: each takes back what it frees, no more
+    res = a.sync(Batch(fetched=[held_a[2]], acks=[held_a[2]], take=10))
+    assert len(res.taken) == 1
+    res = b.sync(Batch(fetched=[got_b[0][0]], acks=[got_b[0][0]], take=10))
+    assert len(res.taken) == 1
+    assert a.key_states(["h1"])["h1"]["inflight"] == 4
+
+
+def test_a_node_keeps_every_slot_no_other_node_asks_for(node, clock):
+    """Sharing costs nothing where nobody waits: a second registered node that
+    does not ask (paused, busy elsewhere) leaves the first all the slots, and a
+    wanting mark ends with its window."""
+    cfg = polite(delay=0, concurrency=4)
+    a, b = node("a", cfg), node("b", cfg)
+    add(a, "h1", 40)
+    b.sync(Batch(take=0))                         # registered, asks for nothing
+    held = [m for m, _ in a.take(10)]
+    assert len(held) == 4
+    res = a.sync(Batch(fetched=[held[0]], acks=[held[0]], take=10))
+    assert len(res.taken) == 1                    # takes its freed slot back
+    assert b.take(10) == []                       # now b wants
+    res = a.sync(Batch(fetched=[held[1]], acks=[held[1]], take=10))
+    assert res.taken == []                        # a holds 3 > its share of 2
+    clock.advance(1.5)                            # b did not ask again: no longer wanting
+    res = a.sync(Batch(take=10))
+    assert len(res.taken) == 1

@@ -145,6 +145,34 @@ def test_three_nodes_keep_every_site_under_its_concurrency_with_slots_handed_off
     assert max(rude_peaks.values()) > 2, rude_peaks
 
 
+def test_two_nodes_on_one_site_share_its_slots_and_the_limit_holds(
+        redis, redis_url, mongo_uri, database, tmp_path):
+    """One site, 8 requests in flight across the cluster, two nodes that could
+    each run 16. The first node holds all 8 slots when the second starts, and
+    it takes each freed slot back in the call that reports it. Without
+    sharing the second node would idle (it got 0 pages: checked). It asks for
+    work it does not get, so the first takes back only its share: the second
+    crawls a good part of what is left, the site never sees more than 8 at
+    once, and every page is fetched once."""
+    env = node_env(redis_url, mongo_uri, database.name)
+    host = DEFAULT_HOSTS[0]
+    with MultiHostSite([host], pages=600, latency_ms=150) as site:
+        settings = {**BASE, "DOWNLOAD_DELAY": 0, "CONCURRENT_REQUESTS_PER_DOMAIN": 8}
+        first, = start_nodes(tmp_path, env, 1, settings, prefix="first")
+        redis.lpush(start_urls_key("hosts"), *site.root_urls())
+        deadline = time.monotonic() + 60
+        while len(site.requests()) < 20:  # the first node holds the slots
+            assert time.monotonic() < deadline, first.tail()
+            time.sleep(0.05)
+        second, = start_nodes(tmp_path, env, 1, settings, prefix="second")
+        assert finish([first, second]) == [0, 0], [first.tail(), second.tail()]
+        pages = [n.stat("response_received_count") for n in (first, second)]
+        fetched = Counter(h.path for h in site.requests())
+        assert site.max_in_flight(host) <= 8
+    assert set(fetched.values()) == {1} and set(fetched) == site.expected_paths(host)
+    assert pages[1] >= 0.2 * sum(pages), pages
+
+
 def test_a_node_killed_while_holding_a_reserve_loses_nothing_and_the_limit_holds(
         redis, redis_url, mongo_uri, database, tmp_path):
     """SIGKILL a node at a moment it holds entries in reserve: the survivor

@@ -334,6 +334,8 @@ SYNC = _LIB + _KEY_CHECK + r"""
 -- KEYS[15] qlen of older versions (string): the queue length is kstate's field
 --          '||qlen' now; a crawl begun by an older version has it here, moved
 --          into kstate (and this key deleted) by the first call
+-- KEYS[16] wanting (zset node -> ms): when each node's take last went unmet
+--          while entries were queued (see "Sharing a key's slots" below)
 -- ARGV[1] now in ms, or '' for Redis server time      ARGV[2] node id
 -- ARGV[3] lease ttl ms (0 = this node leaves: drop its heartbeat)
 -- ARGV[4] how many entries to take
@@ -400,6 +402,15 @@ SYNC = _LIB + _KEY_CHECK + r"""
 -- of the partition, rounded up) per ask; the reply tells, for every key asked
 -- about, whether the reserve may still be used (no interval, no block, not
 -- over its concurrency) and the share.
+-- Sharing a key's slots: a node whose take got fewer entries than it asked
+-- while entries were queued is *wanting* (KEYS[16], for SHARE_WINDOW ms).
+-- While other nodes are wanting, a take gives this node at most its share of
+-- a key's concurrency, ceil(concurrency / (1 + other wanting nodes)), counting
+-- the entries of the key it already holds a slot for; a key it holds its share
+-- of is passed over (it stays ready for the others, and is not this node's
+-- next ready time). With no other node wanting, a node may hold all of a
+-- key's slots: nothing is left idle for a node that does not ask (paused,
+-- busy elsewhere, gone).
 -- Returns {taken = {member, payload, ...}, added, duplicates, queue length,
 --          delayed length or -1, inflight length or -1, reclaimed, now or -1,
 --          stale calls, queue members without payload set aside, records trimmed,
@@ -608,7 +619,7 @@ if string.find(ARGV[5], 'c', 1, true) then
   local want = {{KEYS[1], 'zset'}, {KEYS[2], 'hash'}, {KEYS[3], 'hash'}, {KEYS[4], 'zset'},
                 {KEYS[5], 'zset'}, {KEYS[6], 'list'}, {KEYS[7], 'list'}, {KEYS[9], 'hash'},
                 {KEYS[10], 'hash'}, {KEYS[11], 'hash'}, {KEYS[12], 'hash'},
-                {HELD(node), 'set'}}
+                {KEYS[16], 'zset'}, {HELD(node), 'set'}}
   for _, w in ipairs(want) do bad = bad or bad_key(w[1], w[2]) end
   -- the queues this call may write: of its adds, its nacks, and the keys a
   -- take or a promotion looks at first (the seq counter and the old queue
@@ -879,7 +890,10 @@ if maintenance or ttl == 0 then
     redis.call('ZADD', KEYS[4], fmt(now() + ttl), node)
   else
     redis.call('ZREM', KEYS[4], node)
+    redis.call('ZREM', KEYS[16], node)
   end
+  -- wanting marks of nodes long gone (a node id per process start)
+  redis.call('ZREMRANGEBYSCORE', KEYS[16], '-inf', fmt(now() - 60000))
   local expired = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', fmt(now()), 'LIMIT', 0, 100)
   for _, nd in ipairs(expired) do
     -- Only the dead node's own set is read, not every lease of the partition.
@@ -1032,6 +1046,33 @@ local function note_capped(k)
   capped = capped + 1
   if #capped_keys < 64 then capped_keys[#capped_keys + 1] = k end
 end
+local SHARE_WINDOW = 1000
+local sharing, others, mine = nil, 0, {}
+local passed, n_passed = {}, 0
+local function room_for_me(k)
+  -- How many more slots of key K this node may take now (nil: no limit).
+  if sharing == nil then
+    local wanting = redis.call('ZRANGEBYSCORE', KEYS[16], fmt(now() - SHARE_WINDOW), '+inf')
+    for _, n in ipairs(wanting) do if n ~= node then others = others + 1 end end
+    sharing = others > 0
+    if sharing then
+      -- the slots held: leased here, download not ended, not a reserve
+      local ms = redis.call('SMEMBERS', HELD(node))
+      for i = 1, #ms, 500 do
+        local last = math.min(i + 499, #ms)
+        local values = redis.call('HMGET', KEYS[3], unpack(ms, i, last))
+        for j = i, last do
+          local owner, flag = lease(values[j - i + 1])
+          local mk = owner == node and not flag and member_key(ms[j])
+          if mk then mine[mk] = (mine[mk] or 0) + 1 end
+        end
+      end
+    end
+  end
+  if not sharing then return nil end
+  local share = math.ceil(math.min(LIM[k].conc, 1000000) / (1 + others))
+  return math.max(0, share - (mine[k] or 0))
+end
 if take_n > 0 and ttl > 0 then
   local want, offset = take_n, 0
   for _ = 1, 10 do
@@ -1053,10 +1094,15 @@ if take_n > 0 and ttl > 0 then
         local count = math.min(want, l.conc - s.n)
         local polite = interval(k) > 0
         if polite then count = math.min(1, polite_budget) end
+        local room = room_for_me(k)
+        local held_back = room ~= nil and room < count
+        if held_back then count = room end
         local popped = count > 0 and redis.call('ZPOPMIN', Q(k), count) or {}
-        if polite and count == 0 then popped = nil end
+        if (polite or held_back) and count == 0 then popped = nil end
         if popped == nil then
-          -- no start budget left for polite keys in this call: it stays ready
+          -- no start budget left for polite keys in this call, or this node
+          -- holds its share of the key: it stays ready (for the others)
+          if held_back then passed[k] = true; n_passed = n_passed + 1 end
         elseif #popped == 0 then
           unready[k] = true      -- its queue ran empty: out of the ready set
         else
@@ -1153,10 +1199,18 @@ if maintenance then
   inflight_len = redis.call('HLEN', KEYS[3])
 end
 if (take_n > 0 and #taken / 2 + missing < take_n) or maintenance then
-  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-  if #first > 0 then next_ready = first[2] end
+  -- (a key passed over for the others is not this node's to wait for)
+  local first = redis.call('ZRANGE', KEYS[1], 0, n_passed, 'WITHSCORES')
+  for i = 1, #first, 2 do
+    if not passed[first[i]] then next_ready = first[i + 1]; break end
+  end
 elseif take_n > 0 then
   next_ready = -2  -- the take got all it asked for: more may be ready now
+end
+if take_n > 0 and ttl > 0 then
+  if #taken / 2 + missing < take_n and qlen > 0 then
+    redis.call('ZADD', KEYS[16], fmt(now()), node)   -- wanting: see the header
+  end
 end
 return {taken, added, dups, qlen, delayed_len, inflight_len, reclaimed,
         now_cache and fmt(now_cache) or -1, stale, missing, trimmed, next_ready, capped,
