@@ -673,3 +673,21 @@ def test_a_node_keeps_every_slot_no_other_node_asks_for(node, clock):
     clock.advance(1.5)                            # b did not ask again: no longer wanting
     res = a.sync(Batch(take=10))
     assert len(res.taken) == 1
+
+
+def test_junk_wanting_marks_never_make_more_sharers_than_nodes(node, clock, redis):
+    """The marks are read from Redis: a thousand made-up wanting nodes do not
+    cut a node's share below what the registered nodes allow, and a
+    sweep drops marks dated in the future."""
+    cfg = polite(delay=0, concurrency=4)
+    a, b = node("a", cfg), node("b", cfg)
+    add(a, "h1", 40)
+    b.sync(Batch(take=0))                          # two registered nodes
+    redis.zadd(a.keys.wanting, {f"ghost{i}": clock.ms for i in range(1000)})
+    assert len(a.take(10)) == 2                    # share of 2 nodes: 2, not 1
+    redis.zadd(a.keys.wanting, {"future": clock.ms + 10**9})
+    a.sync(Batch(take=0, maintenance=True))
+    assert redis.zscore(a.keys.wanting, "future") is not None
+    a.sync(Batch(take=0, sweep=True))
+    assert redis.zscore(a.keys.wanting, "future") is None
+    assert redis.zscore(a.keys.wanting, "ghost1") is not None

@@ -912,6 +912,8 @@ if maintenance or ttl == 0 then
     redis.call('ZREM', KEYS[4], nd)
   end
   if sweep then
+    -- wanting marks dated in the future (not written by this script)
+    redis.call('ZREMRANGEBYSCORE', KEYS[16], '(' .. fmt(now() + 60000), '+inf')
     -- Entries of owners that are not registered nodes; and each key's
     -- in-flight count recomputed from the leases themselves (self-healing).
     local flat = redis.call('HGETALL', KEYS[3])
@@ -1054,6 +1056,8 @@ local function room_for_me(k)
   if sharing == nil then
     local wanting = redis.call('ZRANGEBYSCORE', KEYS[16], fmt(now() - SHARE_WINDOW), '+inf')
     for _, n in ipairs(wanting) do if n ~= node then others = others + 1 end end
+    -- (marks are read from Redis: never more sharers than registered nodes)
+    if others > 0 then others = math.min(others, redis.call('ZCARD', KEYS[4]) - 1) end
     sharing = others > 0
     if sharing then
       -- the slots held: leased here, download not ended, not a reserve
