@@ -158,11 +158,11 @@ def main(argv=None) -> dict:
                         help="products of the demo shop at every latency (default: "
                              "the mode's sizes); the issue's floors name 5,000 pages")
     args = parser.parse_args(argv)
-    if args.products:
-        SIZES[mode_of(args)] = {k: args.products for k in SIZES[mode_of(args)]}
     ours_settings = dict(item.split("=", 1) for item in args.ours_set)
     all_settings = {"BENCH_LOOP_LAG_MS": args.loop_lag_ms} if args.loop_lag_ms else {}
     mode = mode_of(args)
+    sizes = ({latency: args.products for latency in SIZES[mode]} if args.products
+             else SIZES[mode])
     only = {k for k in args.only.split(",") if k}
     repeat = args.repeat or (3 if mode == "full" else 1)
     runs: dict[str, list] = {}
@@ -170,7 +170,7 @@ def main(argv=None) -> dict:
     t0 = time.monotonic()
     with BenchRedis() as redis:
         try:
-            for latency, products in SIZES[mode].items():
+            for latency, products in sizes.items():
                 if only and not any(k.endswith(f"|{latency}") for k in only):
                     continue
                 sites[latency] = DemoSite(products=products, per_page=PER_PAGE,
@@ -180,7 +180,7 @@ def main(argv=None) -> dict:
             def run_config(key: str, label: str, rep: int | None = None) -> dict:
                 system, nodes, latency = key.split("|")
                 run = one_run(redis, sites[int(latency)], system, int(nodes),
-                              SIZES[mode][int(latency)], args.concurrency, ours_settings,
+                              sizes[int(latency)], args.concurrency, ours_settings,
                               all_settings)
                 print(f"  {label} {key}: {run['pages']} pages in "
                       f"{run['elapsed_s']:.2f}s = {run['pages_per_s']:.0f} pages/s, "
@@ -226,7 +226,7 @@ def main(argv=None) -> dict:
             "full_gc_ms": median([r.get("full_gc_ms") for r in rs]),
             "external_cores": median([r.get("external_cores") for r in rs]),
             "system": system, "nodes": int(nodes), "latency_ms": int(latency),
-            "products": SIZES[mode][int(latency)],
+            "products": sizes[int(latency)],
             "pages": median([r["pages"] for r in rs]),
             "items_per_page": median([r["items"] / r["pages"] for r in rs if r["pages"]]),
             "pages_per_s": median([r["pages_per_s"] for r in rs]),
@@ -243,7 +243,7 @@ def main(argv=None) -> dict:
             "errors": sum(len(r["errors"]) for r in rs),
         }
     checks = []
-    for latency in SIZES[mode]:
+    for latency in sizes:
         for nodes in (1, 2):
             ours, sr = summary.get(f"ours|{nodes}|{latency}"), summary.get(f"scrapy-redis|{nodes}|{latency}")
             if ours and sr:
@@ -287,7 +287,7 @@ def main(argv=None) -> dict:
                            "floor": None, "pass": None})
     data = {"mode": mode, "repeat": repeat, "concurrency": args.concurrency, "per_page": PER_PAGE,
             "ours_settings": ours_settings, "latency_jitter": args.latency_jitter,
-            "sizes": SIZES[mode], "summary": summary, "checks": checks, "runs": runs,
+            "sizes": sizes, "summary": summary, "checks": checks, "runs": runs,
             "duration_s": time.monotonic() - t0}
     return finish(NAME, data, args.out, render)
 

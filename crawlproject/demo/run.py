@@ -33,9 +33,9 @@ def start_nodes(count: int, env: dict, log_dir: Path, idle_close: int,
     """Start *count* ``scrapy crawl products`` processes, each downloading at
     most *concurrency* pages at a time. The demo shop is one host, and the
     frontier lets it have CONCURRENT_REQUESTS_PER_DOMAIN requests in flight
-    across all nodes: a node allowed as many would hold every one of them and
-    the other nodes would wait, so each takes a share, as machines of modest
-    concurrency would."""
+    across all nodes. The frontier shares those slots between nodes that ask
+    for work; a *concurrency* below them also keeps the split predictable on
+    a crawl this short."""
     nodes = []
     for n in range(1, count + 1):
         log = log_dir / f"node-{n}.log"

@@ -443,6 +443,21 @@ local function lease(v)
   if owner then return owner, flag end
   return v, false
 end
+local function leases_of(nd)
+  -- The members of ND's held set that ND still holds, and their lease flags
+  -- (read chunked: a held set may be large).
+  local members = redis.call('SMEMBERS', HELD(nd))
+  local held, flags = {}, {}
+  for i = 1, #members, 500 do
+    local last = math.min(i + 499, #members)
+    local values = redis.call('HMGET', KEYS[3], unpack(members, i, last))
+    for j = i, last do
+      local owner, flag = lease(values[j - i + 1])
+      if owner == nd then held[#held + 1] = members[j]; flags[#held] = flag end
+    end
+  end
+  return held, flags
+end
 local now_cache = nil
 local function now()
   if now_cache == nil then now_cache = server_now(ARGV[1]) end
@@ -897,16 +912,7 @@ if maintenance or ttl == 0 then
   local expired = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', fmt(now()), 'LIMIT', 0, 100)
   for _, nd in ipairs(expired) do
     -- Only the dead node's own set is read, not every lease of the partition.
-    local members = redis.call('SMEMBERS', HELD(nd))
-    local mine, done = {}, {}
-    for i = 1, #members, 500 do
-      local last = math.min(i + 499, #members)
-      local values = redis.call('HMGET', KEYS[3], unpack(members, i, last))
-      for j = i, last do
-        local owner, fetched_ = lease(values[j - i + 1])
-        if owner == nd then mine[#mine + 1] = members[j]; done[#mine] = fetched_ end
-      end
-    end
+    local mine, done = leases_of(nd)
     if #mine > 0 then requeue(mine, done) end
     redis.call('DEL', HELD(nd))
     redis.call('ZREM', KEYS[4], nd)
@@ -1061,15 +1067,10 @@ local function room_for_me(k)
     sharing = others > 0
     if sharing then
       -- the slots held: leased here, download not ended, not a reserve
-      local ms = redis.call('SMEMBERS', HELD(node))
-      for i = 1, #ms, 500 do
-        local last = math.min(i + 499, #ms)
-        local values = redis.call('HMGET', KEYS[3], unpack(ms, i, last))
-        for j = i, last do
-          local owner, flag = lease(values[j - i + 1])
-          local mk = owner == node and not flag and member_key(ms[j])
-          if mk then mine[mk] = (mine[mk] or 0) + 1 end
-        end
+      local held, flags = leases_of(node)
+      for i, m in ipairs(held) do
+        local mk = not flags[i] and member_key(m)
+        if mk then mine[mk] = (mine[mk] or 0) + 1 end
       end
     end
   end
