@@ -377,6 +377,7 @@ def cmd_politeness(args) -> int:
     """Show the per-host politeness state, or change a host's limits at run time."""
     from crawlproject.frontier.politeness import (UNLIMITED, Limits, Override, limits_from,
                                                   partition_of, safe_key)
+    from crawlproject.scheduler import HOST_LIMITS_REFRESH
 
     parts = _partitions(args)
     if args.delay is not None or args.concurrency is not None or args.clear:
@@ -404,9 +405,9 @@ def cmd_politeness(args) -> int:
             print(f"{key}: " + (_describe_override(value) + ", across all nodes"
                                 if value is not None else
                                 "limits cleared: the nodes' DOWNLOAD_DELAY and "
-                                "CONCURRENT_REQUESTS_PER_DOMAIN apply (an entry of "
-                                "FRONTIER_HOST_LIMITS for it is published again when a "
-                                "node starts)"))
+                                "CONCURRENT_REQUESTS_PER_DOMAIN apply (or, within "
+                                f"{HOST_LIMITS_REFRESH:.0f} s, the running nodes' "
+                                "FRONTIER_HOST_LIMITS entry for it, if they have one)"))
             if value is not None and not part.key_states([key]) and not part.client.exists(
                     part.keys.queue(key)):
                 print(f"note: no request of {args.spider} has had the politeness key {key!r} "

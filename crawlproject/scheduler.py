@@ -57,7 +57,13 @@ from crawlproject.frontier.client import FrontierClient, Rejected
 from crawlproject.frontier.politeness import PolitenessConfig
 from crawlproject.control import ControlWatcher
 from crawlproject.hooks import ACK, DEAD, RELEASED, RETRY, request_hooks
-from crawlproject.frontier.queue import DEAD_MAX, INVALID_MAX, MAX_PRIORITY, AsyncFrontier
+from crawlproject.frontier.queue import (
+    DEAD_MAX,
+    INVALID_MAX,
+    MAX_PRIORITY,
+    AsyncFrontier,
+    refused,
+)
 from crawlproject.frontier.retrypolicy import (
     CALLBACK_ATTEMPTS_META,
     LEASE_META,
@@ -81,6 +87,9 @@ logger = logging.getLogger(__name__)
 
 #: Scrapy versions whose engine internals the acknowledgements were checked on.
 SUPPORTED_SCRAPY = ((2, 13), (2, 19))
+# Seconds between a node's checks that its FRONTIER_HOST_LIMITS entries are
+# still in Redis (``crawlctl politeness --clear`` removes one: it comes back).
+HOST_LIMITS_REFRESH = 5.0
 __all__ = ["RedisScheduler", "LEASE_META", "RETRY_DELAY_META", "CALLBACK_ATTEMPTS_META"]
 
 
@@ -138,6 +147,8 @@ class RedisScheduler(BaseScheduler):
         self._failed: dict[str, tuple[str, str]] = {}
         self._stat_deltas: dict[str, int] = {}
         self._last_report = time.monotonic()
+        self._limits_published: float | None = None   # monotonic time, once published
+        self._limits_task: asyncio.Future | None = None
         self.report_interval = crawler.settings.getfloat("SCHEDULER_LOG_INTERVAL", 60.0)
         self.control_interval = crawler.settings.getfloat("CONTROL_POLL_INTERVAL", 1.0)
         self.control: ControlWatcher | None = None
@@ -292,11 +303,54 @@ class RedisScheduler(BaseScheduler):
                 self.stats.set_value("scheduler/partition_mismatch", existing)
                 self._stop("frontier_partitions_mismatch")
                 return
+        try:
+            await self._publish_limits(only_missing=False)
+        except Exception as exc:
+            if not refused(exc):
+                raise  # Redis away: this hook runs again after the next call
+            # A limits key holding junk (anyone who can write to Redis): the
+            # crawl goes on under the nodes' settings; said, counted, retried.
+            self._limits_refused(exc)
+
+    def _limits_refused(self, exc: BaseException) -> None:
+        self._limits_published = time.monotonic()   # the refresh tries again later
+        self.stats.inc_value("politeness/limits_refused")
+        if self.stats.get_value("politeness/limits_refused") > 1:
+            return  # said once; the stat counts the tries
+        logger.error("Cannot publish FRONTIER_HOST_LIMITS: Redis refused it (%s); those "
+                     "hosts get DOWNLOAD_DELAY / CONCURRENT_REQUESTS_PER_DOMAIN until it "
+                     "goes through (tried again every %.0f s)", exc, HOST_LIMITS_REFRESH,
+                     extra={"spider": self.spider})
+
+    async def _publish_limits(self, only_missing: bool) -> None:
+        """Write this node's ``FRONTIER_HOST_LIMITS`` to Redis: at the first sync
+        replacing another node's settings (not an operator's ``crawlctl``
+        override); later only where a key has no override at all."""
         overrides: dict[int, dict] = {}
         for key, limits in self.politeness.overrides.items():
             overrides.setdefault(self.client.partition_of(key), {})[key] = limits
         for p, limits in overrides.items():
-            await self.client.partitions[p].set_limits(limits, source="s")
+            await self.client.partitions[p].set_limits(limits, source="s",
+                                                       only_missing=only_missing)
+        self._limits_published = time.monotonic()
+
+    def _maybe_refresh_limits(self) -> None:
+        if (not self.politeness.overrides or self._limits_published is None
+                or time.monotonic() - self._limits_published < HOST_LIMITS_REFRESH
+                or (self._limits_task is not None and not self._limits_task.done())):
+            return
+        self._limits_published = time.monotonic()   # one try per period, even if it fails
+        self._limits_task = asyncio.ensure_future(self._refresh_limits())
+
+    async def _refresh_limits(self) -> None:
+        try:
+            await self._publish_limits(only_missing=True)
+        except Exception as exc:  # the next period tries again
+            if refused(exc):
+                self._limits_refused(exc)
+            else:  # Redis away: the frontier loop says so
+                logger.debug("Cannot refresh FRONTIER_HOST_LIMITS in Redis: %s", exc,
+                             extra={"spider": self.spider})
 
     def has_pending_requests(self) -> bool:
         return self.client is not None and self.client.has_pending()
@@ -620,6 +674,7 @@ class RedisScheduler(BaseScheduler):
             if self.hooks:
                 self._settled(request, member, outcome)
         self._maybe_report()
+        self._maybe_refresh_limits()
 
     def _handle_failure(self, member: str, request: Request, kind: str, reason: str) -> str:
         """Retry a failed callback or dead-letter *request*; the outcome (retry, dead)."""

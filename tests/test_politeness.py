@@ -199,6 +199,27 @@ def test_limits_set_at_run_time_apply_at_once(node, clock):
     assert a.set_limits({"h1": None}) == 1 and a.limits() == {}
 
 
+def test_a_nodes_settings_fill_in_only_keys_with_no_override(node, clock):
+    """What a running node puts back every HOST_LIMITS_REFRESH: a key cleared
+    from the command line gets its FRONTIER_HOST_LIMITS entry again; an
+    operator's override, or another node's settings, are never replaced."""
+    a = node("a")
+    assert a.set_limits({"h1": Limits(delay=2)}, source="s", only_missing=True) == 1
+    assert a.limits()["h1"] == {"delay": 2.0, "concurrency": UNLIMITED, "source": "s"}
+    assert a.set_limits({"h1": Limits(delay=3)}, source="s", only_missing=True) == 0
+    assert a.set_limits({"h1": Limits(delay=4)}) == 1                      # the operator's
+    assert a.set_limits({"h1": Limits(delay=2)}, source="s", only_missing=True) == 0
+    assert a.limits()["h1"]["delay"] == 4.0
+    assert a.set_limits({"h1": None}) == 1                                 # --clear
+    assert a.set_limits({"h1": None}, source="s", only_missing=True) == 0  # fills, never clears
+    assert a.set_limits({"h1": Limits(delay=2)}, source="s", only_missing=True) == 1
+    assert a.limits()["h1"] == {"delay": 2.0, "concurrency": UNLIMITED, "source": "s"}
+    with pytest.raises(ValueError, match="unknown limits source"):
+        a.set_limits({"h1": None}, source="c", only_missing=True)
+    with pytest.raises(ValueError, match="unknown limits source"):
+        a.set_limits({"h1": None}, source="f")
+
+
 def test_a_limit_changed_alone_keeps_the_nodes_setting_for_the_other(node, clock):
     """An operator who lowers a site's concurrency (or raises its delay) at run
     time must not lift the other limit: a field the override leaves out is the

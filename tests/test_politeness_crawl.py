@@ -526,3 +526,51 @@ def test_a_master_killed_mid_crawl_and_back_after_the_lease_time_loses_nothing(
     # One outage (two if the master's first answers, back, are CLUSTERDOWN), not
     # one per successful call of the seeds reader to a healthy master.
     assert 1 <= node.stat("redis/outages") <= 2, node.text().count("answers again")
+
+
+def test_host_limits_from_the_settings_apply_and_come_back_after_a_clear(
+        redis, redis_url, mongo_uri, database, tmp_path):
+    """FRONTIER_HOST_LIMITS reaches Redis when a node starts and spaces out that
+    site's requests; `crawlctl politeness --clear` of it is undone by the
+    running node within HOST_LIMITS_REFRESH (the operator returns to the
+    settings' limits, and that entry is one). Before: the node's first call
+    raised (a coroutine given to int()), the loop retried it with growing
+    pauses, and the entry never reached Redis."""
+    from crawlproject.frontier.queue import Frontier
+    from crawlproject.scheduler import HOST_LIMITS_REFRESH
+
+    env = node_env(redis_url, mongo_uri, database.name)
+    slow, fast = DEFAULT_HOSTS[:2]
+    delay = 0.5
+    settings = {**BASE, "MAX_IDLE_TIME_BEFORE_CLOSE": 1,
+                "FRONTIER_HOST_LIMITS": f'{{"{slow}": {{"delay": {delay}}}}}'}
+    limits = Frontier(redis, "hosts", "test").limits
+    with MultiHostSite([slow, fast], pages=24, latency_ms=5) as site:
+        node, = start_nodes(tmp_path, env, 1, settings)
+        try:
+            redis.lpush(start_urls_key("hosts"), *site.root_urls())
+            site.wait_for_requests(25, host=fast, timeout=60)   # the other site: not held
+            early = [h.t for h in site.wait_for_requests(6, host=slow, timeout=60)][:6]
+            published = limits()[slow]
+            assert (published["delay"], published["source"]) == (delay, "s"), published
+            out = subprocess.run(
+                [sys.executable, "-m", "crawlproject.cli", "--redis-url", redis_url,
+                 "politeness", "hosts", slow, "--clear"],
+                cwd=ROOT, capture_output=True, text=True, timeout=60)
+            assert out.returncode == 0 and "FRONTIER_HOST_LIMITS entry" in out.stdout, out
+            cleared = time.monotonic()
+            assert slow not in limits()
+            while slow not in limits():
+                assert time.monotonic() - cleared < HOST_LIMITS_REFRESH + 10, node.tail()
+                time.sleep(0.1)
+            assert limits()[slow]["source"] == "s"
+            assert node.wait(120) == 0, node.tail()
+            hits = Counter(h.path for h in site.requests(slow))
+        finally:
+            node.stop()
+    assert set(hits) == site.expected_paths(slow) and set(hits.values()) == {1}
+    # The setting's interval held from the start (Redis time, arrivals may
+    # bunch by a few ms), and the node's loop never failed.
+    gaps = [b - a for a, b in zip(early, early[1:])]
+    assert min(gaps) >= delay - 0.1, gaps
+    assert node.stat("scheduler/loop_errors") == 0 and not node.errors(), node.errors()

@@ -352,3 +352,34 @@ def test_robots_crawl_delay_and_slow_down_answers_reach_the_frontier(redis_url):
                                                        ("shop.example", "backoff", 0)]
     assert retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0   # in the past
     assert retry_after_seconds(b"garbage") is None
+
+
+def test_a_junk_limits_key_is_said_and_counted_not_a_stopped_node(redis, redis_url, caplog):
+    """Anyone who can write to Redis can put a string where the limits hash
+    goes: publishing FRONTIER_HOST_LIMITS is refused, the node says so once,
+    counts each try and crawls on under its settings (an exception from the
+    first-sync hook would fail every later frontier call)."""
+    import asyncio
+
+    scheduler, crawler = _scheduler(
+        redis_url, FRONTIER_HOST_LIMITS={"slow.example": {"delay": 2}})
+    limits_key = FrontierKeys("meta").limits
+    redis.set(limits_key, "junk")
+
+    async def first_sync_then_refresh():
+        await scheduler._on_first_sync()                   # refused: no exception
+        scheduler._limits_published -= 60                  # the refresh is due
+        scheduler._maybe_refresh_limits()
+        await scheduler._limits_task
+        redis.delete(limits_key)                           # mended
+        scheduler._limits_published -= 60
+        scheduler._maybe_refresh_limits()
+        await scheduler._limits_task
+        await scheduler.client.partitions[0].client.aclose()
+
+    with caplog.at_level("ERROR"):
+        asyncio.run(first_sync_then_refresh())
+    assert crawler.stats.get_value("politeness/limits_refused") == 2
+    said = [r.getMessage() for r in caplog.records if "FRONTIER_HOST_LIMITS" in r.getMessage()]
+    assert len(said) == 1 and "refused" in said[0], said
+    assert redis.hget(limits_key, "slow.example") == b"2000|8|s"

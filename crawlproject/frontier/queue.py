@@ -319,17 +319,25 @@ class Frontier:
         return int(self._replay(keys=self.keys.replay_keys(), args=_replay_args(records)))
 
     # -- politeness: per-key limits and state ----------------------------------
-    def set_limits(self, limits: dict[str, Limits | Override | None], source: str = "c") -> int:
+    def set_limits(self, limits: dict[str, Limits | Override | None], source: str = "c",
+                   *, only_missing: bool = False) -> int:
         """Override (or, with None, clear) the limits of politeness keys of this
         partition; in force at once (keys waiting in the ready set are
         rescheduled). A field an :class:`Override` leaves None keeps the nodes'
         setting. ``source`` ``"s"`` (settings) never replaces ``"c"`` (command
-        line). Returns how many keys changed."""
-        args = [source]
+        line); with *only_missing* it writes only keys that have no override at
+        all (a node putting back its ``FRONTIER_HOST_LIMITS`` entry after
+        ``crawlctl politeness --clear``). Returns how many keys changed."""
+        return int(self._set_limits_call(limits, source, only_missing))
+
+    def _set_limits_call(self, limits: dict, source: str, only_missing: bool):
+        if source not in ("c", "s") or (only_missing and source != "s"):
+            raise ValueError(f"unknown limits source {source!r}")
+        args = ["f" if only_missing else source]
         for key, value in limits.items():
             args += [safe_key(key), value.encoded(source) if value is not None else ""]
-        return int(self._set_limits(keys=[self.keys.limits, self.keys.ready, self.keys.kstate,
-                                          self.keys.queue_prefix], args=args))
+        return self._set_limits(keys=[self.keys.limits, self.keys.ready, self.keys.kstate,
+                                      self.keys.queue_prefix], args=args)
 
     def limits(self) -> dict[str, dict]:
         """Overrides stored in Redis: key → {delay, concurrency, source} (a
@@ -429,6 +437,10 @@ class AsyncFrontier(Frontier):
 
     async def bloom_estimates(self) -> dict:
         return filter_estimates(await self.client.hgetall(self.keys.bloom))
+
+    async def set_limits(self, limits: dict[str, Limits | Override | None], source: str = "c",
+                         *, only_missing: bool = False) -> int:
+        return int(await self._set_limits_call(limits, source, only_missing))
 
 
 def _replay_args(records: list) -> list:

@@ -1272,7 +1272,9 @@ SET_LIMITS = _CLOCK + r"""
 --         is mirrored there as field '|key', which SYNC reads with the state,
 --         and their number as field '||limits')
 -- KEYS[4] queue prefix: the queue of key K is KEYS[4]:K (derived)
--- ARGV[1] source: 'c' (command line) or 's' (settings: never replaces a 'c')
+-- ARGV[1] source: 'c' (command line), 's' (settings: never replaces a 'c') or
+--         'f' (settings, filling in: writes only keys with no override at all;
+--         stored as 's')
 -- ARGV[2..] n x (key, "delay ms|concurrency|source", or '' to clear; an empty
 --         delay or concurrency is not overridden: each node's setting applies)
 -- A key waiting in the ready set is rescheduled for its last start plus the
@@ -1284,7 +1286,8 @@ local changed = 0
 for i = 2, #ARGV, 2 do
   local key, value = ARGV[i], ARGV[i + 1]
   local old = redis.call('HGET', KEYS[1], key)
-  if not (ARGV[1] == 's' and old and string.sub(old, -2) == '|c') and old ~= value then
+  if not (ARGV[1] == 's' and old and string.sub(old, -2) == '|c')
+      and not (ARGV[1] == 'f' and (old or value == '')) and old ~= value then
     if value == '' then
       redis.call('HDEL', KEYS[1], key); redis.call('HDEL', KEYS[3], '|' .. key)
     else
