@@ -12,7 +12,7 @@ import pytest
 from scrapy import Selector
 
 from crawlproject.demo.hosts import (
-    Hit, MultiHostSite, expected_paths, max_in_window, max_overlap, page_links,
+    Hit, MultiHostSite, expected_paths, max_in_window, max_overlap, page_links, render_path,
 )
 from crawlproject.keys import start_urls_key
 from tests.crawl_helpers import Node, node_env
@@ -94,6 +94,8 @@ def test_unknown_paths_answer_404(site, path):
 def test_robots_txt_allows_everything(site):
     status, headers, body = fetch(site.url(SMALL, "/robots.txt"))
     assert status == 200 and "Allow: /" in body and headers["Content-Type"].startswith("text/plain")
+    assert "Crawl-delay" not in body
+    assert "Crawl-delay: 3\n" in render_path(SMALL, "/robots.txt", 5, 10, crawl_delay=3).body.decode()
 
 
 # ----------------------------------------------------------------- recording

@@ -574,3 +574,25 @@ def test_host_limits_from_the_settings_apply_and_come_back_after_a_clear(
     gaps = [b - a for a, b in zip(early, early[1:])]
     assert min(gaps) >= delay - 0.1, gaps
     assert node.stat("scheduler/loop_errors") == 0 and not node.errors(), node.errors()
+
+
+def test_robots_crawl_delay_spaces_a_site_out_for_every_node(
+        redis, redis_url, mongo_uri, database, tmp_path):
+    """With ROBOTSTXT_OBEY, a site whose robots.txt asks for `Crawl-delay: 1`
+    gets one request a second from the two nodes together; its neighbour,
+    without one, is crawled at full speed meanwhile."""
+    env = node_env(redis_url, mongo_uri, database.name)
+    slow, fast = DEFAULT_HOSTS[:2]
+    settings = {**BASE, "ROBOTSTXT_OBEY": True, "DOWNLOAD_DELAY": 0}
+    with MultiHostSite([slow, fast], pages={slow: 8, fast: 60}, latency_ms=5,
+                       crawl_delay={slow: 1}) as site:
+        crawl(tmp_path, env, redis, site, settings, nodes=2)
+        hits = site.requests()
+    pages = [h for h in hits if h.host == slow and h.path != "/robots.txt"]
+    assert sorted(h.path for h in pages) == sorted(site.expected_paths(slow))
+    # Spaced from the first page on: the delay reaches the frontier in the call
+    # that stores the home page's links (arrivals may lag their lease a little).
+    gaps = [b.t - a.t for a, b in zip(pages, pages[1:])]
+    assert min(gaps) >= 0.9, gaps
+    fast_pages = [h for h in hits if h.host == fast and h.path != "/robots.txt"]
+    assert fast_pages[-1].t < pages[3].t, "the site without a crawl delay waited"

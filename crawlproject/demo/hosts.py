@@ -15,7 +15,8 @@ its page count and ``per_page``:
     pages of the same host (the first and last are the same link, on purpose),
     plus ``<a class="home" href="/">``.
 ``/robots.txt``
-    Allows everything. Anything else answers 404.
+    Allows everything; with ``--host-crawl-delay HOST=S`` it also asks for
+    ``Crawl-delay: S``. Anything else answers 404.
 
 Every request is recorded as a :class:`Hit`: host (the local address it arrived
 on), path, status, arrival time and completion time, both from
@@ -64,7 +65,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
 from typing import Iterable, Mapping, NamedTuple, Sequence
@@ -137,10 +138,13 @@ def render_page(host: str, n: int, pages: int) -> str:
     return _layout(f"{host} - page {n}", body)
 
 
-def render_path(host: str, path: str, pages: int, per_page: int) -> Page:
-    """Pure routing for one host: the 200 or 404 answer to *path*."""
+def render_path(host: str, path: str, pages: int, per_page: int,
+                crawl_delay: int = 0) -> Page:
+    """Pure routing for one host: the 200 or 404 answer to *path* (a robots.txt
+    asking for *crawl_delay* seconds between requests if that is above 0)."""
     if path == "/robots.txt":
-        return Page(200, "text/plain; charset=utf-8", ROBOTS_TXT.encode("ascii"))
+        robots = ROBOTS_TXT + (f"Crawl-delay: {crawl_delay}\n" if crawl_delay else "")
+        return Page(200, "text/plain; charset=utf-8", robots.encode("ascii"))
     number = _number_after(path, "/list/")
     listing = render_listing(host, 1 if path == "/" else number or 0, pages, per_page)
     if listing is not None:
@@ -221,6 +225,7 @@ class HostsConfig:
     latency_ms: Mapping[str, int]
     per_page: int = PER_PAGE
     record_headers: bool = False
+    crawl_delay: Mapping[str, int] = field(default_factory=dict)   # robots.txt, seconds
 
 
 class HostsResource(Resource):
@@ -256,7 +261,8 @@ class HostsResource(Resource):
             headers = {} if throttle.retry_after is None else {"retry-after": str(throttle.retry_after)}
             body = _layout("Slow down", f"<h1>{throttle.status}</h1>")
             return _html(throttle.status, body), headers, throttle.retry_after
-        return render_path(host, path, self.config.pages[host], self.config.per_page), {}, None
+        return (render_path(host, path, self.config.pages[host], self.config.per_page,
+                            self.config.crawl_delay.get(host, 0)), {}, None)
 
     def _finish(self, request, page: Page, headers: dict, row: list) -> None:
         row[4] = time.monotonic()
@@ -395,6 +401,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--per-page", type=_positive, default=PER_PAGE)
     parser.add_argument("--latency-ms", type=_non_negative, default=0)
     parser.add_argument("--host-latency", action="append", default=[], metavar="HOST=MS")
+    parser.add_argument("--host-crawl-delay", action="append", default=[], metavar="HOST=S",
+                        help="robots.txt of HOST asks for S seconds between requests")
     parser.add_argument("--exit-on-stdin-eof", action="store_true")
     parser.add_argument("--record-headers", action="store_true",
                         help="keep each request's client address and identity/Referer headers")
@@ -406,12 +414,13 @@ def config_from_args(args: argparse.Namespace) -> HostsConfig:
     hosts = [h for h in args.hosts.split(",") if h]
     pages = {h: args.pages for h in hosts} | _host_values(args.host_pages, "--host-pages")
     latency = {h: args.latency_ms for h in hosts} | _host_values(args.host_latency, "--host-latency")
-    unknown = (set(pages) | set(latency)) - set(hosts)
+    crawl_delay = _host_values(args.host_crawl_delay, "--host-crawl-delay")
+    unknown = (set(pages) | set(latency) | set(crawl_delay)) - set(hosts)
     if unknown or len(set(hosts)) != len(hosts) or not hosts:
         raise SystemExit(f"hosts must be distinct and listed in --hosts: {sorted(unknown) or hosts}")
     if min(pages.values()) < 1:
         raise SystemExit("every host needs at least one page")
-    return HostsConfig(pages, latency, args.per_page, args.record_headers)
+    return HostsConfig(pages, latency, args.per_page, args.record_headers, crawl_delay)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -496,12 +505,14 @@ class MultiHostSite:
     def __init__(self, hosts: Sequence[str] = DEFAULT_HOSTS,
                  pages: int | Mapping[str, int] = DEFAULT_PAGES, per_page: int = PER_PAGE,
                  latency_ms: int | Mapping[str, int] = 0, start_timeout: float = 20.0,
-                 record_headers: bool = False) -> None:
+                 record_headers: bool = False,
+                 crawl_delay: Mapping[str, int] | None = None) -> None:
         self.hosts = list(hosts)
         self.pages = _per_host(self.hosts, pages, DEFAULT_PAGES)
         self.latency_ms = _per_host(self.hosts, latency_ms, 0)
         self.per_page, self.start_timeout = per_page, start_timeout
         self.record_headers = record_headers
+        self.crawl_delay = dict(crawl_delay or {})
         self.urls: dict[str, str] = {}
         self.control_url: str | None = None
         self._proc: subprocess.Popen | None = None
@@ -521,6 +532,8 @@ class MultiHostSite:
         for host in self.hosts:
             cmd += ["--host-pages", f"{host}={self.pages[host]}",
                     "--host-latency", f"{host}={self.latency_ms[host]}"]
+        for host, seconds in self.crawl_delay.items():
+            cmd += ["--host-crawl-delay", f"{host}={seconds}"]
         return cmd
 
     def start(self) -> MultiHostSite:
