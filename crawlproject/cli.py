@@ -32,6 +32,7 @@ Errors are one line on stderr: exit 1 for Redis, 2 for bad input.
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import os
 import socket
@@ -416,16 +417,11 @@ def cmd_politeness(args) -> int:
                       file=sys.stderr)
         return 0
     now_ms = _server_ms(parts[0].client)
-    rows = {}
-    for part in parts:
-        limits = part.limits()
-        states = part.key_states([safe_key(h.lower()) for h in args.hosts] if args.hosts else None)
-        for key, state in states.items():
-            rows[key] = {**state, "limits": limits.get(key)}
-        for key, value in limits.items():
-            rows.setdefault(key, {"limits": value})
+    rows, total = _politeness_rows(parts, [safe_key(h.lower()) for h in args.hosts],
+                                   max(0, args.n))
     if args.json:
-        print(json.dumps({"now_ms": now_ms, "hosts": rows}, sort_keys=True))
+        print(json.dumps({"now_ms": now_ms, "hosts": rows, "hosts_total": total},
+                         sort_keys=True))
         return 0
     from rich.console import Console
     from rich.table import Table
@@ -434,7 +430,10 @@ def cmd_politeness(args) -> int:
     for column in ("host", "queued", "in flight", "limits", "next start in", "blocked for",
                    "backoff", "crawl delay"):
         table.add_column(column, justify="left" if column == "host" else "right")
-    for key, row in sorted(rows.items(), key=lambda kv: -kv[1].get("queued", 0))[:args.n]:
+    if total > len(rows):
+        table.caption = (f"the {len(rows)} most queued of {total} hosts "
+                         "(-n for more, or name hosts)")
+    for key, row in rows.items():
         lim = row.get("limits")
         table.add_row(
             key, str(row.get("queued", 0)), str(row.get("inflight", 0)),
@@ -448,6 +447,55 @@ def cmd_politeness(args) -> int:
             f"{row['crawl_delay_ms'] / 1000:g}s" if row.get("crawl_delay_ms") else "")
     Console(width=max(Console().width, 140)).print(table)
     return 0
+
+
+def _politeness_rows(parts: list, hosts: list[str], n: int) -> tuple[dict, int]:
+    """The named *hosts*' rows (state and override), or else the *n* most
+    queued hosts' and how many there are in all. Hosts are read in HSCAN
+    windows and only the top *n* are kept: a crawl of millions of hosts is
+    neither loaded into this process nor read from Redis in one command."""
+    limits = {}
+    for part in parts:
+        limits.update(part.limits())
+    if hosts:
+        rows = {}
+        for part in parts:
+            rows.update(part.key_states(hosts))
+        rows = {key: {**state, "limits": limits.get(key)} for key, state in rows.items()}
+        rows.update({key: {"limits": limits[key]} for key in hosts
+                     if key in limits and key not in rows})
+        return rows, len(rows)
+    top: list[tuple[int, str]] = []       # a heap of (queued, key), least queued first
+    kept: dict[str, dict] = {}
+    seen = 0
+    for part in parts:
+        for key, state in part.scan_key_states():
+            if key in kept:               # HSCAN returned it again: the newer read
+                kept[key] = state
+                continue
+            seen += 1
+            entry = (state["queued"], key)
+            if len(top) < n:
+                heapq.heappush(top, entry)
+            elif n and entry > top[0]:
+                kept.pop(heapq.heapreplace(top, entry)[1], None)
+            else:
+                continue
+            kept[key] = state
+    # Overrides of hosts without a state yet (set before any of their requests).
+    from crawlproject.frontier.politeness import partition_of
+
+    extra: dict[int, list[str]] = {}
+    for key in limits:
+        if key not in kept:
+            extra.setdefault(partition_of(key, len(parts)), []).append(key)
+    missing = {key for p, keys in extra.items() for key in keys
+               if key not in parts[p].key_states(keys)}
+    rows = {key: {**state, "limits": limits.get(key)}
+            for key, state in sorted(kept.items(), key=lambda kv: (-kv[1]["queued"], kv[0]))}
+    for key in sorted(missing)[:max(0, n - len(rows))]:
+        rows[key] = {"limits": limits[key]}
+    return rows, seen + len(missing)
 
 
 def _politeness_key(given: str) -> str:

@@ -7,7 +7,8 @@ positive numbers.
 
 import pytest
 
-from bench import commands, costs, crawl, dedupe, frontier_capacity, kstate, memory, polite, seeds
+from bench import (commands, costs, crawl, dedupe, frontier_capacity, kstate, memory, polite, seeds,
+                   status_reads)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -146,6 +147,14 @@ def test_gcfreeze_smallest(tmp_path):
     assert data["summary"]["tuned"]["frozen_objects"] > 10_000
     assert data["summary"]["defaults"]["frozen_objects"] is None
     assert all(positive(s["gc_ms_per_page"]) for s in data["summary"].values())
+
+
+def test_status_reads_smallest(tmp_path):
+    data = status_reads.main(["--smallest", "--out", str(tmp_path / "status_reads.json")])
+    looks = {(r["look"], r["system"]) for r in data["results"]}
+    assert looks == {("count", "incumbent"), ("count", "ours"), ("list", "incumbent"),
+                     ("list", "ours")}
+    assert all(positive(r["wall_ms"]) for r in data["results"])
 
 
 def test_kstate_smallest(tmp_path):

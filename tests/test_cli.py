@@ -445,3 +445,68 @@ def test_status_without_a_spider_shows_every_spider_with_state(redis, redis_url)
                        "at": rows[0]["at"]}
     table = cli(redis_url, "status")
     assert table.returncode == 0 and "products on redis://" in table.stdout
+
+
+def test_status_and_politeness_read_many_hosts_without_one_command_over_them_all(
+        redis, redis_url):
+    """`status` (and the dashboard, which reads it every few seconds) counted
+    hosts with HKEYS of the state hash, and `politeness` read it with HGETALL
+    plus two round trips a host: at a million hosts each look blocked Redis,
+    every node's calls included, for about 250 ms. Now the count is O(1) and
+    the table is read in HSCAN windows keeping the most queued hosts; both are
+    exact. Redis' slow log, set to log every command, shows what was sent."""
+    from crawlproject.frontier.politeness import UNLIMITED, Limits, PolitenessConfig
+
+    f = Frontier(redis, "shop", "n1",
+                 politeness=PolitenessConfig(default=Limits(delay=60, concurrency=1)))
+    hosts = [f"h{i}.example" for i in range(3000)]
+    for start in range(0, len(hosts), 500):
+        batch = Batch()
+        for host in hosts[start:start + 500]:
+            batch.add(f'{{"url": "http://{host}/"}}', None, 0, 0, host)
+        f.sync(batch)
+    big = Batch()
+    for name, count in (("big1.example", 6), ("big2.example", 5), ("big3.example", 4)):
+        for i in range(count):
+            big.add(f'{{"url": "http://{name}/{i}"}}', None, 0, 0, name)
+    f.sync(big)
+    taken = 0
+    while taken < 3003:                                   # a state per host: one lease each
+        got = len(f.sync(Batch(take=500)).taken)
+        assert got, taken
+        taken += got
+    f.set_limits({"h5.example": Limits(delay=2), "nostate.example": Limits(delay=3)})
+    f.sync(Batch(maintenance=True))                       # bookkeeping fields written
+    assert redis.hexists(f.keys.kstate, "|h5.example")    # a mirror: not a host
+    assert f.host_count() == 3003
+
+    redis.config_set("slowlog-log-slower-than", 0)
+    redis.config_set("slowlog-max-len", 100_000)
+    redis.slowlog_reset()
+    status = json.loads(cli(redis_url, "status", "shop", "--json").stdout)
+    assert status["frontier"]["hosts"] == 3003
+    shown = cli(redis_url, "politeness", "shop", "--json", "-n", "3")
+    assert shown.returncode == 0, shown.stderr
+    data = json.loads(shown.stdout)
+    assert list(data["hosts"]) == ["big1.example", "big2.example", "big3.example"]
+    assert [r["queued"] for r in data["hosts"].values()] == [5, 4, 3]
+    assert data["hosts_total"] == 3004                    # and the override with no state
+    table = cli(redis_url, "politeness", "shop", "-n", "2").stdout
+    assert "big2.example" in table and "big3.example" not in table and "3004" in table
+    named = json.loads(cli(redis_url, "politeness", "shop", "nostate.example", "h5.example",
+                           "--json").stdout)["hosts"]
+    assert named["nostate.example"] == {"limits": {"delay": 3.0, "concurrency": UNLIMITED,
+                                                   "source": "c"}}
+    assert named["h5.example"]["inflight"] == 1 and named["h5.example"]["limits"]["delay"] == 2.0
+    sent = [[_text(a) for a in entry["command"].split()[:2]]
+            if isinstance(entry["command"], (str, bytes)) else entry["command"][:2]
+            for entry in redis.slowlog_get(100_000)]
+    redis.config_set("slowlog-log-slower-than", 10_000)
+    whole = [c for c in sent if c and _text(c[0]).lower() in ("hkeys", "hgetall", "hvals")
+             and _text(c[1]).endswith(":kstate")]
+    assert not whole, whole[:3]
+    assert any(_text(c[0]).lower() == "hscan" for c in sent if c)
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -478,6 +478,27 @@ def test_partitions_have_their_own_keys_and_filters(redis, clock):
     assert partition_of("host1.example", 3) == partition_of("host1.example", 3)
 
 
+def test_keyed_by_ip_reads_what_either_of_scrapys_resolvers_cached():
+    from scrapy.resolver import dnscache
+    from twisted.internet.address import IPv4Address, IPv6Address
+
+    ip = PolitenessConfig.from_settings(Settings({"FRONTIER_POLITENESS_KEY": "ip"}))
+    names = ("threaded.example", "hostname.example", "junk.example", "empty.example")
+    try:
+        dnscache["threaded.example"] = "10.0.0.7"                     # CachingThreadedResolver
+        dnscache["hostname.example"] = [IPv6Address("TCP", "2001:db8::1", 0),
+                                        IPv4Address("TCP", "10.0.0.9", 0),
+                                        IPv4Address("TCP", "10.0.0.8", 0)]  # CachingHostnameResolver
+        dnscache["junk.example"] = [object(), 42]
+        dnscache["empty.example"] = []
+        keys = [ip.key(Request(f"http://{name}/")) for name in names]
+    finally:
+        for name in names:
+            dnscache.pop(name, None)
+    assert keys == ["10.0.0.7", "10.0.0.8", "junk.example", "empty.example"]
+    assert ip.key(Request("http://unresolved.example/")) == "unresolved.example"
+
+
 def test_politeness_keys_from_settings():
     req = Request("http://shop.example.co.uk/a")
     assert PolitenessConfig.from_settings(Settings({})).key(req) == "shop.example.co.uk"

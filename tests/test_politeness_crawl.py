@@ -596,3 +596,28 @@ def test_robots_crawl_delay_spaces_a_site_out_for_every_node(
     assert min(gaps) >= 0.9, gaps
     fast_pages = [h for h in hits if h.host == fast and h.path != "/robots.txt"]
     assert fast_pages[-1].t < pages[3].t, "the site without a crawl delay waited"
+
+
+@pytest.mark.parametrize("resolver", ["scrapy.resolver.CachingThreadedResolver",
+                                      "scrapy.resolver.CachingHostnameResolver"])
+def test_keyed_by_ip_with_either_of_scrapys_resolvers_every_page_is_crawled(
+        redis, redis_url, mongo_uri, database, tmp_path, resolver):
+    """FRONTIER_POLITENESS_KEY = "ip" keys a request by the address this node
+    resolved its host to. Scrapy's CachingHostnameResolver (its choice for
+    IPv6) caches a list of addresses, not a string: that list was taken for
+    the key and every request after the first page failed to enqueue."""
+    env = node_env(redis_url, mongo_uri, database.name)
+    hosts = DEFAULT_HOSTS[:2]
+    settings = {**BASE, "FRONTIER_POLITENESS_KEY": "ip", "DNS_RESOLVER": resolver,
+                "CONCURRENT_REQUESTS_PER_DOMAIN": 2}
+    with MultiHostSite(hosts, pages=30, latency_ms=5) as site:
+        nodes = crawl(tmp_path, env, redis, site, settings, nodes=1)
+        hits = site.requests()
+    for host in hosts:
+        fetched = Counter(h.path for h in hits if h.host == host)
+        assert set(fetched) == site.expected_paths(host) and set(fetched.values()) == {1}
+    assert not nodes[0].errors(), nodes[0].errors()[:5]
+    assert nodes[0].stat("scheduler/enqueue_errors") == 0
+    # keyed by address: a state per host (the sites are addresses already)
+    states = redis.hkeys(FrontierKeys("hosts").kstate)
+    assert {h.encode() for h in hosts} <= set(states), states

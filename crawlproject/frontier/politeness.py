@@ -139,6 +139,20 @@ def parse_override(value: str) -> dict:
             "concurrency": int(concurrency) if concurrency else None, "source": source}
 
 
+def cached_address(resolved) -> str | None:
+    """The address Scrapy's DNS cache holds for a host: a string with
+    ``CachingThreadedResolver``, a list of Twisted addresses with
+    ``CachingHostnameResolver`` (the lowest one, so that every node that
+    resolved the same set keys the host alike); None for anything else."""
+    if isinstance(resolved, str):
+        return resolved or None
+    if isinstance(resolved, (list, tuple)):
+        hosts = [getattr(a, "host", None) for a in resolved]
+        hosts = [h for h in hosts if isinstance(h, str) and h]
+        return min(hosts) if hosts else None
+    return None
+
+
 @dataclass(frozen=True)
 class PolitenessConfig:
     """Settings of the frontier's politeness (read once, from settings).
@@ -220,7 +234,7 @@ class PolitenessConfig:
 
             # Only what this node already resolved: a DNS round trip here
             # would block the reactor. Unresolved hosts count as themselves.
-            return dnscache.get(host, host)
+            return cached_address(dnscache.get(host)) or host
         return host
 
     def partition(self, key: str) -> int:
