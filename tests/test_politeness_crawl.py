@@ -598,17 +598,20 @@ def test_robots_crawl_delay_spaces_a_site_out_for_every_node(
     assert fast_pages[-1].t < pages[3].t, "the site without a crawl delay waited"
 
 
-@pytest.mark.parametrize("resolver", ["scrapy.resolver.CachingThreadedResolver",
-                                      "scrapy.resolver.CachingHostnameResolver"])
+@pytest.mark.parametrize("key,resolver", [
+    ("ip", "scrapy.resolver.CachingThreadedResolver"),
+    ("ip", "scrapy.resolver.CachingHostnameResolver"),
+    ("domain", "scrapy.resolver.CachingThreadedResolver")])
 def test_keyed_by_ip_with_either_of_scrapys_resolvers_every_page_is_crawled(
-        redis, redis_url, mongo_uri, database, tmp_path, resolver):
+        redis, redis_url, mongo_uri, database, tmp_path, key, resolver):
     """FRONTIER_POLITENESS_KEY = "ip" keys a request by the address this node
     resolved its host to. Scrapy's CachingHostnameResolver (its choice for
     IPv6) caches a list of addresses, not a string: that list was taken for
-    the key and every request after the first page failed to enqueue."""
+    the key and every request after the first page failed to enqueue. (And
+    "domain", through tldextract's bundled list, in a real node.)"""
     env = node_env(redis_url, mongo_uri, database.name)
     hosts = DEFAULT_HOSTS[:2]
-    settings = {**BASE, "FRONTIER_POLITENESS_KEY": "ip", "DNS_RESOLVER": resolver,
+    settings = {**BASE, "FRONTIER_POLITENESS_KEY": key, "DNS_RESOLVER": resolver,
                 "CONCURRENT_REQUESTS_PER_DOMAIN": 2}
     with MultiHostSite(hosts, pages=30, latency_ms=5) as site:
         nodes = crawl(tmp_path, env, redis, site, settings, nodes=1)
@@ -618,6 +621,41 @@ def test_keyed_by_ip_with_either_of_scrapys_resolvers_every_page_is_crawled(
         assert set(fetched) == site.expected_paths(host) and set(fetched.values()) == {1}
     assert not nodes[0].errors(), nodes[0].errors()[:5]
     assert nodes[0].stat("scheduler/enqueue_errors") == 0
-    # keyed by address: a state per host (the sites are addresses already)
+    # a state per host (the sites are addresses: their own domain and address)
     states = redis.hkeys(FrontierKeys("hosts").kstate)
     assert {h.encode() for h in hosts} <= set(states), states
+
+
+def test_a_503_without_retry_after_backs_a_site_off_for_every_node_then_it_recovers(
+        redis, redis_url, mongo_uri, database, tmp_path):
+    """Two 503 answers without Retry-After: the site's interval grows (1 s, then
+    2 s) for both nodes, the other site goes on, successes relax it back to
+    DOWNLOAD_DELAY, and every page is fetched (the 503s retried) once."""
+    env = node_env(redis_url, mongo_uri, database.name)
+    slow, other = DEFAULT_HOSTS[:2]
+    settings = {**BASE, "DOWNLOAD_DELAY": 0.1, "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+                "RETRY_BACKOFF_BASE": 0.1}
+    with MultiHostSite([slow, other], pages={slow: 40, other: 80}, latency_ms=5) as site:
+        nodes = start_nodes(tmp_path, env, 2, settings)
+        try:
+            redis.lpush(start_urls_key("hosts"), *site.root_urls())
+            site.wait_for_requests(5, host=slow, timeout=60)
+            site.throttle(slow, status=503, retry_after=None, count=2)
+            codes = finish(nodes)
+            assert codes == [0, 0], [n.tail() for n in nodes]
+            hits = site.requests()
+        finally:
+            for node in nodes:
+                node.stop()
+    mine = [h for h in hits if h.host == slow]
+    blocks = [h for h in mine if h.status == 503]
+    assert len(blocks) == 2
+    after = [h for h in mine if h.t > blocks[-1].t]
+    waited = round(after[0].t - blocks[-1].t, 3)
+    assert waited >= 1.0, (waited, [(round(h.t - blocks[0].t, 3), h.status) for h in mine])
+    assert [h for h in hits if h.host == other and blocks[-1].t < h.t < after[0].t]
+    # relaxed by the successes: back to about DOWNLOAD_DELAY at the end
+    tail = sorted(b.t - a.t for a, b in zip(after[-10:], after[-9:]))
+    assert tail[len(tail) // 2] < 0.5, tail
+    fetched = Counter(h.path for h in mine if h.status == 200)
+    assert set(fetched) == site.expected_paths(slow) and set(fetched.values()) == {1}
