@@ -78,8 +78,18 @@ def _partitions(args) -> list[Frontier]:
 
 def frontier_partitions(client, spider: str) -> list[Frontier]:
     """Every partition of the spider's frontier (the count the crawl started with)."""
+    from crawlproject.frontier.politeness import MAX_PARTITIONS
+
     stored = client.hget(FrontierKeys(spider).config, "partitions")
-    count = int(stored) if stored else 1
+    try:
+        count = int(stored) if stored else 1
+    except ValueError:
+        count = -1
+    if not 1 <= count <= MAX_PARTITIONS:
+        # Read from Redis: a junk count must not make this process build a
+        # billion partition objects (nodes refuse it too: see the scheduler).
+        raise UsageError(f"{FrontierKeys(spider).config} holds an unreadable partition count "
+                         f"({stored!r:.40}): expected 1 to {MAX_PARTITIONS}")
     return [Frontier(client, spider, node="cli", partition=p, partitions=count)
             for p in range(count)]
 

@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from crawlproject.frontier.queue import Batch, Frontier
 from crawlproject.keys import SeedKeys, start_urls_key
 
@@ -510,3 +512,15 @@ def test_status_and_politeness_read_many_hosts_without_one_command_over_them_all
 
 def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@pytest.mark.parametrize("stored", ["1000000000", "-3", "x"])
+def test_a_junk_partition_count_in_redis_is_a_clear_error(redis, redis_url, stored):
+    """Whoever can write to Redis could set the crawl's partition count to a
+    billion: the command line would have built a billion partition objects."""
+    from crawlproject.keys import FrontierKeys
+
+    redis.hset(FrontierKeys("shop").config, "partitions", stored)
+    for args in (("status", "shop", "--json"), ("politeness", "shop")):
+        out = cli(redis_url, *args)
+        assert out.returncode == 2 and "unreadable partition count" in out.stderr, out

@@ -518,6 +518,8 @@ def test_politeness_keys_from_settings():
         PolitenessConfig.from_settings(Settings({"FRONTIER_HOST_LIMITS": {"h": {"delay": 1e308}}}))
     with pytest.raises(ValueError, match="must be numbers"):
         PolitenessConfig.from_settings(Settings({"FRONTIER_HOST_LIMITS": {"h": {"delay": "x"}}}))
+    with pytest.raises(ValueError, match="FRONTIER_PARTITIONS must be 1 to 4096, got 5000"):
+        PolitenessConfig.from_settings(Settings({"FRONTIER_PARTITIONS": 5000}))
     with pytest.raises(ValueError, match="DOWNLOAD_DELAY must be 0 to 86400 s"):
         PolitenessConfig.from_settings(Settings({"DOWNLOAD_DELAY": 1e308}))
     # Hosts as an operator may write them: kept under the key requests have.

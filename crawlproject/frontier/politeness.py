@@ -33,6 +33,9 @@ from scrapy.utils.httpobj import urlparse_cached
 logger = logging.getLogger(__name__)
 
 KEY_MODES = ("host", "domain", "ip")
+# Partitions are spread over Redis Cluster's 16,384 slots by their hash tags:
+# more than this would only multiply the calls a node makes.
+MAX_PARTITIONS = 4096
 #: Concurrency meaning "no limit" in the scripts.
 UNLIMITED = 1_000_000_000
 #: The longest interval a host limit may ask for (one request a day).
@@ -185,8 +188,8 @@ class PolitenessConfig:
         if mode not in KEY_MODES:
             raise ValueError(f"FRONTIER_POLITENESS_KEY must be one of {KEY_MODES}, got {mode!r}")
         partitions = settings.getint("FRONTIER_PARTITIONS", 1)
-        if partitions < 1:
-            raise ValueError(f"FRONTIER_PARTITIONS must be >= 1, got {partitions}")
+        if not 1 <= partitions <= MAX_PARTITIONS:
+            raise ValueError(f"FRONTIER_PARTITIONS must be 1 to {MAX_PARTITIONS}, got {partitions}")
         enabled = settings.getbool("FRONTIER_POLITENESS", True)
         concurrency = settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN", 8)
         delay = max(0.0, settings.getfloat("DOWNLOAD_DELAY", 0.0))
