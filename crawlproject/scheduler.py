@@ -90,6 +90,7 @@ SUPPORTED_SCRAPY = ((2, 13), (2, 19))
 # Seconds between a node's checks that its FRONTIER_HOST_LIMITS entries are
 # still in Redis (``crawlctl politeness --clear`` removes one: it comes back).
 HOST_LIMITS_REFRESH = 5.0
+LIMITS_CHUNK = 500   # FRONTIER_HOST_LIMITS entries per SET_LIMITS call
 __all__ = ["RedisScheduler", "LEASE_META", "RETRY_DELAY_META", "CALLBACK_ATTEMPTS_META"]
 
 
@@ -330,8 +331,11 @@ class RedisScheduler(BaseScheduler):
         for key, limits in self.politeness.overrides.items():
             overrides.setdefault(self.client.partition_of(key), {})[key] = limits
         for p, limits in overrides.items():
-            await self.client.partitions[p].set_limits(limits, source="s",
-                                                       only_missing=only_missing)
+            keys = list(limits)
+            for start in range(0, len(keys), LIMITS_CHUNK):  # no long script call
+                chunk = {key: limits[key] for key in keys[start:start + LIMITS_CHUNK]}
+                await self.client.partitions[p].set_limits(chunk, source="s",
+                                                           only_missing=only_missing)
         self._limits_published = time.monotonic()
 
     def _maybe_refresh_limits(self) -> None:

@@ -383,3 +383,30 @@ def test_a_junk_limits_key_is_said_and_counted_not_a_stopped_node(redis, redis_u
     said = [r.getMessage() for r in caplog.records if "FRONTIER_HOST_LIMITS" in r.getMessage()]
     assert len(said) == 1 and "refused" in said[0], said
     assert redis.hget(limits_key, "slow.example") == b"2000|8|s"
+
+
+def test_many_host_limits_are_published_in_bounded_calls(redis, redis_url):
+    """A FRONTIER_HOST_LIMITS of thousands of hosts goes out in calls of at
+    most LIMITS_CHUNK keys (a single script call over all of them would hold
+    Redis, every node's calls included, that long), and all of it lands."""
+    import asyncio
+
+    from crawlproject.scheduler import LIMITS_CHUNK
+
+    hosts = {f"h{i}.example": {"delay": 1 + i % 5} for i in range(2 * LIMITS_CHUNK + 7)}
+    scheduler, _ = _scheduler(redis_url, FRONTIER_HOST_LIMITS=hosts)
+    def script_calls():  # that ran (a first NOSCRIPT attempt is a failed call)
+        stat = redis.info("commandstats").get("cmdstat_evalsha", {})
+        return stat.get("calls", 0) - stat.get("failed_calls", 0)
+
+    before = script_calls()
+
+    async def first_sync():
+        await scheduler._on_first_sync()
+        await scheduler.client.partitions[0].client.aclose()
+
+    asyncio.run(first_sync())
+    calls = script_calls() - before
+    assert calls == 3, calls
+    stored = redis.hgetall(FrontierKeys("meta").limits)
+    assert len(stored) == len(hosts) and stored[b"h6.example"].startswith(b"2000|")
