@@ -394,6 +394,12 @@ def cmd_politeness(args) -> int:
     if args.delay is not None or args.concurrency is not None or args.clear:
         if not args.hosts:
             raise UsageError("name the host(s) whose limits to change")
+        if args.concurrency is not None and args.concurrency < 1:
+            # In settings 0 means "no limit"; typed here it is most likely meant
+            # to stop a site: never read it as the opposite.
+            raise UsageError("--concurrency must be 1 or more (requests of the host in flight "
+                             "across all nodes); to hold a host back, raise --delay (up to "
+                             "86400 s)")
         spec = {k: v for k, v in (("delay", args.delay), ("concurrency", args.concurrency))
                 if v is not None}
         try:

@@ -248,6 +248,11 @@ def test_politeness_shows_hosts_and_changes_limits_at_run_time(redis, redis_url)
         refused = cli(redis_url, "politeness", "shop", "slow.example", "--delay", bad)
         assert refused.returncode == 2 and "delay must be 0 to 86400 s" in refused.stderr, bad
     assert f.limits()["slow.example"]["delay"] == 0.5
+    # 0 is "no limit" in settings: typed by an operator it most likely means
+    # "stop": refused, nothing changed.
+    zero = cli(redis_url, "politeness", "shop", "slow.example", "--concurrency", "0")
+    assert zero.returncode == 2 and "must be 1 or more" in zero.stderr, zero
+    assert f.limits()["slow.example"]["concurrency"] == 2
     assert cli(redis_url, "politeness", "shop", "slow.example", "--clear").returncode == 0
     assert f.limits() == {}
 
