@@ -736,6 +736,9 @@ class RedisScheduler(BaseScheduler):
     async def _close(self, reason: str) -> None:
         if self.client is None:
             return
+        if self._limits_task is not None and not self._limits_task.done():
+            self._limits_task.cancel()   # a refresh in flight: the next node's is enough
+            await asyncio.gather(self._limits_task, return_exceptions=True)
         await self.control.stop()
         leftovers = await self.client.close()
         if self.hooks:  # back in the queue for another node
