@@ -150,6 +150,7 @@ class RedisScheduler(BaseScheduler):
         self._last_report = time.monotonic()
         self._limits_published: float | None = None   # monotonic time, once published
         self._limits_task: asyncio.Future | None = None
+        self._report_task: asyncio.Future | None = None
         self.report_interval = crawler.settings.getfloat("SCHEDULER_LOG_INTERVAL", 60.0)
         self.control_interval = crawler.settings.getfloat("CONTROL_POLL_INTERVAL", 1.0)
         self.control: ControlWatcher | None = None
@@ -718,8 +719,9 @@ class RedisScheduler(BaseScheduler):
     def _maybe_report(self) -> None:
         now = time.monotonic()
         if now - self._last_report >= self.report_interval:
-            self._last_report = now
-            asyncio.ensure_future(self._report())
+            if self._report_task is None or self._report_task.done():
+                # Kept: the event loop holds tasks only weakly.
+                self._report_task = asyncio.ensure_future(self._report())
 
     async def _report(self) -> None:
         sizes = self.client.sizes()
@@ -729,8 +731,9 @@ class RedisScheduler(BaseScheduler):
         deltas, self._stat_deltas = self._stat_deltas, {}
         try:
             await self.client.partitions[0].add_stats(deltas)
-        except Exception:
-            self._stat_deltas = deltas
+        except Exception:  # kept for the next report, with what was counted meanwhile
+            for name, value in deltas.items():
+                self._stat_deltas[name] = self._stat_deltas.get(name, 0) + value
         await self._record_bloom_stats()
 
     async def _close(self, reason: str) -> None:
@@ -739,6 +742,8 @@ class RedisScheduler(BaseScheduler):
         if self._limits_task is not None and not self._limits_task.done():
             self._limits_task.cancel()   # a refresh in flight: the next node's is enough
             await asyncio.gather(self._limits_task, return_exceptions=True)
+        if self._report_task is not None:   # its counts stored, or back in _stat_deltas
+            await asyncio.gather(self._report_task, return_exceptions=True)
         await self.control.stop()
         leftovers = await self.client.close()
         if self.hooks:  # back in the queue for another node

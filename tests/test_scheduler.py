@@ -410,3 +410,25 @@ def test_many_host_limits_are_published_in_bounded_calls(redis, redis_url):
     assert calls == 3, calls
     stored = redis.hgetall(FrontierKeys("meta").limits)
     assert len(stored) == len(hosts) and stored[b"h6.example"].startswith(b"2000|")
+
+
+def test_counts_of_a_report_that_fails_are_kept_with_those_made_meanwhile():
+    """The cluster-wide counters a node reports every SCHEDULER_LOG_INTERVAL:
+    when Redis is away, the report's counts went back in place of the counts
+    made while it was failing (those were lost)."""
+    import asyncio
+
+    scheduler, _ = _scheduler(f"redis://127.0.0.1:{closed_port()}/0")
+
+    async def report_while_counting():
+        scheduler._count("scheduler/acked", 2)
+        scheduler._last_report = 0.0
+        scheduler._maybe_report()
+        await asyncio.sleep(0)
+        assert scheduler._stat_deltas == {}            # taken by the report in flight
+        scheduler._count("scheduler/acked", 3)         # counted meanwhile
+        await scheduler._report_task                   # Redis refused: kept
+        await scheduler.client.partitions[0].client.aclose()
+
+    asyncio.run(report_while_counting())
+    assert scheduler._stat_deltas == {"scheduler/acked": 5}
