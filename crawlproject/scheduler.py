@@ -277,6 +277,10 @@ class RedisScheduler(BaseScheduler):
         downloader._jitter = 0.0
         downloader.domain_concurrency = max(1, downloader.total_concurrency or 1_000_000)
         downloader.ip_concurrency = 0
+        if downloader.per_slot_settings:
+            logger.info("DOWNLOAD_SLOTS %s: enforced by the frontier for all nodes together "
+                        "(FRONTIER_HOST_LIMITS wins for a site both name)",
+                        sorted(downloader.per_slot_settings)[:10], extra={"spider": self.spider})
         downloader.per_slot_settings = {}
         for slot in downloader.slots.values():
             slot.delay, slot.concurrency = 0.0, downloader.domain_concurrency

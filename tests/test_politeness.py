@@ -529,6 +529,19 @@ def test_politeness_keys_from_settings():
     assert host_key("[::1]:8080") == host_key("[::1]") == "::1"
     assert host_key("pool-a") == "pool-a"          # a download_slot name: as it is
     assert pasted.key(Request("https://fast.example:8443/y")) in pasted.overrides
+    # Scrapy's DOWNLOAD_SLOTS (per process there) hold for the whole cluster;
+    # FRONTIER_HOST_LIMITS wins for a host both name. Before, the node wiped
+    # them with its downloader's per-slot settings and said nothing.
+    slots = PolitenessConfig.from_settings(Settings({
+        "DOWNLOAD_DELAY": 0.25, "CONCURRENT_REQUESTS_PER_DOMAIN": 4,
+        "DOWNLOAD_SLOTS": {"books.example": {"delay": 2, "concurrency": 1,
+                                             "randomize_delay": False},
+                           "both.example": {"delay": 9}, "pool-a": {"concurrency": 2}},
+        "FRONTIER_HOST_LIMITS": {"both.example": {"delay": 1}}}))
+    assert slots.overrides == {"books.example": Limits(2.0, 1), "both.example": Limits(1.0, 4),
+                               "pool-a": Limits(0.25, 2)}
+    with pytest.raises(ValueError, match="DOWNLOAD_SLOTS: bad host limit"):
+        PolitenessConfig.from_settings(Settings({"DOWNLOAD_SLOTS": {"h": {"delay": -1}}}))
     with pytest.raises(ValueError, match="FRONTIER_HOST_LIMITS: 'http:///' names no host"):
         PolitenessConfig.from_settings(Settings({"FRONTIER_HOST_LIMITS": {"http:///": {}}}))
     huge = PolitenessConfig.from_settings(Settings({"FRONTIER_HOST_LIMITS": {"h": {"concurrency": 10**30}}}))

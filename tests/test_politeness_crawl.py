@@ -528,8 +528,9 @@ def test_a_master_killed_mid_crawl_and_back_after_the_lease_time_loses_nothing(
     assert 1 <= node.stat("redis/outages") <= 2, node.text().count("answers again")
 
 
+@pytest.mark.parametrize("setting", ["FRONTIER_HOST_LIMITS", "DOWNLOAD_SLOTS"])
 def test_host_limits_from_the_settings_apply_and_come_back_after_a_clear(
-        redis, redis_url, mongo_uri, database, tmp_path):
+        redis, redis_url, mongo_uri, database, tmp_path, setting):
     """FRONTIER_HOST_LIMITS reaches Redis when a node starts and spaces out that
     site's requests; `crawlctl politeness --clear` of it is undone by the
     running node within HOST_LIMITS_REFRESH (the operator returns to the
@@ -543,7 +544,7 @@ def test_host_limits_from_the_settings_apply_and_come_back_after_a_clear(
     slow, fast = DEFAULT_HOSTS[:2]
     delay = 0.5
     settings = {**BASE, "MAX_IDLE_TIME_BEFORE_CLOSE": 1,
-                "FRONTIER_HOST_LIMITS": f'{{"{slow}": {{"delay": {delay}}}}}'}
+                setting: f'{{"{slow}": {{"delay": {delay}}}}}'}
     limits = Frontier(redis, "hosts", "test").limits
     with MultiHostSite([slow, fast], pages=24, latency_ms=5) as site:
         node, = start_nodes(tmp_path, env, 1, settings)

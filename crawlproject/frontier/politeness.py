@@ -197,15 +197,23 @@ class PolitenessConfig:
             raise ValueError(f"DOWNLOAD_DELAY must be 0 to {MAX_DELAY:g} s, got {delay!r}")
         default = Limits(delay=delay, concurrency=concurrency if concurrency > 0 else UNLIMITED)
         overrides = {}
-        for given, value in (settings.getdict("FRONTIER_HOST_LIMITS") or {}).items():
-            try:
-                key = host_key(given)
-            except ValueError as exc:
-                raise ValueError(f"FRONTIER_HOST_LIMITS: {exc}") from None
-            if key != str(given).strip().lower():
-                logger.warning("FRONTIER_HOST_LIMITS: %r is kept for politeness key %r (host "
-                               "names, without scheme or port)", given, key)
-            overrides[key] = limits_from(value, default)
+        # Scrapy's own per-slot limits (delay, concurrency) are per process; the
+        # frontier enforces them for the cluster. FRONTIER_HOST_LIMITS wins.
+        for name in ("DOWNLOAD_SLOTS", "FRONTIER_HOST_LIMITS"):
+            for given, value in (settings.getdict(name) or {}).items():
+                try:
+                    key = host_key(given)
+                except ValueError as exc:
+                    raise ValueError(f"{name}: {exc}") from None
+                if key != str(given).strip().lower():
+                    logger.warning("%s: %r is kept for politeness key %r (host names, without "
+                                   "scheme or port)", name, given, key)
+                if name == "DOWNLOAD_SLOTS" and isinstance(value, dict):
+                    value = {k: value[k] for k in ("delay", "concurrency") if k in value}
+                try:
+                    overrides[key] = limits_from(value, default)
+                except ValueError as exc:
+                    raise ValueError(f"{name}: {exc}") from None
         return cls(
             enabled=enabled, key_mode=mode,
             honour_download_slot=settings.getbool("FRONTIER_HONOUR_DOWNLOAD_SLOT", False),
