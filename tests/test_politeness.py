@@ -499,6 +499,29 @@ def test_keyed_by_ip_reads_what_either_of_scrapys_resolvers_cached():
     assert ip.key(Request("http://unresolved.example/")) == "unresolved.example"
 
 
+def test_the_interval_jitter_is_read_as_scrapy_reads_it():
+    """Scrapy 2.19's DOWNLOAD_DELAY_JITTER, or the deprecated
+    RANDOMIZE_DOWNLOAD_DELAY where a project sets it (it used to be the only
+    one read: DOWNLOAD_DELAY_JITTER = 0 kept the frontier's 50 %)."""
+    def jitter(values, priority="project"):
+        settings = Settings()
+        settings.setdict(values, priority=priority)
+        return PolitenessConfig.from_settings(settings).jitter
+
+    assert jitter({}) == 0.5
+    assert jitter({"DOWNLOAD_DELAY_JITTER": 0}) == 0.0
+    assert jitter({"DOWNLOAD_DELAY_JITTER": "0.2"}) == 0.2
+    assert jitter({"RANDOMIZE_DOWNLOAD_DELAY": False}) == 0.0
+    assert jitter({"RANDOMIZE_DOWNLOAD_DELAY": False, "DOWNLOAD_DELAY_JITTER": 0.3}) == 0.3
+    assert jitter({"DOWNLOAD_DELAY_JITTER": 3}) == 1.0          # at most 100 %, said
+    for bad in ("x", -0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="DOWNLOAD_DELAY_JITTER must be a number"):
+            jitter({"DOWNLOAD_DELAY_JITTER": bad})
+    settings = Settings({"DOWNLOAD_DELAY_JITTER": 0.2})       # the project's
+    settings.set("RANDOMIZE_DOWNLOAD_DELAY", False, priority="cmdline")
+    assert PolitenessConfig.from_settings(settings).jitter == 0.0
+
+
 def test_politeness_keys_from_settings():
     req = Request("http://shop.example.co.uk/a")
     assert PolitenessConfig.from_settings(Settings({})).key(req) == "shop.example.co.uk"

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from urllib.parse import urlsplit
 
+from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.httpobj import urlparse_cached
 
 logger = logging.getLogger(__name__)
@@ -218,7 +219,7 @@ class PolitenessConfig:
             enabled=enabled, key_mode=mode,
             honour_download_slot=settings.getbool("FRONTIER_HONOUR_DOWNLOAD_SLOT", False),
             default=default if enabled else Limits(),
-            jitter=0.5 if settings.getbool("RANDOMIZE_DOWNLOAD_DELAY", True) else 0.0,
+            jitter=delay_jitter(settings),
             overrides=overrides if enabled else {},
             backoff_codes=frozenset(int(c) for c in settings.getlist(
                 "FRONTIER_BACKOFF_HTTP_CODES", [429, 503])),
@@ -250,6 +251,31 @@ class PolitenessConfig:
 
     def partition(self, key: str) -> int:
         return partition_of(key, self.partitions)
+
+
+def delay_jitter(settings) -> float:
+    """The magnitude of the random part of an interval, read as Scrapy's
+    downloader reads it: ``DOWNLOAD_DELAY_JITTER`` (Scrapy 2.19; 0.5 by
+    default), or the deprecated ``RANDOMIZE_DOWNLOAD_DELAY`` (0.5 or 0) where
+    that is set at a higher priority. The frontier only ever lengthens an
+    interval, by 0 to this fraction (Scrapy's ±): a site never sees two starts
+    closer than its delay. Above 1: 1, said."""
+    randomize = settings.getpriority("RANDOMIZE_DOWNLOAD_DELAY") or 0
+    if randomize > max(settings.getpriority("DOWNLOAD_DELAY_JITTER") or 0,
+                       SETTINGS_PRIORITIES["default"]):
+        return 0.5 if settings.getbool("RANDOMIZE_DOWNLOAD_DELAY") else 0.0
+    try:
+        jitter = float(settings.get("DOWNLOAD_DELAY_JITTER", 0.5))
+    except (TypeError, ValueError):
+        raise ValueError("DOWNLOAD_DELAY_JITTER must be a number from 0 to 1, got "
+                         f"{settings.get('DOWNLOAD_DELAY_JITTER')!r}") from None
+    if not jitter >= 0 or jitter == float("inf"):   # also NaN
+        raise ValueError(f"DOWNLOAD_DELAY_JITTER must be a number from 0 to 1, got {jitter!r}")
+    if jitter > 1:
+        logger.warning("DOWNLOAD_DELAY_JITTER %g: the frontier stretches intervals by at most "
+                       "100 %% (1)", jitter)
+        jitter = 1.0
+    return jitter
 
 
 def limits_from(value, default: Limits) -> Limits:
