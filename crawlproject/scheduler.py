@@ -284,6 +284,12 @@ class RedisScheduler(BaseScheduler):
         downloader.per_slot_settings = {}
         for slot in downloader.slots.values():
             slot.delay, slot.concurrency = 0.0, downloader.domain_concurrency
+        per_ip = self.crawler.settings.getint("CONCURRENT_REQUESTS_PER_IP")
+        if per_ip > 0:
+            logger.warning("CONCURRENT_REQUESTS_PER_IP = %d is not applied: Scrapy's limit is per "
+                           "process (and deprecated); for a limit per server across all nodes "
+                           "set FRONTIER_POLITENESS_KEY = 'ip' and CONCURRENT_REQUESTS_PER_DOMAIN",
+                           per_ip, extra={"spider": self.spider})
         if self.crawler.settings.getbool("AUTOTHROTTLE_ENABLED"):
             logger.warning("AUTOTHROTTLE_ENABLED adds a per-process delay on top of the "
                            "frontier's cluster-wide politeness: turn it off (the frontier "

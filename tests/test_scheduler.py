@@ -432,3 +432,25 @@ def test_counts_of_a_report_that_fails_are_kept_with_those_made_meanwhile():
 
     asyncio.run(report_while_counting())
     assert scheduler._stat_deltas == {"scheduler/acked": 5}
+
+
+def test_scrapys_per_process_limits_are_taken_over_or_named(redis_url, caplog):
+    """The node's own downloader neither delays nor limits a second time; what
+    the frontier does not apply (CONCURRENT_REQUESTS_PER_IP) is said, and
+    DOWNLOAD_SLOTS are named as the frontier's."""
+    from types import SimpleNamespace
+
+    from scrapy.core.downloader import Downloader
+
+    scheduler, crawler = _scheduler(
+        redis_url, DOWNLOAD_DELAY=2, CONCURRENT_REQUESTS_PER_IP=3,
+        DOWNLOAD_SLOTS={"books.example": {"delay": 5}})
+    downloader = Downloader(crawler)
+    crawler.engine = SimpleNamespace(downloader=downloader)
+    with caplog.at_level("INFO"):
+        scheduler._no_local_politeness()
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "CONCURRENT_REQUESTS_PER_IP = 3 is not applied" in said
+    assert "DOWNLOAD_SLOTS ['books.example']: enforced by the frontier" in said
+    assert (downloader._delay, downloader.ip_concurrency, downloader.per_slot_settings) == (0, 0, {})
+    assert scheduler.politeness.overrides["books.example"].delay == 5
