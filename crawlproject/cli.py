@@ -483,13 +483,11 @@ def _politeness_rows(parts: list, hosts: list[str], n: int) -> tuple[dict, int]:
         return rows, len(rows)
     top: list[tuple[int, str]] = []       # a heap of (queued, key), least queued first
     kept: dict[str, dict] = {}
-    seen = 0
     for part in parts:
         for key, state in part.scan_key_states():
             if key in kept:               # HSCAN returned it again: the newer read
                 kept[key] = state
                 continue
-            seen += 1
             entry = (state["queued"], key)
             if len(top) < n:
                 heapq.heappush(top, entry)
@@ -505,13 +503,16 @@ def _politeness_rows(parts: list, hosts: list[str], n: int) -> tuple[dict, int]:
     for key in limits:
         if key not in kept:
             extra.setdefault(partition_of(key, len(parts)), []).append(key)
-    missing = {key for p, keys in extra.items() for key in keys
-               if key not in parts[p].key_states(keys)}
+    missing = set()
+    for p, keys in extra.items():
+        states = parts[p].key_states(keys)
+        missing.update(key for key in keys if key not in states)
     rows = {key: {**state, "limits": limits.get(key)}
             for key, state in sorted(kept.items(), key=lambda kv: (-kv[1]["queued"], kv[0]))}
     for key in sorted(missing)[:max(0, n - len(rows))]:
         rows[key] = {"limits": limits[key]}
-    return rows, seen + len(missing)
+    # (a count, not the scan's: HSCAN may return a field twice)
+    return rows, sum(part.host_count() for part in parts) + len(missing)
 
 
 def _politeness_key(given: str) -> str:
