@@ -470,13 +470,18 @@ def _politeness_rows(parts: list, hosts: list[str], n: int) -> tuple[dict, int]:
     queued hosts' and how many there are in all. Hosts are read in HSCAN
     windows and only the top *n* are kept: a crawl of millions of hosts is
     neither loaded into this process nor read from Redis in one command."""
+    from crawlproject.frontier.politeness import partition_of
+
     limits = {}
     for part in parts:
         limits.update(part.limits())
     if hosts:
+        by_part: dict[int, list[str]] = {}
+        for key in hosts:
+            by_part.setdefault(partition_of(key, len(parts)), []).append(key)
         rows = {}
-        for part in parts:
-            rows.update(part.key_states(hosts))
+        for p, keys in by_part.items():
+            rows.update(parts[p].key_states(keys))
         rows = {key: {**state, "limits": limits.get(key)} for key, state in rows.items()}
         rows.update({key: {"limits": limits[key]} for key in hosts
                      if key in limits and key not in rows})
@@ -497,8 +502,6 @@ def _politeness_rows(parts: list, hosts: list[str], n: int) -> tuple[dict, int]:
                 continue
             kept[key] = state
     # Overrides of hosts without a state yet (set before any of their requests).
-    from crawlproject.frontier.politeness import partition_of
-
     extra: dict[int, list[str]] = {}
     for key in limits:
         if key not in kept:
