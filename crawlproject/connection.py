@@ -15,6 +15,11 @@ from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
 
 from redis.exceptions import RedisClusterException, RedisError
 
+try:
+    import hiredis
+except ImportError:  # an optional speed-up of redis-py: without it, its own packer
+    hiredis = None
+
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_MONGO_URI = "mongodb://127.0.0.1:27017/"
 DEFAULT_MONGO_DATABASE = "crawlproject"
@@ -119,7 +124,53 @@ def redis_from_url(url: str, *, cluster: bool = False, asyncio: bool = False, **
         cls = redis.RedisCluster if use_cluster else redis.Redis
     if use_cluster:
         kw.pop("health_check_interval", None)
-    return cls.from_url(url, **kw)
+    client = cls.from_url(url, **kw)
+    if asyncio and not use_cluster:
+        pool = client.connection_pool
+        pool.connection_class = hiredis_packing(pool.connection_class)
+    return client
+
+
+_PACKING: dict[type, type] = {}
+
+
+def hiredis_packing(connection_class: type) -> type:
+    """*connection_class* (a redis-py asyncio connection), packing commands
+    with hiredis' C ``pack_command`` as redis-py's synchronous client does.
+
+    Why: redis-py 8.1's asyncio connection packs every command in Python,
+    one ``Encoder.encode`` and a few byte joins per argument. A frontier call
+    carries 40-100 arguments, and packing was about a third of a node's CPU
+    per call (``python -m bench.costs``, "client CPU per call"). Anything
+    hiredis does not take (a ``memoryview``, a wrong type) goes to redis-py's
+    own packer, which encodes it or raises its ``DataError`` as before.
+    (Redis Cluster's asyncio client builds its connections from a fixed
+    class: it keeps redis-py's packer.)
+    """
+    if hiredis is None or getattr(connection_class, "_hiredis_packing", False):
+        return connection_class
+    packing = _PACKING.get(connection_class)
+    if packing is None:
+        class packing(connection_class):  # noqa: N801 - named after its base below
+            _hiredis_packing = True
+
+            def pack_command(self, *args):
+                if self.encoder.encoding.lower().replace("-", "") != "utf8" \
+                        or self.encoder.encoding_errors != "strict":
+                    return super().pack_command(*args)
+                first = args[0]
+                if isinstance(first, str):
+                    args = (*first.encode().split(), *args[1:])
+                elif isinstance(first, bytes) and b" " in first:
+                    args = (*first.split(), *args[1:])
+                try:
+                    return [hiredis.pack_command(args)]
+                except TypeError:  # not str/bytes/int/float: redis-py decides
+                    return super().pack_command(*args)
+
+        packing.__name__ = packing.__qualname__ = f"Hiredis{connection_class.__name__}"
+        _PACKING[connection_class] = packing
+    return packing
 
 
 _ASYNC_CLUSTER = None

@@ -5,6 +5,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from crawlproject.connection import is_cluster_url, redact_url
 
 
@@ -160,3 +164,64 @@ def test_a_socket_closed_under_a_cluster_command_is_a_connection_error():
         None.writelines  # the same error, from anywhere else: a bug, not a connection
     except AttributeError as other:
         assert not _closed_under_the_command(other)
+
+
+# -- asyncio clients pack commands with hiredis ------------------------------------
+
+_ARG = st.one_of(st.text(), st.binary(), st.integers(), st.floats(),
+                 st.sampled_from(["", " ", "a b", "é", "\x00"]))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(["EVALSHA", "SET", "CONFIG GET", b"HSET", b"CLIENT SETNAME"]),
+       st.lists(_ARG, max_size=30))
+def test_hiredis_packing_sends_the_bytes_redis_pys_own_packer_sends(command, args):
+    """The asyncio connection's packer is swapped for hiredis' (C): whatever a
+    caller passes, the bytes on the wire are redis-py's, or its error is."""
+    from redis.asyncio.connection import Connection
+    from redis.exceptions import DataError
+
+    from crawlproject.connection import hiredis_packing
+
+    fast, slow = hiredis_packing(Connection)(), Connection()
+    try:
+        expected = b"".join(slow.pack_command(command, *args))
+    except DataError:
+        with pytest.raises(DataError):
+            fast.pack_command(command, *args)
+        return
+    assert b"".join(fast.pack_command(command, *args)) == expected
+
+
+def test_an_asyncio_client_packs_with_hiredis_and_keeps_redis_pys_answers(redis_url):
+    """End to end on a real Redis: the client `redis_from_url` builds packs with
+    hiredis; values hiredis does not take (memoryview, bytearray) still go
+    through, pipelines too, and what redis-py refuses is still refused."""
+    import asyncio
+
+    from redis.exceptions import DataError
+
+    from crawlproject.connection import redis_from_url
+
+    async def scenario():
+        client = redis_from_url(redis_url, asyncio=True)
+        try:
+            assert client.connection_pool.connection_class._hiredis_packing
+            script = client.register_script("return {ARGV[1], ARGV[2], ARGV[3], KEYS[1]}")
+            got = await script(keys=["hp:k"], args=["é", 7, 2.5])
+            await client.set("hp:mv", memoryview(b"abc"))
+            await client.set("hp:ba", bytearray(b"xyz"))
+            pipe = client.pipeline(transaction=False)
+            pipe.get("hp:mv")
+            pipe.get("hp:ba")
+            piped = await pipe.execute()
+            for bad in (None, True, {"a": 1}):
+                with pytest.raises(DataError):
+                    await client.set("hp:bad", bad)
+            return got, piped
+        finally:
+            await client.aclose()
+
+    got, piped = asyncio.run(scenario())
+    assert got == ["é".encode(), b"7", b"2.5", b"hp:k"]
+    assert piped == [b"abc", b"xyz"]

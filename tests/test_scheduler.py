@@ -213,6 +213,8 @@ def test_seeds_stream_in_with_back_pressure(redis, redis_url, mongo_uri, databas
             node.stop()
     assert database["leaf"].count_documents({}) == seeds
     assert node.stat("seeds/read") == seeds
+    # counted on the hot path, added to the stats every loop turn and at close
+    assert node.stat("scheduler/enqueued/redis") == node.stat("scheduler/dequeued/redis") == seeds
     # Seeds were fed in batches while the crawl ran: pages were being crawled
     # while seeds were still waiting in Redis.
     assert any(seeds_left > 0 and leased > 0 for seeds_left, leased in samples), samples[:50]
@@ -231,7 +233,9 @@ def test_a_nodes_own_repeats_are_dropped_before_encoding(redis_url):
     for url in ("b", "c", "d", "e"):                    # two generations of 2: "a" is forgotten
         assert scheduler.enqueue_request(Request(f"http://127.0.0.1/{url}"))
     assert scheduler.enqueue_request(Request("http://127.0.0.1/a"))   # the shared filter decides
+    scheduler.flush_counts()
     assert crawler.stats.get_value("dupefilter/filtered_locally") == 1
+    assert crawler.stats.get_value("scheduler/enqueued/redis") == 7
     assert len(scheduler.client.outbox[0].adds) == 7
 
 
@@ -266,6 +270,7 @@ def test_a_link_this_node_sent_is_dropped_without_computing_its_fingerprint(redi
     assert scheduler.enqueue_request(Request(url, method="POST", body=b"q=1"))
     assert not scheduler.enqueue_request(Request(url, meta={"verbatim_url": True}))
     assert len(calls) == 4
+    scheduler.flush_counts()
     assert crawler.stats.get_value("dupefilter/filtered_locally") == 3
     assert len(scheduler.client.outbox[0].adds) == 2
 

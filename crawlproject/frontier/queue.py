@@ -213,6 +213,7 @@ class Frontier:
                  politeness: PolitenessConfig | None = None):
         self.client = client
         self.keys = FrontierKeys(spider, partition, partitions)
+        self._sync_keys = tuple(self.keys.sync_keys())   # fixed: built once, not per call
         self.politeness = politeness or PolitenessConfig(enabled=False, default=Limits())
         self.node = node
         self.lease_ttl_ms = int(lease_ttl * 1000)
@@ -227,7 +228,7 @@ class Frontier:
 
     # -- the one round trip ---------------------------------------------------
     def _sync_call(self, batch: Batch, leaving: bool):
-        keys = self.keys.sync_keys()
+        keys = self._sync_keys
         flags = (("m" if batch.maintenance else "") + ("d" if batch.promote else "")
                  + ("s" if batch.sweep else "") + ("r" if batch.registered else "")
                  + ("c" if batch.check else ""))
