@@ -10,6 +10,8 @@ Measured directly on a private Redis with :class:`crawlproject.frontier.queue.Fr
   typical batches: the steady state of a crawl node (adds with ~75 %
   duplicates, acks, a take), and bigger batches (how long one call blocks
   Redis);
+* a node's CPU per SYNC call through the asyncio client, with redis-py's
+  Python command packer and with hiredis' (what the project installs);
 * the reclaim path: a SYNC that finds an expired node scans the whole
   ``inflight`` hash (HGETALL) — its time for several inflight sizes;
 * a node's CPU per request outside Redis: Scrapy's request fingerprint, the
@@ -36,6 +38,7 @@ from bench.common import BenchRedis, base_parser, mode_of, table, finish
 NAME = "costs"
 QUEUED = {"full": 20_000, "quick": 5_000, "smallest": 500}
 SYNC_CALLS = {"full": 300, "quick": 100, "smallest": 20}
+CLIENT_CALLS = {"full": 2000, "quick": 500, "smallest": 50}
 INFLIGHT_SIZES = {"full": (1_000, 10_000, 100_000), "quick": (1_000, 10_000), "smallest": (1_000,)}
 BASE = "http://127.0.0.1:8000/product/"
 
@@ -157,6 +160,62 @@ def sync_costs(redis: BenchRedis, spider, calls: int) -> list[dict]:
     return out
 
 
+def client_cpu_costs(redis: BenchRedis, spider, calls: int, rounds: int = 3) -> list[dict]:
+    """This process's CPU µs per SYNC call through the asyncio client a node
+    uses (``connection.redis_from_url(..., asyncio=True)``), with redis-py's
+    own Python command packer and with the hiredis packer the project installs
+    on it (:func:`crawlproject.connection.hiredis_packing`); best of *rounds*,
+    the two interleaved. Redis runs in its own process: its time is not in
+    these figures, the event loop's and redis-py's are."""
+    import asyncio
+
+    from redis.asyncio.connection import Connection
+
+    from crawlproject.connection import redis_from_url
+    from crawlproject.frontier.queue import AsyncFrontier
+
+    shapes = [  # name, new adds, acks (of the last take), take
+        ("as in a crawl at 50 ms (a call every ~7 pages): 7 new adds + 7 acks + take 7", 7, 7, 7),
+        ("steady state: 16 new adds + 16 acks + take 16", 16, 16, 16),
+    ]
+
+    async def run(name: str, adds: int, acks: int, take: int, hiredis: bool) -> float:
+        client = redis_from_url(redis.url, asyncio=True)
+        if not hiredis:
+            client.connection_pool.connection_class = Connection
+        f = AsyncFrontier(client, f"cpu{int(hiredis)}", "node-a", bloom=BloomConfig())
+        counter, held = 0, []
+        # encoded beforehand: the encode is measured on its own (node_costs)
+        payloads = [request_to_json(typical_request(i, spider), spider)
+                    for i in range(calls * adds)]
+        try:
+            await f.sync(Batch(take=0))  # connect and load the script first
+            cpu = time.process_time()
+            for _ in range(calls):
+                b = steady_batch(take)
+                for _ in range(adds):
+                    b.add(payloads[counter], fingerprint=f"cpu{counter}", key="127.0.0.1")
+                    counter += 1
+                b.acks, held = held[:acks], held[acks:]
+                held += [m for m, _ in (await f.sync(b)).taken]
+            return (time.process_time() - cpu) / calls * 1e6
+        finally:
+            await client.aclose()
+
+    out = []
+    for name, adds, acks, take in shapes:
+        best = {False: float("inf"), True: float("inf")}
+        for _ in range(rounds):
+            for hiredis in (False, True):
+                redis.reset()
+                best[hiredis] = min(best[hiredis],
+                                    asyncio.run(run(name, adds, acks, take, hiredis)))
+        out.append({"shape": name, "calls": calls,
+                    "python_packer_us": round(best[False], 1),
+                    "hiredis_packer_us": round(best[True], 1)})
+    return out
+
+
 def reclaim_costs(redis: BenchRedis, sizes) -> list[dict]:
     client = redis.client
     k = FrontierKeys("costs")
@@ -228,8 +287,10 @@ def main(argv=None) -> dict:
         sizes = payload_sizes(spider)
         queued = queued_memory(redis, spider, QUEUED[mode])
         syncs = sync_costs(redis, spider, SYNC_CALLS[mode])
+        client_cpu = client_cpu_costs(redis, spider, CLIENT_CALLS[mode])
         reclaim = reclaim_costs(redis, INFLIGHT_SIZES[mode])
-    data = {"mode": mode, "node": node, "payload": sizes, "queued": queued, "sync": syncs, "reclaim": reclaim,
+    data = {"mode": mode, "node": node, "payload": sizes, "queued": queued, "sync": syncs,
+            "client_cpu": client_cpu, "reclaim": reclaim,
             "duration_s": time.monotonic() - t0}
     return finish(NAME, data, args.out, render)
 
@@ -244,6 +305,11 @@ def render(data: dict) -> str:
     out += "\n\n" + table(["SYNC call shape", "calls", "server µs/call", "client ms/call"],
                           [[s["shape"], s["calls"], s["server_us_per_call"], s["client_ms_per_call"]]
                            for s in data["sync"]])
+    if data.get("client_cpu"):
+        out += "\n\n" + table(["node CPU per SYNC call, asyncio client (µs)", "calls",
+                               "redis-py's packer", "hiredis packer"],
+                              [[c["shape"], c["calls"], c["python_packer_us"],
+                                c["hiredis_packer_us"]] for c in data["client_cpu"]])
     n = data.get("node")
     if n:
         out += "\n\n" + table(["a node's CPU per request, besides Redis", "µs"], [

@@ -73,6 +73,8 @@ def test_costs_smallest(tmp_path):
     assert positive(data["payload"]["ours_json_bytes"])
     assert positive(data["queued"]["ours_bytes_per_queued"])
     assert all(positive(s["server_us_per_call"]) for s in data["sync"])
+    assert all(positive(c["python_packer_us"]) and positive(c["hiredis_packer_us"])
+               for c in data["client_cpu"]) and len(data["client_cpu"]) == 2
     assert all(r["reclaimed"] == 64 for r in data["reclaim"])
 
 
