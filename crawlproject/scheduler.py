@@ -7,7 +7,8 @@ A thin adapter: the frontier's rules live in :mod:`crawlproject.frontier`
 and tells the loop when the engine is done with a request.
 
 * ``next_request()`` returns from a local prefetch buffer, never waiting on
-  Redis; the loop refills it with requests whose site may be fetched *now*
+  Redis, at most ``SCHEDULER_START_BURST`` requests per turn of the event
+  loop (:class:`StartBurst`); the loop refills it with requests whose site may be fetched *now*
   (politeness is enforced cluster-wide when requests are leased: see
   :mod:`crawlproject.frontier.politeness`), sends new requests (deduplicated
   and enqueued in the same atomic call, in batches), acknowledges finished
@@ -94,6 +95,54 @@ LIMITS_CHUNK = 500   # FRONTIER_HOST_LIMITS entries per SET_LIMITS call
 __all__ = ["RedisScheduler", "LEASE_META", "RETRY_DELAY_META", "CALLBACK_ATTEMPTS_META"]
 
 
+class StartBurst:
+    """At most *size* requests handed to the engine per turn of the event loop
+    (``SCHEDULER_START_BURST``; 0: no limit).
+
+    Why: Scrapy's engine fills every free download slot in one go, so the
+    requests it starts together come back together (same site, similar
+    latency), and their responses then wait in the event loop behind each
+    other's callbacks, holding their slots: a convoy that repeats every round.
+    With a few starts per turn, the engine comes back for the rest on the next
+    turn (``on_limit``: its ``nextcall``), after the responses that are ready
+    by then; starts spread out, and so do the answers. One node at
+    ``CONCURRENT_REQUESTS=16`` on a site answering in 50 ms spent 66-68 ms a
+    download instead of 74-78 (BENCHMARKS.md §8). The next turn comes at once
+    when nothing else is ready: no wait is added.
+    """
+
+    def __init__(self, size: int, on_limit):
+        self.size = int(size)
+        self.on_limit = on_limit
+        self.count = 0
+        self._limited = False
+
+    def allow(self) -> bool:
+        """May one more request be handed out in this turn?"""
+        if not self.size or self.count < self.size:
+            return True
+        if not self._limited:  # once a turn: the engine comes back next turn
+            self._limited = True
+            self.on_limit()
+        return False
+
+    def handed_out(self) -> None:
+        """Count one request handed to the engine in this turn."""
+        if not self.size:
+            return
+        if self.count == 0:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no event loop turning (a tool, a test): no turns to count
+                return
+            loop.call_soon(self._new_turn)  # runs first thing in the next turn
+        self.count += 1
+
+    def _new_turn(self) -> None:
+        self.count = 0
+        self._limited = False
+
+
 def _stored_count(raw) -> int:
     """A count read from Redis, or -1 when it is not one."""
     try:
@@ -110,7 +159,11 @@ class RedisScheduler(BaseScheduler):
                  min_sync_interval: float, idle_poll: float, local_dedupe_size: int,
                  lease_ttl: float, heartbeat: float, bloom: BloomConfig,
                  retry: RetryPolicy, politeness: PolitenessConfig, node_id: str,
-                 dead_max: int = DEAD_MAX, invalid_max: int = INVALID_MAX):
+                 dead_max: int = DEAD_MAX, invalid_max: int = INVALID_MAX,
+                 start_burst: int = 0):
+        if start_burst < 0:
+            raise ValueError(f"SCHEDULER_START_BURST ({start_burst}) must be 0 (no limit) or "
+                             "more (requests handed to the engine per event-loop turn)")
         if heartbeat <= 0 or heartbeat >= lease_ttl:
             raise ValueError(f"SCHEDULER_HEARTBEAT_INTERVAL ({heartbeat}s) must be above 0 and "
                              f"well under SCHEDULER_LEASE_TTL ({lease_ttl}s)")
@@ -164,6 +217,7 @@ class RedisScheduler(BaseScheduler):
         self._report_samples: deque[tuple[float, int, int]] = deque()
         #: request lifecycle hooks (crawlproject.hooks), read at open
         self.hooks: list = []
+        self.start_burst = StartBurst(start_burst, self._nudge_engine)
 
     @classmethod
     def from_crawler(cls, crawler):
@@ -185,6 +239,10 @@ class RedisScheduler(BaseScheduler):
             node_id=node_id(crawler),
             dead_max=s.getint("SCHEDULER_DEAD_MAX", DEAD_MAX),
             invalid_max=s.getint("SCHEDULER_INVALID_MAX", INVALID_MAX),
+            # unset: a quarter of the concurrency, at least 4 (the take size of
+            # the frontier before per-host queues, which had no convoys)
+            start_burst=(max(4, concurrency // 4) if s.get("SCHEDULER_START_BURST") is None
+                         else s.getint("SCHEDULER_START_BURST")),
         )
 
     # -- Scrapy scheduler interface ------------------------------------------
@@ -201,9 +259,10 @@ class RedisScheduler(BaseScheduler):
         self.crawler.signals.connect(self._on_robots, signal=signals.robots_parsed)
         self.crawler.signals.connect(self._on_spider_opened, signal=signals.spider_opened)
         pol = self.politeness
-        logger.info("Shared frontier for %r on %s as node %s (prefetch %d, lease %ss, heartbeat "
-                    "%ss, %d partition(s); politeness per %s %s)", spider.name,
-                    redact_url(self._redis_url), self.node, self.prefetch, self.lease_ttl,
+        logger.info("Shared frontier for %r on %s as node %s (prefetch %d, %s starts a loop "
+                    "turn, lease %ss, heartbeat %ss, %d partition(s); politeness per %s %s)",
+                    spider.name, redact_url(self._redis_url), self.node, self.prefetch,
+                    self.start_burst.size or "unlimited", self.lease_ttl,
                     self.heartbeat, pol.partitions, pol.key_mode,
                     f"cluster-wide: {pol.default.delay:g}s between starts, at most "
                     f"{pol.default.concurrency} in flight" if pol.enabled else "off",
@@ -438,9 +497,12 @@ class RedisScheduler(BaseScheduler):
                            request, MAX_PRIORITY, MAX_PRIORITY, extra={"spider": self.spider})
 
     def next_request(self) -> Request | None:
+        if not self.start_burst.allow():
+            return None
         entry = self.client.next()
         if entry is None:
             return None
+        self.start_burst.handed_out()
         self._dequeued += 1
         return entry.item
 

@@ -459,3 +459,48 @@ def test_scrapys_per_process_limits_are_taken_over_or_named(redis_url, caplog):
     assert "DOWNLOAD_SLOTS ['books.example']: enforced by the frontier" in said
     assert (downloader._delay, downloader.ip_concurrency, downloader.per_slot_settings) == (0, 0, {})
     assert scheduler.politeness.overrides["books.example"].delay == 5
+
+
+def test_the_engine_gets_at_most_a_burst_of_requests_per_event_loop_turn():
+    """Requests started in one turn come back together and queue behind each
+    other's callbacks; so the engine gets SCHEDULER_START_BURST a turn, is
+    told once to come back, and gets the next ones on the next turn (a real
+    asyncio loop)."""
+    import asyncio
+
+    from crawlproject.scheduler import StartBurst
+
+    async def scenario(size: int):
+        nudges: list[int] = []
+        burst = StartBurst(size, lambda: nudges.append(1))
+        passes = []
+
+        def engine_pass():   # as Scrapy's engine does: asks until refused (or full)
+            n = 0
+            while n < 100 and burst.allow():
+                burst.handed_out()
+                n += 1
+            passes.append(n)
+
+        for _ in range(3):
+            engine_pass()
+            engine_pass()            # the same turn: nothing more
+            await asyncio.sleep(0)   # the next turn
+        return passes, len(nudges)
+
+    assert asyncio.run(scenario(4)) == ([4, 0, 4, 0, 4, 0], 3)
+    assert asyncio.run(scenario(0)) == ([100, 100] * 3, 0)   # 0: no limit, never nudged
+
+
+def test_the_start_burst_setting(redis_url):
+    def burst(**settings):
+        crawler = get_crawler(MetaSpider, {"REDIS_URL": redis_url, **settings})
+        return RedisScheduler.from_crawler(crawler).start_burst.size
+
+    assert burst(CONCURRENT_REQUESTS=16) == 4
+    assert burst(CONCURRENT_REQUESTS=64) == 16
+    assert burst(CONCURRENT_REQUESTS=8) == 4
+    assert burst(CONCURRENT_REQUESTS=16, SCHEDULER_START_BURST=0) == 0
+    assert burst(SCHEDULER_START_BURST="2") == 2
+    with pytest.raises(ValueError, match="SCHEDULER_START_BURST"):
+        burst(SCHEDULER_START_BURST=-1)
