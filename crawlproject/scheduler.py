@@ -7,8 +7,8 @@ A thin adapter: the frontier's rules live in :mod:`crawlproject.frontier`
 and tells the loop when the engine is done with a request.
 
 * ``next_request()`` returns from a local prefetch buffer, never waiting on
-  Redis, at most ``SCHEDULER_START_BURST`` requests per turn of the event
-  loop (:class:`StartBurst`); the loop refills it with requests whose site may be fetched *now*
+  Redis (with ``SCHEDULER_START_BURST``, at most that many per turn of the
+  event loop: :class:`StartBurst`); the loop refills it with requests whose site may be fetched *now*
   (politeness is enforced cluster-wide when requests are leased: see
   :mod:`crawlproject.frontier.politeness`), sends new requests (deduplicated
   and enqueued in the same atomic call, in batches), acknowledges finished
@@ -105,10 +105,15 @@ class StartBurst:
     other's callbacks, holding their slots: a convoy that repeats every round.
     With a few starts per turn, the engine comes back for the rest on the next
     turn (``on_limit``: its ``nextcall``), after the responses that are ready
-    by then; starts spread out, and so do the answers. One node at
-    ``CONCURRENT_REQUESTS=16`` on a site answering in 50 ms spent 66-68 ms a
-    download instead of 74-78 (BENCHMARKS.md §8). The next turn comes at once
-    when nothing else is ready: no wait is added.
+    by then; starts spread out, and so do the answers. The next turn comes at
+    once when nothing else is ready: no wait is added.
+
+    It pays only while the loop has time to spare. One node at
+    ``CONCURRENT_REQUESTS=16`` on a site answering in a fixed 50 ms (the loop
+    busy ~75 % of the time) did 1.07x plain Scrapy's pages/s with a burst of 4
+    and 1.02x without; at 32 and 64, where the loop is busy all the time, a
+    burst of a quarter of the concurrency lost 8-18 % (BENCHMARKS.md §8).
+    Hence off by default.
     """
 
     def __init__(self, size: int, on_limit):
@@ -239,10 +244,9 @@ class RedisScheduler(BaseScheduler):
             node_id=node_id(crawler),
             dead_max=s.getint("SCHEDULER_DEAD_MAX", DEAD_MAX),
             invalid_max=s.getint("SCHEDULER_INVALID_MAX", INVALID_MAX),
-            # unset: a quarter of the concurrency, at least 4 (the take size of
-            # the frontier before per-host queues, which had no convoys)
-            start_burst=(max(4, concurrency // 4) if s.get("SCHEDULER_START_BURST") is None
-                         else s.getint("SCHEDULER_START_BURST")),
+            # Off by default: it pays only while the event loop has time to
+            # spare (see StartBurst); a node that is CPU-bound loses by it.
+            start_burst=s.getint("SCHEDULER_START_BURST", 0),
         )
 
     # -- Scrapy scheduler interface ------------------------------------------

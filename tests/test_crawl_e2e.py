@@ -18,12 +18,17 @@ PRODUCTS = 60
 
 
 
-def test_two_nodes_crawl_every_product_exactly_once(redis, redis_url, mongo_uri, database, tmp_path):
+# SCHEDULER_START_BURST=1: the engine gets one request a turn of the event
+# loop and must come back for every other one (crawlproject.scheduler.StartBurst).
+@pytest.mark.parametrize("extra", [{}, {"SCHEDULER_START_BURST": 1}],
+                         ids=["defaults", "one-start-a-loop-turn"])
+def test_two_nodes_crawl_every_product_exactly_once(redis, redis_url, mongo_uri, database, tmp_path,
+                                                     extra):
     with DemoSite(products=PRODUCTS, latency_ms=150) as site:
         env = node_env(redis_url, mongo_uri, database.name)
         # A small concurrency per node, so that one node cannot swallow the
         # whole (small) crawl before the other polls the frontier.
-        settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": 3, "CONCURRENT_REQUESTS": 4}
+        settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": 3, "CONCURRENT_REQUESTS": 4, **extra}
         nodes = [Node(f"node-{i}", tmp_path, env, settings=settings) for i in (1, 2)]
         try:
             for node in nodes:
@@ -55,3 +60,5 @@ def test_two_nodes_crawl_every_product_exactly_once(redis, redis_url, mongo_uri,
     assert redis.llen("products:start_urls:invalid") == 1
     assert redis.hlen("{products:start_urls}:claims") == 0      # seed claims released
     assert not [e for n in nodes for e in n.errors()]
+    limit = f"{extra['SCHEDULER_START_BURST']} starts" if extra else "unlimited starts"
+    assert all(f"{limit} a loop turn" in n.text() for n in nodes)
