@@ -267,6 +267,9 @@ def node_costs(spider, number: int) -> dict:
     def best(fn) -> float:
         return round(min(timeit.repeat(fn, number=number, repeat=5)) / number * 1e6, 2)
     new_request = best(lambda: Request(url))
+    from scrapy.statscollectors import MemoryStatsCollector
+    from scrapy.utils.test import get_crawler
+    stats = MemoryStatsCollector(get_crawler())
     return {
         # a fresh Request each time: Scrapy caches the fingerprint per object
         "fingerprint_us": round(best(lambda: fingerprinter.fingerprint(Request(url)))
@@ -274,6 +277,8 @@ def node_costs(spider, number: int) -> dict:
         "url_lookup_us": best(lambda: hash(url) in sent),
         "encode_us": best(lambda: request_to_json(request, spider, policy)),
         "decode_us": best(lambda: request_from_json(payload, spider, policy)),
+        # what the scheduler now does once a loop turn instead of per request
+        "stats_inc_us": best(lambda: stats.inc_value("scheduler/enqueued/redis")),
     }
 
 
@@ -316,7 +321,9 @@ def render(data: dict) -> str:
             ["Scrapy's request fingerprint", n["fingerprint_us"]],
             ["local dedupe: lookup of a URL already sent", n["url_lookup_us"]],
             ["JSON encode of a new request", n["encode_us"]],
-            ["decode of a leased payload into a Request", n["decode_us"]]])
+            ["decode of a leased payload into a Request", n["decode_us"]],
+            ["Scrapy's stats.inc_value (per-request counts: now once a loop turn)",
+             n.get("stats_inc_us", "-")]])
     out += "\n\n" + table(["inflight entries", "reclaimed", "reclaiming SYNC µs", "normal SYNC µs"],
                           [[r["inflight"], r["reclaimed"], r["reclaim_sync_us"], r["normal_sync_us"]]
                            for r in data["reclaim"]])
