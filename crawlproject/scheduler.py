@@ -8,8 +8,8 @@ and tells the loop when the engine is done with a request.
 
 * ``next_request()`` returns from a local prefetch buffer, never waiting on
   Redis (with ``SCHEDULER_START_BURST``, at most that many per turn of the
-  event loop: :class:`StartBurst`); the loop refills it with requests whose site may be fetched *now*
-  (politeness is enforced cluster-wide when requests are leased: see
+  event loop: :class:`StartBurst`); the loop refills it with requests whose
+  site may be fetched *now* (politeness is enforced cluster-wide when requests are leased: see
   :mod:`crawlproject.frontier.politeness`), sends new requests (deduplicated
   and enqueued in the same atomic call, in batches), acknowledges finished
   ones and renews this node's lease.
@@ -110,8 +110,8 @@ class StartBurst:
 
     It pays only while the loop has time to spare. One node at
     ``CONCURRENT_REQUESTS=16`` on a site answering in a fixed 50 ms (the loop
-    busy ~75 % of the time) did 1.07x plain Scrapy's pages/s with a burst of 4
-    and 1.02x without; at 32 and 64, where the loop is busy all the time, a
+    busy ~75 % of the time) did 1.08x plain Scrapy's pages/s with a burst of 4
+    and 1.01x without; at 32 and 64, where the loop is busy all the time, a
     burst of a quarter of the concurrency lost 8-18 % (BENCHMARKS.md §8).
     Hence off by default.
     """

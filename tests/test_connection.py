@@ -193,6 +193,21 @@ def test_hiredis_packing_sends_the_bytes_redis_pys_own_packer_sends(command, arg
     assert b"".join(fast.pack_command(command, *args)) == expected
 
 
+def test_a_client_with_another_encoding_keeps_redis_pys_packer():
+    """hiredis writes str as UTF-8: a client set to another encoding is packed
+    by redis-py, in that encoding."""
+    from redis.asyncio.connection import Connection
+
+    from crawlproject.connection import hiredis_packing
+
+    for encoding in ("latin-1", "utf-16"):
+        fast, slow = hiredis_packing(Connection)(encoding=encoding), Connection(encoding=encoding)
+        assert (b"".join(fast.pack_command("SET", "k", "é"))
+                == b"".join(slow.pack_command("SET", "k", "é")))
+    assert "é".encode("latin-1") in b"".join(
+        hiredis_packing(Connection)(encoding="latin-1").pack_command("SET", "k", "é"))
+
+
 def test_an_asyncio_client_packs_with_hiredis_and_keeps_redis_pys_answers(redis_url):
     """End to end on a real Redis: the client `redis_from_url` builds packs with
     hiredis; values hiredis does not take (memoryview, bytearray) still go
