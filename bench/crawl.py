@@ -94,6 +94,8 @@ def configs(mode: str):
             systems.insert(1, ("ours-old", 1))
         if mode == "full" or (mode == "quick" and latency == 0):
             systems += [("ours", 2), ("scrapy-redis", 2)]
+            if mode == "full" and baseline_available():
+                systems.append(("ours-old", 2))
         out += [(latency, s, n) for s, n in systems]
     return out
 
