@@ -403,6 +403,10 @@ def run_nodes(system: str, count: int, *, redis_url: str | None, settings: dict 
         # requests held in a node's memory at most (bench.recorder), and the
         # mean CPU ms of one full (generation 2) collection, which walks them
         "held_peak": max((r.get("held_peak") or 0 for r in records), default=None),
+        # asyncio tasks alive and responses being scraped in one node at most
+        # (sampled once a second): what every collection of that node walks
+        "tasks_peak": max((r.get("tasks_peak") or 0 for r in records), default=None),
+        "scraping_peak": max((r.get("scraping_peak") or 0 for r in records), default=None),
         "full_gc_ms": median([1000 * g[2][1] / g[2][0] for g in
                               (r.get("gc_by_generation") for r in records) if g and g[2][0]]),
         "per_node": [{"pages": r["responses"], "reason": r["reason"], "stats": r["stats"],

@@ -151,6 +151,8 @@ def main(argv=None) -> dict:
                              "(e.g. 'ours|1|50,plain|1|50')")
     parser.add_argument("--ours-set", action="append", default=[], metavar="NAME=VALUE",
                         help="a Scrapy setting for ours' nodes only (repeatable)")
+    parser.add_argument("--all-set", action="append", default=[], metavar="NAME=VALUE",
+                        help="a Scrapy setting for every system's nodes (repeatable)")
     parser.add_argument("--latency-jitter", type=float, default=0.0, metavar="F",
                         help="each page's latency drawn from latency x (1 ± F)")
     parser.add_argument("--loop-lag-ms", type=float, default=0.0, metavar="MS",
@@ -162,6 +164,7 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     ours_settings = dict(item.split("=", 1) for item in args.ours_set)
     all_settings = {"BENCH_LOOP_LAG_MS": args.loop_lag_ms} if args.loop_lag_ms else {}
+    all_settings.update(item.split("=", 1) for item in args.all_set)
     mode = mode_of(args)
     sizes = ({latency: args.products for latency in SIZES[mode]} if args.products
              else SIZES[mode])
@@ -190,7 +193,10 @@ def main(argv=None) -> dict:
                       f"{run['occupancy'] or 0:.2f}, {run['download_ms'] or 0:.1f} ms each, "
                       f"listing wait {run.get('priority_wait_ms') or 0:.1f} ms, "
                       f"{run.get('held_peak') or 0} requests in memory at most, "
-                      f"full GC {run.get('full_gc_ms') or 0:.0f} ms each, "
+                      f"{run.get('tasks_peak') or 0} tasks and {run.get('scraping_peak') or 0} "
+                      f"responses in the scraper at most, "
+                      f"full GC {run.get('full_gc_ms') or 0:.0f} ms each "
+                      f"({run.get('gc_ms_per_page') or 0:.2f} ms of GC a page), "
                       f"{_lag(run)}{_phases(run)}other programs "
                       f"{run['external_cores'] or 0:.2f} cores", flush=True)
                 run = strip_series(run)
@@ -225,6 +231,9 @@ def main(argv=None) -> dict:
             "download_ms": median([r.get("download_ms") for r in rs]),
             "priority_wait_ms": median([r.get("priority_wait_ms") for r in rs]),
             "held_peak": median([r.get("held_peak") for r in rs]),
+            "tasks_peak": median([r.get("tasks_peak") for r in rs]),
+            "scraping_peak": median([r.get("scraping_peak") for r in rs]),
+            "gc_ms_per_page": median([r.get("gc_ms_per_page") for r in rs]),
             "full_gc_ms": median([r.get("full_gc_ms") for r in rs]),
             "external_cores": median([r.get("external_cores") for r in rs]),
             "system": system, "nodes": int(nodes), "latency_ms": int(latency),
@@ -288,7 +297,7 @@ def main(argv=None) -> dict:
                                             f"plain-capped|1|{latency}"),
                            "floor": None, "pass": None})
     data = {"mode": mode, "repeat": repeat, "concurrency": args.concurrency, "per_page": PER_PAGE,
-            "ours_settings": ours_settings, "latency_jitter": args.latency_jitter,
+            "ours_settings": ours_settings, "all_settings": all_settings, "latency_jitter": args.latency_jitter,
             "sizes": sizes, "summary": summary, "checks": checks, "runs": runs,
             "duration_s": time.monotonic() - t0}
     return finish(NAME, data, args.out, render)

@@ -49,6 +49,11 @@ class BenchRecorder:
         # (the queue is in Redis). Each is a handful of objects that every
         # full garbage collection walks.
         self.held_peak = 0
+        # The most asyncio tasks alive and responses in the scraper, sampled
+        # with it: Scrapy 2.19 starts CONCURRENT_ITEMS tasks for every
+        # response's output, and every collection walks the tasks alive.
+        self.tasks_peak = 0
+        self.scraping_peak = 0
         # when each response came (s after the first request): where a crawl
         # loses time, at its start, in its steady state or in its tail
         self.response_times: list[float] = []
@@ -155,6 +160,15 @@ class BenchRecorder:
         except TypeError:
             return 0
 
+    def _sample_tasks(self) -> None:
+        try:
+            self.tasks_peak = max(self.tasks_peak, len(asyncio.all_tasks()))
+        except RuntimeError:  # no running loop (not the asyncio reactor)
+            pass
+        slot = getattr(getattr(self.crawler.engine, "scraper", None), "slot", None)
+        if slot is not None:
+            self.scraping_peak = max(self.scraping_peak, len(slot.active) + len(slot.queue))
+
     def _gc_timer(self, phase, info):
         if phase == "start":
             self._gc_start = time.process_time()
@@ -180,6 +194,7 @@ class BenchRecorder:
             self._last_tick = now
             self.progress.append((now, self.responses))
             self.held_peak = max(self.held_peak, self._held_in_memory())
+            self._sample_tasks()
 
     def spider_closed(self, spider, reason):
         if self._gc_timer in gc.callbacks:
@@ -203,6 +218,8 @@ class BenchRecorder:
                   # objects the collector tracks at the end (a full collection walks them all)
                   "gc_tracked": len(gc.get_objects()),
                   "held_peak": self.held_peak,
+                  "tasks_peak": self.tasks_peak,
+                  "scraping_peak": self.scraping_peak,
                   "occupancy": (self._flow_until[1] / (self._flow_until[0] - self._flow_from)
                                 if self._flow_until and self._flow_until[0] > self._flow_from
                                 else None),

@@ -326,6 +326,20 @@ def test_lease_ttl_and_heartbeat_defaults_recover_within_15_seconds(redis_url):
             "REDIS_URL": redis_url, "SCHEDULER_HEARTBEAT_INTERVAL": 20}))
 
 
+@pytest.mark.parametrize("concurrency, explicit, expected", [
+    (16, None, 16), (32, None, 16), (64, None, 16), (256, None, 64), (64, 48, 48)])
+def test_prefetch_default_is_a_quarter_of_the_concurrency_at_least_16(
+        redis_url, concurrency, explicit, expected):
+    """Not the whole concurrency: on a node whose CPU is the limit, a buffer as
+    large as it filled every slot with responses to scrape, for fewer pages/s
+    (see default_prefetch); an explicit SCHEDULER_PREFETCH wins."""
+    settings = {"REDIS_URL": redis_url, "CONCURRENT_REQUESTS": concurrency}
+    if explicit:
+        settings["SCHEDULER_PREFETCH"] = explicit
+    scheduler = RedisScheduler.from_crawler(get_crawler(MetaSpider, settings))
+    assert scheduler.prefetch == expected
+
+
 def test_robots_crawl_delay_and_slow_down_answers_reach_the_frontier(redis_url):
     """robots.txt Crawl-delay (with ROBOTSTXT_OBEY) and 429/503 answers become
     feedback for the site's politeness key in the next frontier call."""
