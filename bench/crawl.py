@@ -41,6 +41,12 @@ with Scrapy's defaults) and ``ours-shipped`` ÷ ``plain-tuned`` compare the
 frontier alone; ``ours-shipped`` ÷ ``plain`` is what a user moving from a
 plain Scrapy project gets.
 
+``--ours-set NAME=VALUE`` sets a Scrapy setting on ours' nodes only, ``--all-set``
+on every system's (e.g. ``--all-set CONCURRENT_ITEMS=16``: the same per-response
+cost everywhere). The records give each node's peaks of asyncio tasks alive and of
+responses in Scrapy's scraper (``tasks_peak``, ``scraping_peak``, sampled once a
+second) next to the collector's CPU per page (``gc_ms_per_page``).
+
     python -m bench.crawl [--quick] [--repeat N] [--only 'ours|1|0,ours-old|1|0']
 """
 
