@@ -326,13 +326,13 @@ def _status_table(args, data: dict):
         table.add_row("bloom bytes per item", f"{bloom['bytes_per_item']:.2f}")
     nodes = Table(title="nodes (reports every 5 s)")
     for column in ("node", "report age s", "state", "pages/s", "items/s", "pages", "items",
-                   "errors", "leases"):
+                   "errors", "leases", "downloading"):
         nodes.add_column(column, justify="left" if column in ("node", "state") else "right")
     for r in data["nodes"]:
         nodes.add_row(r["node"], f"{r['age_s']:g}", str(r.get("state", "")),
                       f"{r.get('pages_per_s', 0):g}", f"{r.get('items_per_s', 0):g}",
                       str(r.get("pages", 0)), str(r.get("items", 0)), str(r.get("errors", 0)),
-                      str(r.get("leases", 0)))
+                      str(r.get("leases", 0)), str(r.get("downloading", "")))
     pol = data["politeness"]
     hosts = Table(title=f"hosts: {pol['hosts']}" + (
         f", {pol['blocked']} blocked, {pol['backing_off']} backing off (most queued first)"

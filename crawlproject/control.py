@@ -152,6 +152,7 @@ class ControlWatcher:
         if new != self.state:
             old, self.state = self.state, new
             self.on_change(old, new)
+            self._last_report = 0.0  # `crawlctl status` shows the new state within a second
         return new
 
     async def _run(self) -> None:

@@ -701,6 +701,8 @@ class RedisScheduler(BaseScheduler):
                 "items_per_s": round((items - i0) / span, 2) if span > 0 else 0.0,
                 "leases": (len(self.client.held) + len(self.client.buffer)
                            + self.client.reserved_count()),
+                # started and not yet answered: what a paused node still finishes
+                "downloading": self._downloading(),
                 # with the lease deadline in {spider}:nodes: when it last renewed
                 "lease_ttl_s": self.lease_ttl, "state": self.control_state}
 
@@ -720,8 +722,11 @@ class RedisScheduler(BaseScheduler):
             self._nudge_engine()
 
     def _on_control(self, old: str, new: str) -> None:
+        # The downloads a pause lets finish: counted in the same turn of the
+        # loop that sets `paused` below, so none can start in between.
         logger.info("Operator control: %s (was %s)%s", new, old, {
-            "pause": ": taking no request and no seed; prefetched requests stay leased here",
+            "pause": ": taking no request and no seed; prefetched requests stay leased here; "
+                     f"downloads under way finish: {self._downloading()}",
             "drain": ": taking no seed; closing once the frontier is empty",
             "stop": ": closing now; leases go back to the queue",
             "run": ""}[new], extra={"spider": self.spider})
@@ -826,6 +831,11 @@ class RedisScheduler(BaseScheduler):
         logger.error("Dead-lettered %s after %s attempt(s): %s", request, record["attempts"],
                      reason, extra={"spider": self.spider})
         return DEAD
+
+    def _downloading(self) -> int:
+        """Requests in this node's downloader (waiting for a slot or under way)."""
+        downloader = getattr(self.crawler.engine, "downloader", None)
+        return len(getattr(downloader, "active", ()))
 
     def _maybe_report(self) -> None:
         now = time.monotonic()

@@ -4,13 +4,14 @@ resume | drain | stop``), with real nodes, Redis, MongoDB and the demo site."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
 
 import pytest
 
-from crawlproject.control import ControlWatcher, control_key
+from crawlproject.control import ControlWatcher, control_key, node_reports
 from crawlproject.demo.site import DemoSite, expected_items
 from crawlproject.keys import FrontierKeys, start_urls_key
 from tests.crawl_helpers import (ROOT, Node, assert_matches_catalog, assert_written_once,
@@ -201,21 +202,32 @@ def test_pause_stops_fetching_on_every_node_and_resume_finishes_the_crawl(
             assert "run -> pause" in out.stdout
             for node in nodes:
                 node.wait_for_log("Operator control: pause", timeout=30)
-            # Downloads already started finish (100 ms each); then the site hears nothing.
+            at_pause = hits(site)
+            # What each node had under way when it paused (counted as it paused).
+            underway = sum(int(re.search(r"Operator control: pause .*downloads under way "
+                                         r"finish: (\d+)", node.text()).group(1))
+                           for node in nodes)
+            assert underway <= 2 * SETTINGS["CONCURRENT_REQUESTS"]
+            # Downloads already started finish; the event: both nodes report the pause
+            # with nothing left in their downloaders (a node reports at once when the
+            # state changes, then every 5 s). Not "the site went quiet for a second": on
+            # a loaded machine a download started before the pause (a rendered page
+            # whose browser is still starting) reached the site after such a quiet.
             inflight = FrontierKeys("products").inflight
-            seen = [hits(site), time.monotonic()]
 
-            def settled():
-                now = hits(site)
-                if now != seen[0]:
-                    seen[:] = [now, time.monotonic()]
-                return time.monotonic() - seen[1] >= 1.0
+            def paused_and_idle():
+                return sorted((r.get("state"), r.get("downloading"))
+                              for r in node_reports(redis, "products")) == [("pause", 0)] * 2
 
-            wait_until(settled, 30, "started downloads to end")
-            paused_at = hits(site)
+            wait_until(paused_and_idle, 60, "both nodes paused with no download left", step=0.2)
+            before = dict(site.stats())
+            # ... and nothing else: not the requests prefetched into the nodes' buffers.
+            assert sum(before.values()) - at_pause <= underway, (at_pause, underway, before)
             stored_paused = database["products"].count_documents({})
             time.sleep(3)  # nothing may happen: a wait for an event that must not come
-            assert hits(site) == paused_at, "a paused cluster fetched pages"
+            fetched = {path: n - before.get(path, 0) for path, n in site.stats().items()
+                       if n != before.get(path, 0)}
+            assert not fetched, f"a paused cluster fetched pages: {fetched}"
             assert stored_paused < products, "the crawl ended before the pause"
             assert redis.hlen(inflight) > 0, "prefetched leases are kept while paused"
             status = crawlctl(redis_url, "status", "products")
@@ -231,6 +243,8 @@ def test_pause_stops_fetching_on_every_node_and_resume_finishes_the_crawl(
             assert {r["node"].split("-")[0] for r in state["nodes"]} == {"c1", "c2"}
             assert sum(r["items"] for r in state["nodes"]) >= stored_paused
             assert all(r["registered"] and r["age_s"] < 15 for r in state["nodes"])
+            assert [r["downloading"] for r in state["nodes"]] == [0, 0]
+            assert "downloading" in status.stdout
             assert state["frontier"]["inflight"] > 0 and state["bloom"]["items"] > 0
             assert [h["host"] for h in state["politeness"]["top"]] == ["127.0.0.1"]
             crawlctl(redis_url, "resume", "products")

@@ -126,10 +126,11 @@ def nodes_fragment(data: dict) -> str:
                      n(r["age_s"]), n(r.get("pages_per_s", 0)), n(r.get("items_per_s", 0)),
                      n(r.get("pages", 0)), n(r.get("items", 0)),
                      f'{n(r.get("errors_download", 0))} / {n(r.get("errors_callback", 0))}',
-                     n(r.get("leases", 0))])
+                     n(r.get("leases", 0)), n(r["downloading"]) if "downloading" in r else ""])
     return _table("Nodes (each reports every 5 s; seconds)",
                   ["node", "state", "heartbeat age", "lease left", "report age", "pages/s",
-                   "items/s", "pages", "items", "errors download / callback", "leases"],
+                   "items/s", "pages", "items", "errors download / callback", "leases",
+                   "downloading"],
                   rows, "No node has reported in the last 10 minutes.", numeric_from=2)
 
 

@@ -64,6 +64,7 @@ FRONTIER_GAUGES = {
     "frontier_inflight": "requests leased to nodes (cluster, last seen by this node)",
     "node_prefetched": "requests prefetched by this node, not yet started",
     "node_leases": "requests leased to this node (prefetched or being worked on)",
+    "node_downloading": "requests in this node's downloader (waiting for a slot or under way)",
 }
 #: errors by kind: stats prefix → kind label
 ERROR_PREFIXES = {
@@ -140,7 +141,9 @@ class StatsCollector:
             return {"frontier_queued": sizes["queued"], "frontier_delayed": sizes["delayed"],
                     "frontier_inflight": sizes["inflight"],
                     "node_prefetched": sizes["prefetched"],
-                    "node_leases": len(client.held) + len(client.buffer)}
+                    "node_leases": len(client.held) + len(client.buffer),
+                    "node_downloading": len(getattr(self.crawler.engine.downloader, "active",
+                                                    ()))}
         except (RuntimeError, KeyError, AttributeError):
             return {}
 
