@@ -650,6 +650,27 @@ def test_a_reserve_hands_a_slot_on_without_raising_the_key_s_count(node, clock):
     assert inflight(a) == 1 and len(b.take(5)) == 1
 
 
+def test_an_end_reported_with_its_ack_frees_its_slot_once(node, clock):
+    """A download's end and its ack (or fail) in the same call: the script
+    leaves the end to the ack, which frees the slot: once, not twice, not
+    never; a hand-off in that call still reads the end's mark."""
+    a, b = node("a", polite(delay=0, concurrency=2)), node("b", polite(delay=0, concurrency=2))
+    add(a, "h1", 10)
+    (m1, _), (m2, _) = a.take(5)
+    a.sync(Batch(fetched=[m1], acks=[m1]))
+    assert inflight(a) == 1
+    assert len(b.take(5)) == 1 and b.take(5) == []      # one slot freed, only one
+    a.sync(Batch(fetched=[m2, m2], fails=[(m2, "dead", "{}")]))
+    assert inflight(a) == 1                              # b's entry only
+    (m4, _), = a.take(5)
+    assert inflight(a) == 2
+    (r1, _), = a.sync(Batch(reserve=[("h1", 5)])).reserved   # a's share: 1 of 2
+    a.sync(Batch(fetched=[m4], handoffs=[(m4, r1)], acks=[m4]))
+    assert inflight(a) == 2 and b.take(5) == []          # r1 runs on m4's slot
+    a.ack(r1)
+    assert inflight(a) == 1 and len(a.take(5)) == 1      # (b holds its share: 1 of 2)
+
+
 def test_a_reserve_is_given_only_at_the_key_s_concurrency_and_split_over_nodes(node, clock):
     a, b = node("a", polite(delay=0, concurrency=4)), node("b", polite(delay=0, concurrency=4))
     add(a, "h1", 20)

@@ -235,8 +235,10 @@ local function bloom_bits(key, m, layer, fps, indices, op)
     local o, n = ops[shard], lens[shard]
     if not o then o = {}; ops[shard] = o; n = 0; owners[shard] = {}; counts[shard] = 0 end
     if set then
+      -- ('1', not 1: Redis formats every number argument with "%.17g", and
+      -- this loop sends a thousand or more of them a call)
       for j = 0, k - 1 do
-        o[n + 1] = 'SET'; o[n + 2] = 'u1'; o[n + 3] = (h1 + j * h2) % per; o[n + 4] = 1
+        o[n + 1] = 'SET'; o[n + 2] = 'u1'; o[n + 3] = (h1 + j * h2) % per; o[n + 4] = '1'
         n = n + 4
       end
     else
@@ -437,10 +439,16 @@ local function HELD(n) return HP .. ':' .. n end
 -- A lease's value is its node id, with '|f' once its download ended (then its
 -- key's in-flight slot is already free) or '|r' while it waits in the node's
 -- reserve (it holds no slot yet). The second value is that flag, or false.
+local byte, sub, find = string.byte, string.sub, string.find
 local function lease(v)
+  -- (by bytes, not a pattern: this runs for every member an ack, a take or a
+  -- reclaim touches; 124 = '|', 102 = 'f', 114 = 'r')
   if not v then return false, false end
-  local owner, flag = string.match(v, '^(.*)|([fr])$')
-  if owner then return owner, flag end
+  if byte(v, -2) == 124 then
+    local f = byte(v, -1)
+    if f == 102 then return sub(v, 1, -3), 'f' end
+    if f == 114 then return sub(v, 1, -3), 'r' end
+  end
   return v, false
 end
 local function leases_of(nd)
@@ -506,12 +514,45 @@ local overrides = nil
 -- call that reads and writes state anyway. qlen_raw is its value as read (false
 -- when absent), qlen_read whether it was read.
 local qlen_raw, qlen_read = false, false
+-- load() keeps each key's fields as read (RAW_ST, RAW_LIM: the string, or
+-- false when absent); they are parsed into ST[k] and LIM[k] when first used: a
+-- take reads a window of ready keys and often uses only the first of them.
+local RAW_ST, RAW_LIM = {}, {}
+local DEFAULT_LIM = {delay = def_delay, conc = def_conc}   -- read only
+setmetatable(ST, {__index = function(t, k)
+  local s = RAW_ST[k]
+  if s == nil then return nil end   -- not loaded
+  local n, la, bl, bo, cd = 0, 0, 0, 0, 0
+  if s then
+    n, la, bl, bo, cd = string.match(s, '^(%-?%d+)|(%d+)|(%d+)|(%d+)|(%d+)$')
+    n, la, bl, bo, cd = tonumber(n) or 0, tonumber(la) or 0, tonumber(bl) or 0,
+                        tonumber(bo) or 0, tonumber(cd) or 0
+  end
+  local v = {n = math.max(0, n), last = la, block = bl, bo = bo, cd = cd}
+  rawset(t, k, v)
+  return v
+end})
+setmetatable(LIM, {__index = function(t, k)
+  local l = RAW_LIM[k]
+  if l == nil then return nil end   -- not loaded
+  local v = DEFAULT_LIM
+  if l then
+    -- an empty field is not overridden: this node's setting applies
+    local d, c = def_delay, def_conc
+    local ld, lc = string.match(l, '^(%d*)|(%d*)')
+    if ld then d, c = tonumber(ld) or def_delay, tonumber(lc) or def_conc end
+    if c <= 0 then c = 1000000000 end
+    v = {delay = d, conc = c}
+  end
+  rawset(t, k, v)
+  return v
+end})
 local function load(keys)
   -- State and override of each key come from kstate: the override of key K
   -- is mirrored there as field '|K' (see SET_LIMITS).
   local need, seen = {}, {}
   for _, k in ipairs(keys) do
-    if ST[k] == nil and not seen[k] then need[#need + 1] = k; seen[k] = true end
+    if RAW_ST[k] == nil and not seen[k] then need[#need + 1] = k; seen[k] = true end
   end
   for i = 1, #need, 500 do
     local last = math.min(i + 499, #need)
@@ -544,23 +585,9 @@ local function load(keys)
       end
     end
     for j = i, last do
-      local k, s = need[j], got[per * (j - i) + 1]
-      local l = per == 2 and got[2 * (j - i) + 2] or nil
-      local n, la, bl, bo, cd = 0, 0, 0, 0, 0
-      if s then
-        n, la, bl, bo, cd = string.match(s, '^(%-?%d+)|(%d+)|(%d+)|(%d+)|(%d+)$')
-        n, la, bl, bo, cd = tonumber(n) or 0, tonumber(la) or 0, tonumber(bl) or 0,
-                            tonumber(bo) or 0, tonumber(cd) or 0
-      end
-      ST[k] = {n = math.max(0, n), last = la, block = bl, bo = bo, cd = cd}
-      local d, c = def_delay, def_conc
-      if l then
-        -- an empty field is not overridden: this node's setting applies
-        local ld, lc = string.match(l, '^(%d*)|(%d*)')
-        if ld then d, c = tonumber(ld) or def_delay, tonumber(lc) or def_conc end
-        if c <= 0 then c = 1000000000 end
-      end
-      LIM[k] = {delay = d, conc = c}
+      local k = need[j]
+      RAW_ST[k] = got[per * (j - i) + 1]
+      RAW_LIM[k] = per == 2 and got[2 * (j - i) + 2] or false
     end
   end
 end
@@ -580,7 +607,11 @@ local function earliest(k)
   local s = ST[k]
   return math.max(s.last + interval(k) * (1 + margin), s.block)
 end
-local function member_key(member) return string.match(member, '@(.*)$') end
+local function member_key(member)
+  -- the politeness key of "<priority>:<seq>@<key>" (nil if it has none)
+  local at = find(member, '@', 1, true)
+  return at and sub(member, at + 1) or nil
+end
 
 -- What becomes of each touched key's entry in the ready set, decided at the end.
 local took, touched, raise = {}, {}, {}
@@ -592,10 +623,10 @@ local adopt = {}
 for i = 1, tonumber(ARGV[pos]) do adopt[i] = {ARGV[pos + 2 * i - 1], ARGV[pos + 2 * i]} end
 pos = pos + 1 + 2 * #adopt
 local n_add = tonumber(ARGV[pos]); pos = pos + 1
+-- entries[i]: where add i's five arguments start in ARGV (no table per add)
 local entries, fps, forced = {}, {}, {}
 for i = 1, n_add do
-  entries[i] = {ARGV[pos], ARGV[pos + 1], tonumber(ARGV[pos + 2]), ARGV[pos + 3],
-                tonumber(ARGV[pos + 4])}
+  entries[i] = pos
   local f = ARGV[pos + 1]
   if string.byte(f, 1) == 33 then forced[i] = true; f = string.sub(f, 2) end  -- '!'
   if f ~= '' then fps[i] = f end
@@ -641,13 +672,27 @@ if string.find(ARGV[5], 'c', 1, true) then
   -- length mend themselves)
   if not bad then
     local qs = {}
-    for _, e in ipairs(entries) do qs[e[1]] = true end
+    for _, e in ipairs(entries) do qs[ARGV[e]] = true end
     for _, m in ipairs(nacks) do qs[member_key(m) or ''] = true end
     for _, k in ipairs(redis.call('ZRANGE', KEYS[1], 0, 999)) do qs[k] = true end
     for _, m in ipairs(redis.call('ZRANGE', KEYS[5], 0, 999)) do qs[member_key(m) or ''] = true end
     for k, _ in pairs(qs) do bad = bad or bad_key(Q(k), 'zset') end
   end
   if bad then return redis.error_reply('BADKEY ' .. bad .. ': nothing changed') end
+end
+
+-- A download's end (fetched) acknowledged or failed in this same call is left
+-- to the ack or fail, which frees the slot itself (the same outcome, two
+-- commands fewer), unless a hand-off names it (the hand-off reads its mark).
+if #fetched > 0 and (#acks > 0 or #fails > 0) then
+  local settled, rest = {}, {}
+  for _, a in ipairs(acks) do settled[a[1]] = true end
+  for _, f in ipairs(fails) do settled[f[1]] = true end
+  for _, h in ipairs(handoffs) do settled[h[1]] = nil end
+  for _, member in ipairs(fetched) do
+    if not settled[member] then rest[#rest + 1] = member end
+  end
+  fetched = rest
 end
 
 -- Only the keys whose in-flight count or state this call changes are read
@@ -684,21 +729,26 @@ if n_add > 0 then
   end
   local keep = {}
   for i = 1, n_add do
-    if entries[i][2] == '' or new[i] or forced[i] then keep[#keep + 1] = entries[i] end
+    if ARGV[entries[i] + 1] == '' or new[i] or forced[i] then keep[#keep + 1] = entries[i] end
   end
   added, dups = #keep, n_add - #keep
   if added > 0 then
     local seq = next_seq(added)
     local byq, dargs, pargs = {}, {}, {}
     for j, e in ipairs(keep) do
-      local member = tostring(e[3]) .. ':' .. fmt(seq + j) .. '@' .. e[1]
-      pargs[#pargs + 1] = member; pargs[#pargs + 1] = e[4]
-      if e[5] > 0 then
-        dargs[#dargs + 1] = fmt(now() + e[5]); dargs[#dargs + 1] = member
+      local k, prio, delay = ARGV[e], tonumber(ARGV[e + 2]), tonumber(ARGV[e + 4])
+      local member = tostring(prio) .. ':' .. fmt(seq + j) .. '@' .. k
+      pargs[#pargs + 1] = member; pargs[#pargs + 1] = ARGV[e + 3]
+      if delay > 0 then
+        dargs[#dargs + 1] = fmt(now() + delay); dargs[#dargs + 1] = member
       else
-        local q = byq[e[1]]
-        if not q then q = {}; byq[e[1]] = q end
-        q[#q + 1] = score(member); q[#q + 1] = member
+        local q = byq[k]
+        if not q then q = {}; byq[k] = q end
+        -- score(member) without parsing it again: exact for the priorities
+        -- nodes send (integers within +-4095)
+        local sc = (prio == math.floor(prio) and prio > -1e12 and prio < 1e12)
+                   and fmt(-prio * SHIFT + (seq + j)) or score(member)
+        q[#q + 1] = sc; q[#q + 1] = member
       end
     end
     call_chunked('HSET', KEYS[2], pargs, 2)
@@ -1004,9 +1054,11 @@ end
 -- got work or a free slot joins it at its next start (unless already there),
 -- a block or backoff pushes it later.
 do
-  local rem, nx, gt = {}, {}, {}
+  local rem, nx, gt, nowf = {}, {}, {}, nil
   for k, _ in pairs(touched) do
-    if ST[k] == nil then nx[#nx + 1] = fmt(now()); nx[#nx + 1] = k   -- a hint, checked at take
+    if ST[k] == nil then   -- a hint, checked at take
+      nowf = nowf or fmt(now())
+      nx[#nx + 1] = nowf; nx[#nx + 1] = k
     elseif ST[k].n >= LIM[k].conc then rem[#rem + 1] = k
     else nx[#nx + 1] = fmt(math.max(now(), next_start(k))); nx[#nx + 1] = k end
   end
