@@ -702,7 +702,7 @@ class RedisScheduler(BaseScheduler):
                 "leases": (len(self.client.held) + len(self.client.buffer)
                            + self.client.reserved_count()),
                 # started and not yet answered: what a paused node still finishes
-                "downloading": self._downloading(),
+                "downloading": self.downloading,
                 # with the lease deadline in {spider}:nodes: when it last renewed
                 "lease_ttl_s": self.lease_ttl, "state": self.control_state}
 
@@ -726,7 +726,7 @@ class RedisScheduler(BaseScheduler):
         # loop that sets `paused` below, so none can start in between.
         logger.info("Operator control: %s (was %s)%s", new, old, {
             "pause": ": taking no request and no seed; prefetched requests stay leased here; "
-                     f"downloads under way finish: {self._downloading()}",
+                     f"downloads under way finish: {self.downloading}",
             "drain": ": taking no seed; closing once the frontier is empty",
             "stop": ": closing now; leases go back to the queue",
             "run": ""}[new], extra={"spider": self.spider})
@@ -832,8 +832,10 @@ class RedisScheduler(BaseScheduler):
                      reason, extra={"spider": self.spider})
         return DEAD
 
-    def _downloading(self) -> int:
-        """Requests in this node's downloader (waiting for a slot or under way)."""
+    @property
+    def downloading(self) -> int:
+        """Requests in this node's downloader (waiting for a slot or under way):
+        the ``downloading`` of its report, the pause log line and the metrics."""
         downloader = getattr(self.crawler.engine, "downloader", None)
         return len(getattr(downloader, "active", ()))
 

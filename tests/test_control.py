@@ -99,6 +99,42 @@ def test_stop_returns_when_a_redis_command_swallows_the_cancellation(redis_url):
     assert asyncio.run(scenario()) == (True, True)
 
 
+def test_a_change_of_state_is_reported_at_once_not_at_the_next_interval(redis, redis_url):
+    """`crawlctl status` shows a node's new state within a poll, though its
+    reports are minutes apart: a change sends the report at once."""
+    import asyncio
+
+    from redis import asyncio as aioredis
+
+    from crawlproject.control import node_reports_key
+
+    async def scenario():
+        client = aioredis.Redis.from_url(redis_url)
+        watcher = ControlWatcher(client, "shop", lambda old, new: None, interval=0.05,
+                                 report=lambda: {"state": watcher.state}, node="n1",
+                                 report_interval=600)
+        watcher.start()
+        try:
+            async def reported_state():
+                raw = await client.hget(node_reports_key("shop"), "n1")
+                return json.loads(raw)["state"] if raw else None
+
+            async def until(state, timeout):
+                deadline = time.monotonic() + timeout
+                while await reported_state() != state:
+                    assert time.monotonic() < deadline, f"no report of {state!r} in {timeout}s"
+                    await asyncio.sleep(0.05)
+
+            await until("run", 30)          # the first report
+            redis.hset(control_key("shop"), "state", "pause")
+            await until("pause", 30)        # at once, not in 600 s
+        finally:
+            await watcher.stop()
+            await client.aclose()
+
+    asyncio.run(scenario())
+
+
 class CountingRedis:
     """Builds a real ``redis.asyncio.Redis`` (a subclass) that counts its HGETs,
     so a test can wait for the watcher to have tried, rather than sleep."""

@@ -133,7 +133,8 @@ class StatsCollector:
         return False
 
     def _frontier_sizes(self) -> dict[str, int]:
-        client = getattr(getattr(self.crawler.engine, "scheduler", None), "client", None)
+        scheduler = getattr(self.crawler.engine, "scheduler", None)
+        client = getattr(scheduler, "client", None)
         if client is None:
             return {}
         try:
@@ -142,8 +143,7 @@ class StatsCollector:
                     "frontier_inflight": sizes["inflight"],
                     "node_prefetched": sizes["prefetched"],
                     "node_leases": len(client.held) + len(client.buffer),
-                    "node_downloading": len(getattr(self.crawler.engine.downloader, "active",
-                                                    ()))}
+                    "node_downloading": scheduler.downloading}
         except (RuntimeError, KeyError, AttributeError):
             return {}
 
