@@ -72,10 +72,12 @@ local BLOOM_AHEAD_ROOM = 0.1       -- make the next layer from 90 % full
 
 local function fmt(x) return string.format('%.0f', x) end
 
+local function score_of(priority, seq) return fmt(-priority * SHIFT + seq) end
+
 local function score(member)
   -- "<priority>:<seq>" or "<priority>:<seq>@<politeness key>"
   local p, s = string.match(member, '^(-?%d+):(%d+)')
-  return fmt(-tonumber(p) * SHIFT + tonumber(s))
+  return score_of(tonumber(p), tonumber(s))
 end
 
 local function call_chunked(cmd, key, args, width, counts)
@@ -682,13 +684,12 @@ if string.find(ARGV[5], 'c', 1, true) then
 end
 
 -- A download's end (fetched) acknowledged or failed in this same call is left
--- to the ack or fail, which frees the slot itself (the same outcome, two
--- commands fewer), unless a hand-off names it (the hand-off reads its mark).
+-- to the ack or fail, which frees the slot itself: the same outcome, two
+-- commands fewer (a hand-off of that end marks it ended itself).
 if #fetched > 0 and (#acks > 0 or #fails > 0) then
   local settled, rest = {}, {}
   for _, a in ipairs(acks) do settled[a[1]] = true end
   for _, f in ipairs(fails) do settled[f[1]] = true end
-  for _, h in ipairs(handoffs) do settled[h[1]] = nil end
   for _, member in ipairs(fetched) do
     if not settled[member] then rest[#rest + 1] = member end
   end
@@ -744,10 +745,11 @@ if n_add > 0 then
       else
         local q = byq[k]
         if not q then q = {}; byq[k] = q end
-        -- score(member) without parsing it again: exact for the priorities
-        -- nodes send (integers within +-4095)
+        -- without parsing the member again where its priority is an integer
+        -- that prints exactly (nodes send -4095..4095); anything else fails
+        -- in score() as it always did
         local sc = (prio == math.floor(prio) and prio > -1e12 and prio < 1e12)
-                   and fmt(-prio * SHIFT + (seq + j)) or score(member)
+                   and score_of(prio, seq + j) or score(member)
         q[#q + 1] = sc; q[#q + 1] = member
       end
     end
