@@ -48,6 +48,8 @@ from collections import deque
 import scrapy
 from scrapy import Request, signals
 from scrapy.core.scheduler import BaseScheduler
+from scrapy.exceptions import IgnoreRequest
+from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.request import RequestFingerprinter
 from scrapy.utils.request import fingerprint as scrapy_fingerprint
@@ -93,6 +95,52 @@ SUPPORTED_SCRAPY = ((2, 13), (2, 19))
 HOST_LIMITS_REFRESH = 5.0
 LIMITS_CHUNK = 500   # FRONTIER_HOST_LIMITS entries per SET_LIMITS call
 __all__ = ["RedisScheduler", "LEASE_META", "RETRY_DELAY_META", "CALLBACK_ATTEMPTS_META"]
+
+
+class LeaseErrback:
+    """The errback of a leased request: a download that failed is never taken
+    for done.
+
+    Scrapy hands a download's failure to the request's errback, or logs it
+    when there is none; either way the request then leaves the engine, and
+    the scheduler would acknowledge it. A failure the retry middleware did not
+    turn into a retry (an exception raised by any downloader middleware, a
+    ``dont_retry`` request's timeout...) would so be lost. This wrapper, set on
+    every request taken from the frontier, records such a failure (*record*:
+    ``(member, reason)``) before the spider's own errback sees it, so that the
+    request is dead-lettered with the reason instead. ``IgnoreRequest`` (and
+    ``HttpError``, its subclass) is a decision, not a failure: the request is
+    done. A spider errback that handles the failure (returns) makes it done
+    too, as in Scrapy; one that raises another exception is a callback error.
+    It is never stored: :mod:`crawlproject.serialization` stores what
+    ``stored_as`` names instead, the spider's own errback (or none).
+    """
+
+    __slots__ = ("record", "member", "original")
+
+    def __init__(self, record, member: str, original):
+        self.record, self.member, self.original = record, member, original
+
+    @property
+    def stored_as(self):
+        """The errback a copy of the request is stored with (retries, redirects)."""
+        return self.original
+
+    def __call__(self, failure):
+        if self.original is None:
+            self._unhandled(failure)
+            failure.raiseException()
+        try:
+            return self.original(failure)
+        except Exception as exc:
+            if exc is failure.value:  # re-raised by the spider: still the download's
+                self._unhandled(failure)
+            raise
+
+    def _unhandled(self, failure) -> None:
+        if not failure.check(IgnoreRequest):
+            exc = failure.value
+            self.record(self.member, f"{type(exc).__name__}: {exc}")
 
 
 class StartBurst:
@@ -297,6 +345,7 @@ class RedisScheduler(BaseScheduler):
     def setup(self, spider) -> None:
         """Everything :meth:`open` does that needs neither the engine nor Redis."""
         self.spider = spider
+        self._no_remote_control()
         self.hooks = request_hooks(self.crawler)
         self.policy = InputPolicy.from_settings(self.crawler.settings, type(spider))
         redis = redis_from_settings(self.crawler.settings, asyncio=True)
@@ -327,6 +376,35 @@ class RedisScheduler(BaseScheduler):
 
     def close(self, reason: str):
         return deferred_from_coro(self._close(reason))
+
+    def _no_remote_control(self) -> None:
+        """Keep Scrapy's remote control server from starting unless the user
+        asked for it.
+
+        Scrapy 2.19 turns it on by default: an HTTP endpoint on localhost that
+        runs the Python code posted to it (with a token in a job file). A
+        crawl node has no use for it, and it is one more way to run code on
+        every node; a user project that pasted the README block without
+        ``REMOTE_CONTROL_ENABLED = False`` would have it. It is taken off the
+        ``engine_started`` signal before the engine starts (the scheduler is
+        opened first); a user who set the setting keeps it, with a warning.
+        """
+        settings = self.crawler.settings
+        if not settings.getbool("REMOTE_CONTROL_ENABLED"):
+            return
+        extensions = getattr(getattr(self.crawler, "extensions", None), "middlewares", ())
+        for ext in extensions:
+            if type(ext).__name__ != "RemoteControl":
+                continue
+            if settings.getpriority("REMOTE_CONTROL_ENABLED") > SETTINGS_PRIORITIES["default"]:
+                logger.warning("Scrapy's remote control (runs Python code posted to it over "
+                               "HTTP on localhost) is on, as REMOTE_CONTROL_ENABLED says",
+                               extra={"spider": self.spider})
+                return
+            self.crawler.signals.disconnect(ext.start, signal=signals.engine_started)
+            logger.info("Scrapy's remote control server is not started on a shared-frontier "
+                        "node (it runs code posted to it); set REMOTE_CONTROL_ENABLED = True "
+                        "to keep it", extra={"spider": self.spider})
 
     def _check_engine(self) -> None:
         """Fail at open, loudly, if the engine lacks what acknowledgements need.
@@ -581,6 +659,12 @@ class RedisScheduler(BaseScheduler):
         return self.client.flushed()
 
     # -- what sites and middlewares report -------------------------------------
+    def _download_failed(self, member: str, reason: str) -> None:
+        # What was recorded first wins: the retry middleware's "retries
+        # exhausted" (mark_failed) comes before the errback sees the failure.
+        if member in self.client.held:
+            self._failed.setdefault(member, ("download", reason))
+
     def mark_failed(self, request: Request, reason: str, kind: str = "download") -> None:
         """Dead-letter *request* when it leaves the engine (retries exhausted)."""
         member = request.meta.get(LEASE_META)
@@ -658,6 +742,7 @@ class RedisScheduler(BaseScheduler):
                          extra={"spider": self.spider})
             raise Rejected(str(exc)) from None
         request.meta[LEASE_META] = member
+        request.errback = LeaseErrback(self._download_failed, member, request.errback)
         # What the frontier stored, before downloader middlewares added their
         # headers: a page record keeps it to fetch the page again (recrawl).
         request.meta[PAYLOAD_META] = payload
@@ -843,6 +928,7 @@ class RedisScheduler(BaseScheduler):
         now = time.monotonic()
         if now - self._last_report >= self.report_interval:
             if self._report_task is None or self._report_task.done():
+                self._last_report = now
                 # Kept: the event loop holds tasks only weakly.
                 self._report_task = asyncio.ensure_future(self._report())
 

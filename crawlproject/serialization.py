@@ -272,6 +272,8 @@ def request_to_dict(request: Request, spider: Spider | None) -> dict[str, Any]:
 
 
 def _method_name(spider: Spider | None, func: Any, what: str) -> Any:
+    # A wrapper set for one download (the scheduler's LeaseErrback) names what to store.
+    func = getattr(func, "stored_as", func)
     if func is None or isinstance(func, str) or not callable(func):
         return func
     name = getattr(func, "__name__", None)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 import redis as redis_lib
-from scrapy import Request, Spider
+from scrapy import Request, Spider, signals
 from scrapy.utils.test import get_crawler
 
 from crawlproject.demo.site import DemoSite, expected_items
@@ -80,6 +80,34 @@ def test_retries_backoff_and_dead_letters(redis, redis_url, mongo_uri, database,
     # An operator replays the dead letters: they are back in the queue.
     # (due at once: the next node call moves them to their site's queue)
     assert frontier.replay_dead() == 2 and frontier.counts()["delayed"] == 2
+
+
+@pytest.mark.slow
+def test_a_download_that_raised_in_a_middleware_is_dead_lettered_not_acked(
+        redis, redis_url, mongo_uri, database, tmp_path):
+    """A request whose download raised in a downloader middleware (not one
+    the retry middleware handles) was acknowledged as done: lost, with no dead
+    letter. It is dead-lettered with the reason; a request a middleware
+    ignored on purpose (IgnoreRequest) is done."""
+    with DemoSite(products=6, faults=False) as site:
+        node = Node("n1", tmp_path, node_env(redis_url, mongo_uri, database.name),
+                    spider="faulty", settings={"MAX_IDLE_TIME_BEFORE_CLOSE": 2,
+                                                "SPIDER_MODULES": "crawlproject.spiders,tests.spiders"})
+        node.wait_for_log("Reading seeds from")
+        redis.lpush(start_urls_key("faulty"), site.url)
+        assert node.wait(120) == 0, node.tail()
+        served = site.stats()
+    frontier = Frontier(redis, "faulty", "test")
+    (dead,) = frontier.dead_letters()
+    assert dead["url"] == f"{site.url}product/3" and dead["kind"] == "download"
+    assert "OverflowError: simulated middleware bug" in dead["reason"]
+    assert dead["payload"]                                # replayable
+    assert "/product/3" not in served and "/product/4" not in served
+    assert sorted(stored_products(database["faulty"])) == [
+        f"{site.url}product/{n}" for n in (1, 2, 5, 6)]
+    counts = frontier.counts()
+    assert counts["queued"] == counts["inflight"] == counts["delayed"] == 0
+    assert node.stat("scheduler/dead/download") == 1
 
 
 @pytest.mark.slow
@@ -451,6 +479,72 @@ def test_counts_of_a_report_that_fails_are_kept_with_those_made_meanwhile():
 
     asyncio.run(report_while_counting())
     assert scheduler._stat_deltas == {"scheduler/acked": 5}
+
+
+def test_the_frontier_status_line_is_logged_once_an_interval_not_every_turn(
+        redis_url, caplog, monkeypatch):
+    """The "Frontier: ..." line (and its stats write to Redis) comes once every
+    SCHEDULER_LOG_INTERVAL: its timer was never reset, so after the first
+    interval every scheduler turn logged one (15-52 lines a second)."""
+    import asyncio
+    import logging
+    import types
+
+    import crawlproject.scheduler as scheduler_module
+
+    now = [1000.0]
+    monkeypatch.setattr(scheduler_module, "time",
+                        types.SimpleNamespace(monotonic=lambda: now[0], time=time.time))
+    scheduler, _ = _scheduler(redis_url, SCHEDULER_LOG_INTERVAL=60)
+
+    async def ten_minutes_of_turns():
+        for _ in range(600 * 4):                       # a turn every 0.25 s
+            now[0] += 0.25
+            scheduler._maybe_report()
+            if scheduler._report_task is not None:
+                await scheduler._report_task
+        await scheduler.client.partitions[0].client.aclose()
+
+    with caplog.at_level(logging.INFO, logger="crawlproject.scheduler"):
+        asyncio.run(ten_minutes_of_turns())
+    lines = [r for r in caplog.records if r.getMessage().startswith("Frontier: ")]
+    assert len(lines) == 10
+
+
+def test_scrapys_remote_control_is_not_started_unless_the_user_set_it(redis_url, caplog):
+    """Scrapy 2.19 starts an HTTP server that runs posted code, on by default;
+    a user project with the README block had it on every node."""
+    import asyncio
+
+    from scrapy.crawler import Crawler
+    from scrapy.extensions.remote_control import RemoteControl
+    from scrapy.settings import Settings
+
+    def started(settings) -> bool:
+        # Not get_crawler(): it turns the remote control off itself. No Twisted
+        # reactor in this test: the extension runs on asyncio alone.
+        crawler = Crawler(MetaSpider, Settings({"REDIS_URL": redis_url,
+                                                "TWISTED_REACTOR_ENABLED": False, **settings}))
+        crawler._apply_settings()
+        (ext,) = [e for e in crawler.extensions.middlewares if isinstance(e, RemoteControl)]
+        crawler.spider = MetaSpider.from_crawler(crawler)
+        RedisScheduler.from_crawler(crawler).setup(crawler.spider)
+
+        async def engine_started():
+            await crawler.signals.send_catch_log_async(signals.engine_started)
+            running = ext._runner is not None
+            await ext.stop()
+            return running
+
+        return asyncio.run(engine_started())
+
+    import logging
+
+    caplog.set_level(logging.INFO, logger="crawlproject.scheduler")
+    assert not started({})                                 # not set: not started, and said
+    assert "remote control server is not started" in caplog.text
+    assert started({"REMOTE_CONTROL_ENABLED": True})       # the user's choice is kept
+    assert "remote control (runs Python code posted to it" in caplog.text
 
 
 def test_scrapys_per_process_limits_are_taken_over_or_named(redis_url, caplog):
