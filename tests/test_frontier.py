@@ -245,6 +245,27 @@ def test_a_node_that_lost_its_lease_cannot_ack_anothers(node, clock, redis):
     assert a.counts()["inflight"] == 0 and redis.hlen(a.keys.payloads) == 0
 
 
+def test_a_late_ack_takes_an_entry_out_of_its_queue_until_another_node_took_it(
+        node, clock, redis):
+    """The race of a slow node with the reclaim: a's lease expired and x went
+    back to its queue. a's late ack (the page was crawled, its items stored)
+    takes x out while nobody holds it, so it is not fetched again; once b has
+    taken it, x is b's and a's ack is stale (test above)."""
+    a, b = node("a"), node("b")
+    add_all(a, [("x", 0), ("y", 0)])
+    (x, _), (y, _) = a.take(2)
+    clock.advance(11)
+    b.sync(Batch())                                           # the reclaim, no take
+    assert not redis.hexists(a.keys.inflight, x) and a.counts()["queued"] == 2
+    assert a.sync(Batch(acks=[x])).stale == 0                 # late, but first
+    assert not redis.hexists(a.keys.payloads, x)
+    assert [m for m, _ in b.take(5)] == [y]                   # x is not fetched twice
+    assert a.sync(Batch(acks=[y])).stale == 1                 # b was first: b's
+    assert redis.hget(a.keys.inflight, y) == b"b"
+    b.ack(y)
+    assert a.counts() == {**a.counts(), "queued": 0, "inflight": 0}
+
+
 def test_an_ack_repeated_after_a_lost_reply_is_not_stale(node, redis):
     """Redis ran the call with the ack and stopped before answering: the node
     sends the ack again with its next call; the entry is already gone."""
