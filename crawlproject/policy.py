@@ -27,6 +27,19 @@ allow-list:
   recording, no user data or storage-state files, no downloads, no proxy or
   credentials).
 
+* **Stored requests** (frontier payloads, page records' requests, and seeds
+  once made into requests): :meth:`InputPolicy.check_stored` — an ``http`` or
+  ``https`` URL, published callbacks, and meta keys from an allow-list: the
+  keys this project's components and Scrapy's put on requests a node stores
+  itself (:data:`STORED_META`, each value checked, limits such as
+  ``download_timeout`` only ever tightened), the keys of ``SEED_META_ALLOW``,
+  ``STORED_META_ALLOW`` and the spider's ``seed_meta_allow`` /
+  ``stored_meta_allow``. ``playwright_include_page`` and
+  ``playwright_context`` only when published that way; ``proxy`` only when
+  ``STORED_PROXY_ALLOW`` names it (a proxy the pool or the environment chose
+  for one download is dropped, never stored nor honoured). A page record's
+  request must fetch the record's own site (:meth:`InputPolicy.check_same_site`).
+
 A refusal raises :class:`Refused` with a short ``code`` (a stats key) and a
 message naming what was refused; callers set the seed or payload aside with
 the reason.
@@ -36,10 +49,13 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
+from urllib.parse import urlsplit
 
-__all__ = ["Refused", "InputPolicy", "DEFAULT_PAGE_METHODS", "published_callbacks"]
+__all__ = ["Refused", "InputPolicy", "DEFAULT_PAGE_METHODS", "STORED_META", "PUBLISHED_ONLY",
+           "published_callbacks"]
 
 
 class Refused(ValueError):
@@ -97,6 +113,120 @@ MAX_NAME = 100
 MAX_CONTEXT_NAME = 64
 
 _SCALARS = (str, int, float, bool, type(None))
+STORED_SCHEMES = frozenset({"http", "https"})
+MAX_URL = 8192
+MAX_HOPS = 100         # redirect_urls / redirect_reasons entries
+MAX_COUNT = 10_000     # depth, retry and redirect counters
+
+
+def _bool(policy: "InputPolicy", key: str, value: Any) -> Any:
+    if not isinstance(value, bool):
+        raise Refused("meta_value_not_allowed", f"meta {key!r} must be true or false")
+    return value
+
+
+def _count(limit: int) -> Callable:
+    def check(policy: "InputPolicy", key: str, value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
+            raise Refused("meta_value_not_allowed",
+                          f"meta {key!r} must be an integer from 0 to {limit}")
+        return value
+    return check
+
+
+def _text(limit: int) -> Callable:
+    def check(policy: "InputPolicy", key: str, value: Any) -> Any:
+        if not isinstance(value, str) or len(value) > limit:
+            raise Refused("meta_value_not_allowed",
+                          f"meta {key!r} must be text of at most {limit} characters")
+        return value
+    return check
+
+
+def _jar(policy: "InputPolicy", key: str, value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or len(str(value)) > 200:
+        raise Refused("meta_value_not_allowed", f"meta {key!r} must be a short name or number")
+    return value
+
+
+def _urls(policy: "InputPolicy", key: str, value: Any) -> Any:
+    if (not isinstance(value, list) or len(value) > MAX_HOPS
+            or not all(isinstance(v, str) and len(v) <= MAX_URL for v in value)):
+        raise Refused("meta_value_not_allowed", f"meta {key!r} must be a short list of URLs")
+    return value
+
+
+def _reasons(policy: "InputPolicy", key: str, value: Any) -> Any:
+    if (not isinstance(value, list) or len(value) > MAX_HOPS
+            or not all(v is None or isinstance(v, (int, str)) and len(str(v)) <= 100
+                       for v in value)):
+        raise Refused("meta_value_not_allowed", f"meta {key!r} must be a short list")
+    return value
+
+
+def _statuses(policy: "InputPolicy", key: str, value: Any) -> Any:
+    if (not isinstance(value, list) or len(value) > 1000
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
+        raise Refused("meta_value_not_allowed", f"meta {key!r} must be a list of status codes")
+    return value
+
+
+def _object(policy: "InputPolicy", key: str, value: Any) -> Any:
+    # Checked value by value where it is used (crawlproject.recrawl.checked_state,
+    # the session-cookie middleware): here only its shape.
+    if not isinstance(value, dict):
+        raise Refused("meta_value_not_allowed", f"meta {key!r} must be an object")
+    return value
+
+
+def _policy_name(policy: "InputPolicy", key: str, value: Any) -> Any:
+    # A name, never a class path (Scrapy's referer middleware imports one).
+    if not isinstance(value, str) or not value or len(value) > 40 or not all(
+            c.isalnum() or c == "-" for c in value):
+        raise Refused("meta_value_not_allowed", f"meta {key!r} must be a referrer policy name")
+    return value
+
+
+def _limit(setting: str) -> Callable:
+    """A download limit may be tightened by a stored request, never loosened:
+    larger values (and 0, "no limit") become the node's own."""
+    def check(policy: "InputPolicy", key: str, value: Any) -> Any:
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not math.isfinite(value) or value < 0):
+            raise Refused("meta_value_not_allowed", f"meta {key!r} must be a number >= 0")
+        bound = getattr(policy, setting)
+        if bound and (value == 0 or value > bound):
+            return bound
+        return value
+    return check
+
+
+#: meta keys a stored request may carry without being published, with the
+#: check of their value: what Scrapy's components (depth, redirects, retries,
+#: timeouts, download slots, cookies, referrer policy), scrapy-playwright and
+#: this project's (sessions, identity, proxy ban tries, callback retries,
+#: rendering, recrawl) put on requests a node stores itself.
+STORED_META: dict[str, Callable] = {
+    "depth": _count(MAX_COUNT), "retry_times": _count(MAX_COUNT),
+    "max_retry_times": _count(100), "redirect_times": _count(MAX_COUNT),
+    "redirect_ttl": _count(MAX_COUNT), "redirect_urls": _urls, "redirect_reasons": _reasons,
+    "download_slot": _text(200), "download_timeout": _limit("max_download_timeout"),
+    "download_maxsize": _limit("max_download_size"),
+    "download_warnsize": _limit("max_download_warnsize"),
+    "handle_httpstatus_list": _statuses, "handle_httpstatus_all": _bool,
+    "dont_redirect": _bool, "dont_retry": _bool, "dont_merge_cookies": _bool,
+    "dont_cache": _bool, "is_start_request": _bool, "verbatim_url": _bool,
+    "cookiejar": _jar, "referrer_policy": _policy_name,
+    "session": _text(200), "session_cookies": _object, "dont_rotate_identity": _bool,
+    "proxy_ban_tries": _count(MAX_COUNT), "crawlproject_callback_attempts": _count(MAX_COUNT),
+    "recrawl": _object, "render": _bool, "render_wait_for": _text(1000),
+    "playwright": _bool,
+}
+#: Browser keys a stored request may carry only when the spider or the
+#: operator published them: an included page stays open until the callback
+#: closes it (payloads holding every browser context would stall rendering), a
+#: named context outlives the request.
+PUBLISHED_ONLY = frozenset({"playwright_include_page", "playwright_context"})
 
 
 def _is_framework(cls: type) -> bool:
@@ -146,16 +276,37 @@ class InputPolicy:
     spidercls: type | None = None
     seed_meta_allow: frozenset[str] = frozenset()
     page_methods_allow: frozenset[str] = DEFAULT_PAGE_METHODS
+    #: meta keys a stored request may carry besides :data:`STORED_META`.
+    stored_meta_allow: frozenset[str] = frozenset()
+    #: proxies (``scheme://host:port``) a stored request may name.
+    proxy_allow: frozenset[str] = frozenset()
+    # The node's own download limits (0: none), which stored requests may only tighten.
+    max_download_timeout: float = 180.0
+    max_download_size: int = 1024 * 1024 * 1024
+    max_download_warnsize: int = 32 * 1024 * 1024
 
     @classmethod
     def from_settings(cls, settings, spidercls: type | None = None) -> "InputPolicy":
-        """``SEED_META_ALLOW`` + ``spidercls.seed_meta_allow``, and
-        ``PLAYWRIGHT_PAGE_METHODS_ALLOW`` (default :data:`DEFAULT_PAGE_METHODS`)."""
-        meta = set(_names(settings.getlist("SEED_META_ALLOW")) if settings is not None else ())
+        """``SEED_META_ALLOW`` + ``spidercls.seed_meta_allow``;
+        ``PLAYWRIGHT_PAGE_METHODS_ALLOW`` (default :data:`DEFAULT_PAGE_METHODS`);
+        for stored requests also ``STORED_META_ALLOW`` + ``spidercls.stored_meta_allow``,
+        ``STORED_PROXY_ALLOW`` and the node's ``DOWNLOAD_TIMEOUT``,
+        ``DOWNLOAD_MAXSIZE``, ``DOWNLOAD_WARNSIZE``."""
+        get = settings.getlist if settings is not None else (lambda name: [])
+        meta = set(_names(get("SEED_META_ALLOW")))
         meta.update(_names(getattr(spidercls, "seed_meta_allow", None) or ()))
-        pages = settings.getlist("PLAYWRIGHT_PAGE_METHODS_ALLOW") if settings is not None else None
+        stored = set(_names(get("STORED_META_ALLOW")))
+        stored.update(_names(getattr(spidercls, "stored_meta_allow", None) or ()))
+        pages = get("PLAYWRIGHT_PAGE_METHODS_ALLOW")
         methods = frozenset(_names(pages)) if pages else DEFAULT_PAGE_METHODS
-        return cls(spidercls, frozenset(meta), methods - NEVER_PAGE_METHODS)
+        proxies = frozenset(filter(None, map(_proxy_key, get("STORED_PROXY_ALLOW"))))
+        limits = {}
+        if settings is not None:
+            limits = dict(max_download_timeout=max(0.0, settings.getfloat("DOWNLOAD_TIMEOUT")),
+                          max_download_size=max(0, settings.getint("DOWNLOAD_MAXSIZE")),
+                          max_download_warnsize=max(0, settings.getint("DOWNLOAD_WARNSIZE")))
+        return cls(spidercls, frozenset(meta), methods - NEVER_PAGE_METHODS,
+                   frozenset(meta | stored), proxies, **limits)
 
     @classmethod
     def from_crawler(cls, crawler) -> "InputPolicy":
@@ -199,8 +350,70 @@ class InputPolicy:
             meta["playwright_page_methods"] = [
                 pm if _is_page_method(pm) else self._page_method_from_json(pm)
                 for pm in _page_method_list(methods)]
-        self.check_meta(meta)
-        return meta
+        return self.check_stored_meta(meta)  # values: the same checks as any stored request
+
+    # -- stored requests ----------------------------------------------------------
+    def check_url(self, url: Any) -> str:
+        """*url* if a stored request may fetch it: absolute ``http(s)`` with a host."""
+        if not isinstance(url, str) or len(url) > MAX_URL:
+            raise Refused("bad_url", f"url must be text of at most {MAX_URL} characters")
+        try:
+            parts = urlsplit(url)
+            host = parts.hostname
+        except ValueError as exc:
+            raise Refused("bad_url", f"unparseable URL {url[:200]!r}: {exc}") from None
+        if parts.scheme.lower() not in STORED_SCHEMES:
+            raise Refused("scheme_not_allowed",
+                          f"URL scheme {parts.scheme[:20]!r} is not allowed (http, https only)")
+        if not host:
+            raise Refused("bad_url", f"URL {url[:200]!r} has no host")
+        return url
+
+    def check_same_site(self, url: str, record_url: Any) -> None:
+        """A page record's request must fetch the record's own site: same
+        scheme, host and port as *record_url* (the URL the record is kept under)."""
+        if not isinstance(record_url, str) or _site(url) != _site(record_url):
+            raise Refused("other_site",
+                          f"request URL {url[:200]!r} is not on the site of its page record "
+                          f"{str(record_url)[:200]!r}")
+
+    def check_stored(self, d: dict) -> dict:
+        """A request dict rebuilt from stored data (``meta`` decoded): its URL,
+        callbacks and meta, as :meth:`check_stored_meta` returns it."""
+        self.check_url(d.get("url"))
+        for key in ("callback", "errback"):
+            if d.get(key) is not None:
+                self.check_callback(d[key], key)
+        return {**d, "meta": self.check_stored_meta(d.get("meta") or {})}
+
+    def check_stored_meta(self, meta: dict) -> dict:
+        """The meta of a stored request, every key allowed and every value
+        checked (download limits capped at the node's own); raise :class:`Refused`."""
+        out = {}
+        for key, value in meta.items():
+            check = STORED_META.get(key)
+            if key == "proxy":
+                value = self._check_proxy(value)
+            elif check is not None:
+                value = check(self, key, value)
+            elif not (key in self.stored_meta_allow
+                      or key in PLAYWRIGHT_META and key not in PUBLISHED_ONLY):
+                raise Refused("meta_not_allowed",
+                              f"meta key {_short(key)} is not allowed in a stored request "
+                              "(publish it with the STORED_META_ALLOW setting or the spider's "
+                              "stored_meta_allow)")
+            out[key] = value
+        self.check_meta(out)
+        return out
+
+    def _check_proxy(self, value: Any) -> str:
+        key = _proxy_key(value)
+        if key is None or key not in self.proxy_allow:
+            raise Refused("proxy_not_allowed",
+                          f"meta 'proxy' {_short(value)} is not allowed in a stored request "
+                          "(the operator lists the proxies stored requests may name in "
+                          "STORED_PROXY_ALLOW)")
+        return value
 
     def check_meta(self, meta: dict) -> None:
         """Any request meta read from Redis: the ``playwright_*`` keys."""
@@ -292,6 +505,25 @@ def _page_method_list(value: Any) -> list:
 def _is_page_method(value: Any) -> bool:
     cls = type(value)
     return cls.__name__ == "PageMethod" and cls.__module__.startswith("scrapy_playwright")
+
+
+def _site(url: str) -> tuple | None:
+    try:
+        parts = urlsplit(url)
+        return parts.scheme.lower(), parts.hostname, parts.port or {"http": 80, "https": 443}.get(
+            parts.scheme.lower())
+    except ValueError:
+        return None
+
+
+def _proxy_key(value: Any) -> str | None:
+    """``scheme://host:port`` of a proxy URL (no credentials), or None."""
+    if not isinstance(value, str) or len(value) > MAX_URL:
+        return None
+    site = _site(value if "://" in value else f"http://{value}")
+    if site is None or site[0] not in STORED_SCHEMES or not site[1]:
+        return None
+    return f"{site[0]}://{site[1]}:{site[2]}"
 
 
 def _names(values: Iterable) -> list[str]:

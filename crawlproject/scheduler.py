@@ -740,6 +740,7 @@ class RedisScheduler(BaseScheduler):
         except RequestDecodeError as exc:
             logger.error("Invalid payload %s moved aside: %s", member, exc,
                          extra={"spider": self.spider})
+            self.stats.inc_value(f"scheduler/invalid/{exc.code}")
             raise Rejected(str(exc)) from None
         request.meta[LEASE_META] = member
         request.errback = LeaseErrback(self._download_failed, member, request.errback)

@@ -35,6 +35,7 @@ from scrapy import Request, Spider
 from scrapy.http import FormRequest, JsonRequest
 from scrapy.utils.request import request_from_dict as _scrapy_request_from_dict
 
+from crawlproject.middlewares.session import PROXY_ID
 from crawlproject.middlewares.session import TRANSIENT as SESSION_TRANSIENT
 from crawlproject.policy import InputPolicy, Refused
 
@@ -98,7 +99,28 @@ class RequestEncodeError(ValueError):
 
 
 class RequestDecodeError(ValueError):
-    """A stored payload is not a valid request."""
+    """A stored payload is not a valid request; ``code`` is a short stats key."""
+
+    def __init__(self, message: str, code: str = "malformed"):
+        super().__init__(message)
+        self.code = code
+
+
+#: meta keys that mark ``proxy`` as chosen for one download by this node (the
+#: proxy pool's ``proxy_id``, Scrapy's ``_scheme_proxy`` from the environment):
+#: such a proxy is dropped, never stored nor honoured; the next download
+#: chooses its own.
+PER_DOWNLOAD_PROXY = (PROXY_ID, "_scheme_proxy")
+
+
+def _stored_meta(meta: dict) -> dict:
+    """*meta* without what only makes sense inside one process."""
+    per_download = any(key in meta for key in PER_DOWNLOAD_PROXY)
+    meta = {k: v for k, v in meta.items() if k not in TRANSIENT_META_KEYS}
+    if per_download:
+        meta.pop("proxy", None)
+        meta.pop(PROXY_ID, None)
+    return meta
 
 
 def encode_value(value: Any, path: str) -> Any:
@@ -170,7 +192,7 @@ def decode_value(value: Any, policy: InputPolicy = _NO_SPIDER) -> Any:
             return policy.page_method(value["method"], decode_value(value["args"], policy),
                                       decode_value(value["kwargs"], policy))
         except Refused as exc:
-            raise RequestDecodeError(str(exc)) from None
+            raise RequestDecodeError(str(exc), exc.code) from None
     raise RequestDecodeError(f"unknown value tag {tag!r}")
 
 
@@ -183,16 +205,16 @@ def encode_request_dict(d: dict[str, Any], policy: InputPolicy = _NO_SPIDER) -> 
 
 
 def _encode_request_dict(d: dict[str, Any], policy: InputPolicy) -> dict[str, Any]:
-    meta = restore_meta(dict(d.get("meta") or {}))
-    meta = {k: v for k, v in meta.items() if k not in TRANSIENT_META_KEYS}
+    meta = _stored_meta(restore_meta(dict(d.get("meta") or {})))
     if isinstance(meta.get("proxy"), str):
         meta["proxy"] = _without_userinfo(meta["proxy"])
     try:
-        for key in ("callback", "errback"):
-            if isinstance(d.get(key), str):
-                policy.check_callback(d[key], key)
-        policy.check_meta(meta)
+        # The checks of a payload read back: a node never stores what it would refuse.
+        meta = policy.check_stored({**d, "meta": meta,
+                                    "callback": _name_or_none(d.get("callback")),
+                                    "errback": _name_or_none(d.get("errback"))})["meta"]
     except Refused as exc:
+        encode_value(meta, "meta")  # a value that cannot be stored at all says so first
         raise RequestEncodeError(str(exc)) from None
     out = dict(d)
     out["v"] = FORMAT_VERSION
@@ -230,6 +252,7 @@ def decode_request_dict(d: Any, policy: InputPolicy = _NO_SPIDER) -> dict[str, A
         for key in ("callback", "errback"):
             if d.get(key) is not None:
                 policy.check_callback(d[key], key)
+        policy.check_url(d["url"])
         out = dict(d)
         out.pop("v", None)
         out["body"] = base64.b64decode(d.get("body") or "", validate=True)
@@ -241,15 +264,15 @@ def decode_request_dict(d: Any, policy: InputPolicy = _NO_SPIDER) -> dict[str, A
         out["cb_kwargs"] = decode_value(d.get("cb_kwargs") or {}, policy)
         if not isinstance(out["meta"], dict) or not isinstance(out["cb_kwargs"], dict):
             raise TypeError("meta and cb_kwargs must be objects")
-        policy.check_meta(out["meta"])
         # Keys that only make sense inside one process are never stored: one read
         # from Redis was written by someone else (a lease, a parent, Scrapy's
-        # proxy bookkeeping) and is dropped.
-        out["meta"] = {k: v for k, v in out["meta"].items() if k not in TRANSIENT_META_KEYS}
+        # proxy bookkeeping) and is dropped; every other key must pass the policy.
+        policy.check_meta(out["meta"])  # a stored playwright_page too: refused, not dropped
+        out["meta"] = policy.check_stored_meta(_stored_meta(out["meta"]))
     except RequestDecodeError:
         raise
     except Refused as exc:
-        raise RequestDecodeError(str(exc)) from None
+        raise RequestDecodeError(str(exc), exc.code) from None
     except Exception as exc:  # noqa: BLE001 - whatever the payload holds
         raise RequestDecodeError(f"malformed payload: {type(exc).__name__}: {exc}") from None
     return out
@@ -287,7 +310,12 @@ def _method_name(spider: Spider | None, func: Any, what: str) -> Any:
 def _policy(spider: Spider | None, policy: InputPolicy | None) -> InputPolicy:
     if policy is not None:
         return policy
-    return InputPolicy(spidercls=type(spider)) if spider is not None else _NO_SPIDER
+    return InputPolicy.from_settings(None, type(spider)) if spider is not None else _NO_SPIDER
+
+
+def _name_or_none(value: Any) -> Any:
+    # A callable that is not a spider method is refused below, with its own message.
+    return value if isinstance(value, str) else None
 
 
 def request_to_json(request: Request, spider: Spider | None,

@@ -106,6 +106,11 @@ PROXY_BAN_BACKOFF_BASE = 30.0           # first ban of a proxy for a host: 15-30
 PROXY_BAN_BACKOFF_MAX = 1800.0
 PROXY_RETIRE_AFTER = 10                 # connection failures in a row that retire a proxy
 PROXY_LATENCY_EWMA = 0.3                # weight of a new latency sample
+# With no usable proxy at all (empty pool, every proxy retired, or a pool key of the
+# wrong type) nodes log a WARNING each minute and show it in `crawlctl status` /
+# `proxies` and the dashboard; after this many seconds requests are dead-lettered
+# with reason "no_proxy" instead of waiting (replay them once proxies are back).
+PROXY_POOL_EMPTY_MAX_WAIT = 300.0
 
 # Seeds (see crawlproject.spiders.seeded.RedisSpider)
 REDIS_START_URLS_KEY = START_URLS     # "%(name)s:start_urls", scrapy-redis' key
@@ -113,6 +118,11 @@ REDIS_START_URLS_BATCH_SIZE = 100
 SEEDS_POLL_INTERVAL = 1.0
 # Seeds are untrusted: the only meta keys a seed may set (see crawlproject/policy.py).
 SEED_META_ALLOW = ["campaign"]
+# Requests read back from the frontier or a page record are untrusted too: meta
+# keys beyond the project's own and SEED_META_ALLOW (plus the spider's
+# stored_meta_allow), and the proxies they may name (docs/frontier.md).
+STORED_META_ALLOW = []
+STORED_PROXY_ALLOW = []
 MAX_IDLE_TIME_BEFORE_CLOSE = int(env_default("MAX_IDLE_TIME_BEFORE_CLOSE", "0"))
 
 # --- Identity: User-Agent and matching headers per session (docs/middlewares.md) ---

@@ -242,7 +242,9 @@ def test_stored_payload_drops_what_the_download_added():
                       headers={"User-Agent": "pinned-by-identity", "X-Keep": "1"},
                       meta={"download_slot": "x", "depth": 2, "campaign": "spring",
                             STATE_META: {"etag": '"v"'}})
-    payload = stored_payload(spider, request, request.url, InputPolicy(spidercls=ProductsSpider))
+    # "campaign": published, as this project's SEED_META_ALLOW does.
+    payload = stored_payload(spider, request, request.url, InputPolicy(
+        spidercls=ProductsSpider, stored_meta_allow=frozenset({"campaign"})))
     assert "pinned-by-identity" not in payload and "X-Keep" in payload
     assert '"campaign":"spring"' in payload and "download_slot" not in payload
     assert STATE_META not in payload and '"dont_filter":true' in payload

@@ -33,6 +33,7 @@ def closed_port():
 
 class MetaSpider(Spider):
     name = "meta"
+    stored_meta_allow = ("n",)  # its own data in meta, published (crawlproject.policy)
 
     def parse(self, response):
         pass

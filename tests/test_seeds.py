@@ -164,3 +164,37 @@ def test_fuzz_any_seed_is_a_request_or_an_invalid_seed(spider, raw):
     assert isinstance(request, Request)
     assert request.callback in (None, spider.parse, spider.parse_product)
     assert set(request.meta) <= {"campaign"}
+
+
+@pytest.fixture(scope="module")
+def lax_spider():
+    """An operator who lets seeds set risky keys: their values are still checked."""
+    crawler = get_crawler(ProductsSpider, {
+        "SEED_META_ALLOW": ["campaign", "proxy", "download_timeout", "download_maxsize", "depth",
+                            "cookiejar", "playwright"],
+        "DOWNLOAD_TIMEOUT": 30, "DOWNLOAD_MAXSIZE": 1000, "REDIS_URL": "redis://127.0.0.1:1/0"})
+    return crawler._create_spider()
+
+
+_risky_meta = st.dictionaries(
+    st.sampled_from(["campaign", "proxy", "download_timeout", "download_maxsize", "depth",
+                     "cookiejar", "playwright", "playwright_include_page", "dont_obey_robotstxt"]),
+    st.none() | st.booleans() | st.integers(-5, 2**40) | st.floats() | st.text(max_size=8)
+    | st.sampled_from(["http://127.0.0.9:1", "file:///etc/passwd"]), max_size=4)
+
+
+@hsettings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(url=st.sampled_from(["http://127.0.0.1/x", "file:///etc/passwd", "ftp://127.0.0.1/"]),
+       meta=_risky_meta)
+def test_fuzz_seed_meta_goes_through_the_stored_request_policy(lax_spider, url, meta):
+    try:
+        request = build(lax_spider, json.dumps({"url": url, "meta": meta}))
+    except InvalidSeed as exc:
+        assert exc.code and str(exc)
+        return
+    assert request.url.startswith("http://")
+    assert set(request.meta) <= {"campaign", "download_timeout", "download_maxsize", "depth",
+                                 "cookiejar", "playwright"}
+    assert 0 < request.meta.get("download_timeout", 1) <= 30
+    assert 0 < request.meta.get("download_maxsize", 1) <= 1000
+    assert request.meta.get("depth", 0) >= 0

@@ -18,6 +18,8 @@ from crawlproject.serialization import (
 
 class DemoSpider(Spider):
     name = "demo"
+    # Its own data in meta, published for stored requests (crawlproject.policy).
+    stored_meta_allow = ("tags", "raw", "nested", "x", "ok", "a")
 
     def parse_item(self, response):
         pass
@@ -113,11 +115,12 @@ def test_invalid_payloads_raise_decode_error(spider, payload):
 
 
 def test_scrapy_redis_serializer_interface(spider):
-    request = Request("http://127.0.0.1/", callback=spider.parse_item, meta={"k": "v"})
+    # Without a spider, only the meta keys every node may read back (no data of its own).
+    request = Request("http://127.0.0.1/", callback=spider.parse_item, meta={"depth": 3})
     data = serialization.dumps(request.to_dict(spider=spider))
     assert isinstance(data, str) and "pickle" not in data
     d = serialization.loads(data)
-    assert d["meta"] == {"k": "v"} and d["callback"] == "parse_item"
+    assert d["meta"] == {"depth": 3} and d["callback"] == "parse_item"
 
 
 # -- payloads written to the frontier by someone else -------------------------
@@ -217,3 +220,116 @@ def test_fuzz_payloads_decode_or_raise_a_decode_error(data):
         return
     assert isinstance(request, Request)
     assert request.callback in (None, spider.parse_item)
+
+
+# -- one trust policy: what a payload's meta and URL may hold -----------------------------
+from crawlproject.policy import STORED_META, InputPolicy, PLAYWRIGHT_META, PUBLISHED_ONLY  # noqa: E402
+from scrapy.settings import Settings  # noqa: E402
+
+NODE = InputPolicy.from_settings(Settings({"DOWNLOAD_TIMEOUT": 30, "DOWNLOAD_MAXSIZE": 1000}),
+                                 DemoSpider)
+
+
+@pytest.mark.parametrize("fields, code", [
+    ({"meta": {"proxy": "http://127.0.0.1:9/"}}, "proxy_not_allowed"),
+    ({"meta": {"proxy": "http://u:p@127.0.0.1:9/", "_auth_proxy": "x"}}, "proxy_not_allowed"),
+    ({"meta": {"dont_obey_robotstxt": True}}, "meta_not_allowed"),
+    ({"meta": {"playwright": True, "playwright_include_page": True}}, "meta_not_allowed"),
+    ({"meta": {"playwright": True, "playwright_context": "held"}}, "meta_not_allowed"),
+    ({"meta": {"bindaddress": ["127.0.0.1", 0]}}, "meta_not_allowed"),
+    ({"meta": {"download_timeout": "1e9"}}, "meta_value_not_allowed"),
+    ({"url": "file:///etc/passwd"}, "scheme_not_allowed"),
+    ({"url": "FILE:///etc/passwd"}, "scheme_not_allowed"),
+    ({"url": "ftp://127.0.0.1/x"}, "scheme_not_allowed"),
+    ({"url": "data:text/html,<a href='file:///etc/passwd'>x</a>"}, "scheme_not_allowed"),
+])
+def test_payloads_carry_only_what_the_policy_allows(spider, fields, code):
+    with pytest.raises(RequestDecodeError) as info:
+        request_from_json(payload(**fields), spider, NODE)
+    assert info.value.code == code
+
+
+def test_payload_download_limits_are_capped_at_the_nodes_own(spider):
+    back = request_from_json(payload(meta={"download_timeout": 1e9, "download_maxsize": 0}),
+                             spider, NODE)
+    assert back.meta == {"download_timeout": 30, "download_maxsize": 1000}
+
+
+def test_a_proxy_chosen_for_one_download_is_never_stored_nor_honoured(spider):
+    """The pool's choice (``proxy_id``) and Scrapy's from the environment
+    (``_scheme_proxy``) travel with redirects and retries: dropped, so the next
+    download chooses its own; any other stored proxy is refused."""
+    for marker in ({"proxy_id": "127.0.0.9:1"}, {"_scheme_proxy": True}):
+        request = Request("http://127.0.0.1/r", meta={"proxy": "http://u:p@127.0.0.9:1",
+                                                       "depth": 1, **marker})
+        data = request_to_json(request, spider, NODE)
+        assert "127.0.0.9" not in data and json.loads(data)["meta"] == {"depth": 1}
+        back = request_from_json(payload(meta={"proxy": "http://127.0.0.9:1", **marker}),
+                                 spider, NODE)
+        assert back.meta == {}
+    with pytest.raises(RequestEncodeError, match="STORED_PROXY_ALLOW"):
+        request_to_json(Request("http://127.0.0.1/", meta={"proxy": "http://127.0.0.9:1"}),
+                        spider, NODE)
+    allowed = InputPolicy.from_settings(
+        Settings({"STORED_PROXY_ALLOW": ["http://127.0.0.9:1"]}), DemoSpider)
+    request = Request("http://127.0.0.1/", meta={"proxy": "http://u:p@127.0.0.9:1"})
+    back = request_from_json(request_to_json(request, spider, allowed), spider, allowed)
+    assert back.meta == {"proxy": "http://127.0.0.9:1"}
+
+
+def test_what_a_node_enqueues_itself_reads_back(spider):
+    """Redirects, retries, depth, sessions, rendering, recrawl visits: the
+    meta a node's own components put on the requests it stores."""
+    meta = {"depth": 2, "retry_times": 1, "redirect_times": 1, "redirect_ttl": 19,
+            "redirect_urls": ["http://127.0.0.1/a"], "redirect_reasons": [302],
+            "download_slot": "127.0.0.1", "download_timeout": 30, "is_start_request": True,
+            "cookiejar": "s", "session": "s", "session_cookies": {"sid": "1"},
+            "dont_rotate_identity": True, "proxy_ban_tries": 1, "referrer_policy": "origin",
+            "crawlproject_callback_attempts": 1, "recrawl": {"etag": '"v"', "checks": 2},
+            "render": True, "render_wait_for": ".price", "playwright": True,
+            "playwright_page_methods": [PageMethod("wait_for_selector", ".price")],
+            "_crawlproject_lease": "0:1@n", "_crawlproject_identity": {"id": "i"},
+            "_crawlproject_proxy_context": {"server": "http://p"}, "download_latency": 0.1}
+    request = Request("https://127.0.0.1/p", meta=meta, callback=spider.parse_item)
+    back = request_from_json(request_to_json(request, spider, NODE), spider, NODE)
+    kept = {k: v for k, v in meta.items() if k in STORED_META}
+    assert {k: v for k, v in back.meta.items() if k != "playwright_page_methods"} == kept
+    assert back.meta["playwright_page_methods"][0].method == "wait_for_selector"
+
+
+_KEYS = sorted({*STORED_META, *PLAYWRIGHT_META, "proxy", "proxy_id", "_scheme_proxy",
+                "dont_obey_robotstxt", "bindaddress", "x", "tags", "_crawlproject_lease",
+                "_crawlproject_original_meta", "dont_filter", "ftp_password"})
+_meta_value = (st.none() | st.booleans() | st.integers(-10, 2**40)
+               | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12)
+               | st.sampled_from(["http://127.0.0.9:1", "no-referrer", "http://u:p@h:1/"])
+               | st.lists(st.integers(0, 600) | st.text(max_size=5), max_size=3)
+               | st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=2))
+_stored_fields = st.fixed_dictionaries({
+    "url": st.sampled_from(["http://127.0.0.1/", "https://127.0.0.1/a", "file:///etc/passwd",
+                            "ftp://127.0.0.1/", "data:,x", "HTTP://127.0.0.1/", "http:///x",
+                            "javascript:x", "gopher://127.0.0.1:6379/_FLUSHALL"]),
+    "meta": st.dictionaries(st.sampled_from(_KEYS), _meta_value, max_size=6),
+}, optional={"callback": st.sampled_from(["parse_item", "__init__", "close", None])})
+
+
+@hsettings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@given(fields=_stored_fields)
+def test_fuzz_payloads_give_an_allowed_request_or_a_clean_reject(fields):
+    """Arbitrary meta keys and values from Redis: a request with only allowed
+    keys, checked values, limits within the node's, an http(s) URL; or a
+    RequestDecodeError with a code — nothing else."""
+    spider = DemoSpider()
+    try:
+        request = request_from_json(json.dumps(fields), spider, NODE)
+    except RequestDecodeError as exc:
+        assert exc.code and str(exc)
+        return
+    assert request.url.split(":", 1)[0].lower() in ("http", "https")
+    for key, value in request.meta.items():
+        assert key in STORED_META or key in DemoSpider.stored_meta_allow or (
+            key in PLAYWRIGHT_META and key not in PUBLISHED_ONLY), key
+    assert "proxy" not in request.meta and "dont_obey_robotstxt" not in request.meta
+    assert 0 < request.meta.get("download_timeout", 1) <= 30
+    assert 0 < request.meta.get("download_maxsize", 1) <= 1000
+    assert request.meta.get("depth", 0) >= 0

@@ -14,7 +14,11 @@ remain):
    the request reached Redis) is due again then: nothing is lost, nothing is
    fed twice meanwhile;
 4. rebuilds each page's request from its record (untrusted: decoded with the
-   spider's input policy, like a frontier payload), with the page's state in
+   spider's input policy, like a frontier payload, and it must fetch the
+   record's own site: :func:`record_request`; a record refused is counted in
+   ``recrawl/invalid_records/<reason>``, logged, and marked ``invalid`` with
+   its reason and no ``next_visit``, so no cycle reads it again until a visit
+   of the page stores a new request), with the page's state in
    ``meta["recrawl"]`` (validators, interval, counters), ``dont_filter`` (a
    revisit is not a duplicate) and the rule's priority (below fresh
    discoveries by default), and schedules it: it is as polite as any request;
@@ -52,7 +56,7 @@ from crawlproject.connection import (
 from crawlproject.identity import node_id
 from crawlproject.keys import FrontierKeys
 from crawlproject.pipelines.documents import collection_name
-from crawlproject.policy import InputPolicy
+from crawlproject.policy import InputPolicy, Refused
 from crawlproject.recrawl import STATE_META, PageVisit, RecrawlPolicy, utc_now
 from crawlproject.serialization import RequestDecodeError, request_from_json
 
@@ -62,6 +66,7 @@ logger = logging.getLogger(__name__)
 PROJECTION = {"request": 1, "url": 1, "etag": 1, "last_modified": 1, "body_hash": 1,
               "interval": 1, "checks": 1, "changes": 1, "gone_at": 1, "items": 1}
 WAKE_POLL = 1.0
+MAX_REASON = 300
 #: Due pages are counted up to this many (an index range scan every cycle).
 DUE_COUNT_MAX = 1_000_000
 
@@ -223,8 +228,15 @@ class RecrawlFeeder:
             await self.pages.update_many({"_id": {"$in": [d["_id"] for d in docs]},
                                           "next_visit": {"$lte": now}},
                                          {"$set": {"next_visit": until}})
+            refused = []
             for doc in docs:
-                fed += self._schedule(doc)
+                fed += self._schedule(doc, refused)
+            for doc_id, code, reason in refused:
+                # Set aside until a visit stores a request again: not read every cycle.
+                await self.pages.update_one({"_id": doc_id}, {
+                    "$set": {"invalid": {"code": code, "reason": reason[:MAX_REASON],
+                                         "at": now}},
+                    "$unset": {"next_visit": ""}})
             scheduler = self._scheduler()
             if fed and hasattr(scheduler, "flushed"):
                 await asyncio.wait_for(asyncio.shield(scheduler.flushed()), 60)
@@ -242,8 +254,9 @@ class RecrawlFeeder:
                         extra={"spider": self.crawler.spider})
         return fed, due
 
-    def _schedule(self, doc: dict) -> int:
-        """Schedule the revisit of one page record; 1 if scheduled."""
+    def _schedule(self, doc: dict, refused: list) -> int:
+        """Schedule the revisit of one page record; 1 if scheduled (a record
+        refused is added to *refused* as ``(_id, code, reason)``)."""
         url = doc.get("url")
         rule = self.policy.rule_for(url) if isinstance(url, str) else None
         payload = doc.get("request")
@@ -253,11 +266,14 @@ class RecrawlFeeder:
             self.stats.inc_value("recrawl/not_revisitable")
             return 0
         try:
-            request = request_from_json(payload, self.crawler.spider, self.input_policy)
+            request = record_request(url, payload, self.crawler.spider, self.input_policy)
         except RequestDecodeError as exc:
             self.stats.inc_value("recrawl/invalid_records")
-            logger.error("Page record %s holds no request this spider may run: %s", url, exc,
+            self.stats.inc_value(f"recrawl/invalid_records/{exc.code}")
+            logger.error("Page record %s holds no request this spider may run (set aside, "
+                         "marked invalid): %s", url[:200], exc,
                          extra={"spider": self.crawler.spider})
+            refused.append((doc.get("_id"), exc.code, str(exc)))
             return 0
         state = {k: doc.get(k) for k in ("etag", "last_modified", "body_hash", "interval",
                                          "checks", "changes", "items") if doc.get(k) is not None}
@@ -269,3 +285,16 @@ class RecrawlFeeder:
                                                   priority=rule.priority))
         self.stats.inc_value("recrawl/fed")
         return 1
+
+
+def record_request(url: str, payload: str, spider, policy: InputPolicy):
+    """The request of a page record kept under *url* (untrusted, from MongoDB):
+    a request *spider* may run (:func:`request_from_json`, the policy of
+    frontier payloads) that fetches the record's own site. Raises
+    :class:`RequestDecodeError`, and only that."""
+    request = request_from_json(payload, spider, policy)
+    try:
+        policy.check_same_site(request.url, url)
+    except Refused as exc:
+        raise RequestDecodeError(str(exc), exc.code) from None
+    return request
