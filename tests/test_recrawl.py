@@ -356,3 +356,65 @@ def test_unchanged_visits_touch_the_record_and_an_older_touch_changes_nothing(mo
     assert coll.update_one(*touch_update(stale), upsert=False).modified_count == 0
     assert coll.find_one({"_id": "u"})["checks"] == 2
     assert from_spool_line(to_spool_line(op)).kind == "touch"
+
+
+# -- page records from MongoDB: the stored-request policy, and their own site ------------
+import json  # noqa: E402
+
+from crawlproject.extensions.recrawl import record_request  # noqa: E402
+from crawlproject.serialization import RequestDecodeError  # noqa: E402
+
+RECORD_URL = "http://127.0.0.1:8000/product/1"
+
+
+@pytest.mark.parametrize("request_, code", [
+    ({"url": "file:///etc/passwd", "callback": "parse_product"}, "scheme_not_allowed"),
+    ({"url": "http://127.0.0.2:8000/product/1"}, "other_site"),
+    ({"url": "https://127.0.0.1:8000/product/1"}, "other_site"),
+    ({"url": "http://127.0.0.1:8001/product/1"}, "other_site"),
+    ({"url": RECORD_URL, "meta": {"proxy": "http://127.0.0.9:1"}}, "proxy_not_allowed"),
+    ({"url": RECORD_URL, "meta": {"dont_obey_robotstxt": True}}, "meta_not_allowed"),
+    ({"url": RECORD_URL, "meta": {"playwright_include_page": True}}, "meta_not_allowed"),
+    ({"url": RECORD_URL, "callback": "_set_crawler"}, "callback_not_allowed"),
+])
+def test_a_page_records_request_is_refused_with_a_reason(request_, code):
+    spider = ProductsSpider(name="products")
+    with pytest.raises(RequestDecodeError) as info:
+        record_request(RECORD_URL, json.dumps(request_), spider,
+                       InputPolicy.from_settings(Settings(), ProductsSpider))
+    assert info.value.code == code
+
+
+def test_a_page_records_own_request_is_rebuilt():
+    spider = ProductsSpider(name="products")
+    request = record_request(RECORD_URL, json.dumps({
+        "url": RECORD_URL + "?x=1", "callback": "parse_product", "meta": {"depth": 2},
+        "dont_filter": True}), spider, InputPolicy.from_settings(Settings(), ProductsSpider))
+    assert request.callback == spider.parse_product and request.meta == {"depth": 2}
+
+
+_record_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10)
+    | st.sampled_from(["file:///etc/passwd", RECORD_URL, "http://127.0.0.2/", "proxy",
+                       "parse_product", "http://127.0.0.9:1"]),
+    lambda children: st.lists(children, max_size=3)
+    | st.dictionaries(st.sampled_from(["url", "meta", "callback", "proxy", "download_timeout",
+                                       "playwright_include_page", "depth", "headers", "x"]),
+                      children, max_size=4),
+    max_leaves=10)
+
+
+@settings(max_examples=300, deadline=None)
+@given(url=st.sampled_from([RECORD_URL, "file:///etc/passwd", "http://127.0.0.2/"]),
+       payload=st.one_of(_record_json.map(json.dumps), st.text(max_size=30)))
+def test_fuzz_page_records_give_an_allowed_request_or_a_clean_reject(url, payload):
+    spider = ProductsSpider(name="products")
+    try:
+        request = record_request(url, payload, spider,
+                                 InputPolicy.from_settings(Settings(), ProductsSpider))
+    except RequestDecodeError as exc:
+        assert exc.code and str(exc)
+        return
+    assert url == RECORD_URL and request.url.startswith("http://127.0.0.1:8000/")
+    assert "proxy" not in request.meta and "playwright_include_page" not in request.meta
+    assert request.meta.get("download_timeout", 1) <= 180
