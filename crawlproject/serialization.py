@@ -28,6 +28,7 @@ scheduler can be kept pickle-free with ``SCHEDULER_SERIALIZER =
 from __future__ import annotations
 
 import base64
+import functools
 import json
 from typing import Any
 
@@ -310,7 +311,12 @@ def _method_name(spider: Spider | None, func: Any, what: str) -> Any:
 def _policy(spider: Spider | None, policy: InputPolicy | None) -> InputPolicy:
     if policy is not None:
         return policy
-    return InputPolicy.from_settings(None, type(spider)) if spider is not None else _NO_SPIDER
+    return _spider_policy(type(spider)) if spider is not None else _NO_SPIDER
+
+
+@functools.lru_cache(maxsize=64)
+def _spider_policy(spidercls: type) -> InputPolicy:
+    return InputPolicy.from_settings(None, spidercls)
 
 
 def _name_or_none(value: Any) -> Any:
