@@ -406,7 +406,9 @@ class InputPolicy:
         self.check_meta(out)
         return out
 
-    def _check_proxy(self, value: Any) -> str:
+    def _check_proxy(self, value: Any) -> str | None:
+        if value is None:  # Scrapy's "no proxy for this request", even from the environment
+            return None
         key = _proxy_key(value)
         if key is None or key not in self.proxy_allow:
             raise Refused("proxy_not_allowed",

@@ -214,6 +214,8 @@ def test_published_keys_and_allowed_proxies_pass():
     assert policy.check_stored_meta(meta) == meta
     with pytest.raises(Refused, match="STORED_PROXY_ALLOW"):
         policy.check_stored_meta({"proxy": "http://127.0.0.9:8081"})
+    # None is Scrapy's "no proxy, not even the environment's": always allowed.
+    assert InputPolicy().check_stored_meta({"proxy": None}) == {"proxy": None}
     with pytest.raises(Refused):  # still checked: a context name, not an object
         policy.check_stored_meta({"playwright_context": {"x": 1}})
 

@@ -194,7 +194,8 @@ def test_fuzz_seed_meta_goes_through_the_stored_request_policy(lax_spider, url, 
         return
     assert request.url.startswith("http://")
     assert set(request.meta) <= {"campaign", "download_timeout", "download_maxsize", "depth",
-                                 "cookiejar", "playwright"}
+                                 "cookiejar", "playwright", "proxy"}
+    assert request.meta.get("proxy") is None   # only "no proxy": none is in STORED_PROXY_ALLOW
     assert 0 < request.meta.get("download_timeout", 1) <= 30
     assert 0 < request.meta.get("download_maxsize", 1) <= 1000
     assert request.meta.get("depth", 0) >= 0
