@@ -10,8 +10,12 @@ whoever can write to Redis must not be able to run code on every node.
 * ``meta`` and ``cb_kwargs`` must hold JSON data (str, int, float, bool, None,
   lists, dicts with str keys), ``bytes``, or scrapy-playwright ``PageMethod``
   objects; anything else raises :class:`RequestEncodeError` naming the key.
-  Browser actions (page methods, context options) must pass the policy's
-  allow-lists, when a request is stored and again when it is read back.
+  The URL (``http``/``https``), callbacks, meta keys and values, browser
+  actions and proxy must pass the policy
+  (:meth:`~crawlproject.policy.InputPolicy.check_stored`), when a request is
+  stored and again when it is read back. A proxy chosen for one download (the
+  pool's, marked by ``proxy_id``; the environment's, by ``_scheme_proxy``) is
+  dropped, never stored nor honoured.
 * Values a downloader middleware set for one download only
   (:func:`replace_meta`, e.g. the rendering middleware's browser context with
   proxy credentials) are put back to what the request held before.
