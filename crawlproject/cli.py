@@ -233,7 +233,14 @@ def status_data(spider: str, parts: list[Frontier], seeds: SeedKeys) -> dict:
                   "est_fp_rate": est["est_fp_rate"],
                   "bytes_per_item": round(est["bytes_per_item"], 3)},
         "recrawl": _recrawl_summary(f.client, spider),
+        "proxy_pool": _proxy_pool_summary(f.client, spider, now_ms),
     }
+
+
+def _proxy_pool_summary(client, spider: str, now_ms: int) -> dict:
+    from crawlproject.proxystore import no_proxy_summary
+
+    return no_proxy_summary(client, spider, now_ms)
 
 
 def _recrawl_summary(client, spider: str) -> dict:
@@ -293,6 +300,7 @@ def _politeness_summary(parts: list[Frontier], hosts: int) -> dict:
 
 def _status_table(args, data: dict):
     from rich.console import Group
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=f"{args.spider} on {redact_url(args.redis_url)}")
@@ -318,6 +326,11 @@ def _status_table(args, data: dict):
         table.add_row("recrawl: pages / due now / fed (as of)",
                       f"{recrawl['pages']} / {recrawl['due']} / {recrawl['fed']} "
                       f"({_ago(recrawl['at'])})")
+    proxy_pool = data.get("proxy_pool") or {}
+    if proxy_pool.get("since") or proxy_pool.get("error"):
+        table.add_row("proxy pool", escape(proxy_pool.get("error") or (
+            f"no usable proxy since {_ago(proxy_pool['since'])} "
+            f"({proxy_pool['nodes']} nodes; crawlctl proxies)")))
     bloom = data["bloom"]
     if bloom["layers"]:
         table.add_row("bloom layers / items", f"{bloom['layers']} / {bloom['items']}")
@@ -546,7 +559,8 @@ def _describe_override(value) -> str:
 
 
 def cmd_proxies(args) -> int:
-    """The shared proxy pool: masked ids, health, bans per domain, retirements."""
+    """The shared proxy pool: masked ids, health, bans per domain, retirements
+    (the most troubled first, at most ``--limit`` rows unless ``--all``)."""
     if args.revive:
         from crawlproject.proxystore import ProxyStore
 
@@ -555,63 +569,113 @@ def cmd_proxies(args) -> int:
             done = store.revive(proxy_id)
             print(f"{proxy_id}: " + ("revived" if done else "was not retired"))
         return 0
-    report = proxy_report(_client(args), args.spider)
+    report = proxy_report(_client(args), args.spider, None if args.all else max(0, args.limit))
     if args.json:
         print(json.dumps(report, sort_keys=True))
-        return 0
-    _print_proxies(args.spider, report["proxies"], report["invalid_entries"])
+    else:
+        _print_proxies(args.spider, report)
+    if report.get("error"):
+        print(f"error: {report['error']}", file=sys.stderr)
+        return 1
     return 0
 
 
-def proxy_report(client, spider: str) -> dict:
+def proxy_report(client, spider: str, limit: int | None = 50) -> dict:
     """The proxy pool by masked id (health, bans per domain, retirements), the
-    pool entries that do not parse, and the pool key's type (``proxies --json``)."""
+    most troubled *limit* first (None: all), with counts; the pool entries that
+    do not parse, the pool key's type, nodes without a usable proxy, and
+    ``error`` when a proxy key has a wrong type (``proxies --json``)."""
     from crawlproject.proxies import InvalidProxy, entry_fingerprint, parse_proxy
-    from crawlproject.proxystore import ProxyStore
+    from crawlproject.proxystore import ProxyStateError, report_state
 
-    snap = ProxyStore(client, spider).read()
+    bans_shown = 1000 if limit is None else max(limit * 4, 100)
+    try:
+        state = report_state(client, spider, bans_shown)
+    except ProxyStateError as exc:
+        return {"proxies": {}, "invalid_entries": [], "pool_key_type": "", "error": str(exc),
+                "counts": {}, "no_usable_proxy": {}}
+    now_ms = state["now_ms"]
     rows: dict[str, dict] = {}
     invalid = []
-    for raw in snap.entries:
+    for raw in state["entries"]:
         try:
             rows.setdefault(parse_proxy(raw).id, {})["in_redis_pool"] = True
         except InvalidProxy as exc:
             invalid.append({"entry": entry_fingerprint(raw), "error": exc.code, "reason": str(exc)})
-    for pid, health in snap.health.items():
+    for pid, health in state["health"].items():
         row = rows.setdefault(pid, {})
         row.update({"ok": int(health.get("ok", 0)), "failures": int(health.get("fail", 0)),
                     "bans": int(health.get("ban", 0)), "latency_ms": health.get("lat"),
                     "failures_in_a_row": int(health.get("consec", 0))})
         if "seen" in health:
-            row["last_seen_s_ago"] = round(max(0, snap.now_ms - health["seen"]) / 1000, 1)
-    for (pid, domain), (until, strikes) in snap.bans.items():
-        if until > snap.now_ms:
+            row["last_seen_s_ago"] = round(max(0, now_ms - health["seen"]) / 1000, 1)
+    for (pid, domain), (until, strikes) in state["bans"].items():
+        if until > now_ms:
             rows.setdefault(pid, {}).setdefault("banned", {})[domain] = {
-                "for_s": round((until - snap.now_ms) / 1000, 1), "strikes": strikes}
-    for pid, record in snap.retired.items():
+                "for_s": round((until - now_ms) / 1000, 1), "strikes": strikes}
+    for pid, record in state["retired"].items():
         rows.setdefault(pid, {})["retired"] = str(record.get("reason", ""))
-    return {"proxies": rows, "invalid_entries": invalid, "pool_key_type": snap.pool_type}
+    ranked = sorted(rows, key=lambda pid: _proxy_rank(pid, rows[pid]))
+    shown = ranked if limit is None else ranked[:limit]
+    empty = {node: {"since_s_ago": round(max(0, now_ms - since) / 1000, 1)}
+             for node, (since, at) in state["empty"].items() if now_ms - at < 30_000}
+    error = ""
+    if state["pool_type"] not in ("set", "hash", "none"):
+        error = (f"Redis key {ProxyKeys(spider).pool} is a {state['pool_type']}, expected a set "
+                 "or a hash of proxy URLs")
+    return {"proxies": {pid: rows[pid] for pid in shown},
+            "invalid_entries": invalid if limit is None else invalid[:limit],
+            "pool_key_type": state["pool_type"], "error": error, "no_usable_proxy": empty,
+            "counts": {"proxies": len(rows), "shown": len(shown),
+                       "retired": len(state["retired"]), "invalid_entries": len(invalid),
+                       "ban_records": state["ban_records"],
+                       "banned_now": sum(1 for r in rows.values() for _ in r.get("banned", ())),
+                       "bad_values": len(state["bad"])}}
 
 
-def _print_proxies(spider: str, rows: dict[str, dict], invalid: list[dict]) -> None:
+def _proxy_rank(pid: str, row: dict) -> tuple:
+    """Most troubled first: banned for more hosts, more failures in a row,
+    retired, more failures; then the busiest."""
+    return (-len(row.get("banned", {})), -row.get("failures_in_a_row", 0),
+            "retired" not in row, -row.get("failures", 0), -row.get("ok", 0), pid)
+
+
+def _print_proxies(spider: str, report: dict) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=f"proxies of {spider} (shared by all nodes; ids are host:port)")
+    def text(value) -> str:  # read from Redis: no markup, no terminal control characters
+        return escape("".join(c if c.isprintable() else "?" for c in str(value)))
+
+    rows, counts = report["proxies"], report.get("counts", {})
+    table = Table(title=f"proxies of {text(spider)} (shared by all nodes; ids are host:port; "
+                        "most troubled first)")
     for column in ("proxy", "ok", "failures", "bans", "latency", "banned for", "retired"):
         table.add_column(column, justify="left" if column in ("proxy", "banned for", "retired")
                          else "right")
-    for pid, row in sorted(rows.items()):
-        banned = ", ".join(f"{d} ({b['for_s']:g}s, strike {b['strikes']})"
-                           for d, b in sorted(row.get("banned", {}).items()))
+    for pid, row in rows.items():
+        banned = ", ".join(f"{text(d)} ({b['for_s']:g}s, strike {b['strikes']})"
+                           for d, b in sorted(row.get("banned", {}).items())[:5])
+        if len(row.get("banned", {})) > 5:
+            banned += f" and {len(row['banned']) - 5} more hosts"
         lat = row.get("latency_ms")
-        table.add_row(pid, str(row.get("ok", 0)), str(row.get("failures", 0)),
+        table.add_row(text(pid), str(row.get("ok", 0)), str(row.get("failures", 0)),
                       str(row.get("bans", 0)), f"{lat:.0f} ms" if lat else "", banned,
-                      row.get("retired", ""))
+                      text(row.get("retired", "")))
     console = Console(width=max(Console().width, 140))
     console.print(table)
-    for entry in invalid:
-        console.print(f"invalid pool entry {entry['entry']}: {entry['reason']}")
+    if counts:
+        console.print(f"{counts['shown']} of {counts['proxies']} proxies shown (--all or "
+                      f"--limit N for more); {counts['retired']} retired, {counts['banned_now']} "
+                      f"bans in force ({counts['ban_records']} ban records), "
+                      f"{counts['invalid_entries']} invalid entries, {counts['bad_values']} "
+                      "unreadable stored values", highlight=False)
+    for node, info in sorted(report.get("no_usable_proxy", {}).items()):
+        console.print(f"WARNING: node {text(node)} has had no usable proxy for "
+                      f"{info['since_s_ago']:g}s", highlight=False)
+    for entry in report["invalid_entries"]:
+        console.print(f"invalid pool entry {entry['entry']}: {text(entry['reason'])}")
 
 
 def _server_ms(client) -> int:
@@ -1096,6 +1160,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("-n", type=int, default=50, help="hosts shown (most queued first)")
         if name == "proxies":
             p.add_argument("--json", action="store_true")
+            p.add_argument("--limit", type=int, default=50,
+                           help="proxies shown, most troubled first (default 50)")
+            p.add_argument("--all", action="store_true", help="show every proxy")
             p.add_argument("--revive", nargs="+", metavar="HOST:PORT",
                            help="take these retired proxies back into the pool")
         if name == "reset":

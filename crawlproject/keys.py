@@ -97,6 +97,14 @@ key                                type    contents / written by
                                            domain until then; REFRESH
 ``{<spider>}:proxy:retired``       hash    proxy id → ``{reason, at}`` (JSON): kept
                                            out of the pool until revived (CLI)
+``{<spider>}:proxy:banlog``        zset    ``<proxy id>|<domain>`` → version of its
+                                           last ban change: nodes read only the
+                                           changes since their last call
+``{<spider>}:proxy:banexp``        zset    ``<proxy id>|<domain>`` → ms after which the
+                                           expired ban is forgotten (a few a call)
+``{<spider>}:proxy:state``         hash    ``ban_version`` (counter of ban changes);
+                                           ``empty:<node>`` → ``"since ms|reported
+                                           ms"``: that node has no usable proxy
 ``{<spider>}:recrawl``             hash    the revisit feeder's report: ``pages`` (page
                                            records), ``due`` (due and not yet fed),
                                            ``fed`` (total), ``at`` (ms), ``node``; and
@@ -284,10 +292,17 @@ class ProxyKeys:
     def bans(self) -> str: return f"{{{self.spider}}}:proxy:bans"
     @property
     def retired(self) -> str: return f"{{{self.spider}}}:proxy:retired"
+    @property
+    def ban_log(self) -> str: return f"{{{self.spider}}}:proxy:banlog"
+    @property
+    def ban_expiry(self) -> str: return f"{{{self.spider}}}:proxy:banexp"
+    @property
+    def state(self) -> str: return f"{{{self.spider}}}:proxy:state"
 
     def refresh_keys(self) -> list[str]:
         """KEYS of the REFRESH script, in its order."""
-        return [self.pool, self.health, self.bans, self.retired]
+        return [self.pool, self.health, self.bans, self.retired, self.ban_log,
+                self.ban_expiry, self.state]
 
 
 def partitions_of(spider: str, partitions: int) -> list[FrontierKeys]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import math
 import random
 import re
 from dataclasses import dataclass, field
@@ -223,7 +224,10 @@ class Health:
         Unknown latency counts as the pool's average, so a new proxy gets an
         ordinary share at once (and a measured latency soon)."""
         success = (self.ok + 1) / (self.ok + self.failures + 2)
-        return success / max(10.0, self.latency_ms or default_latency)
+        latency = self.latency_ms
+        if latency is None or not math.isfinite(latency) or latency <= 0:
+            latency = default_latency  # parsed strictly upstream; never a zero weight here
+        return success / max(10.0, latency)
 
 
 class PoolView:
@@ -245,17 +249,42 @@ class PoolView:
         self._weights: list[float] = []
 
     def update(self, proxies: dict[str, Proxy], health: dict[str, Health],
-               retired: dict[str, str], bans: dict[str, dict[str, tuple[float, int]]]) -> None:
-        """Take a new snapshot and precompute the weights of live proxies."""
-        self.proxies, self.health, self.retired, self.bans = proxies, health, retired, bans
+               retired: dict[str, str],
+               bans: dict[str, dict[str, tuple[float, int]]] | None = None) -> None:
+        """Take a new snapshot and precompute the weights of live proxies
+        (*bans* None: keep the bans, changed one by one by :meth:`ban` and
+        :meth:`set_ban`)."""
+        self.proxies, self.health, self.retired = proxies, health, retired
+        if bans is not None:
+            self.bans = bans
         self._live = [p for i, p in sorted(proxies.items()) if i not in retired]
         known = [h.latency_ms for i, h in health.items() if h.latency_ms and i in proxies]
         default = sum(known) / len(known) if known else 100.0
         self._weights = [self.health.get(p.id, Health()).weight(default) for p in self._live]
 
+    @property
+    def usable(self) -> int:
+        """Proxies in the pool and not retired (banned or not)."""
+        return len(self._live)
+
     def ban(self, proxy_id: str, domain: str, until: float, strikes: int) -> None:
         """Record a ban locally at once (Redis gets it with the next flush)."""
         self.bans.setdefault(domain, {})[proxy_id] = (until, strikes)
+
+    def unban(self, proxy_id: str, domain: str) -> None:
+        """Forget a ban and its strikes (deleted or forgotten in Redis)."""
+        banned = self.bans.get(domain)
+        if banned is not None:
+            banned.pop(proxy_id, None)
+            if not banned:
+                del self.bans[domain]
+
+    def forget(self, before: float) -> None:
+        """Drop bans that ended before *before* (Redis forgets them alike)."""
+        for domain in list(self.bans):
+            for pid, (until, _) in list(self.bans[domain].items()):
+                if until < before:
+                    self.unban(pid, domain)
 
     def strikes(self, proxy_id: str, domain: str) -> int:
         return self.bans.get(domain, {}).get(proxy_id, (0.0, 0))[1]
@@ -275,6 +304,8 @@ class PoolView:
             candidates, weights = [p for p, _ in pairs], [w for _, w in pairs]
         if not candidates:
             return None
+        if not 0 < sum(weights) < math.inf:  # defence: never raise on a request
+            return self.rng.choice(candidates)
         return self.rng.choices(candidates, weights)[0]
 
     def sticky(self, session: str, domain: str, now: float) -> tuple[Proxy | None, Proxy | None]:

@@ -14,6 +14,7 @@ Nothing here holds a credential: proxies are named by ``host:port``.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -24,30 +25,61 @@ from crawlproject.keys import ProxyKeys
 # KEYS[2] health (hash "<id>|ok|fail|ban|consec|lat|seen")
 # KEYS[3] bans (hash "<id>|<domain>" -> "until_ms|strikes")
 # KEYS[4] retired (hash id -> JSON {reason, at})
+# KEYS[5] ban log (zset "<id>|<domain>" -> version of its last change)
+# KEYS[6] ban expiry (zset "<id>|<domain>" -> ms after which it is forgotten)
+# KEYS[7] state (hash: ban_version; "empty:<node>" -> "since_ms|reported_ms")
 # ARGV[1] now in ms ('' = Redis TIME), ARGV[2] updates (JSON, see HealthBatch.payload),
 # ARGV[3] consecutive connection failures that retire a proxy (0 = never),
 # ARGV[4] latency EWMA weight of a new sample (0-1), ARGV[5] ms after which an
-# expired ban is forgotten (its strikes with it)
-# Returns {now_ms, pool type, {pool entries}, {health flat}, {bans flat}, {retired flat}}
+# expired ban is forgotten (its strikes with it), ARGV[6] the ban version the caller
+# has (0: none, send from the start), ARGV[7] most ban changes returned,
+# ARGV[8] node id ('' = not a node), ARGV[9] ms since when that node has had no
+# usable proxy ('' = it has one)
+# Returns {now_ms, pool type, {pool entries}, {health flat}, {ban changes flat:
+# field, "until|strikes" or "" when deleted}, {retired flat}, ban version reached,
+# 1 if the changes start from nothing (drop the bans you had) else 0}
+# or, when a key the script writes has another type, {"wrongtype", key, type, expected}.
+# Cost: O(pool + changes since ARGV[6] (at most ARGV[7]) + bans forgotten (at most 100)),
+# never O(all bans).
 REFRESH = r"""
+local H, B, R, LOG, EXP, S = KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local expected = {[H] = 'hash', [B] = 'hash', [R] = 'hash', [LOG] = 'zset', [EXP] = 'zset',
+                  [S] = 'hash'}
+for i = 2, 7 do
+  local t = redis.call('TYPE', KEYS[i])['ok']
+  if t ~= 'none' and t ~= expected[KEYS[i]] then
+    return {'wrongtype', KEYS[i], t, expected[KEYS[i]]}
+  end
+end
 local function server_now(arg)
   if arg ~= nil and arg ~= '' then return tonumber(arg) end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+-- HINCRBY that overwrites a value that is not a counter (untrusted) instead of failing
+local function incr(key, field, n)
+  local r = redis.pcall('HINCRBY', key, field, n)
+  if type(r) == 'table' or r < 0 then redis.call('HSET', key, field, n); return n end
+  return r
+end
+-- a latency the nodes accept (proxystore._metric): finite, 0..1e7 ms
+local function finite(x) return x and x == x and x >= 0 and x <= 1e7 end
 local now = server_now(ARGV[1])
 local u = cjson.decode(ARGV[2])
 local retire_after, alpha, forget = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local H = KEYS[2]
+local function changed(f)
+  redis.call('ZADD', LOG, incr(S, 'ban_version', 1), f)
+end
 for id, h in pairs(u.h) do
   redis.call('HSET', H, id .. '|seen', string.format('%.0f', now))
   if h[1] + h[2] + h[3] + h[5] + h[6] + h[7] > 0 then  -- not only "still in the pool"
-  redis.call('HINCRBY', H, id .. '|ok', h[1])
-  redis.call('HINCRBY', H, id .. '|fail', h[2])
-  redis.call('HINCRBY', H, id .. '|ban', h[3])
+  incr(H, id .. '|ok', h[1])
+  incr(H, id .. '|fail', h[2])
+  incr(H, id .. '|ban', h[3])
   if h[5] > 0 then
     local sample = h[4] / h[5]
     local old = tonumber(redis.call('HGET', H, id .. '|lat'))
+    if not finite(old) then old = nil end  -- inf, nan, garbage: start again
     local lat = old and (alpha * sample + (1 - alpha) * old) or sample
     redis.call('HSET', H, id .. '|lat', string.format('%.1f', lat))
   end
@@ -56,49 +88,67 @@ for id, h in pairs(u.h) do
     consec = h[6]
     redis.call('HSET', H, id .. '|consec', consec)
   else
-    consec = redis.call('HINCRBY', H, id .. '|consec', h[6])
+    consec = incr(H, id .. '|consec', h[6])
   end
   if retire_after > 0 and consec >= retire_after and h[6] > 0
-     and redis.call('HEXISTS', KEYS[4], id) == 0 then
+     and redis.call('HEXISTS', R, id) == 0 then
     local reason = string.format('%d connection failures in a row (last: %s)', consec, h[8])
-    redis.call('HSET', KEYS[4], id, cjson.encode({reason = reason, at = now}))
+    redis.call('HSET', R, id, cjson.encode({reason = reason, at = now}))
   end
   end
 end
 for _, b in ipairs(u.b) do
   local f = b[1] .. '|' .. b[2]
   local until_ms, strikes = now + b[3], b[4]
-  local old = redis.call('HGET', KEYS[3], f)
+  local old = redis.call('HGET', B, f)
   if old then
     local ou, os = string.match(old, '^(%d+)|(%d+)$')
     if ou then
       until_ms = math.max(until_ms, tonumber(ou)); strikes = math.max(strikes, tonumber(os))
     end
   end
-  redis.call('HSET', KEYS[3], f, string.format('%.0f|%d', until_ms, strikes))
+  redis.call('HSET', B, f, string.format('%.0f|%d', until_ms, strikes))
+  redis.call('ZADD', EXP, until_ms + forget, f)
+  changed(f)
 end
 for _, c in ipairs(u.c) do
   local f = c[1] .. '|' .. c[2]
-  local old = redis.call('HGET', KEYS[3], f)
+  local old = redis.call('HGET', B, f)
   local ou = old and tonumber(string.match(old, '^(%d+)|')) or nil
-  if ou and ou <= now then redis.call('HDEL', KEYS[3], f) end
-end
-local bans = redis.call('HGETALL', KEYS[3])
-local kept = {}
-for i = 1, #bans, 2 do
-  local ou = tonumber(string.match(bans[i + 1], '^(%d+)|')) or 0
-  if ou + forget < now then
-    redis.call('HDEL', KEYS[3], bans[i])
-  else
-    kept[#kept + 1] = bans[i]; kept[#kept + 1] = bans[i + 1]
+  if ou and ou <= now then
+    redis.call('HDEL', B, f)
+    changed(f)  -- a deletion: stays in the log until forgotten (EXP)
   end
 end
+-- forget a bounded number of long-expired bans per call (nodes forget them alike)
+local gone = redis.call('ZRANGEBYSCORE', EXP, '-inf', now, 'LIMIT', 0, 100)
+for _, f in ipairs(gone) do
+  redis.call('HDEL', B, f); redis.call('ZREM', LOG, f); redis.call('ZREM', EXP, f)
+end
+if ARGV[8] ~= '' then
+  if ARGV[9] ~= '' then
+    redis.call('HSET', S, 'empty:' .. ARGV[8], ARGV[9] .. '|' .. string.format('%.0f', now))
+  else
+    redis.call('HDEL', S, 'empty:' .. ARGV[8])
+  end
+end
+local version = tonumber(redis.call('HGET', S, 'ban_version')) or 0
+local since, limit = tonumber(ARGV[6]) or 0, tonumber(ARGV[7])
+local full = 0
+if since <= 0 or since > version then full = 1; since = 0 end  -- new node, or state reset
+local log = redis.call('ZRANGEBYSCORE', LOG, '(' .. string.format('%.0f', since), '+inf',
+                       'WITHSCORES', 'LIMIT', 0, limit)
+local bans, reached = {}, version
+for i = 1, #log, 2 do
+  bans[#bans + 1] = log[i]; bans[#bans + 1] = redis.call('HGET', B, log[i]) or ''
+end
+if #log >= 2 * limit then reached = tonumber(log[#log]) end  -- more next call
 local kind = redis.call('TYPE', KEYS[1])['ok']
 local pool = {}
 if kind == 'set' then pool = redis.call('SMEMBERS', KEYS[1])
 elseif kind == 'hash' then pool = redis.call('HVALS', KEYS[1]) end
-return {string.format('%.0f', now), kind, pool, redis.call('HGETALL', H), kept,
-        redis.call('HGETALL', KEYS[4])}
+return {string.format('%.0f', now), kind, pool, redis.call('HGETALL', H), bans,
+        redis.call('HGETALL', R), string.format('%.0f', reached), full}
 """
 
 _ERROR_NAME = re.compile(r"[A-Za-z0-9_.]*")
@@ -173,53 +223,108 @@ class HealthBatch:
                           separators=(",", ":"))
 
 
+class ProxyStateError(Exception):
+    """A proxy key in Redis holds another type than the one the pool uses."""
+
+
+#: Health metrics and their parsers; anything else in the health hash is ignored.
+_COUNTERS = frozenset({"ok", "fail", "ban", "consec", "seen"})
+_MAX_COUNTER = 2 ** 53
+_MAX_LATENCY_MS = 1e7
+#: Most ban changes one REFRESH returns (a new node catches up over a few calls).
+BAN_CHANGES_PER_CALL = 2000
+
+
 @dataclass
 class Snapshot:
-    """The shared state as REFRESH read it (times in Redis ms)."""
+    """The shared state as REFRESH read it (times in Redis ms).
+
+    ``bans`` holds the bans changed since the caller's ``ban_version`` (all of
+    them, up to a bound, when ``full``); ``None`` as a value means deleted.
+    ``bad`` lists values that did not parse (``(key, field, reason)``): they
+    are left out, never used."""
 
     now_ms: int
     pool_type: str
     entries: list[bytes]
     health: dict[str, dict[str, float]]
-    bans: dict[tuple[str, str], tuple[int, int]]
+    bans: dict[tuple[str, str], tuple[int, int] | None]
     retired: dict[str, dict]
+    ban_version: int = 0
+    full: bool = True
+    bad: list[tuple[str, str, str]] = field(default_factory=list)
 
     @classmethod
-    def from_reply(cls, reply) -> "Snapshot":
-        now, kind, pool, health, bans, retired = reply
-        return cls(int(_s(now)), _s(kind), list(pool), _health(health), _bans(bans),
-                   _retired(retired))
+    def from_reply(cls, reply, keys: ProxyKeys) -> "Snapshot":
+        if reply and _s(reply[0]) == "wrongtype":
+            _, key, kind, expected = (_s(v) for v in reply)
+            raise ProxyStateError(f"Redis key {key} is a {kind}, expected a {expected}: the "
+                                  f"proxy pool cannot work until it is deleted or repaired")
+        now, kind, pool, health, bans, retired, version, full = reply
+        bad: list[tuple[str, str, str]] = []
+        return cls(int(_s(now)), _s(kind), list(pool), parse_health(health, keys.health, bad),
+                   parse_bans(bans, keys.bans, bad), _retired(retired, keys.retired, bad),
+                   int(_s(version)), bool(int(full)), bad)
 
 
-def _health(flat) -> dict[str, dict[str, float]]:
+def parse_health(flat, key: str = "", bad: list | None = None) -> dict[str, dict[str, float]]:
+    """The health hash as ``{id: {metric: value}}``, strictly: counters are
+    integers in 0..2**53, ``lat`` a finite number of ms in 0..1e7; anything
+    else is left out and noted in *bad*."""
     out: dict[str, dict[str, float]] = {}
     for name, value in zip(flat[::2], flat[1::2]):
         pid, _, metric = _s(name).rpartition("|")
-        try:
-            out.setdefault(pid, {})[metric] = float(value)
-        except ValueError:
+        number = _metric(metric, _s(value))
+        if number is None:
+            if bad is not None:
+                bad.append((key, _s(name), f"{metric or 'field'} is not a valid value"))
             continue
+        out.setdefault(pid, {})[metric] = number
     return out
 
 
-def _bans(flat) -> dict[tuple[str, str], tuple[int, int]]:
-    out = {}
+def _metric(metric: str, text: str) -> float | None:
+    if metric in _COUNTERS:
+        return int(text) if text.isascii() and text.isdigit() and int(text) < _MAX_COUNTER \
+            else None
+    if metric == "lat":
+        try:
+            number = float(text)
+        except ValueError:
+            return None
+        return number if math.isfinite(number) and 0 <= number <= _MAX_LATENCY_MS else None
+    return None
+
+
+def parse_bans(flat, key: str = "", bad: list | None = None) -> dict:
+    """``<id>|<domain>`` → ``(until_ms, strikes)``; an empty value (deleted) → None."""
+    out: dict[tuple[str, str], tuple[int, int] | None] = {}
     for name, value in zip(flat[::2], flat[1::2]):
         pid, _, domain = _s(name).partition("|")
-        until, _, strikes = _s(value).partition("|")
-        if until.isdigit() and strikes.isdigit():
-            out[(pid, domain)] = (int(until), int(strikes))
+        text = _s(value)
+        until, _, strikes = text.partition("|")
+        if not text:
+            out[(pid, domain)] = None
+        elif until.isascii() and until.isdigit() and strikes.isascii() and strikes.isdigit() \
+                and int(until) < _MAX_COUNTER:
+            out[(pid, domain)] = (int(until), min(int(strikes), 1000))
+        elif bad is not None:
+            bad.append((key, _s(name), "not 'until_ms|strikes'"))
     return out
 
 
-def _retired(flat) -> dict[str, dict]:
+def _retired(flat, key: str = "", bad: list | None = None) -> dict[str, dict]:
     out = {}
     for name, value in zip(flat[::2], flat[1::2]):
         try:
             record = json.loads(value)
         except ValueError:
             record = None
-        out[_s(name)] = record if isinstance(record, dict) else {"reason": "unreadable record"}
+        if not isinstance(record, dict):
+            record = {"reason": "unreadable record"}
+            if bad is not None:
+                bad.append((key, _s(name), "not a JSON object"))
+        out[_s(name)] = record
     return out
 
 
@@ -227,27 +332,36 @@ class ProxyStore:
     """Calls on a spider's proxy keys (sync or asyncio redis-py client)."""
 
     def __init__(self, client, spider: str, *, retire_after: int = 10,
-                 latency_alpha: float = 0.3, forget_after: float = 3600.0):
+                 latency_alpha: float = 0.3, forget_after: float = 3600.0,
+                 node: str = "", ban_changes: int = BAN_CHANGES_PER_CALL):
         self.client = client
         self.keys = ProxyKeys(spider)
         self.retire_after, self.alpha = retire_after, latency_alpha
         self.forget_ms = int(forget_after * 1000)
+        self.node, self.ban_changes = node, ban_changes
         self._refresh = client.register_script(REFRESH)
 
-    def _args(self, batch: HealthBatch | None, now_ms: int | None) -> list:
+    def _args(self, batch: HealthBatch | None, now_ms: int | None, since: int,
+              empty_since_ms: int | None) -> list:
         return ["" if now_ms is None else str(now_ms), (batch or HealthBatch()).payload(),
-                self.retire_after, self.alpha, self.forget_ms]
+                self.retire_after, self.alpha, self.forget_ms, since, self.ban_changes,
+                self.node, "" if empty_since_ms is None else str(empty_since_ms)]
 
-    async def refresh(self, batch: HealthBatch | None = None,
-                      now_ms: int | None = None) -> Snapshot:
-        """Flush *batch* and read the state back (asyncio client)."""
-        reply = await self._refresh(keys=self.keys.refresh_keys(), args=self._args(batch, now_ms))
-        return Snapshot.from_reply(reply)
+    async def refresh(self, batch: HealthBatch | None = None, now_ms: int | None = None,
+                      since: int = 0, empty_since_ms: int | None = None) -> Snapshot:
+        """Flush *batch*, read the state back with the bans changed after
+        version *since*, and report whether this node has a usable proxy
+        (asyncio client). Raises :class:`ProxyStateError` for a key of a wrong type."""
+        reply = await self._refresh(keys=self.keys.refresh_keys(),
+                                    args=self._args(batch, now_ms, since, empty_since_ms))
+        return Snapshot.from_reply(reply, self.keys)
 
-    def read(self, batch: HealthBatch | None = None, now_ms: int | None = None) -> Snapshot:
-        """The same, with a synchronous client (command line, tests)."""
-        reply = self._refresh(keys=self.keys.refresh_keys(), args=self._args(batch, now_ms))
-        return Snapshot.from_reply(reply)
+    def read(self, batch: HealthBatch | None = None, now_ms: int | None = None,
+             since: int = 0) -> Snapshot:
+        """The same, with a synchronous client (tests, tools)."""
+        reply = self._refresh(keys=self.keys.refresh_keys(),
+                              args=self._args(batch, now_ms, since, None))
+        return Snapshot.from_reply(reply, self.keys)
 
     def revive(self, proxy_id: str) -> bool:
         """Bring a retired proxy back (sync client); True if it was retired."""
@@ -255,6 +369,70 @@ class ProxyStore:
         pipe.hdel(self.keys.retired, proxy_id)
         pipe.hset(self.keys.health, f"{proxy_id}|consec", 0)
         return bool(pipe.execute()[0])
+
+
+def report_state(client, spider: str, recent_bans: int) -> dict:
+    """What an operator sees (sync client; no write): the pool entries, health,
+    retirements, the *recent_bans* most recently changed bans with the number
+    of ban records, nodes without a usable proxy (``{node: (since_ms,
+    reported_ms)}``) and Redis time. Raises :class:`ProxyStateError` for a key
+    of a wrong type (named with the type it should have)."""
+    keys = ProxyKeys(spider)
+    expected = {keys.health: "hash", keys.bans: "hash", keys.retired: "hash",
+                keys.ban_log: "zset", keys.ban_expiry: "zset", keys.state: "hash"}
+    pipe = client.pipeline(transaction=False)
+    for key in (keys.pool, *expected):
+        pipe.type(key)
+    kinds = [_s(t) for t in pipe.execute()]
+    for (key, want), kind in zip(expected.items(), kinds[1:]):
+        if kind not in ("none", want):
+            raise ProxyStateError(f"Redis key {key} is a {kind}, expected a {want}")
+    pool_type = kinds[0]
+    pipe = client.pipeline(transaction=False)
+    pipe.time()
+    pipe.smembers(keys.pool) if pool_type == "set" else \
+        pipe.hvals(keys.pool) if pool_type == "hash" else pipe.echo("")
+    pipe.hgetall(keys.health)
+    pipe.hgetall(keys.retired)
+    pipe.hlen(keys.bans)
+    pipe.zrevrange(keys.ban_log, 0, max(0, recent_bans) - 1)
+    pipe.hgetall(keys.state)
+    (seconds, micros), pool, health, retired, ban_count, recent, state = pipe.execute()
+    ban_values = client.hmget(keys.bans, recent) if recent else []
+    flat = [v for pair in zip(recent, ban_values) if pair[1] is not None for v in pair]
+    bad: list[tuple[str, str, str]] = []
+    return {"now_ms": int(seconds) * 1000 + int(micros) // 1000, "pool_type": pool_type,
+            "entries": list(pool) if pool_type in ("set", "hash") else [],
+            "health": parse_health(_flat(health), keys.health, bad),
+            "retired": _retired(_flat(retired), keys.retired, bad),
+            "bans": {k: v for k, v in parse_bans(flat, keys.bans, bad).items() if v},
+            "ban_records": int(ban_count), "empty": _empty_nodes(state), "bad": bad}
+
+
+def no_proxy_summary(client, spider: str, now_ms: int) -> dict:
+    """For ``crawlctl status``: since when (ms, earliest) nodes that reported
+    in the last 30 s have had no usable proxy, and how many; or ``error``."""
+    key = ProxyKeys(spider).state
+    kind = _s(client.type(key))
+    if kind not in ("none", "hash"):
+        return {"since": None, "nodes": 0, "error": f"Redis key {key} is a {kind}, "
+                                                    "expected a hash"}
+    fresh = [since for since, at in _empty_nodes(client.hgetall(key)).values()
+             if now_ms - at < 30_000]
+    return {"since": min(fresh) if fresh else None, "nodes": len(fresh)}
+
+
+def _empty_nodes(state: dict) -> dict[str, tuple[int, int]]:
+    out = {}
+    for name, value in state.items():
+        name, (since, _, at) = _s(name), _s(value).partition("|")
+        if name.startswith("empty:") and since.isdigit() and at.isdigit():
+            out[name[len("empty:"):]] = (int(since), int(at))
+    return out
+
+
+def _flat(mapping: dict) -> list:
+    return [v for pair in mapping.items() for v in pair]
 
 
 def monotonic_deadline(until_ms: int, now_ms: int, now: float | None = None) -> float:

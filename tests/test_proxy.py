@@ -243,11 +243,17 @@ def test_expired_bans_are_forgotten_and_a_success_after_revival_clears_strikes(r
     batch = HealthBatch()
     batch.ban(A.id, "a", 10, 3)
     batch.ban(B.id, "b", 10, 1)
-    store.read(batch, now_ms=1_000_000)
+    first = store.read(batch, now_ms=1_000_000)
     clear = HealthBatch()
     clear.clear(A.id, "a")
-    assert store.read(clear, now_ms=1_011_000).bans == {(B.id, "b"): (1_010_000, 1)}
+    # a node reads the clear as a change (a deletion); one starting afresh reads what is left
+    snap = store.read(clear, now_ms=1_011_000, since=first.ban_version)
+    assert snap.bans == {(A.id, "a"): None} and not snap.full
+    assert {k: v for k, v in store.read(now_ms=1_011_000).bans.items() if v} == {
+        (B.id, "b"): (1_010_000, 1)}
     assert store.read(None, now_ms=1_071_000).bans == {}
+    keys = store.keys
+    assert not redis.exists(keys.bans, keys.ban_log, keys.ban_expiry)   # nothing left behind
 
 
 # --------------------------------------------------------------------------- middleware
@@ -415,3 +421,165 @@ def test_cli_shows_masked_proxies_with_health_bans_and_retirement_and_revives(
     assert "revived" in capsys.readouterr().out and not store.read().retired
     everything = json.dumps(shown) + table
     assert SECRET not in everything and "u:" not in everything
+
+
+# --------------------------------------------------------------------------- bad stored state
+
+def middleware_on(redis, **settings):
+    """A middleware whose shared state is *redis* (sync client: apply(read()))."""
+    mw = middleware(**settings)
+    mw.store = ProxyStore(redis, "s")
+    return mw
+
+
+def dead_letters(mw):
+    """The engine's scheduler is not running in a unit test: a stand-in records
+    the dead-letter calls (the end-to-end tests run the real one)."""
+    failed = []
+    mw.crawler.engine = SimpleNamespace(scheduler=SimpleNamespace(
+        mark_failed=lambda request, reason, kind: failed.append((request.url, reason, kind))))
+    return failed
+
+
+@pytest.mark.parametrize("bad", ["inf", "-inf", "nan", "1e400", "-5", "garbage", "1e9"])
+def test_a_bad_health_value_is_ignored_with_one_warning_and_requests_go_on(redis, caplog, bad):
+    mw = middleware_on(redis)
+    health = mw.store.keys.health
+    redis.hset(health, mapping={f"{A.id}|lat": bad, f"{B.id}|lat": bad, f"{A.id}|ok": bad,
+                                f"{B.id}|consec": bad, f"{A.id}|seen": bad})
+    redis.hset(mw.store.keys.bans, f"{A.id}|shop", bad)
+    redis.zadd("{s}:proxy:banlog", {f"{A.id}|shop": 1})     # as if changed by a node
+    for _ in range(3):
+        mw.apply(mw.store.read())
+        chosen = {sent(mw).meta[PROXY_ID] for _ in range(200)}
+        assert chosen == {A.id, B.id}
+    warnings = [r for r in caplog.records if r.levelname == "WARNING" and "ignored" in r.message]
+    assert len(warnings) == 6 and all(health in r.message or "bans" in r.message
+                                      for r in warnings)
+    assert mw.stats.get_value("proxy/bad_state") == 6
+    # the next flush repairs the bad counters and latency instead of failing
+    batch = HealthBatch()
+    batch.success(A.id, 0.05)
+    batch.failure(B.id, "ConnectionRefusedError")
+    snap = mw.store.read(batch)
+    assert snap.health[A.id]["lat"] == 50 and snap.health[A.id]["ok"] == 1
+    assert snap.health[B.id]["consec"] == 1
+    assert sorted(name for _, name, _ in snap.bad) == [f"{A.id}|shop", f"{B.id}|lat"]
+
+
+def test_the_refresh_loop_survives_a_failed_run(redis_url):
+    """A run that raises (an error injected into apply: no known stored value
+    does it any more) is logged and the next run goes on."""
+    import asyncio
+
+    import redis.asyncio as aredis
+
+    mw = middleware(PROXY_REFRESH_INTERVAL=0.05)
+    runs = []
+
+    def apply(snap, real=mw.apply):
+        runs.append(snap)
+        if len(runs) == 1:
+            raise RuntimeError("injected")
+        real(snap)
+
+    mw.apply = apply
+
+    async def main():
+        mw.store = ProxyStore(aredis.from_url(redis_url), "s")
+        mw._closing = asyncio.Event()
+        task = asyncio.ensure_future(mw._loop())
+        for _ in range(200):
+            if len(runs) >= 3 or task.done():
+                break
+            await asyncio.sleep(0.05)
+        mw._closing.set()
+        await task
+        await mw.store.client.aclose()
+
+    asyncio.run(main())
+    assert len(runs) >= 3 and mw.stats.get_value("proxy/refresh_errors") == 1
+
+
+def test_cli_and_dashboard_read_bad_values_without_a_traceback(redis, redis_url, capsys):
+    from crawlproject.cli import main, proxy_report
+    from crawlproject.dashboard.render import proxies_fragment
+
+    store = ProxyStore(redis, "s")
+    redis.sadd(store.keys.pool, A.url)
+    redis.hset(store.keys.health, mapping={f"{A.id}|lat": "inf", f"{A.id}|ok": "inf",
+                                           f"{A.id}|consec": "nan", f"{B.id}|fail": "3"})
+    assert main(["--redis-url", redis_url, "proxies", "s"]) == 0
+    out = capsys.readouterr().out
+    assert A.id in out and B.id in out and "inf" not in out
+    html = proxies_fragment({"proxies": proxy_report(redis, "s")})
+    assert A.id in html and "inf" not in html
+
+
+# --------------------------------------------------------------------------- no usable proxy
+
+def test_with_no_usable_proxy_requests_wait_then_are_dead_lettered_as_no_proxy(redis, caplog):
+    mw = middleware_on(redis, PROXY_POOL=[], PROXY_POOL_EMPTY_MAX_WAIT=60)
+    failed = dead_letters(mw)
+    redis.rpush(mw.store.keys.pool, A.url)                      # a list: a wrong type
+    mw.apply(mw.store.read())
+    assert [r for r in caplog.records if r.levelname == "ERROR" and mw.store.keys.pool in
+            r.message and "is a list, expected a set or a hash" in r.message]
+    waiting = mw.process_request(Request("http://shop/1"))
+    assert isinstance(waiting, Request) and waiting.meta[RETRY_DELAY_META] > 0
+    mw._empty_since = (mw._empty_since[0] - 61, mw._empty_since[1])   # a minute later
+    with pytest.raises(IgnoreRequest, match="no_proxy"):
+        mw.process_request(Request("http://shop/2"))
+    assert failed == [("http://shop/2", "no_proxy", "download")]
+    assert mw.stats.get_value("proxy/dead/no_proxy") == 1
+    # proxies back: requests go through again, the state ends
+    redis.delete(mw.store.keys.pool)
+    redis.sadd(mw.store.keys.pool, A.url)
+    mw.apply(mw.store.read())
+    assert mw.process_request(Request("http://shop/3")) is None and mw._empty_since is None
+
+
+def test_every_proxy_retired_is_no_usable_proxy(redis):
+    mw = middleware_on(redis, PROXY_POOL_EMPTY_MAX_WAIT=0)
+    failed = dead_letters(mw)
+    for proxy in (A, B):
+        redis.hset(mw.store.keys.retired, proxy.id, json.dumps({"reason": "dead", "at": 1}))
+    mw.apply(mw.store.read())
+    with pytest.raises(IgnoreRequest):
+        mw.process_request(Request("http://shop/1"))
+    assert failed == [("http://shop/1", "no_proxy", "download")]
+
+
+def test_a_proxy_key_of_a_wrong_type_is_named_in_the_node_log_and_the_cli(
+        redis, redis_url, caplog, capsys):
+    import asyncio
+
+    import redis.asyncio as aredis
+
+    from crawlproject.cli import main
+
+    keys = ProxyStore(redis, "s").keys
+    redis.set(keys.health, "x")
+    mw = middleware(PROXY_POOL=[], PROXY_POOL_EMPTY_MAX_WAIT=0)
+    failed = dead_letters(mw)
+
+    async def refresh_twice():
+        mw.store = ProxyStore(aredis.from_url(redis_url), "s")
+        await mw.refresh()
+        await mw.refresh()
+        await mw.store.client.aclose()
+
+    asyncio.run(refresh_twice())
+    errors = [r.message for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and f"{keys.health} is a string, expected a hash" in errors[0]
+    with pytest.raises(IgnoreRequest):
+        mw.process_request(Request("http://shop/1"))
+    assert failed and failed[0][1] == "no_proxy"
+    assert main(["--redis-url", redis_url, "proxies", "s"]) == 1
+    assert f"{keys.health} is a string, expected a hash" in capsys.readouterr().err
+    redis.delete(keys.health)
+    redis.rpush(keys.pool, A.url)
+    assert main(["--redis-url", redis_url, "proxies", "s", "--json"]) == 1
+    captured = capsys.readouterr()
+    assert f"{keys.pool} is a list, expected a set or a hash" in captured.err
+    assert json.loads(captured.out)["pool_key_type"] == "list"

@@ -15,7 +15,7 @@ import pytest
 
 from crawlproject.demo.hosts import MultiHostSite
 from crawlproject.keys import FrontierKeys, ProxyKeys, start_urls_key
-from tests.crawl_helpers import ROOT, Node, assert_written_once, node_env
+from tests.crawl_helpers import ROOT, Node, assert_written_once, crawl_until_done, node_env
 from crawlproject.demo.proxy import ForwardProxy, closed_port
 
 pytestmark = pytest.mark.slow
@@ -156,3 +156,69 @@ def test_a_request_banned_through_every_try_is_dead_lettered_as_banned(
     assert node.stat("proxy/waits") >= 1                      # waited while the proxy was banned
     text = json.dumps(dead) + node.text()
     assert not [s for s in secrets(["bad"]) if s in text]
+
+
+def test_bad_health_values_in_redis_never_lose_a_request(
+        redis, redis_url, mongo_uri, database, tmp_path):
+    """A latency of inf (and other garbage) in the shared health hash before the
+    crawl: one WARNING per value, every page fetched and stored once, the
+    pool refreshed all along (the values are repaired by the nodes' flushes)."""
+    env = node_env(redis_url, mongo_uri, database.name)
+    keys = ProxyKeys("hosts")
+    host = HOSTS[1]
+    with MultiHostSite([host], pages=20, latency_ms=5) as site, \
+            ForwardProxy("good", PASSWORD) as good:
+        redis.sadd(keys.pool, good.url)  # the pool comes only from Redis: read it or wait
+        redis.hset(keys.health, mapping={f"{good.id}|lat": "inf", "10.9.9.9:1|ok": "nan",
+                                         f"{good.id}|consec": "1e400"})
+        node = Node("h1", tmp_path, env, spider="hosts", settings=BASE)
+        codes = crawl_until_done([node], lambda: redis.lpush(start_urls_key("hosts"),
+                                                             site.url(host, "/")), 90)
+        hits = site.requests()
+    assert codes == [0], node.tail()
+    assert {h.path for h in hits} >= site.expected_paths(host)
+    assert_written_once([node], 20)
+    assert not redis.lrange(FrontierKeys("hosts").dead, 0, -1)
+    warnings = [line for line in node.text().splitlines() if "Proxy pool: ignored" in line]
+    assert len(warnings) == 3 and all("WARNING" in line for line in warnings), warnings
+    assert not node.errors(), node.errors()
+    assert float(redis.hget(keys.health, f"{good.id}|lat")) < 10_000    # repaired
+
+
+def test_with_every_proxy_retired_requests_are_dead_lettered_as_no_proxy(
+        redis, redis_url, mongo_uri, database, tmp_path):
+    """The only proxy refuses connections and is retired at once: the node says
+    so (log, `crawlctl status` and `proxies`), requests wait
+    PROXY_POOL_EMPTY_MAX_WAIT, then are dead-lettered with reason no_proxy and
+    the node closes when idle (before: they cycled in the delayed set for ever)."""
+    env = node_env(redis_url, mongo_uri, database.name)
+    host = HOSTS[0]
+    refused = f"http://dead:{PASSWORD}@127.0.0.1:{closed_port()}"
+    with MultiHostSite([host], pages=3, latency_ms=5) as site:
+        seeds = [site.url(host, "/"), site.url(host, "/p/1"), site.url(host, "/p/2")]
+        node = Node("e1", tmp_path, env, spider="hosts",
+                    settings={**BASE, "PROXY_POOL": refused, "PROXY_RETIRE_AFTER": 1,
+                              "PROXY_POOL_EMPTY_MAX_WAIT": 12})
+        try:
+            node.wait_for_log("Reading seeds from")
+            redis.lpush(start_urls_key("hosts"), *seeds)
+            node.wait_for_log(r"WARNING: No usable proxy for \d+s \(pool of 1, 1 retired", 60)
+            deadline, status, proxies = time.monotonic() + 20, {}, {}
+            while time.monotonic() < deadline and not (
+                    status.get("proxy_pool", {}).get("since") and proxies.get("no_usable_proxy")):
+                status, proxies = (json.loads(subprocess.run(
+                    [sys.executable, "-m", "crawlproject.cli", "--redis-url", redis_url, *cmd,
+                     "hosts", "--json"], cwd=ROOT, capture_output=True, text=True,
+                    timeout=60).stdout) for cmd in (["status"], ["proxies"]))
+            code = node.wait(120)
+        finally:
+            node.stop()
+        hits = site.requests()
+    assert status["proxy_pool"]["since"] and status["proxy_pool"]["nodes"] == 1, status
+    assert [n.split("-")[0] for n in proxies["no_usable_proxy"]] == ["e1"], proxies
+    assert code == 0, node.tail()
+    dead = [json.loads(r) for r in redis.lrange(FrontierKeys("hosts").dead, 0, -1)]
+    assert sorted(d["url"] for d in dead) == sorted(seeds) and not hits
+    assert {d["reason"] for d in dead} == {"no_proxy"}, dead
+    assert node.stat("proxy/dead/no_proxy") == 3
+    assert not [s for s in secrets(["dead"]) if s in node.text() + json.dumps(dead)]

@@ -190,7 +190,7 @@ def recrawl_fragment(data: dict) -> str:
 def proxies_fragment(data: dict) -> str:
     report = data.get("proxies") or {"proxies": {}, "invalid_entries": []}
     rows = []
-    for pid, p in sorted(report["proxies"].items()):
+    for pid, p in report["proxies"].items():  # most troubled first (proxy_report)
         banned = ", ".join(f'{e(d)} ({n(b["for_s"])} s, strike {n(b["strikes"])})'
                            for d, b in sorted(p.get("banned", {}).items()))
         lat = p.get("latency_ms")
@@ -204,9 +204,20 @@ def proxies_fragment(data: dict) -> str:
                     "last used", "banned for", "retired"],
                    rows, "No proxy pool for this spider.")
     bad = report.get("invalid_entries") or []
+    counts = report.get("counts") or {}
     if bad:
-        table += f'<p class="warn">{n(len(bad))} pool entries do not parse: ' + ", ".join(
-            f'{e(b["entry"])} ({e(b["reason"])})' for b in bad[:10]) + "</p>"
+        table += (f'<p class="warn">{n(counts.get("invalid_entries", len(bad)))} pool entries '
+                  "do not parse: " + ", ".join(f'{e(b["entry"])} ({e(b["reason"])})'
+                                               for b in bad[:10]) + "</p>")
+    if counts:
+        table += (f'<p>{n(counts["shown"])} of {n(counts["proxies"])} proxies shown (most '
+                  f'troubled first); {n(counts["retired"])} retired, {n(counts["banned_now"])} '
+                  f'bans in force ({n(counts["ban_records"])} ban records)</p>')
+    if report.get("error"):
+        table += f'<p class="error" role="alert">{e(report["error"])}</p>'
+    for node, info in sorted((report.get("no_usable_proxy") or {}).items()):
+        table += (f'<p class="error" role="alert">No usable proxy on node {e(node)} for '
+                  f'{n(info.get("since_s_ago", 0))} s</p>')
     return table
 
 

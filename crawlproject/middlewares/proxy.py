@@ -57,7 +57,9 @@ from crawlproject.middlewares.politeness import retry_after_seconds
 from crawlproject.middlewares.session import PROXY_CONTEXT, PROXY_ID, explicit_session
 from crawlproject.proxies import BanRules, Health, InvalidProxy, PoolView, Proxy, \
     entry_fingerprint, parse_proxy
-from crawlproject.proxystore import HealthBatch, ProxyStore, Snapshot, monotonic_deadline
+from crawlproject.identity import node_id
+from crawlproject.proxystore import HealthBatch, ProxyStateError, ProxyStore, Snapshot, \
+    monotonic_deadline
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +81,7 @@ class ProxyPoolMiddleware:
 
     def __init__(self, crawler, *, static: list[Proxy], rules: BanRules, max_tries: int,
                  ban_base: float, ban_max: float, refresh_interval: float,
-                 retire_after: int, latency_alpha: float):
+                 retire_after: int, latency_alpha: float, empty_max_wait: float = 300.0):
         self.crawler = crawler
         self.stats = crawler.stats
         self.static = {p.id: p for p in static}
@@ -94,11 +96,19 @@ class ProxyPoolMiddleware:
         self._parsed: dict[bytes, Proxy | None] = {}
         self._known_retired: set[str] = set()
         self._moved: dict[str, str] = {}
-        self._logged: set[str] = set()
+        self._logged: set = set()
         self._task: asyncio.Task | None = None
         self._closing: asyncio.Event | None = None
         self._last_wait_log = 0.0
         self._refresh_failed = False
+        self.empty_max_wait = empty_max_wait
+        self.forget_after = max(3600.0, ban_max * 2)
+        self._ban_version = 0          # the last ban change this node has read
+        self._last_forget = time.monotonic()
+        # no usable proxy since (monotonic, Redis ms), and why; None: there is one
+        self._empty_since: tuple[float, int] | None = None
+        self._last_empty_log = 0.0
+        self._pool_problem = ""
 
     @classmethod
     def from_crawler(cls, crawler):
@@ -111,7 +121,8 @@ class ProxyPoolMiddleware:
                  ban_max=s.getfloat("PROXY_BAN_BACKOFF_MAX", 1800.0),
                  refresh_interval=s.getfloat("PROXY_REFRESH_INTERVAL", 1.0),
                  retire_after=s.getint("PROXY_RETIRE_AFTER", 10),
-                 latency_alpha=s.getfloat("PROXY_LATENCY_EWMA", 0.3))
+                 latency_alpha=s.getfloat("PROXY_LATENCY_EWMA", 0.3),
+                 empty_max_wait=s.getfloat("PROXY_POOL_EMPTY_MAX_WAIT", 300.0))
         crawler.signals.connect(mw.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(mw.spider_closed, signal=signals.spider_closed)
         return mw
@@ -122,7 +133,7 @@ class ProxyPoolMiddleware:
         self.store = ProxyStore(redis_from_settings(self.crawler.settings, asyncio=True),
                                 spider.name, retire_after=self.retire_after,
                                 latency_alpha=self.latency_alpha,
-                                forget_after=max(3600.0, self.ban_max * 2))
+                                forget_after=self.forget_after, node=node_id(self.crawler))
         self._closing = asyncio.Event()
         self._task = asyncio.ensure_future(self._loop())
         logger.info("Proxy pool: %d proxies from settings/file, more from %s (refreshed every "
@@ -135,12 +146,19 @@ class ProxyPoolMiddleware:
             return
         self._closing.set()
         await self._task
+        self._empty_since = None  # a closed node no longer waits for a proxy
         await self.refresh()  # the last events of this node
         await self.store.client.aclose()
 
     async def _loop(self) -> None:
         while not self._closing.is_set():
-            await self.refresh()
+            try:
+                await self.refresh()
+                self._report_empty(time.monotonic())
+            except Exception:  # one bad run never stops the refreshes
+                self.stats.inc_value("proxy/refresh_errors")
+                logger.exception("Proxy pool refresh failed; retrying in %gs",
+                                 self.refresh_interval, extra={"spider": self.crawler.spider})
             try:
                 await asyncio.wait_for(self._closing.wait(), self.refresh_interval)
             except asyncio.TimeoutError:
@@ -151,8 +169,17 @@ class ProxyPoolMiddleware:
         batch, self.batch = self.batch, HealthBatch()
         for pid in self.view.proxies:
             batch.seen(pid)
+        empty_ms = self._empty_since[1] if self._empty_since else None
         try:
-            snapshot = await self.store.refresh(batch)
+            snapshot = await self.store.refresh(batch, since=self._ban_version,
+                                                empty_since_ms=empty_ms)
+        except ProxyStateError as exc:  # not transient: say so, and count as no Redis pool
+            self.batch.merge(batch)
+            self.stats.inc_value("proxy/refresh_errors")
+            self._once(f"state:{exc}", "Proxy pool: %s", exc)
+            self._pool_problem = str(exc)
+            self._check_usable(int(time.time() * 1000))
+            return
         except Exception as exc:  # Redis away: keep the events and the last view
             self.batch.merge(batch)
             self.stats.inc_value("proxy/refresh_errors")
@@ -165,8 +192,11 @@ class ProxyPoolMiddleware:
         self.apply(snapshot)
 
     def apply(self, snap: Snapshot) -> None:
-        """Replace the node's view with *snap* (plus bans recorded since the flush)."""
+        """Take *snap* into the node's view: pool, health and retirements
+        replaced, bans changed one by one (plus bans recorded since the flush)."""
         now = time.monotonic()
+        self._warn_bad(snap.bad)
+        self._pool_problem = ""
         proxies = dict(self.static)
         proxies.update(self._redis_pool(snap))
         health = {pid: Health(ok=int(h.get("ok", 0)), failures=int(h.get("fail", 0)),
@@ -174,21 +204,69 @@ class ProxyPoolMiddleware:
                               consecutive_failures=int(h.get("consec", 0)))
                   for pid, h in snap.health.items()}
         retired = {pid: str(r.get("reason", "")) for pid, r in snap.retired.items()}
-        bans: dict[str, dict[str, tuple[float, int]]] = {}
-        for (pid, domain), (until_ms, strikes) in snap.bans.items():
-            bans.setdefault(domain, {})[pid] = (monotonic_deadline(until_ms, snap.now_ms, now),
-                                                strikes)
+        if snap.full:
+            self.view.bans = {}
+        for (pid, domain), ban in snap.bans.items():
+            if ban is None:
+                self.view.unban(pid, domain)
+            else:
+                self.view.ban(pid, domain, monotonic_deadline(ban[0], snap.now_ms, now), ban[1])
+        self._ban_version = snap.ban_version
         for pid, domain, delay_ms, strikes in self.batch.bans:  # not flushed yet
-            bans.setdefault(domain, {})[pid] = (now + delay_ms / 1000, strikes)
-        self.view.update(proxies, health, retired, bans)
+            self.view.ban(pid, domain, now + delay_ms / 1000, strikes)
+        if now - self._last_forget > 60:  # as Redis does (its REFRESH forgets them)
+            self._last_forget = now
+            self.view.forget(now - self.forget_after)
+        self.view.update(proxies, health, retired)
         self._log_retired(retired, proxies)
         self.stats.set_value("proxy/pool_size", len(proxies))
         self.stats.set_value("proxy/retired", len(set(retired) & set(proxies)))
+        self._check_usable(snap.now_ms)
+
+    def _warn_bad(self, bad: list[tuple[str, str, str]]) -> None:
+        """One WARNING and one count per bad stored value (left out, never used)."""
+        for key, name, reason in bad:
+            if ("bad", key, name) in self._logged or len(self._logged) > 10_000:
+                continue  # bounded: stored garbage must not grow the node's memory
+            self._logged.add(("bad", key, name))
+            self.stats.inc_value("proxy/bad_state")
+            logger.warning("Proxy pool: ignored %s field %r (%s); counted in proxy/bad_state",
+                           key, name[:200], reason, extra={"spider": self.crawler.spider})
+
+    def _check_usable(self, now_ms: int) -> None:
+        """Start or end the "no usable proxy" state (checked at each refresh)."""
+        if self.view.usable:
+            if self._empty_since is not None:
+                logger.warning("Proxy pool usable again (%d proxies) after %.0fs without one",
+                               self.view.usable, time.monotonic() - self._empty_since[0],
+                               extra={"spider": self.crawler.spider})
+            self._empty_since = None
+        elif self._empty_since is None:
+            self._empty_since = (time.monotonic(), now_ms)
+            self._last_empty_log = 0.0
+        self.stats.set_value("proxy/usable", self.view.usable)
+
+    def _report_empty(self, now: float) -> None:
+        """WARNING each minute while no proxy is usable."""
+        if self._empty_since is None or now - self._last_empty_log < 60:
+            return
+        self._last_empty_log = now
+        waited = now - self._empty_since[0]
+        logger.warning(
+            "No usable proxy for %.0fs (pool of %d, %d retired%s): requests wait, then are "
+            "dead-lettered as 'no_proxy' after PROXY_POOL_EMPTY_MAX_WAIT=%gs; add proxies to "
+            "%s or revive retired ones (crawlctl proxies %s --revive HOST:PORT)",
+            waited, len(self.view.proxies), len(self.view.retired),
+            f"; {self._pool_problem}" if self._pool_problem else "", self.empty_max_wait,
+            self.store.keys.pool, self.crawler.spider.name,
+            extra={"spider": self.crawler.spider})
 
     def _redis_pool(self, snap: Snapshot) -> dict[str, Proxy]:
         if snap.pool_type not in ("set", "hash", "none"):
-            self._once(f"type:{snap.pool_type}", "Proxy pool key %s is a %s, not a set or a "
-                       "hash: ignored", self.store.keys.pool, snap.pool_type)
+            self._pool_problem = (f"Redis key {self.store.keys.pool} is a {snap.pool_type}, "
+                                  "expected a set or a hash of proxy URLs")
+            self._once(f"type:{snap.pool_type}", "Proxy pool: %s; its entries are ignored",
+                       self._pool_problem)
             return {}
         out = {}
         for raw in snap.entries:
@@ -213,7 +291,7 @@ class ProxyPoolMiddleware:
                                extra={"spider": self.crawler.spider})
         self._known_retired = set(retired)
 
-    def _once(self, key: str, msg: str, *args) -> None:
+    def _once(self, key, msg: str, *args) -> None:
         if key not in self._logged:
             self._logged.add(key)
             logger.error(msg, *args, extra={"spider": self.crawler.spider})
@@ -251,7 +329,15 @@ class ProxyPoolMiddleware:
         return proxy
 
     def _wait(self, request: Request, domain: str, now: float) -> Request:
-        """No usable proxy for *domain*: back to the frontier until one is revived."""
+        """No usable proxy for *domain*: back to the frontier until one is revived,
+        or dead-lettered as ``no_proxy`` once the pool has had no usable proxy
+        for ``PROXY_POOL_EMPTY_MAX_WAIT`` seconds."""
+        if self._empty_since is not None and now - self._empty_since[0] >= self.empty_max_wait:
+            self._dead_letter(_clean(request), "no_proxy")
+            logger.error("Gave up on %s: no usable proxy for %.0fs (dead-lettered as "
+                         "'no_proxy')", request.url, now - self._empty_since[0],
+                         extra={"spider": self.crawler.spider})
+            raise IgnoreRequest("no_proxy")
         wait = self.view.next_unban(domain, now)
         wait = min(self.ban_max, max(1.0, wait if wait is not None else 2 * self.refresh_interval))
         self.stats.inc_value("proxy/waits")
@@ -319,14 +405,18 @@ class ProxyPoolMiddleware:
         _clean(request)
         if not dead_letter:  # connection errors: Scrapy's retries and dead letters take over
             return None
-        self.stats.inc_value("proxy/dead/banned")
-        scheduler = getattr(self.crawler.engine, "scheduler", None)
-        mark_failed = getattr(scheduler, "mark_failed", None)
-        if mark_failed is not None:
-            mark_failed(request, "banned", kind="download")
+        self._dead_letter(request, "banned")
         logger.error("Gave up on %s: banned through %d proxies in a row (dead-lettered as "
                      "'banned')", request.url, tries, extra={"spider": self.crawler.spider})
         raise IgnoreRequest("banned")
+
+
+    def _dead_letter(self, request: Request, reason: str) -> None:
+        self.stats.inc_value(f"proxy/dead/{reason}")
+        scheduler = getattr(self.crawler.engine, "scheduler", None)
+        mark_failed = getattr(scheduler, "mark_failed", None)
+        if mark_failed is not None:
+            mark_failed(request, reason, kind="download")
 
 
 def _static_pool(settings, stats) -> list[Proxy]:
