@@ -56,6 +56,7 @@ MAX_PRIORITY = 4095  # |priority| < 2^12 keeps the queue score exact in a double
 #: Records kept in the dead-letter and invalid lists (newest first) by default.
 DEAD_MAX = 100_000
 INVALID_MAX = 10_000
+REPLAY_BATCH = 100  # dead letters per REPLAY_DEAD call: bounds the time Redis is held
 #: meta keys that count attempts; a replayed dead letter starts afresh.
 ATTEMPT_META_KEYS = ("retry_times", "crawlproject_callback_attempts", "proxy_ban_tries")
 
@@ -309,15 +310,28 @@ class Frontier:
         return self.sync(Batch(nacks=list(unstarted)), leaving=True)
 
     # -- operator views --------------------------------------------------------
-    def replay_dead(self, count: int = 1000) -> int:
+    def replay_dead(self, count: int = 1000, batch: int = REPLAY_BATCH) -> int:
         """Move up to *count* dead letters (oldest first) back into the queue.
 
         Each gets a fresh start: its attempt counters (``retry_times``,
         callback attempts) are cleared, so it has all its retries again.
         Records that are not JSON with a string ``payload`` stay in the list.
+        Done in calls of at most *batch* records each, so no single script
+        call holds Redis for long (a lease renewal waits behind it).
         """
-        records = self.client.lrange(self.keys.dead, -count, -1)[::-1]
-        return int(self._replay(keys=self.keys.replay_keys(), args=_replay_args(records)))
+        replayed, skipped, left = 0, 0, count
+        while left > 0:
+            n = min(batch, left)
+            # unreadable records stay at the tail: read past them
+            records = self.client.lrange(self.keys.dead, -(skipped + n), -(skipped + 1))[::-1]
+            args = _replay_args(records)
+            if args:
+                replayed += int(self._replay(keys=self.keys.replay_keys(), args=args))
+            skipped += len(records) - len(args) // 4
+            left -= len(records)
+            if len(records) < n:
+                break
+        return replayed
 
     # -- politeness: per-key limits and state ----------------------------------
     def set_limits(self, limits: dict[str, Limits | Override | None], source: str = "c",
