@@ -307,9 +307,14 @@ def _status_table(args, data: dict):
     table.add_column("what")
     table.add_column("value", justify="right")
     control = data["control"]
-    table.add_row("operator control", control["state"] + (
-        f" (since {_ago(control.get('since'))}{', by ' + control['by'] if control.get('by') else ''})"
-        if control.get("since") else ""))
+    if control.get("error"):
+        shown = f" (ERROR: {control['error']})"
+    elif control.get("since"):
+        shown = (f" (since {_ago(control.get('since'))}"
+                 f"{', by ' + control['by'] if control.get('by') else ''})")
+    else:
+        shown = ""
+    table.add_row("operator control", control["state"] + shown)
     for name, value in data["frontier"].items():
         table.add_row(name, str(value))
     for name, value in data["seeds"].items():
@@ -371,7 +376,8 @@ def _ago(ms) -> str:
 def cmd_control(args) -> int:
     """pause / resume / drain / stop: the state every node reads within ~1 s."""
     who = f"{os.environ.get('USER') or 'operator'}@{socket.gethostname()}"
-    previous, state = control_command(_client(args), args.spider, args.command, who)
+    previous, state = control_command(_client(args), args.spider, args.command, who,
+                                      force=args.force)
     print(f"{args.spider}: {previous} -> {state} (nodes follow within about "
           f"{CONTROL_HINT}s)")
     return 0
@@ -380,12 +386,15 @@ def cmd_control(args) -> int:
 CONTROL_COMMANDS = ("pause", "resume", "drain", "stop")
 
 
-def control_command(client, spider: str, command: str, by: str) -> tuple[str, str]:
-    """Apply ``pause | resume | drain | stop``; returns (previous state, new state)."""
+def control_command(client, spider: str, command: str, by: str,
+                    force: bool = False) -> tuple[str, str]:
+    """Apply ``pause | resume | drain | stop``; returns (previous state, new state).
+    A control key of the wrong type raises ``ControlKeyError`` (a ValueError)
+    unless *force*, which replaces it."""
     if command not in CONTROL_COMMANDS:
         raise ValueError(f"unknown control command {command!r}")
     state = {"resume": "run"}.get(command, command)
-    return set_state(client, spider, state, by=by), state
+    return set_state(client, spider, state, by=by, force=force), state
 
 
 def _bloom_totals(estimates: list[dict]) -> dict:
@@ -1165,6 +1174,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--all", action="store_true", help="show every proxy")
             p.add_argument("--revive", nargs="+", metavar="HOST:PORT",
                            help="take these retired proxies back into the pool")
+        if name in CONTROL_COMMANDS:
+            p.add_argument("--force", action="store_true", help="replace a control key of "
+                           "the wrong type (nodes treat one as pause)")
         if name == "reset":
             p.add_argument("--yes", action="store_true")
             p.add_argument("--keep-seeds", action="store_true")

@@ -20,6 +20,13 @@ call per request:
 The value is read from Redis, which is untrusted: only these four states are
 accepted; anything else counts as ``run`` and is logged once.
 
+A control key of another type than a hash (a string or list written by
+hand or by another tool) cannot say what the operator wants: nodes count it as
+``pause`` (they take nothing new and lose nothing; a pause is what an operator
+undoes most easily), log one ERROR naming the key and its type at each change,
+and ``crawlctl status`` shows it. ``crawlctl resume|pause|drain|stop SPIDER
+--force`` replaces the key; without ``--force`` these commands refuse and say so.
+
 In the same loop each node writes its report every 5 s into the hash
 ``{spider}:node_reports`` (node id → JSON: pages, items, errors, pages/s and
 items/s over the last minute, leases, state, at), deleted when it closes;
@@ -33,6 +40,8 @@ import json
 import logging
 import time
 from typing import Callable
+
+from redis.exceptions import ResponseError
 
 from crawlproject.connection import REDIS_FAILURES
 
@@ -84,20 +93,70 @@ def node_reports(client, spider: str, now_ms: int | None = None) -> list[dict]:
     return sorted(out, key=lambda r: r["age_s"])
 
 
-def set_state(client, spider: str, state: str, by: str = "") -> str:
-    """Write *state* (a sync redis client); returns the previous state."""
+BROKEN_STATE = "pause"  # what nodes assume while the control key is not a hash
+
+
+class ControlKeyError(ValueError):
+    """The control key holds another type than a hash (nothing was written)."""
+
+
+def _wrong_type(exc: Exception) -> bool:
+    return isinstance(exc, ResponseError) and str(exc).startswith("WRONGTYPE")
+
+
+def _type_name(raw) -> str:
+    return (raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw))[:20]
+
+
+def broken_key_message(key: str, type_name: str, spider: str) -> str:
+    """What is wrong with a control key of *type_name*, and the way out."""
+    return (f"{key} is a {type_name}, not a hash: nodes count it as {BROKEN_STATE!r} until "
+            f"it is replaced (crawlctl resume {spider} --force, or pause/drain/stop --force)")
+
+
+def set_state(client, spider: str, state: str, by: str = "", force: bool = False) -> str:
+    """Write *state* (a sync redis client); returns the previous state.
+    A control key of another type raises :class:`ControlKeyError` unless
+    *force*, which replaces it (the previous state is then ``broken (<type>)``)."""
     if state not in STATES:
         raise ValueError(f"unknown state {state!r} (one of {', '.join(STATES)})")
     key = control_key(spider)
-    previous = client.hget(key, "state")
-    client.hset(key, mapping={"state": state, "since": int(time.time() * 1000), "by": by[:100]})
+    value = {"state": state, "since": int(time.time() * 1000), "by": by[:100]}
+    try:
+        previous = client.hget(key, "state")
+    except ResponseError as exc:
+        if not _wrong_type(exc):
+            raise
+        type_name = _type_name(client.type(key))
+        if not force:
+            raise ControlKeyError(f"{key} is a {type_name}, not a hash: nodes count it as "
+                                  f"{BROKEN_STATE!r}. Replace it with: crawlctl {_command(state)} "
+                                  f"{spider} --force") from None
+        pipe = client.pipeline(transaction=True)   # one slot: fine on a cluster too
+        pipe.delete(key)
+        pipe.hset(key, mapping=value)
+        pipe.execute()
+        return f"broken ({type_name}, replaced)"
+    client.hset(key, mapping=value)
     previous = previous.decode() if isinstance(previous, bytes) else previous
     return previous if previous in STATES else "run"
 
 
+def _command(state: str) -> str:
+    return "resume" if state == "run" else state
+
+
 def read_state(client, spider: str) -> dict:
-    """The control hash as text (sync client): state, since (ms), by."""
-    raw = client.hgetall(control_key(spider))
+    """The control hash as text (sync client): state, since (ms), by; for a
+    key of another type, state ``pause`` (what nodes assume) and ``error``."""
+    key = control_key(spider)
+    try:
+        raw = client.hgetall(key)
+    except ResponseError as exc:
+        if not _wrong_type(exc):
+            raise
+        return {"state": BROKEN_STATE,
+                "error": broken_key_message(key, _type_name(client.type(key)), spider)}
     data = {(k.decode() if isinstance(k, bytes) else k): (v.decode(errors="replace")
             if isinstance(v, bytes) else v) for k, v in raw.items()}
     if data.get("state") not in STATES:
@@ -114,6 +173,7 @@ class ControlWatcher:
                  report: Callable[[], dict] | None = None, node: str = "",
                  report_interval: float = 5.0):
         self.redis = redis
+        self.spider = spider
         self.key = control_key(spider)
         self.reports_key = node_reports_key(spider)
         #: this node's report for `crawlctl status` (sent every report_interval)
@@ -128,6 +188,7 @@ class ControlWatcher:
         self._task: asyncio.Task | None = None
         self._stopping = False
         self._refused: set[str] = set()
+        self._broken: str | None = None   # the control key's wrong type, once logged
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._run())
@@ -197,7 +258,16 @@ class ControlWatcher:
         """The state in Redis: ``run`` when none or not a known state (the
         value is untrusted; an unknown one is logged once). Raises what the
         Redis call raised when Redis cannot answer."""
-        raw = await self.redis.hget(self.key, "state")
+        try:
+            raw = await self.redis.hget(self.key, "state")
+        except ResponseError as exc:
+            if not _wrong_type(exc):
+                raise
+            return await self._broken_key()
+        if self._broken is not None:
+            self._broken = None
+            logger.info("Control key %s is a hash again: its state applies", self.key,
+                        extra=self.log_extra)
         value = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
         if value is not None and value not in STATES:
             if value[:50] not in self._refused:
@@ -206,3 +276,15 @@ class ControlWatcher:
                                value[:50], self.key, ", ".join(STATES), extra=self.log_extra)
             value = None
         return value or "run"
+
+    async def _broken_key(self) -> str:
+        """The state assumed while the control key is not a hash (logged once
+        per change of its type, not each poll)."""
+        type_name = _type_name(await self.redis.type(self.key))
+        if type_name in ("none", "hash"):   # replaced since the HGET: read it next poll
+            return self.state
+        if type_name != self._broken:
+            self._broken = type_name
+            logger.error("Control key %s", broken_key_message(self.key, type_name, self.spider),
+                         extra=self.log_extra)
+        return BROKEN_STATE

@@ -343,3 +343,82 @@ def test_drain_finishes_the_frontier_and_leaves_seeds_and_stop_hands_leases_back
         assert finisher.wait(180) == 0, finisher.tail()
     assert_matches_catalog(stored_products(database["products"]),
                            expected_items(second.url, 20))
+
+
+def _control_errors(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "crawlproject.control" and r.levelname == "ERROR"]
+
+
+def test_a_control_key_of_the_wrong_type_pauses_the_node_with_one_error_per_change(
+        redis, redis_url, caplog):
+    """``{spider}:control`` as a string or a list: a node took nothing and logged
+    nothing (WRONGTYPE swallowed as an outage). Now the node counts it as
+    ``pause`` (takes nothing new, loses nothing) and logs one ERROR naming the
+    key, its type and the way out, once per change, not per poll."""
+    import asyncio
+    import logging
+
+    from redis import asyncio as aioredis
+
+    caplog.set_level(logging.INFO, logger="crawlproject.control")
+    ready, changes = [], []
+
+    async def polls(watcher, n):
+        for _ in range(n):
+            state = await watcher.poll()
+        return state
+
+    async def scenario():
+        client = aioredis.Redis.from_url(redis_url)
+        redis.set(control_key("shop"), "pause")           # a string, not a hash
+        watcher = ControlWatcher(client, "shop", lambda old, new: changes.append((old, new)),
+                                 interval=0.05, on_ready=ready.append)
+        watcher.start()
+        try:
+            async with asyncio.timeout(30):
+                while not ready:                            # a new node: its first state
+                    await asyncio.sleep(0.01)
+            await watcher.stop()
+            assert await polls(watcher, 5) == "pause"
+            redis.delete(control_key("shop"))
+            redis.rpush(control_key("shop"), "run")         # a list now: a change, logged
+            assert await polls(watcher, 5) == "pause"
+            redis.delete(control_key("shop"))               # repaired: run, said once
+            assert await polls(watcher, 3) == "run"
+        finally:
+            await client.aclose()
+
+    asyncio.run(scenario())
+    assert ready == ["pause"]
+    assert changes == [("pause", "run")]
+    errors = _control_errors(caplog)
+    assert len(errors) == 2, errors
+    assert "{shop}:control" in errors[0] and "string" in errors[0] and "hash" in errors[0]
+    assert "list" in errors[1] and "--force" in errors[1]
+
+
+def test_crawlctl_reports_a_broken_control_key_and_replaces_it_with_force(redis, redis_url):
+    """`crawlctl status` and `pause` failed with a WRONGTYPE traceback; status now
+    shows the key as broken (nodes pause), pause/resume say how to fix it and
+    ``--force`` replaces the key."""
+    redis.rpush(control_key("shop"), "x")
+    redis.rpush(FrontierKeys("shop").dead, "{}")             # some crawl state
+    cli = [sys.executable, "-m", "crawlproject.cli", "--redis-url", redis_url]
+    status = subprocess.run([*cli, "status", "shop", "--json"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60)
+    assert status.returncode == 0, status.stderr
+    control = json.loads(status.stdout)["control"]
+    assert control["state"] == "pause" and "{shop}:control is a list" in control["error"]
+    table = subprocess.run([*cli, "status", "shop"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=60)
+    assert table.returncode == 0 and "is a list" in table.stdout + table.stderr, table.stderr
+    refused = subprocess.run([*cli, "pause", "shop"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=60)
+    assert refused.returncode == 2, refused.stderr
+    assert "{shop}:control is a list, not a hash" in refused.stderr
+    assert "crawlctl pause shop --force" in refused.stderr and "Traceback" not in refused.stderr
+    assert redis.type(control_key("shop")) == b"list"
+    fixed = crawlctl(redis_url, "resume", "shop", "--force")
+    assert "replaced" in fixed.stdout and redis.hget(control_key("shop"), "state") == b"run"
+    assert "run -> pause" in crawlctl(redis_url, "pause", "shop", "--force").stdout  # sound key

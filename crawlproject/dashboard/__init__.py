@@ -249,6 +249,7 @@ async def events(request):
 async def action(request):
     """Run one operator action through the command line's own code."""
     from crawlproject.cli import control_command, frontier_partitions, replay_dead_letters
+    from crawlproject.control import ControlKeyError
 
     feed = _feed(request)
     name = request.match_info["action"]
@@ -261,7 +262,12 @@ async def action(request):
             lambda: replay_dead_letters(frontier_partitions(client, feed.spider), REPLAY_MAX))
         result = {"replayed": count, "message": f"{feed.spider}: requeued {count} dead letter(s)"}
     else:
-        previous, state = await asyncio.to_thread(control_command, client, feed.spider, name, who)
+        try:
+            previous, state = await asyncio.to_thread(control_command, client, feed.spider,
+                                                      name, who)
+        except ControlKeyError as exc:   # a key of the wrong type: the CLI's --force fixes it
+            return web.json_response({"spider": feed.spider, "action": name,
+                                      "message": str(exc)}, status=409)
         result = {"previous": previous, "state": state,
                   "message": f"{feed.spider}: {previous} -> {state} (nodes follow within about "
                              "a second)"}
