@@ -220,6 +220,10 @@ def test_fuzz_payloads_decode_or_raise_a_decode_error(data):
         return
     assert isinstance(request, Request)
     assert request.callback in (None, spider.parse_item)
+    assert request.url.split(":", 1)[0].lower() in ("http", "https")
+    assert all(isinstance(k, str) and (k in STORED_META or k in DemoSpider.stored_meta_allow
+                                       or k in PLAYWRIGHT_META and k not in PUBLISHED_ONLY)
+               for k in request.meta), request.meta
 
 
 # -- one trust policy: what a payload's meta and URL may hold -----------------------------
