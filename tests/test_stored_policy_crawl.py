@@ -12,7 +12,7 @@ import pytest
 from crawlproject.demo.site import DemoSite
 from crawlproject.frontier.queue import Frontier
 from crawlproject.keys import start_urls_key
-from tests.crawl_helpers import Node, crawl_until_done, node_env
+from tests.crawl_helpers import Node, node_env
 from tests.test_recrawl_crawl import SETTINGS as RECRAWL_SETTINGS
 from tests.test_recrawl_crawl import first_pass, recrawl, revisit_pass
 
