@@ -35,6 +35,7 @@ import argparse
 import heapq
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -47,6 +48,7 @@ from crawlproject.keys import (
     FrontierKeys,
     ProxyKeys,
     SeedKeys,
+    check_spider_name,
     reset_spider,
     spider_keys,
     spooled_item_keys,
@@ -61,6 +63,27 @@ CONTROL_HINT = 1  # CONTROL_POLL_INTERVAL's default
 
 class UsageError(Exception):
     """Bad input from the command line (exit 2)."""
+
+
+# Terminal escape sequences: CSI (ESC [ ... or 0x9b), OSC (ESC ] ... BEL or
+# ESC \, also unterminated), and any other ESC + one character.
+_ESCAPE_SEQUENCE = re.compile(
+    r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b.?", re.DOTALL)
+TERMINAL_TEXT_MAX = 200  # characters of one value read from Redis shown in a table
+
+
+def terminal_text(value, limit: int = TERMINAL_TEXT_MAX) -> str:
+    """*value* (read from Redis: untrusted) as rich markup that prints it as
+    plain text: escape sequences removed, other control characters shown as
+    ``?``, markup escaped, at most *limit* characters. Every value from Redis
+    that the command line prints through rich goes through here."""
+    from rich.markup import escape
+
+    text = _ESCAPE_SEQUENCE.sub("", str(value))
+    text = "".join(c if c.isprintable() else "?" for c in text)
+    if len(text) > limit:
+        text = text[:limit] + "…"
+    return escape(text)
 
 
 def _client(args):
@@ -308,13 +331,13 @@ def _status_table(args, data: dict):
     table.add_column("value", justify="right")
     control = data["control"]
     if control.get("error"):
-        shown = f" (ERROR: {control['error']})"
+        shown = f" (ERROR: {terminal_text(control['error'], 500)})"
     elif control.get("since"):
         shown = (f" (since {_ago(control.get('since'))}"
-                 f"{', by ' + control['by'] if control.get('by') else ''})")
+                 f"{', by ' + terminal_text(control['by']) if control.get('by') else ''})")
     else:
         shown = ""
-    table.add_row("operator control", control["state"] + shown)
+    table.add_row("operator control", terminal_text(control["state"]) + shown)
     for name, value in data["frontier"].items():
         table.add_row(name, str(value))
     for name, value in data["seeds"].items():
@@ -325,7 +348,7 @@ def _status_table(args, data: dict):
                   f"{data['errors']['download']} / {data['errors']['callback']} / "
                   f"{data['errors']['dead_letters']}")
     for name, value in sorted(data["totals"].items()):
-        table.add_row(f"total {name}", str(value))
+        table.add_row(f"total {terminal_text(name)}", str(value))
     recrawl = data.get("recrawl") or {}
     if recrawl.get("at"):
         table.add_row("recrawl: pages / due now / fed (as of)",
@@ -333,7 +356,7 @@ def _status_table(args, data: dict):
                       f"({_ago(recrawl['at'])})")
     proxy_pool = data.get("proxy_pool") or {}
     if proxy_pool.get("since") or proxy_pool.get("error"):
-        table.add_row("proxy pool", escape(proxy_pool.get("error") or (
+        table.add_row("proxy pool", terminal_text(proxy_pool.get("error") or (
             f"no usable proxy since {_ago(proxy_pool['since'])} "
             f"({proxy_pool['nodes']} nodes; crawlctl proxies)")))
     bloom = data["bloom"]
@@ -347,7 +370,8 @@ def _status_table(args, data: dict):
                    "errors", "leases", "downloading"):
         nodes.add_column(column, justify="left" if column in ("node", "state") else "right")
     for r in data["nodes"]:
-        nodes.add_row(r["node"], f"{r['age_s']:g}", str(r.get("state", "")),
+        nodes.add_row(terminal_text(r["node"]), f"{r['age_s']:g}",
+                      terminal_text(r.get("state", "")),
                       f"{r.get('pages_per_s', 0):g}", f"{r.get('items_per_s', 0):g}",
                       str(r.get("pages", 0)), str(r.get("items", 0)), str(r.get("errors", 0)),
                       str(r.get("leases", 0)), str(r.get("downloading", "")))
@@ -358,7 +382,7 @@ def _status_table(args, data: dict):
     for column in ("host", "queued", "in flight", "next start in", "blocked for", "backoff"):
         hosts.add_column(column, justify="left" if column == "host" else "right")
     for row in pol.get("top", []):
-        hosts.add_row(row["host"], str(row["queued"]), str(row["inflight"]),
+        hosts.add_row(terminal_text(row["host"]), str(row["queued"]), str(row["inflight"]),
                       "" if row["next_start_in_s"] is None else f"{row['next_start_in_s']:g}s",
                       f"{row['blocked_for_s']:g}s" if row["blocked_for_s"] else "",
                       f"{row['backoff_s']:g}s" if row["backoff_s"] else "")
@@ -384,6 +408,14 @@ def cmd_control(args) -> int:
 
 
 CONTROL_COMMANDS = ("pause", "resume", "drain", "stop")
+
+
+def _spider_name(name: str) -> str:
+    """A spider name whose keys cannot be another spider's (argparse type)."""
+    try:
+        return check_spider_name(name)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def control_command(client, spider: str, command: str, by: str,
@@ -474,7 +506,7 @@ def cmd_politeness(args) -> int:
     for key, row in rows.items():
         lim = row.get("limits")
         table.add_row(
-            key, str(row.get("queued", 0)), str(row.get("inflight", 0)),
+            terminal_text(key), str(row.get("queued", 0)), str(row.get("inflight", 0)),
             (("settings'" if lim["delay"] is None else f"{lim['delay']:g}s") + " / "
              + ("settings'" if lim["concurrency"] is None else
                 "no limit" if lim["concurrency"] >= UNLIMITED else str(lim["concurrency"]))
@@ -654,8 +686,7 @@ def _print_proxies(spider: str, report: dict) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    def text(value) -> str:  # read from Redis: no markup, no terminal control characters
-        return escape("".join(c if c.isprintable() else "?" for c in str(value)))
+    text = terminal_text  # read from Redis: no markup, no terminal control characters
 
     rows, counts = report["proxies"], report.get("counts", {})
     table = Table(title=f"proxies of {text(spider)} (shared by all nodes; ids are host:port; "
@@ -1141,10 +1172,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("action", nargs="?", choices=ACTIONS[name],
                            help=f"default: list ({' | '.join(ACTIONS[name])})")
         if name == "status":
-            p.add_argument("spider", nargs="?",
+            p.add_argument("spider", nargs="?", type=_spider_name,
                            help="default: every spider of this project with crawl state")
         else:
-            p.add_argument("spider")
+            p.add_argument("spider", type=_spider_name)
         p.set_defaults(func=func)
         if name == "seed":
             p.add_argument("seeds", nargs="*")

@@ -131,10 +131,14 @@ Nothing in these keys is ever unpickled. One node closing never deletes them;
 :func:`reset_spider` (``python -m crawlproject.cli reset``) is the explicit reset:
 it deletes every key of the spider. (The command line refuses while
 ``mongo_spool`` lists hold items not yet in MongoDB, unless told to drop them.)
+Spider names may not hold ``:``, braces or glob characters
+(:func:`check_spider_name`, checked by :class:`FrontierKeys` and every
+command): ``{shop:1}`` is partition 1 of ``shop``, never spider ``shop:1``.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 #: Default of ``REDIS_START_URLS_KEY`` (scrapy-redis' name and pattern).
@@ -187,13 +191,33 @@ class SeedKeys:
         return [self.seeds, self.invalid, self.claims, self.claims_due, self.claims_seq]
 
 
+#: Characters no spider name may hold: ``:`` would make ``{shop:1}`` both spider
+#: ``shop:1`` and partition 1 of ``shop`` (a reset of one deleted the other),
+#: braces change the hash tag, the rest are SCAN/KEYS glob characters.
+SPIDER_NAME_FORBIDDEN = ":{}*?[]\\"
+
+
+def check_spider_name(name: str) -> str:
+    """*name* if its keys cannot collide with another spider's; else ValueError."""
+    if not isinstance(name, str) or not name or not name.isprintable() or any(
+            c in SPIDER_NAME_FORBIDDEN for c in name):
+        raise ValueError(f"spider name {name!r} refused: a name may not be empty nor hold "
+                         f"{' '.join(SPIDER_NAME_FORBIDDEN)} or control characters (its Redis "
+                         "keys could be another spider's or a partition's)")
+    return name
+
+
 @dataclass(frozen=True)
 class FrontierKeys:
-    """Concrete key names of one partition of a spider's frontier."""
+    """Concrete key names of one partition of a spider's frontier (the spider
+    name is checked: :func:`check_spider_name`)."""
 
     spider: str
     partition: int = 0
     partitions: int = 1
+
+    def __post_init__(self):
+        check_spider_name(self.spider)
 
     @property
     def tag(self) -> str:
@@ -320,8 +344,11 @@ def spider_keys(client, spider: str, seed_key: str | None = None) -> list[str]:
     found.update(k for k in base.fixed() if client.exists(k))
     # {spider}:... and the partitions' {spider:<digits>}:... (never another spider's)
     patterns = [_glob_escape(f"{{{spider}}}:") + "*", _glob_escape(f"{{{spider}:") + "[0-9]*}:*"]
+    # the glob's [0-9]* also matches {spider:1x}: and {spider:1:2}: (not partitions)
+    exact = re.compile(re.escape(f"{{{spider}") + r"(?::[0-9]+)?\}:", re.DOTALL)
     for pattern in patterns:
-        found.update(_s(k) for k in client.scan_iter(match=pattern, count=1000))
+        found.update(k for k in map(_s, client.scan_iter(match=pattern, count=1000))
+                     if exact.match(k))
     return sorted(found)
 
 

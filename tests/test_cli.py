@@ -561,3 +561,90 @@ def test_dead_requeue_of_a_full_list_keeps_every_redis_call_short(redis, redis_u
     assert slow == [], slow
     # the oldest (the tail) went first
     assert json.loads(redis.lindex(keys.dead, -1))["member"] == "0:10000@127.0.0.1"
+
+
+NEIGHBOURS_REFUSED = ("shop:1", "shop:2024", "shop*", "sh{op}", "shop[1]", "shop\\x", "shop?")
+
+
+def test_spider_names_that_collide_with_partition_tags_are_refused_and_reset_is_exact(
+        redis, redis_url):
+    """``reset shop`` deleted the state of spiders ``shop:1`` and ``shop:2024``: their
+    keys ``{shop:1}:...`` are the keys of shop's partition 1. Names with ``:``,
+    braces or glob characters are refused where keys are built (and by every
+    command); neighbours with allowed names (``shop2``) keep their state, and so
+    do keys a refused name left behind that no partition of shop can have."""
+    from crawlproject.keys import FrontierKeys
+
+    for name in NEIGHBOURS_REFUSED:
+        with pytest.raises(ValueError, match="spider name"):
+            FrontierKeys(name)
+        for args in (["reset", name, "--yes"], ["seed", name, "http://127.0.0.1/a"],
+                     ["status", name], ["pause", name]):
+            out = cli(redis_url, *args)
+            assert out.returncode == 2 and "spider name" in out.stderr, (args, out.stderr)
+    assert redis.keys("*") == []          # nothing written for a refused name
+    for name in ("shop", "shop2"):
+        Frontier(redis, name, "n1").sync(_one_entry(name))
+        redis.lpush(start_urls_key(name), "http://127.0.0.1/s")
+    left_behind = [b"{shop*}:dead", b"{shop:1:2}:dead", b"{shop:x}:dead", b"{shop:1x}:dead"]
+    for key in left_behind:            # as an older version let such spiders write them
+        redis.rpush(key, "x")
+    theirs = {k for k in redis.keys("*") if b"shop2" in k} | set(left_behind)
+    out = cli(redis_url, "reset", "shop", "--yes")
+    assert out.returncode == 0, out.stderr
+    assert set(redis.keys("*")) == theirs
+
+
+def _one_entry(name: str) -> Batch:
+    batch = Batch()
+    batch.add(json.dumps({"url": f"http://127.0.0.1/{name}"}), b"\x01" * 20, 0, key="127.0.0.1")
+    return batch
+
+
+HOSTILE = ("[/]", "[bold red]x", "\x1b[2J", "\x07", "a[/b]\x1b]0;title\x07")
+
+
+def test_status_and_politeness_print_redis_strings_as_plain_text(redis, redis_url):
+    """A node id or host holding ``[/]`` crashed `status` and `politeness` with a
+    rich MarkupError; other markup was interpreted and escape sequences reached
+    the terminal raw. Now every string read from Redis is shown as text, with no
+    control character, through one helper (``terminal_text``)."""
+    import time
+
+    from crawlproject.control import node_reports_key
+    from crawlproject.keys import FrontierKeys
+
+    f = Frontier(redis, "shop", "n1")
+    batch = Batch()
+    for i, bad in enumerate(HOSTILE):
+        batch.add(json.dumps({"url": f"http://127.0.0.1/{i}"}), bytes([i + 1]) * 20, 0,
+                  key=f"h{bad}")
+    batch.take = len(HOSTILE)   # each host gets its politeness state
+    f.sync(batch)
+    now = int(time.time() * 1000)
+    redis.hset(node_reports_key("shop"), mapping={
+        f"n{bad}": json.dumps({"at": now, "pages": 1, "state": f"run{bad}"}) for bad in HOSTILE})
+    redis.hset(FrontierKeys("shop").stats, "x[/]\x1b[31m", 1)
+    redis.hset(FrontierKeys("shop").config, "partitions", 1)
+    for args in (["status", "shop"], ["politeness", "shop"]):
+        out = cli(redis_url, *args)
+        assert out.returncode == 0 and "Traceback" not in out.stderr, (args, out.stderr)
+        assert "\x1b" not in out.stdout and "\x07" not in out.stdout, (args, out.stdout)
+        assert "[/]" in out.stdout and "[bold red]x" in out.stdout, (args, out.stdout)
+    status = cli(redis_url, "status", "shop").stdout
+    assert "n[/]" in status and "x[/]" in status
+
+
+def test_terminal_text_removes_sequences_and_escapes_markup():
+    from rich.console import Console
+
+    from crawlproject.cli import terminal_text
+
+    console = Console(record=True, width=200, force_terminal=False)
+    for bad in HOSTILE:
+        console.print(terminal_text(bad))
+    shown = console.export_text()
+    assert "\x1b" not in shown and "\x07" not in shown
+    assert shown.splitlines()[:2] == ["[/]", "[bold red]x"]
+    assert "0;title" not in shown                        # the OSC sequence went whole
+    assert len(terminal_text("x" * 10_000)) < 300         # bounded
