@@ -525,3 +525,44 @@ def test_during_a_live_crawl_the_page_agrees_with_redis_and_pause_stops_fetching
             for node in nodes:
                 node.stop()
     assert shot.stat().st_size > 10_000
+
+
+def test_sign_in_is_rate_limited_per_client_and_logged_as_a_summary(redis, redis_url):
+    """300 wrong tokens were answered in 0.12 s, each with a WARNING line. Now a
+    client gets 10 tries a minute, then 429 with Retry-After (even with the
+    right token: guessing stays at 10 a minute), and the log has one line."""
+    with Dashboard(redis_url, "shop", env={"DASHBOARD_TOKEN": TOKEN}) as dash:
+        answers = [http(f"{dash.url}/login", "POST", f"token=wrong-{i:020d}".encode())
+                   for i in range(30)]
+        assert [a[0] for a in answers] == [401] * 10 + [429] * 20
+        assert 1 <= int(answers[-1][1]["Retry-After"]) <= 60
+        status, headers, page = http(f"{dash.url}/login", "POST", f"token={TOKEN}".encode())
+        assert status == 429 and "Set-Cookie" not in headers and "try again in" in page
+        # Bearer tokens of scripts are not the sign-in form: not limited here.
+        assert http(f"{dash.url}/api/spiders/shop/status",
+                    Authorization=f"Bearer {TOKEN}")[0] == 200
+    lines = [line for line in dash.log().splitlines() if "wrong token" in line.lower()]
+    assert len(lines) == 1 and ": 1 attempt(s)" in lines[0], lines
+
+
+def test_sign_in_limiter_reports_each_client_once_a_window():
+    from crawlproject.dashboard.auth import SignInLimiter
+
+    now = [1000.0]
+    limiter = SignInLimiter(limit=3, window=60, clock=lambda: now[0])
+    assert limiter.retry_after("a") == 0 and not limiter.pending
+    for _ in range(3):
+        limiter.failed("a")
+    assert limiter.due_reports() == [("a", 3)]          # the first report at once
+    assert limiter.retry_after("a") == 60 and limiter.retry_after("b") == 0
+    for _ in range(5):
+        limiter.failed("a", refused=True)
+    now[0] += 30
+    assert limiter.due_reports() == [] and limiter.pending
+    assert limiter.retry_after("a") == 30                # refused tries do not extend it
+    now[0] += 30
+    assert limiter.retry_after("a") == 0
+    assert limiter.due_reports() == [("a", 5)] and not limiter.pending
+    now[0] += 120
+    limiter.due_reports()
+    assert limiter._failures == {} and limiter._reported_at == {}   # quiet clients forgotten

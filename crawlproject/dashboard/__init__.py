@@ -45,7 +45,7 @@ from urllib.parse import quote, urlsplit
 from aiohttp import web
 
 from crawlproject.dashboard import render
-from crawlproject.dashboard.auth import COOKIE, Credentials
+from crawlproject.dashboard.auth import COOKIE, Credentials, SignInLimiter
 from crawlproject.dashboard.feed import SpiderFeed, read_snapshot, run_sampler
 
 logger = logging.getLogger(__name__)
@@ -55,6 +55,7 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 REPLAY_MAX = 1000  # dead letters requeued per partition and click (as `crawlctl replay`)
+SIGNIN_LIMIT, SIGNIN_WINDOW = 10, 60.0   # wrong tokens a client may send per window (s)
 
 
 @dataclass
@@ -90,6 +91,7 @@ def create_app(config: DashboardConfig, client=None) -> web.Application:
     app = web.Application(middlewares=[_headers, _guard], client_max_size=64 * 1024)
     app["config"], app["client"], app["feeds"], app["where"] = config, client, feeds, where
     app["csrf"] = secrets.token_urlsafe(32)
+    app["signins"] = SignInLimiter(SIGNIN_LIMIT, SIGNIN_WINDOW)
     app.router.add_get("/", index)
     app.router.add_get("/spider/{spider}", spider_page)
     app.router.add_get("/api/spiders/{spider}/status", status)
@@ -286,15 +288,39 @@ async def login(request):
     creds: Credentials = request.app["config"].credentials
     if not creds.token:
         raise web.HTTPNotFound(text="no token sign-in on this dashboard\n")
+    limiter: SignInLimiter = request.app["signins"]
+    client = request.remote or "unknown"
+    wait = limiter.retry_after(client)
+    if wait:
+        limiter.failed(client, refused=True)
+        _report_signins(limiter)
+        return web.Response(text=render.login_page(f"Too many wrong tokens: try again in "
+                                                   f"{wait} s."), status=429,
+                            headers={"Retry-After": str(wait)}, content_type="text/html")
     form = await request.post()
     if not creds.check_token(str(form.get("token", ""))):
-        logger.warning("Dashboard sign-in with a wrong token from %s", request.remote)
+        limiter.failed(client)
+        _report_signins(limiter)
         return web.Response(text=render.login_page("Wrong token."), status=401,
                             content_type="text/html")
     response = web.HTTPSeeOther("/")
     response.set_cookie(COOKIE, creds.cookie_value(), httponly=True, samesite="Strict",
                         secure=request.secure, path="/")
     raise response
+
+
+def _report_signins(limiter: SignInLimiter) -> None:
+    """One WARNING per client and window with its count of failed sign-ins;
+    counts still open are reported when the window has passed."""
+    for client, count in limiter.due_reports():
+        logger.warning("Dashboard sign-in with a wrong token from %s: %d attempt(s) failed or "
+                       "refused since the last report (one report per %.0f s; after %d wrong "
+                       "tokens in that time: 429)", client, count, limiter.window, limiter.limit)
+    if limiter.pending and limiter.timer is None:
+        def again():
+            limiter.timer = None
+            _report_signins(limiter)
+        limiter.timer = asyncio.get_running_loop().call_later(limiter.window, again)
 
 
 async def logout(request):

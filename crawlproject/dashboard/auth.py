@@ -18,7 +18,10 @@ import base64
 import binascii
 import hashlib
 import hmac
+import math
 import os
+import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,3 +113,69 @@ class Credentials:
 def _same(given: str, secret: str | None) -> bool:
     return secret is not None and hmac.compare_digest(given.encode("utf-8"),
                                                       secret.encode("utf-8"))
+
+
+class SignInLimiter:
+    """Failed sign-ins per client (its address): after *limit* failures within
+    *window* seconds the client is refused (429) until the oldest leaves the
+    window, right token or not, so guessing runs at *limit* a window. Failures
+    and refusals are counted for the log: :meth:`due_reports` gives each
+    client's count at most once a window (its first failure at once), not a
+    line per attempt. At most *max_clients* are tracked (the oldest go first).
+    *clock* is injectable for tests."""
+
+    def __init__(self, limit: int = 10, window: float = 60.0, clock=time.monotonic,
+                 max_clients: int = 10_000):
+        self.limit, self.window, self.clock, self.max_clients = limit, window, clock, max_clients
+        self._failures: dict[str, deque] = {}
+        self._unreported: dict[str, int] = {}
+        self._reported_at: dict[str, float] = {}
+        self.timer = None   # the caller's pending report call, if any
+
+    def retry_after(self, client: str) -> int:
+        """Seconds *client* must wait before its next try (0: it may try now)."""
+        if client not in self._failures:
+            return 0
+        failures = self._recent(client)
+        if len(failures) < self.limit:
+            return 0
+        return max(1, math.ceil(failures[0] + self.window - self.clock()))
+
+    def failed(self, client: str, refused: bool = False) -> None:
+        """A wrong token from *client*; with *refused*, a try refused by
+        :meth:`retry_after` (counted for the log only: the wait it was told
+        does not grow)."""
+        if client not in self._failures and len(self._failures) >= self.max_clients:
+            oldest = next(iter(self._failures))
+            for table in (self._failures, self._unreported, self._reported_at):
+                table.pop(oldest, None)
+        if not refused:
+            self._recent(client).append(self.clock())
+        self._unreported[client] = self._unreported.get(client, 0) + 1
+
+    def due_reports(self) -> list[tuple[str, int]]:
+        """(client, attempts since its last report) for each client whose last
+        report is a window old or that has none; forgets quiet clients."""
+        now, due = self.clock(), []
+        for client, count in list(self._unreported.items()):
+            if now - self._reported_at.get(client, -math.inf) >= self.window:
+                due.append((client, count))
+                del self._unreported[client]
+                self._reported_at[client] = now
+        for client in [c for c, at in self._reported_at.items()
+                       if now - at >= self.window and c not in self._unreported]:
+            del self._reported_at[client]
+            if client in self._failures and not self._recent(client):
+                del self._failures[client]
+        return due
+
+    @property
+    def pending(self) -> bool:
+        """Whether some attempts are counted but not reported yet."""
+        return bool(self._unreported)
+
+    def _recent(self, client: str) -> deque:
+        failures = self._failures.setdefault(client, deque())
+        while failures and failures[0] <= self.clock() - self.window:
+            failures.popleft()
+        return failures
