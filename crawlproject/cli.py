@@ -623,7 +623,8 @@ def cmd_proxies(args) -> int:
 
 def proxy_report(client, spider: str, limit: int | None = 50) -> dict:
     """The proxy pool by masked id (health, bans per domain, retirements), the
-    most troubled *limit* first (None: all), with counts; the pool entries that
+    most troubled *limit* first (None: all; their order in ``ranked``), with
+    counts; the pool entries that
     do not parse, the pool key's type, nodes without a usable proxy, and
     ``error`` when a proxy key has a wrong type (``proxies --json``)."""
     from crawlproject.proxies import InvalidProxy, entry_fingerprint, parse_proxy
@@ -664,7 +665,7 @@ def proxy_report(client, spider: str, limit: int | None = 50) -> dict:
     if state["pool_type"] not in ("set", "hash", "none"):
         error = (f"Redis key {ProxyKeys(spider).pool} is a {state['pool_type']}, expected a set "
                  "or a hash of proxy URLs")
-    return {"proxies": {pid: rows[pid] for pid in shown},
+    return {"proxies": {pid: rows[pid] for pid in shown}, "ranked": shown,
             "invalid_entries": invalid if limit is None else invalid[:limit],
             "pool_key_type": state["pool_type"], "error": error, "no_usable_proxy": empty,
             "counts": {"proxies": len(rows), "shown": len(shown),

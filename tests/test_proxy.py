@@ -583,3 +583,127 @@ def test_a_proxy_key_of_a_wrong_type_is_named_in_the_node_log_and_the_cli(
     captured = capsys.readouterr()
     assert f"{keys.pool} is a list, expected a set or a hash" in captured.err
     assert json.loads(captured.out)["pool_key_type"] == "list"
+
+
+# --------------------------------------------------------------------------- cost of REFRESH
+
+def _ban_batch(count: int, proxies: int = 10) -> HealthBatch:
+    batch = HealthBatch()
+    for i in range(count):
+        batch.ban(f"10.1.0.{i % proxies}:80", f"host{i // proxies}.example", 60, 1)
+    return batch
+
+
+def _commands(redis) -> dict[str, int]:
+    stats = redis.info("commandstats")
+    return {name: s["calls"] for name, s in stats.items()
+            if not name.split("_", 1)[1] in ("evalsha", "eval", "info", "config", "slowlog",
+                                             "script")}
+
+
+def _leaves(value) -> int:
+    return sum(_leaves(v) for v in value) if isinstance(value, list) else 1
+
+
+def _measured_refresh(redis, store, since: int, **kwargs):
+    """One REFRESH as an up-to-date node makes it: the reply, the Redis commands it
+    ran (INFO commandstats counts the ones a script calls) and its SLOWLOG duration."""
+    redis.config_resetstat()
+    redis.slowlog_reset()
+    reply = store._refresh(keys=store.keys.refresh_keys(),
+                           args=store._args(HealthBatch(), None, since, None), **kwargs)
+    commands = _commands(redis)
+    micros = [e["duration"] for e in redis.slowlog_get(10)
+              if b"EVALSHA" in (e["command"] or b"").upper()]
+    return reply, commands, micros
+
+
+def test_refresh_costs_the_same_with_100_or_20000_bans(redis):
+    """Deterministic: the reply of an up-to-date node and the Redis commands the
+    script runs do not grow with the number of bans (they did: the whole bans hash
+    came back each second). The SLOWLOG durations are printed, not asserted."""
+    old = redis.config_get("slowlog-log-slower-than")["slowlog-log-slower-than"]
+    redis.config_set("slowlog-log-slower-than", 0)
+    try:
+        measured = {}
+        for count in (100, 20_000):
+            store = ProxyStore(redis, f"cost{count}")
+            for proxy in range(10):
+                redis.sadd(store.keys.pool, f"http://10.1.0.{proxy}:80")
+            snap = store.read(_ban_batch(count))
+            for _ in range(20):                                  # catch up, 2,000 a call
+                if len(snap.bans) < store.ban_changes:
+                    break
+                snap = store.read(since=snap.ban_version)
+            assert int(redis.hget(store.keys.state, "ban_version")) == count
+            measured[count] = _measured_refresh(redis, store, snap.ban_version)
+    finally:
+        redis.config_set("slowlog-log-slower-than", old)
+    (small, small_cmds, small_us), (big, big_cmds, big_us) = measured[100], measured[20_000]
+    print(f"REFRESH of an up-to-date node: {small_us} us with 100 bans, {big_us} us with 20,000")
+    assert big[4] == small[4] == []                         # no ban changed: none sent
+    assert _leaves(big) == _leaves(small) and abs(len(repr(big)) - len(repr(small))) < 100
+    assert big_cmds == small_cmds and sum(big_cmds.values()) < 40, big_cmds
+
+
+def test_expired_bans_are_forgotten_a_bounded_number_per_call(redis):
+    store = ProxyStore(redis, "s", forget_after=60)
+    store.read(_ban_batch(1000), now_ms=1_000_000)
+    redis.config_resetstat()
+    snap = store.read(now_ms=2_000_000)                     # all 1,000 long past forgetting
+    assert _commands(redis)["cmdstat_hdel"] == 100 and redis.hlen(store.keys.bans) == 900
+    for _ in range(9):
+        store.read(now_ms=2_000_000)
+    assert not redis.exists(store.keys.bans, store.keys.ban_log, store.keys.ban_expiry)
+    assert len(snap.bans) == 900                            # what was left after that call
+
+
+def test_nodes_see_each_others_ban_changes_and_a_reset(redis):
+    """Ban changes reach the other nodes (bans, clears); a new node catches up
+    over several calls; a deleted state (crawlctl reset) starts every node afresh."""
+    node1, node2 = middleware_on(redis), middleware_on(redis)
+    node2.store.ban_changes = 7
+    node1.view.ban(A.id, "shop", 1e12, 1)
+    node1.batch.ban(A.id, "shop", 60, 1)
+    batch = _ban_batch(20)
+    batch.bans.append((A.id, "shop", 60_000, 1))
+    node1.apply(node1.store.read(batch))
+    for _ in range(4):                                    # 21 changes, 7 a call
+        node2.apply(node2.store.read(since=node2._ban_version))
+    assert node2.view.banned_until(A.id, "shop", 0) and len(
+        [1 for d in node2.view.bans.values() for _ in d]) == 21
+    assert {node2.view.choose("shop", 0).id for _ in range(50)} == {B.id}
+    clear = HealthBatch()
+    clear.clear(A.id, "shop")
+    redis.hset(node1.store.keys.bans, f"{A.id}|shop", "1|1")  # its ban is over
+    node1.store.read(clear)
+    node2.apply(node2.store.read(since=node2._ban_version))
+    assert node2.view.strikes(A.id, "shop") == 0
+    for key in node1.store.keys.refresh_keys()[1:]:
+        redis.delete(key)
+    node2.apply(node2.store.read(since=node2._ban_version))
+    assert node2.view.bans == {} and node2._ban_version == 0
+
+
+def test_cli_and_dashboard_show_the_most_troubled_proxies_and_counts(redis, redis_url, capsys):
+    from crawlproject.cli import main, proxy_report
+    from crawlproject.dashboard.render import proxies_fragment
+
+    store = ProxyStore(redis, "s")
+    redis.sadd(store.keys.pool, *(f"http://10.2.{i // 250}.{i % 250}:80" for i in range(300)))
+    batch = HealthBatch()
+    for i in range(300):
+        batch.success(f"10.2.{i // 250}.{i % 250}:80", 0.05)
+    batch.ban("10.2.1.7:80", "shop", 600, 1)
+    store.read(batch)
+    assert main(["--redis-url", redis_url, "proxies", "s", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert len(shown["proxies"]) == 50 and shown["counts"]["proxies"] == 300
+    assert shown["ranked"][0] == "10.2.1.7:80"                 # banned: first
+    assert main(["--redis-url", redis_url, "proxies", "s", "--limit", "5"]) == 0
+    table = capsys.readouterr().out
+    assert "10.2.1.7:80" in table and len(table.splitlines()) < 25 and "5 of 300" in table
+    assert main(["--redis-url", redis_url, "proxies", "s", "--all", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["proxies"]) == 300
+    html = proxies_fragment({"proxies": proxy_report(redis, "s")})
+    assert html.count("<tr") <= 52 and "50 of 300" in html
