@@ -566,3 +566,59 @@ def test_sign_in_limiter_reports_each_client_once_a_window():
     now[0] += 120
     limiter.due_reports()
     assert limiter._failures == {} and limiter._reported_at == {}   # quiet clients forgotten
+
+
+def stream_events(url: str, count: int) -> list[str]:
+    """The ``data:`` lines of the first *count* ``update`` events, as sent."""
+    out = []
+    with RAW.open(urllib.request.Request(url), timeout=60) as stream:
+        for raw in stream:
+            line = raw.decode()
+            if line.startswith("data: "):
+                out.append(line[6:])
+                if len(out) == count:
+                    return out
+    raise AssertionError(f"the stream ended after {len(out)} updates")
+
+
+def test_the_event_stream_sends_changes_only_and_bounded_values(redis, redis_url):
+    """Every interval each client got every fragment, changed or not, and values
+    of any size (100,000 characters in Redis: 210 KB per client per interval).
+    Now a stream sends a fragment only when it changed since its last event,
+    and each value read from Redis is cut to a bound, marked as truncated."""
+    big = 100_000
+    Frontier(redis, "shop", "n1").sync(_entry_for("h" * big))
+    redis.hset("{shop}:control", mapping={"state": "pause", "since": 1, "by": "b" * big})
+    redis.hset(FrontierKeys("shop").stats, "s" * big, 1)
+    with Dashboard(redis_url, "shop") as dash:
+        events = stream_events(f"{dash.url}/api/spiders/shop/events", 4)
+        status = http(f"{dash.url}/api/spiders/shop/status")[2]
+    first, later = json.loads(events[0]), [json.loads(e) for e in events[1:]]
+    assert {"control", "hosts", "totals", "frontier"} <= set(first["html"])
+    assert len(events[0]) < 20_000, len(events[0])           # was > 300,000
+    assert "truncated" in first["html"]["control"] and "truncated" in first["html"]["hosts"]
+    for event in later:             # nothing changed in Redis: only the time line
+        assert set(event["html"]) <= {"updated", "nodes", "rates"}, set(event["html"])
+        assert event["sample"] is not None
+    assert sum(map(len, events[1:])) < 3 * 2_000
+    assert len(status) < 20_000 and "b" * 1000 not in status
+
+
+def _entry_for(key: str) -> Batch:
+    batch = Batch()
+    batch.add(json.dumps({"url": "http://127.0.0.1/x"}), b"\x02" * 20, 0, key=key)
+    batch.take = 1
+    return batch
+
+
+def test_a_control_key_of_the_wrong_type_is_shown_and_its_actions_refused(redis, redis_url):
+    """The page says what is wrong with the control key (nodes pause) and the
+    buttons answer 409 with the way out, not a 500 with WRONGTYPE."""
+    redis.set("{shop}:control", "pause")
+    with Dashboard(redis_url, "shop") as dash:
+        status, _, page = http(f"{dash.url}/spider/shop")
+        assert status == 200 and "{shop}:control is a string, not a hash" in page
+        status, _, body = http(f"{dash.url}/api/spiders/shop/actions/resume", "POST", b"{}",
+                               X_CSRF_Token=csrf_of(page))
+        assert status == 409 and "--force" in json.loads(body)["message"], body
+    assert redis.get("{shop}:control") == b"pause"

@@ -220,8 +220,11 @@ async def status(request):
 
 
 async def events(request):
-    """Server-sent events: ``update`` with ``version``, ``sample``, ``html`` (the
-    fragments) after every read; the browser's EventSource reconnects by itself."""
+    """Server-sent events: ``update`` with ``version``, ``sample``, ``html`` after
+    every read; ``html`` holds only the fragments that changed since this stream's
+    last event (all of them in the first), and none at all when nothing changed
+    but the sample. The browser's EventSource reconnects by itself (a new stream
+    starts again with every fragment)."""
     feed = _feed(request)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-store",
@@ -229,16 +232,19 @@ async def events(request):
     await response.prepare(request)
     streams = request.app["streams"]
     streams.add(asyncio.current_task())   # cancelled at shutdown: no wait for the client
-    version = -1
+    version, sent = -1, {}
     try:
         await response.write(b"retry: 3000\n\n")
         while True:
             await feed.current()
             if feed.version != version:
                 version = feed.version
+                html = {name: fragment for name, fragment in render.fragments(feed).items()
+                        if sent.get(name) != fragment}
+                sent.update(html)
                 payload = {"version": version, "error": feed.error,
                            "sample": feed.samples[-1] if feed.samples and not feed.error else None,
-                           "html": render.fragments(feed)}
+                           "html": html}
                 await response.write(f"event: update\ndata: {json.dumps(payload)}\n\n".encode())
             await feed.wait_newer(version, timeout=feed.interval * 2)
     except ConnectionResetError:   # the browser went away

@@ -25,11 +25,30 @@ FRONTIER_SERIES = ("queued", "inflight", "delayed", "dead", "invalid")
 RATE_SERIES = ("pages_per_s", "items_per_s")
 
 
+#: characters kept of each string (value or key) read from Redis; a longer one
+#: ends in TRUNCATED_MARK: the page, the JSON and each event stay small
+FIELD_MAX = 300
+TRUNCATED_MARK = "… [truncated: %d characters]"
+
+
 def read_snapshot(client, spider: str, seeds) -> dict:
-    """``crawlctl status --json`` of *spider*, with its proxy pool under ``proxies``."""
+    """``crawlctl status --json`` of *spider*, with its proxy pool under
+    ``proxies``; every string cut to :data:`FIELD_MAX` characters."""
     data = status_data(spider, frontier_partitions(client, spider), seeds)
     data["proxies"] = proxy_report(client, spider)
-    return data
+    return bounded(data)
+
+
+def bounded(value, limit: int = FIELD_MAX):
+    """*value* (JSON-like) with every string, and every key, of more than
+    *limit* characters cut and marked as truncated."""
+    if isinstance(value, str):
+        return value if len(value) <= limit else value[:limit] + TRUNCATED_MARK % len(value)
+    if isinstance(value, dict):
+        return {bounded(k, limit): bounded(v, limit) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [bounded(v, limit) for v in value]
+    return value
 
 
 def sample_of(data: dict) -> list:

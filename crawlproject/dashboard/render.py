@@ -89,8 +89,10 @@ def control_fragment(data: dict) -> str:
     state = control.get("state", "run")
     since = f" since {utc(control['since'])}" if control.get("since") else ""
     by = f" by {e(control['by'])}" if control.get("by") else ""
+    error = (f'<p class="error" role="alert">{e(control["error"])}</p>'
+             if control.get("error") else "")   # a control key of the wrong type
     return (f'<p>State: <strong class="state state-{e(state)}" data-field="control.state">'
-            f'{e(state)}</strong> ({e(STATE_HELP.get(state, state))}){since}{by}</p>')
+            f'{e(state)}</strong> ({e(STATE_HELP.get(state, state))}){since}{by}</p>{error}')
 
 
 def frontier_fragment(data: dict) -> str:
