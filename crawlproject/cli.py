@@ -323,7 +323,6 @@ def _politeness_summary(parts: list[Frontier], hosts: int) -> dict:
 
 def _status_table(args, data: dict):
     from rich.console import Group
-    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=f"{args.spider} on {redact_url(args.redis_url)}")
@@ -684,7 +683,6 @@ def _proxy_rank(pid: str, row: dict) -> tuple:
 
 def _print_proxies(spider: str, report: dict) -> None:
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
 
     text = terminal_text  # read from Redis: no markup, no terminal control characters
