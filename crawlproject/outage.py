@@ -15,6 +15,9 @@ import logging
 import time
 import weakref
 
+from crawlproject.acl import redis_user, refusal
+from crawlproject.connection import redis_url_from_settings
+
 logger = logging.getLogger(__name__)
 
 REMINDER_INTERVAL = 60.0
@@ -29,7 +32,7 @@ class OutageLog:
     """
 
     def __init__(self, service: str, *, name: str = "service", stats=None, reminder_interval: float = REMINDER_INTERVAL,
-                 clock=time.monotonic, log: logging.Logger = logger):
+                 clock=time.monotonic, log: logging.Logger = logger, user: str = "default"):
         self.service = service
         self.name = name
         self.stats = stats
@@ -43,6 +46,10 @@ class OutageLog:
         # outage another component still sees.
         self._failing: set[str] = set()
         self._last_reminder = 0.0
+        #: The Redis user the node logs in as (named when Redis refuses a
+        #: command for lack of an ACL permission), and what was refused already.
+        self.user = user
+        self._refusals: set[str] = set()
 
     def _stats(self):
         # A stats collector, or a callable returning one (a crawler's stats
@@ -54,20 +61,26 @@ class OutageLog:
         return self.since is not None
 
     def failed(self, what: str, exc: BaseException, extra: dict | None = None,
-               source: str = "", refused: bool = False) -> None:
+               source: str = "", refused: bool = False, denied: str | None = None) -> None:
         """A call to the service failed (*what*: doing what; *source*: which
         component, whose next :meth:`ok` clears it). *refused*: the service
         answered with an error (a key of the wrong type), it is not down; the
-        node waits for it as for an outage, and says which it is."""
+        node waits for it as for an outage, and says which it is. An ACL
+        refusal (NOPERM) is named once: what was refused (*denied*, when the
+        caller found out more than the error says) and the user."""
         now = self.clock()
         self._failing.add(source)
         self.failures += 1
+        acl = self._denied(what, exc, extra, denied)
+        refused = refused or acl
         if self.since is None:
             self.since = self._last_reminder = now
             self.failures = 1
             stats = self._stats()
             if stats is not None:
                 stats.inc_value(f"{self.name}/outages")
+            if acl:  # said by _denied, in words that name the cause
+                return
             self.log.warning("%s %s (%s: %s: %s); retrying, work is kept", self.service,
                              "refuses a call" if refused else "is unreachable", what,
                              type(exc).__name__, exc, extra=extra)
@@ -77,6 +90,27 @@ class OutageLog:
                              self.service, "refusing calls" if refused else "unreachable",
                              now - self.since, self.failures, type(exc).__name__, exc,
                              extra=extra)
+
+    def _denied(self, what: str, exc: BaseException, extra: dict | None,
+                refused_what: str | None) -> bool:
+        """*exc* is an ACL refusal (NOPERM): counted each time
+        (``<name>/noperm``), and one ERROR per refused thing naming it and the
+        user (never the password). False for any other error."""
+        found = refusal(exc)
+        if found is None:
+            return False
+        refused_what = refused_what or found
+        stats = self._stats()
+        if stats is not None:
+            stats.inc_value(f"{self.name}/noperm")
+        if refused_what not in self._refusals:
+            self._refusals.add(refused_what)
+            self.log.error("%s refuses %s to Redis user %r (NOPERM, %s: %s: %s); the node waits "
+                           "and retries: give the user the rights of its role in "
+                           "deploy/users.acl (docs/deploy.md, \"Redis users (ACL)\")",
+                           self.service, refused_what, self.user, what, type(exc).__name__, exc,
+                           extra=extra)
+        return True
 
     def ok(self, extra: dict | None = None, source: str = "") -> None:
         """A call of component *source* succeeded. The outage ends once every
@@ -97,5 +131,11 @@ def outage_log(crawler, name: str, service: str) -> OutageLog:
     """The :class:`OutageLog` *name* (``"redis"``) shared by all components of *crawler*."""
     per_crawler = _logs.setdefault(crawler, {})
     if name not in per_crawler:
-        per_crawler[name] = OutageLog(service, name=name, stats=lambda: getattr(crawler, "stats", None))
+        user = "default"
+        if name == "redis":  # named when Redis refuses a command (ACL)
+            settings = crawler.settings
+            user = redis_user(redis_url_from_settings(settings),
+                              settings.getdict("REDIS_PARAMS"))
+        per_crawler[name] = OutageLog(service, name=name, user=user,
+                                      stats=lambda: getattr(crawler, "stats", None))
     return per_crawler[name]

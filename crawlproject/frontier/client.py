@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from crawlproject.backoff import backoff_delay
+from crawlproject import acl
 from crawlproject.connection import REDIS_FAILURES
 from crawlproject.frontier.politeness import PolitenessConfig
 from crawlproject.frontier.queue import (AsyncFrontier, Batch, SyncResult, clamp_priority,
@@ -147,6 +148,7 @@ class FrontierClient:
         self.politeness = politeness
         self.accept, self.before_tick, self.count = accept, before_tick, count
         self.outage, self.log_extra, self.nudge = outage, log_extra, nudge
+        self._acl_refused: str | None = None  # what an ACL refuses (probed once)
         self.prefetch, self.batch_size = prefetch, batch_size
         self.flush_interval, self.min_sync_interval = flush_interval, min_sync_interval
         self.idle_poll, self.heartbeat, self.lease_ttl = idle_poll, heartbeat, lease_ttl
@@ -609,7 +611,7 @@ class FrontierClient:
             except REDIS_FAILURES as exc:
                 # Redis unreachable: keep everything, retry
                 errors += 1
-                self._redis_failed("frontier call", exc)
+                self._redis_failed("frontier call", exc, await self._acl_probe(exc))
                 await self._drop_idle_connections()
                 await asyncio.sleep(backoff_delay(errors, 0.4, 5.0))
                 continue
@@ -844,7 +846,8 @@ class FrontierClient:
             self._errors[p] += 1
             self._retry_at[p] = now + backoff_delay(self._errors[p], 0.4, 5.0)
             if isinstance(error, REDIS_FAILURES):
-                self._redis_failed(f"frontier call (partition {p})", error)
+                self._redis_failed(f"frontier call (partition {p})", error,
+                                   await self._acl_probe(error))
             else:  # a bug: say so; the partition is retried like an outage
                 self.count("scheduler/loop_errors", 1)
                 logger.error("Frontier call to partition %d failed; retrying", p,
@@ -902,13 +905,24 @@ class FrontierClient:
         outbox.feedback, outbox.handoffs = [], []
         return batch
 
-    def _redis_failed(self, what: str, exc: BaseException) -> None:
+    def _redis_failed(self, what: str, exc: BaseException, denied: str | None = None) -> None:
         """A call failed on Redis' side: unreachable, or refused (an error reply:
-        Redis is up, a key holds junk); either way the work is kept and retried."""
+        Redis is up, a key holds junk, the user lacks a permission: *denied*
+        names what); either way the work is kept and retried."""
         self.count("scheduler/redis_errors", 1)
         if refused(exc):
             self.count("scheduler/refused_calls", 1)
-        self.outage.failed(what, exc, self.log_extra, source="frontier", refused=refused(exc))
+        self.outage.failed(what, exc, self.log_extra, source="frontier", refused=refused(exc),
+                           denied=denied)
+
+    async def _acl_probe(self, exc: BaseException) -> str | None:
+        """What an ACL refused, when Redis 6.2 did not say (a command inside
+        a script): asked once, outside a script (:mod:`crawlproject.acl`)."""
+        if acl.refusal(exc) != acl.SCRIPT_COMMAND_REFUSED:
+            return None
+        if self._acl_refused is None:
+            self._acl_refused = await acl.probe_script_refusal(self.partitions[0].client) or ""
+        return self._acl_refused or None
 
     def _failed_call(self, p: int, batch: Batch, exc: BaseException) -> None:
         """A call to partition *p* failed: if its script stopped part way (a key

