@@ -34,13 +34,14 @@ from crawlproject.keys import ProxyKeys
 # expired ban is forgotten (its strikes with it), ARGV[6] the ban version the caller
 # has (0: none, send from the start), ARGV[7] most ban changes returned,
 # ARGV[8] node id ('' = not a node), ARGV[9] ms since when that node has had no
-# usable proxy ('' = it has one)
+# usable proxy ('' = it has one), ARGV[10] '1' to read the health hash back ('0': an
+# empty list in its place; nodes read it every few calls, it is O(pool))
 # Returns {now_ms, pool type, {pool entries}, {health flat}, {ban changes flat:
 # field, "until|strikes" or "" when deleted}, {retired flat}, ban version reached,
 # 1 if the changes start from nothing (drop the bans you had) else 0}
 # or, when a key the script writes has another type, {"wrongtype", key, type, expected}.
-# Cost: O(pool + changes since ARGV[6] (at most ARGV[7]) + bans forgotten (at most 100)),
-# never O(all bans).
+# Cost: O(pool entries + retired + health when asked + proxies in the batch + changes
+# since ARGV[6] (at most ARGV[7]) + bans forgotten (at most 100)), never O(all bans).
 REFRESH = r"""
 local H, B, R, LOG, EXP, S = KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local expected = {[H] = 'hash', [B] = 'hash', [R] = 'hash', [LOG] = 'zset', [EXP] = 'zset',
@@ -147,7 +148,9 @@ local kind = redis.call('TYPE', KEYS[1])['ok']
 local pool = {}
 if kind == 'set' then pool = redis.call('SMEMBERS', KEYS[1])
 elseif kind == 'hash' then pool = redis.call('HVALS', KEYS[1]) end
-return {string.format('%.0f', now), kind, pool, redis.call('HGETALL', H), bans,
+local health = {}
+if ARGV[10] == '1' then health = redis.call('HGETALL', H) end
+return {string.format('%.0f', now), kind, pool, health, bans,
         redis.call('HGETALL', R), string.format('%.0f', reached), full}
 """
 
@@ -241,13 +244,14 @@ class Snapshot:
 
     ``bans`` holds the bans changed since the caller's ``ban_version`` (all of
     them, up to a bound, when ``full``); ``None`` as a value means deleted.
+    ``health`` is None when it was not asked for.
     ``bad`` lists values that did not parse (``(key, field, reason)``): they
     are left out, never used."""
 
     now_ms: int
     pool_type: str
     entries: list[bytes]
-    health: dict[str, dict[str, float]]
+    health: dict[str, dict[str, float]] | None
     bans: dict[tuple[str, str], tuple[int, int] | None]
     retired: dict[str, dict]
     ban_version: int = 0
@@ -255,14 +259,15 @@ class Snapshot:
     bad: list[tuple[str, str, str]] = field(default_factory=list)
 
     @classmethod
-    def from_reply(cls, reply, keys: ProxyKeys) -> "Snapshot":
+    def from_reply(cls, reply, keys: ProxyKeys, with_health: bool = True) -> "Snapshot":
         if reply and _s(reply[0]) == "wrongtype":
             _, key, kind, expected = (_s(v) for v in reply)
             raise ProxyStateError(f"Redis key {key} is a {kind}, expected a {expected}: the "
                                   f"proxy pool cannot work until it is deleted or repaired")
         now, kind, pool, health, bans, retired, version, full = reply
         bad: list[tuple[str, str, str]] = []
-        return cls(int(_s(now)), _s(kind), list(pool), parse_health(health, keys.health, bad),
+        return cls(int(_s(now)), _s(kind), list(pool),
+                   parse_health(health, keys.health, bad) if with_health else None,
                    parse_bans(bans, keys.bans, bad), _retired(retired, keys.retired, bad),
                    int(_s(version)), bool(int(full)), bad)
 
@@ -342,19 +347,22 @@ class ProxyStore:
         self._refresh = client.register_script(REFRESH)
 
     def _args(self, batch: HealthBatch | None, now_ms: int | None, since: int,
-              empty_since_ms: int | None) -> list:
+              empty_since_ms: int | None, with_health: bool = True) -> list:
         return ["" if now_ms is None else str(now_ms), (batch or HealthBatch()).payload(),
                 self.retire_after, self.alpha, self.forget_ms, since, self.ban_changes,
-                self.node, "" if empty_since_ms is None else str(empty_since_ms)]
+                self.node, "" if empty_since_ms is None else str(empty_since_ms),
+                "1" if with_health else "0"]
 
     async def refresh(self, batch: HealthBatch | None = None, now_ms: int | None = None,
-                      since: int = 0, empty_since_ms: int | None = None) -> Snapshot:
+                      since: int = 0, empty_since_ms: int | None = None,
+                      with_health: bool = True) -> Snapshot:
         """Flush *batch*, read the state back with the bans changed after
-        version *since*, and report whether this node has a usable proxy
-        (asyncio client). Raises :class:`ProxyStateError` for a key of a wrong type."""
-        reply = await self._refresh(keys=self.keys.refresh_keys(),
-                                    args=self._args(batch, now_ms, since, empty_since_ms))
-        return Snapshot.from_reply(reply, self.keys)
+        version *since* (and the health hash if *with_health*), and report
+        whether this node has a usable proxy (asyncio client). Raises
+        :class:`ProxyStateError` for a key of a wrong type."""
+        reply = await self._refresh(keys=self.keys.refresh_keys(), args=self._args(
+            batch, now_ms, since, empty_since_ms, with_health))
+        return Snapshot.from_reply(reply, self.keys, with_health)
 
     def read(self, batch: HealthBatch | None = None, now_ms: int | None = None,
              since: int = 0) -> Snapshot:
@@ -390,19 +398,20 @@ def report_state(client, spider: str, recent_bans: int) -> dict:
     pool_type = kinds[0]
     pipe = client.pipeline(transaction=False)
     pipe.time()
-    pipe.smembers(keys.pool) if pool_type == "set" else \
-        pipe.hvals(keys.pool) if pool_type == "hash" else pipe.echo("")
     pipe.hgetall(keys.health)
     pipe.hgetall(keys.retired)
     pipe.hlen(keys.bans)
     pipe.zrevrange(keys.ban_log, 0, max(0, recent_bans) - 1)
     pipe.hgetall(keys.state)
-    (seconds, micros), pool, health, retired, ban_count, recent, state = pipe.execute()
+    if pool_type in ("set", "hash"):
+        (pipe.smembers if pool_type == "set" else pipe.hvals)(keys.pool)
+    (seconds, micros), health, retired, ban_count, recent, state, *pool = pipe.execute()
+    pool = pool[0] if pool else []
     ban_values = client.hmget(keys.bans, recent) if recent else []
     flat = [v for pair in zip(recent, ban_values) if pair[1] is not None for v in pair]
     bad: list[tuple[str, str, str]] = []
     return {"now_ms": int(seconds) * 1000 + int(micros) // 1000, "pool_type": pool_type,
-            "entries": list(pool) if pool_type in ("set", "hash") else [],
+            "entries": list(pool),
             "health": parse_health(_flat(health), keys.health, bad),
             "retired": _retired(_flat(retired), keys.retired, bad),
             "bans": {k: v for k, v in parse_bans(flat, keys.bans, bad).items() if v},

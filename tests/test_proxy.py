@@ -707,3 +707,38 @@ def test_cli_and_dashboard_show_the_most_troubled_proxies_and_counts(redis, redi
     assert len(json.loads(capsys.readouterr().out)["proxies"]) == 300
     html = proxies_fragment({"proxies": proxy_report(redis, "s")})
     assert html.count("<tr") <= 52 and "50 of 300" in html
+
+
+def test_a_node_reads_the_health_hash_and_marks_its_proxies_only_every_few_calls(redis_url):
+    """The health hash and the "still in the pool" marks are O(pool): read every
+    HEALTH_READ_PERIOD (10 calls at 1 s), marked every 60 calls; bans, the pool
+    and retirements every call."""
+    import asyncio
+
+    import redis as redis_lib
+    import redis.asyncio as aredis
+
+    from crawlproject.middlewares.proxy import HEALTH_READ_PERIOD
+
+    mw = middleware(PROXY_REFRESH_INTERVAL=1.0)
+    read = []
+    mw.apply = lambda snap, real=mw.apply: (read.append(snap.health is not None), real(snap))
+    sync = redis_lib.Redis.from_url(redis_url)
+
+    async def main():
+        mw.store = ProxyStore(aredis.from_url(redis_url), "s")
+        for call in range(1, 22):
+            await mw.refresh()
+            if call == 1:
+                assert sync.hexists(mw.store.keys.health, f"{A.id}|seen")
+                sync.delete(mw.store.keys.health)
+        await mw.store.client.aclose()
+
+    try:
+        asyncio.run(main())
+        assert HEALTH_READ_PERIOD == 10
+        assert [i for i, r in enumerate(read, 1) if r] == [1, 11, 21]
+        assert not sync.exists(mw.store.keys.health)       # no mark after the first call
+    finally:
+        sync.flushall()
+        sync.close()

@@ -74,6 +74,9 @@ CONNECTION_ERRORS = (net_error.ConnectError, net_error.ConnectionLost, net_error
                          "DownloadFailedError", "CannotResolveHostError")
                        if hasattr(scrapy_exceptions, name)))
 _SCRAPY_PROXY_META = ("proxy", "_auth_proxy", "_scheme_proxy")
+#: Seconds between reads of the shared health hash (weights; O(pool) a read), and
+#: six times that between "still in the pool" marks.
+HEALTH_READ_PERIOD = 10.0
 
 
 class ProxyPoolMiddleware:
@@ -104,6 +107,7 @@ class ProxyPoolMiddleware:
         self.empty_max_wait = empty_max_wait
         self.forget_after = max(3600.0, ban_max * 2)
         self._ban_version = 0          # the last ban change this node has read
+        self._calls = 0
         self._last_forget = time.monotonic()
         # no usable proxy since (monotonic, Redis ms), and why; None: there is one
         self._empty_since: tuple[float, int] | None = None
@@ -167,12 +171,18 @@ class ProxyPoolMiddleware:
     async def refresh(self) -> None:
         """Send this node's events, read the shared state back; never raises."""
         batch, self.batch = self.batch, HealthBatch()
-        for pid in self.view.proxies:
-            batch.seen(pid)
+        self._calls += 1
+        # "still in the pool" and the health hash cost O(pool): every few calls only
+        every = max(1, round(HEALTH_READ_PERIOD / max(self.refresh_interval, 0.001)))
+        with_health = every == 1 or self._calls % every == 1  # the first call reads it
+        if self._calls % max(1, every * 6) == 1:
+            for pid in self.view.proxies:
+                batch.seen(pid)
         empty_ms = self._empty_since[1] if self._empty_since else None
         try:
             snapshot = await self.store.refresh(batch, since=self._ban_version,
-                                                empty_since_ms=empty_ms)
+                                                empty_since_ms=empty_ms,
+                                                with_health=with_health)
         except ProxyStateError as exc:  # not transient: say so, and count as no Redis pool
             self.batch.merge(batch)
             self.stats.inc_value("proxy/refresh_errors")
@@ -199,10 +209,11 @@ class ProxyPoolMiddleware:
         self._pool_problem = ""
         proxies = dict(self.static)
         proxies.update(self._redis_pool(snap))
-        health = {pid: Health(ok=int(h.get("ok", 0)), failures=int(h.get("fail", 0)),
-                              bans=int(h.get("ban", 0)), latency_ms=h.get("lat"),
-                              consecutive_failures=int(h.get("consec", 0)))
-                  for pid, h in snap.health.items()}
+        health = self.view.health if snap.health is None else {
+            pid: Health(ok=int(h.get("ok", 0)), failures=int(h.get("fail", 0)),
+                        bans=int(h.get("ban", 0)), latency_ms=h.get("lat"),
+                        consecutive_failures=int(h.get("consec", 0)))
+            for pid, h in snap.health.items()}
         retired = {pid: str(r.get("reason", "")) for pid, r in snap.retired.items()}
         if snap.full:
             self.view.bans = {}
