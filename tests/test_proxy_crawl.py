@@ -221,4 +221,5 @@ def test_with_every_proxy_retired_requests_are_dead_lettered_as_no_proxy(
     assert sorted(d["url"] for d in dead) == sorted(seeds) and not hits
     assert {d["reason"] for d in dead} == {"no_proxy"}, dead
     assert node.stat("proxy/dead/no_proxy") == 3
+    assert len([e for e in node.errors() if "no usable proxy" in e]) == 1   # not one a request
     assert not [s for s in secrets(["dead"]) if s in node.text() + json.dumps(dead)]

@@ -51,7 +51,8 @@ from twisted.internet import error as net_error
 from twisted.web._newclient import ResponseFailed, ResponseNeverReceived
 
 from crawlproject.backoff import backoff_delay
-from crawlproject.connection import redis_from_settings
+from crawlproject import acl
+from crawlproject.connection import redis_from_settings, redis_url_from_settings
 from crawlproject.frontier.retrypolicy import RETRY_DELAY_META
 from crawlproject.middlewares.politeness import retry_after_seconds
 from crawlproject.middlewares.session import PROXY_CONTEXT, PROXY_ID, explicit_session
@@ -138,6 +139,8 @@ class ProxyPoolMiddleware:
                                 spider.name, retire_after=self.retire_after,
                                 latency_alpha=self.latency_alpha,
                                 forget_after=self.forget_after, node=node_id(self.crawler))
+        self._redis_user = acl.redis_user(redis_url_from_settings(self.crawler.settings),
+                                          self.crawler.settings.getdict("REDIS_PARAMS"))
         self._closing = asyncio.Event()
         self._task = asyncio.ensure_future(self._loop())
         logger.info("Proxy pool: %d proxies from settings/file, more from %s (refreshed every "
@@ -193,9 +196,12 @@ class ProxyPoolMiddleware:
         except Exception as exc:  # Redis away: keep the events and the last view
             self.batch.merge(batch)
             self.stats.inc_value("proxy/refresh_errors")
+            if acl.refusal(exc):  # an ACL refused a command: named (and counted) as such
+                self.stats.inc_value("redis/noperm")
             if not self._refresh_failed:
                 logger.warning("Proxy pool state not refreshed (%s); using the last one",
-                               type(exc).__name__, extra={"spider": self.crawler.spider})
+                               acl.describe(exc, self._redis_user),
+                               extra={"spider": self.crawler.spider})
             self._refresh_failed = True
             return
         self._refresh_failed = False
@@ -265,12 +271,12 @@ class ProxyPoolMiddleware:
         waited = now - self._empty_since[0]
         logger.warning(
             "No usable proxy for %.0fs (pool of %d, %d retired%s): requests wait, then are "
-            "dead-lettered as 'no_proxy' after PROXY_POOL_EMPTY_MAX_WAIT=%gs; add proxies to "
-            "%s or revive retired ones (crawlctl proxies %s --revive HOST:PORT)",
+            "dead-lettered as 'no_proxy' after PROXY_POOL_EMPTY_MAX_WAIT=%gs (%d so far); add "
+            "proxies to %s or revive retired ones (crawlctl proxies %s --revive HOST:PORT)",
             waited, len(self.view.proxies), len(self.view.retired),
             f"; {self._pool_problem}" if self._pool_problem else "", self.empty_max_wait,
-            self.store.keys.pool, self.crawler.spider.name,
-            extra={"spider": self.crawler.spider})
+            self.stats.get_value("proxy/dead/no_proxy", 0), self.store.keys.pool,
+            self.crawler.spider.name, extra={"spider": self.crawler.spider})
 
     def _redis_pool(self, snap: Snapshot) -> dict[str, Proxy]:
         if snap.pool_type not in ("set", "hash", "none"):
@@ -345,9 +351,10 @@ class ProxyPoolMiddleware:
         for ``PROXY_POOL_EMPTY_MAX_WAIT`` seconds."""
         if self._empty_since is not None and now - self._empty_since[0] >= self.empty_max_wait:
             self._dead_letter(_clean(request), "no_proxy")
-            logger.error("Gave up on %s: no usable proxy for %.0fs (dead-lettered as "
-                         "'no_proxy')", request.url, now - self._empty_since[0],
-                         extra={"spider": self.crawler.spider})
+            if not self.stats.get_value("proxy/dead/no_proxy", 0) > 1:  # the rest: each minute
+                logger.error("Gave up on %s: no usable proxy for %.0fs (dead-lettered as "
+                             "'no_proxy', like every request while it lasts)", request.url,
+                             now - self._empty_since[0], extra={"spider": self.crawler.spider})
             raise IgnoreRequest("no_proxy")
         wait = self.view.next_unban(domain, now)
         wait = min(self.ban_max, max(1.0, wait if wait is not None else 2 * self.refresh_interval))
