@@ -88,6 +88,16 @@ def refusal(exc: BaseException) -> str | None:
     return None
 
 
+def describe(exc: BaseException, user: str) -> str:
+    """*exc*'s type, and for an ACL refusal what was refused and to which
+    user (for a log line: never the password)."""
+    found = refusal(exc)
+    if found is None:
+        return type(exc).__name__
+    return (f"{type(exc).__name__}: Redis refuses {found} to Redis user {user!r} (NOPERM; "
+            "see deploy/users.acl)")
+
+
 async def probe_script_refusal(client) -> str | None:
     """After Redis 6.2 refused "a command of a Lua script": run the scripts'
     keyless commands outside a script, where a refusal names the command.

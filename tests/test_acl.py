@@ -17,7 +17,7 @@ from crawlproject.acl import render
 from crawlproject.demo.hosts import MultiHostSite
 from crawlproject.demo.proxy import ForwardProxy
 from crawlproject.control import control_key
-from crawlproject.keys import FrontierKeys, start_urls_key
+from crawlproject.keys import FrontierKeys, ProxyKeys, start_urls_key
 from crawlproject.services import RedisServer
 from tests.crawl_helpers import ROOT, Node, assert_written_once, node_env
 
@@ -207,3 +207,29 @@ def test_a_refused_command_is_named_once_with_the_user(tmp_path, mongo_uri, data
     assert node.stat("redis/noperm") >= 1
     assert "answers again" in log and "'finish_reason': 'finished'" in log
     assert PASSWORDS["NODE"] not in log
+
+
+@pytest.mark.slow
+def test_the_proxy_pool_names_a_refused_command_and_the_user(tmp_path, mongo_uri, database):
+    """The pool's REFRESH script reads a pool kept in a hash with HVALS: without
+    it, the pool's one WARNING says an ACL refused it, to which user (Redis 6.2
+    does not name a command refused in a script), and the refusal is counted."""
+    template = (ROOT / "deploy" / "users.acl").read_text().replace(" +hvals ", " ", 1)
+    assert " +hvals " not in template.split("crawl-seeder")[0]    # the node's line
+    server = start_redis(tmp_path, template)
+    admin(server).hset(ProxyKeys(SPIDER).pool, "p1", "http://127.0.0.1:9/")
+    try:
+        node = Node("acl3", tmp_path, node_env(url(server, "NODE"), mongo_uri, database.name),
+                    spider=SPIDER, settings={**NODE_SETTINGS, "PROXY_POOL_ENABLED": True})
+        try:
+            node.wait_for_log(r"WARNING: Proxy pool state not refreshed \(.*refuses .* to Redis "
+                              r"user 'crawl-node-hosts' \(NOPERM", 90)
+            admin(server).execute_command("ACL", "SETUSER", "crawl-node-hosts", "+hvals")
+            assert node.wait(120) == 0, node.tail()
+        finally:
+            node.stop()
+    finally:
+        server.stop()
+    log = node.text()
+    assert len([line for line in log.splitlines() if "Proxy pool state not refreshed" in line]) == 1
+    assert node.stat("redis/noperm") >= 1 and PASSWORDS["NODE"] not in log
