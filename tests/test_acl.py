@@ -233,3 +233,31 @@ def test_the_proxy_pool_names_a_refused_command_and_the_user(tmp_path, mongo_uri
     log = node.text()
     assert len([line for line in log.splitlines() if "Proxy pool state not refreshed" in line]) == 1
     assert node.stat("redis/noperm") >= 1 and PASSWORDS["NODE"] not in log
+
+
+def test_refusals_are_recognised_in_the_words_of_redis_6_2_and_7():
+    """No Redis 7 binary here: its replies (redis/src/acl.c, script_lua.c) as
+    redis-py raises them; the 6.2 ones are also met for real above."""
+    from redis.exceptions import ResponseError
+
+    from crawlproject.acl import SCRIPT_COMMAND_REFUSED, describe, refusal
+
+    time_7 = "User crawl-node-hosts has no permissions to run the 'time' command"
+    assert refusal(NoPermissionError(time_7)) == "the 'time' command"
+    assert refusal(ResponseError("ERR Error running script (call to f_1): @user_script:4: "
+                                 f"NOPERM {time_7}")) == "the 'time' command"
+    assert refusal(NoPermissionError("No permissions to access a key")) == "a key"
+    assert refusal(ResponseError("Error running script (call to f_1): @user_script:4: The user "
+                                 "executing the script can't run this command or subcommand")
+                   ) == SCRIPT_COMMAND_REFUSED
+    assert refusal(ResponseError("WRONGTYPE Operation against a key holding the wrong kind of "
+                                 "value")) is None
+    assert refusal(ConnectionError("Connection refused")) is None
+    assert describe(OSError("x"), "u") == "OSError"
+    assert "'u'" in describe(NoPermissionError(time_7), "u")
+    from crawlproject.acl import redis_user
+
+    assert redis_user("redis://127.0.0.1:6379/0") == "default"
+    assert redis_user("redis://:pw@127.0.0.1:6379/0") == "default"
+    assert redis_user("redis://crawl-node-a:pw@127.0.0.1/0") == "crawl-node-a"
+    assert redis_user("redis://127.0.0.1/0", {"username": "u2"}) == "u2"
