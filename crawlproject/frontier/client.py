@@ -912,8 +912,9 @@ class FrontierClient:
         self.count("scheduler/redis_errors", 1)
         if refused(exc):
             self.count("scheduler/refused_calls", 1)
+        named = {"denied": denied} if denied else {}  # only an ACL refusal has one
         self.outage.failed(what, exc, self.log_extra, source="frontier", refused=refused(exc),
-                           denied=denied)
+                           **named)
 
     async def _acl_probe(self, exc: BaseException) -> str | None:
         """What an ACL refused, when Redis 6.2 did not say (a command inside
