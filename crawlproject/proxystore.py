@@ -396,8 +396,9 @@ def report_state(client, spider: str, recent_bans: int) -> dict:
         if kind not in ("none", want):
             raise ProxyStateError(f"Redis key {key} is a {kind}, expected a {want}")
     pool_type = kinds[0]
+    # TIME outside the pipeline: a cluster client refuses keyless commands in one.
+    seconds, micros = client.time()
     pipe = client.pipeline(transaction=False)
-    pipe.time()
     pipe.hgetall(keys.health)
     pipe.hgetall(keys.retired)
     pipe.hlen(keys.bans)
@@ -405,7 +406,7 @@ def report_state(client, spider: str, recent_bans: int) -> dict:
     pipe.hgetall(keys.state)
     if pool_type in ("set", "hash"):
         (pipe.smembers if pool_type == "set" else pipe.hvals)(keys.pool)
-    (seconds, micros), health, retired, ban_count, recent, state, *pool = pipe.execute()
+    health, retired, ban_count, recent, state, *pool = pipe.execute()
     pool = pool[0] if pool else []
     ban_values = client.hmget(keys.bans, recent) if recent else []
     flat = [v for pair in zip(recent, ban_values) if pair[1] is not None for v in pair]

@@ -512,40 +512,57 @@ def test_the_frontier_status_line_is_logged_once_an_interval_not_every_turn(
     assert len(lines) == 10
 
 
-def test_scrapys_remote_control_is_not_started_unless_the_user_set_it(redis_url, caplog):
+_REMOTE_CONTROL_PROBE = """
+import asyncio, json, logging, sys
+from scrapy import signals
+from scrapy.crawler import Crawler
+from scrapy.extensions.remote_control import RemoteControl
+from scrapy.settings import Settings
+from crawlproject.scheduler import RedisScheduler
+from tests.test_scheduler import MetaSpider
+
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+settings = json.loads(sys.argv[1])
+# Not get_crawler(): it turns the remote control off itself. No Twisted
+# reactor here: the extension runs on asyncio alone.
+crawler = Crawler(MetaSpider, Settings({"TWISTED_REACTOR_ENABLED": False, **settings}))
+crawler._apply_settings()
+(ext,) = [e for e in crawler.extensions.middlewares if isinstance(e, RemoteControl)]
+crawler.spider = MetaSpider.from_crawler(crawler)
+RedisScheduler.from_crawler(crawler).setup(crawler.spider)
+
+async def engine_started():
+    await crawler.signals.send_catch_log_async(signals.engine_started)
+    running = ext._runner is not None
+    await ext.stop()
+    return running
+
+print(json.dumps(asyncio.run(engine_started())))
+"""
+
+
+def test_scrapys_remote_control_is_not_started_unless_the_user_set_it(redis_url):
     """Scrapy 2.19 starts an HTTP server that runs posted code, on by default;
-    a user project with the README block had it on every node."""
-    import asyncio
+    a user project with the README block had it on every node. Each probe runs
+    in a fresh interpreter: a reactor another test installed would refuse
+    TWISTED_REACTOR_ENABLED = False."""
+    import subprocess
+    import sys
 
-    from scrapy.crawler import Crawler
-    from scrapy.extensions.remote_control import RemoteControl
-    from scrapy.settings import Settings
+    def started(settings):
+        done = subprocess.run(
+            [sys.executable, "-c", _REMOTE_CONTROL_PROBE,
+             json.dumps({"REDIS_URL": redis_url, **settings})],
+            capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
-    def started(settings) -> bool:
-        # Not get_crawler(): it turns the remote control off itself. No Twisted
-        # reactor in this test: the extension runs on asyncio alone.
-        crawler = Crawler(MetaSpider, Settings({"REDIS_URL": redis_url,
-                                                "TWISTED_REACTOR_ENABLED": False, **settings}))
-        crawler._apply_settings()
-        (ext,) = [e for e in crawler.extensions.middlewares if isinstance(e, RemoteControl)]
-        crawler.spider = MetaSpider.from_crawler(crawler)
-        RedisScheduler.from_crawler(crawler).setup(crawler.spider)
-
-        async def engine_started():
-            await crawler.signals.send_catch_log_async(signals.engine_started)
-            running = ext._runner is not None
-            await ext.stop()
-            return running
-
-        return asyncio.run(engine_started())
-
-    import logging
-
-    caplog.set_level(logging.INFO, logger="crawlproject.scheduler")
-    assert not started({})                                 # not set: not started, and said
-    assert "remote control server is not started" in caplog.text
-    assert started({"REMOTE_CONTROL_ENABLED": True})       # the user's choice is kept
-    assert "remote control (runs Python code posted to it" in caplog.text
+    running, log = started({})                    # not set: not started, and said
+    assert not running
+    assert "remote control server is not started" in log
+    running, log = started({"REMOTE_CONTROL_ENABLED": True})   # the user's choice is kept
+    assert running
+    assert "remote control (runs Python code posted to it" in log
 
 
 def test_scrapys_per_process_limits_are_taken_over_or_named(redis_url, caplog):
