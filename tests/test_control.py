@@ -225,9 +225,11 @@ def test_a_failing_ready_handler_is_called_again_not_skipped(redis, redis_url):
 @pytest.mark.slow
 def test_pause_stops_fetching_on_every_node_and_resume_finishes_the_crawl(
         redis, redis_url, mongo_uri, database, tmp_path):
-    products = 80
+    # 2 nodes x 2 downloads at 300 ms: ~13 pages/s, so the crawl outlasts the
+    # pause's way there (a crawlctl process on a loaded machine) many times over.
+    products = 120
     env = node_env(redis_url, mongo_uri, database.name)
-    with DemoSite(products=products, latency_ms=100, faults=False) as site:
+    with DemoSite(products=products, latency_ms=300, faults=False) as site:
         nodes = [Node(f"c{i}", tmp_path, env, settings=SETTINGS) for i in (1, 2)]
         try:
             for node in nodes:

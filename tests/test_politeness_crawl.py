@@ -560,7 +560,8 @@ def test_host_limits_from_the_settings_apply_and_come_back_after_a_clear(
                 cwd=ROOT, capture_output=True, text=True, timeout=60)
             assert out.returncode == 0 and "FRONTIER_HOST_LIMITS entry" in out.stdout, out
             cleared = time.monotonic()
-            assert slow not in limits()
+            # Not `assert slow not in limits()` here: on a loaded machine the node's
+            # refresh may already have put it back; the CLI said it removed it.
             while slow not in limits():
                 assert time.monotonic() - cleared < HOST_LIMITS_REFRESH + 10, node.tail()
                 time.sleep(0.1)
