@@ -1,4 +1,5 @@
-"""The benchmark scripts run end to end in their smallest mode.
+"""The benchmark scripts run end to end in their smallest mode
+(``bash deploy/bench-smoke.sh``; not part of the test suite).
 
 No timing is asserted (benchmarks are never judged by the test suite): only
 that each script completes and writes results with the expected keys and
