@@ -304,8 +304,10 @@ def test_drain_finishes_the_frontier_and_leaves_seeds_and_stop_hands_leases_back
         redis, redis_url, mongo_uri, database, tmp_path):
     env = node_env(redis_url, mongo_uri, database.name)
     never_idle_close = {**SETTINGS, "MAX_IDLE_TIME_BEFORE_CLOSE": 0}
+    # The second site is the one crawled when `stop` comes: slow enough (300 ms
+    # a page, one at a time) to be mid-crawl then on a loaded machine.
     with DemoSite(products=20, latency_ms=50, faults=False) as first, \
-            DemoSite(products=20, latency_ms=50, faults=False) as second:
+            DemoSite(products=20, latency_ms=300, faults=False) as second:
         node = Node("drainer", tmp_path, env, settings=never_idle_close)
         try:
             node.wait_for_log("Reading seeds from")

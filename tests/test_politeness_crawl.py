@@ -543,7 +543,9 @@ def test_host_limits_from_the_settings_apply_and_come_back_after_a_clear(
     env = node_env(redis_url, mongo_uri, database.name)
     slow, fast = DEFAULT_HOSTS[:2]
     delay = 0.5
-    settings = {**BASE, "MAX_IDLE_TIME_BEFORE_CLOSE": 1,
+    # The node never idle-closes (it must outlive the clear by a refresh
+    # interval however fast it crawls): it is stopped once the site is crawled.
+    settings = {**BASE, "MAX_IDLE_TIME_BEFORE_CLOSE": 0,
                 setting: f'{{"{slow}": {{"delay": {delay}}}}}'}
     limits = Frontier(redis, "hosts", "test").limits
     with MultiHostSite([slow, fast], pages=24, latency_ms=5) as site:
@@ -566,6 +568,10 @@ def test_host_limits_from_the_settings_apply_and_come_back_after_a_clear(
                 assert time.monotonic() - cleared < HOST_LIMITS_REFRESH + 10, node.tail()
                 time.sleep(0.1)
             assert limits()[slow]["source"] == "s"
+            while not site.expected_paths(slow) <= {h.path for h in site.requests(slow)}:
+                assert time.monotonic() - cleared < 120, node.tail()
+                time.sleep(0.1)
+            node.proc.send_signal(signal.SIGTERM)
             assert node.wait(120) == 0, node.tail()
             hits = Counter(h.path for h in site.requests(slow))
         finally:

@@ -6,6 +6,7 @@ by the survivor once they expired). With the default lease settings the
 victim's work is back in the queue within 15 s of the kill (reported).
 """
 
+import signal
 import time
 
 import pytest
@@ -42,13 +43,18 @@ def test_sigkill_loses_nothing(redis, redis_url, mongo_uri, database, tmp_path):
             redis.lpush(start_urls_key("products"), site.url)
             # Kill once the crawl is under way and the victim holds leases: on a
             # loaded machine the survivor may be the one busy at any given poll.
+            # The victim is frozen (SIGSTOP) while its leases are read, so the
+            # leases counted are the ones it holds when it dies; a read-then-kill
+            # raced its acks on a loaded machine.
             deadline = time.monotonic() + 60
             held = []
             while time.monotonic() < deadline:
                 if database["products"].count_documents({}) >= 30:
+                    victim.proc.send_signal(signal.SIGSTOP)
                     held = held_by(redis, "victim")
                     if held:
                         break
+                    victim.proc.send_signal(signal.SIGCONT)
                 time.sleep(0.02)
             victim.kill()
             killed_at = time.monotonic()
