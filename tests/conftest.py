@@ -13,6 +13,13 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: end-to-end crawls (several seconds each)")
 
 
+def pytest_collection_modifyitems(config, items):
+    """End-to-end crawls first (a stable sort: the same order on every xdist
+    worker): on parallel workers the run then ends with short tests, not with
+    one long crawl started last."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture
 def database(mongo_uri):
     """A fresh MongoDB database (timezone-aware client) for a crawl; dropped after."""
