@@ -30,7 +30,7 @@ ROLES = ("NODE", "SEEDER", "OPERATOR")
 #: Environment variables holding the roles' passwords (hashed into the file).
 PASSWORD_ENV = {role: f"CRAWL_{role}_PASSWORD" for role in ROLES}
 ADMIN_PASSWORD_ENV = "CRAWL_ADMIN_PASSWORD"
-#: The only command the Lua scripts call with no key (server_now in scripts.py).
+#: The only command the Lua scripts call with no key (server_now in frontier/lua/lib/clock.lua).
 SCRIPT_KEYLESS_COMMANDS = ("time",)
 # a name that is a whole ACL key pattern: no glob character, no space, no brace
 _SPIDER_NAME = re.compile(r"[A-Za-z0-9_.-]+")
