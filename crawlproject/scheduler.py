@@ -57,7 +57,7 @@ from scrapy.utils.request import fingerprint as scrapy_fingerprint
 from crawlproject.connection import redact_url, redis_from_settings, redis_url_from_settings
 from crawlproject.frontier.bloom import BloomConfig
 from crawlproject.frontier.client import FrontierClient, Rejected
-from crawlproject.frontier.politeness import PolitenessConfig
+from crawlproject.scheduling.politeness import SitePoliteness
 from crawlproject.control import ControlWatcher
 from crawlproject.hooks import ACK, DEAD, RELEASED, RETRY, request_hooks
 from crawlproject.frontier.queue import (
@@ -228,7 +228,7 @@ class RedisScheduler(BaseScheduler):
     def __init__(self, crawler, *, prefetch: int, batch_size: int, flush_interval: float,
                  min_sync_interval: float, idle_poll: float, local_dedupe_size: int,
                  lease_ttl: float, heartbeat: float, bloom: BloomConfig,
-                 retry: RetryPolicy, politeness: PolitenessConfig, node_id: str,
+                 retry: RetryPolicy, politeness: SitePoliteness, node_id: str,
                  dead_max: int = DEAD_MAX, invalid_max: int = INVALID_MAX,
                  start_burst: int = 0):
         if start_burst < 0:
@@ -305,7 +305,7 @@ class RedisScheduler(BaseScheduler):
             heartbeat=s.getfloat("SCHEDULER_HEARTBEAT_INTERVAL", 2.0),
             bloom=BloomConfig.from_settings(s),
             retry=RetryPolicy.from_settings(s),
-            politeness=PolitenessConfig.from_settings(s),
+            politeness=SitePoliteness.from_settings(s),
             node_id=node_id(crawler),
             dead_max=s.getint("SCHEDULER_DEAD_MAX", DEAD_MAX),
             invalid_max=s.getint("SCHEDULER_INVALID_MAX", INVALID_MAX),

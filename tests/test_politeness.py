@@ -13,6 +13,7 @@ from crawlproject.frontier.bloom import BloomConfig
 from crawlproject.frontier.politeness import (UNLIMITED, Limits, Override, PolitenessConfig,
                                               host_key, parse_override, partition_of)
 from crawlproject.frontier.queue import Batch, Frontier
+from crawlproject.scheduling.politeness import SitePoliteness
 
 
 class Clock:
@@ -324,7 +325,7 @@ def test_a_key_shaped_like_an_override_field_leaves_other_keys_limits_alone(node
     clock.advance(1)
     assert "h1" not in keys_of(a.take(10))        # still within its 10 s interval
     assert a.limits()["h1"] == {"delay": 10.0, "concurrency": 1, "source": "c"}
-    config = PolitenessConfig.from_settings(Settings({"FRONTIER_HONOUR_DOWNLOAD_SLOT": True}))
+    config = SitePoliteness.from_settings(Settings({"FRONTIER_HONOUR_DOWNLOAD_SLOT": True}))
     assert config.key(Request("http://|h1/")) == "%7Ch1"
     assert config.key(Request("http://a.example/", meta={"download_slot": "|h1"})) == "%7Ch1"
 
@@ -482,7 +483,7 @@ def test_keyed_by_ip_reads_what_either_of_scrapys_resolvers_cached():
     from scrapy.resolver import dnscache
     from twisted.internet.address import IPv4Address, IPv6Address
 
-    ip = PolitenessConfig.from_settings(Settings({"FRONTIER_POLITENESS_KEY": "ip"}))
+    ip = SitePoliteness.from_settings(Settings({"FRONTIER_POLITENESS_KEY": "ip"}))
     names = ("threaded.example", "hostname.example", "junk.example", "empty.example")
     try:
         dnscache["threaded.example"] = "10.0.0.7"                     # CachingThreadedResolver
@@ -506,7 +507,7 @@ def test_the_interval_jitter_is_read_as_scrapy_reads_it():
     def jitter(values, priority="project"):
         settings = Settings()
         settings.setdict(values, priority=priority)
-        return PolitenessConfig.from_settings(settings).jitter
+        return SitePoliteness.from_settings(settings).jitter
 
     assert jitter({}) == 0.5
     assert jitter({"DOWNLOAD_DELAY_JITTER": 0}) == 0.0
@@ -519,34 +520,34 @@ def test_the_interval_jitter_is_read_as_scrapy_reads_it():
             jitter({"DOWNLOAD_DELAY_JITTER": bad})
     settings = Settings({"DOWNLOAD_DELAY_JITTER": 0.2})       # the project's
     settings.set("RANDOMIZE_DOWNLOAD_DELAY", False, priority="cmdline")
-    assert PolitenessConfig.from_settings(settings).jitter == 0.0
+    assert SitePoliteness.from_settings(settings).jitter == 0.0
 
 
 def test_politeness_keys_from_settings():
     req = Request("http://shop.example.co.uk/a")
-    assert PolitenessConfig.from_settings(Settings({})).key(req) == "shop.example.co.uk"
-    domain = PolitenessConfig.from_settings(Settings({"FRONTIER_POLITENESS_KEY": "domain"}))
+    assert SitePoliteness.from_settings(Settings({})).key(req) == "shop.example.co.uk"
+    domain = SitePoliteness.from_settings(Settings({"FRONTIER_POLITENESS_KEY": "domain"}))
     assert domain.key(req) == "example.co.uk"
     assert domain.key(Request("http://127.0.0.3:8000/")) == "127.0.0.3"
     slot = Request("http://a.example/", meta={"download_slot": "pool"})
-    assert PolitenessConfig.from_settings(Settings({})).key(slot) == "a.example"
-    honour = PolitenessConfig.from_settings(Settings({"FRONTIER_HONOUR_DOWNLOAD_SLOT": True}))
+    assert SitePoliteness.from_settings(Settings({})).key(slot) == "a.example"
+    honour = SitePoliteness.from_settings(Settings({"FRONTIER_HONOUR_DOWNLOAD_SLOT": True}))
     assert honour.key(slot) == "pool"
-    config = PolitenessConfig.from_settings(Settings({
+    config = SitePoliteness.from_settings(Settings({
         "DOWNLOAD_DELAY": 0.25, "CONCURRENT_REQUESTS_PER_DOMAIN": 4,
         "FRONTIER_HOST_LIMITS": {"Slow.Example": {"delay": 3}}}))
     assert config.default == Limits(0.25, 4)
     assert config.overrides == {"slow.example": Limits(3.0, 4)}
     with pytest.raises(ValueError, match="delay must be 0 to"):
-        PolitenessConfig.from_settings(Settings({"FRONTIER_HOST_LIMITS": {"h": {"delay": 1e308}}}))
+        SitePoliteness.from_settings(Settings({"FRONTIER_HOST_LIMITS": {"h": {"delay": 1e308}}}))
     with pytest.raises(ValueError, match="must be numbers"):
-        PolitenessConfig.from_settings(Settings({"FRONTIER_HOST_LIMITS": {"h": {"delay": "x"}}}))
+        SitePoliteness.from_settings(Settings({"FRONTIER_HOST_LIMITS": {"h": {"delay": "x"}}}))
     with pytest.raises(ValueError, match="FRONTIER_PARTITIONS must be 1 to 4096, got 5000"):
-        PolitenessConfig.from_settings(Settings({"FRONTIER_PARTITIONS": 5000}))
+        SitePoliteness.from_settings(Settings({"FRONTIER_PARTITIONS": 5000}))
     with pytest.raises(ValueError, match="DOWNLOAD_DELAY must be 0 to 86400 s"):
-        PolitenessConfig.from_settings(Settings({"DOWNLOAD_DELAY": 1e308}))
+        SitePoliteness.from_settings(Settings({"DOWNLOAD_DELAY": 1e308}))
     # Hosts as an operator may write them: kept under the key requests have.
-    pasted = PolitenessConfig.from_settings(Settings({"FRONTIER_HOST_LIMITS": {
+    pasted = SitePoliteness.from_settings(Settings({"FRONTIER_HOST_LIMITS": {
         "https://Fast.Example:8443/x": {"delay": 1}, "cdn.example:80": {"delay": 2}}}))
     assert set(pasted.overrides) == {"fast.example", "cdn.example"}
     assert host_key("[::1]:8080") == host_key("[::1]") == "::1"
@@ -555,7 +556,7 @@ def test_politeness_keys_from_settings():
     # Scrapy's DOWNLOAD_SLOTS (per process there) hold for the whole cluster;
     # FRONTIER_HOST_LIMITS wins for a host both name. Before, the node wiped
     # them with its downloader's per-slot settings and said nothing.
-    slots = PolitenessConfig.from_settings(Settings({
+    slots = SitePoliteness.from_settings(Settings({
         "DOWNLOAD_DELAY": 0.25, "CONCURRENT_REQUESTS_PER_DOMAIN": 4,
         "DOWNLOAD_SLOTS": {"books.example": {"delay": 2, "concurrency": 1,
                                              "randomize_delay": False},
@@ -564,12 +565,12 @@ def test_politeness_keys_from_settings():
     assert slots.overrides == {"books.example": Limits(2.0, 1), "both.example": Limits(1.0, 4),
                                "pool-a": Limits(0.25, 2)}
     with pytest.raises(ValueError, match="DOWNLOAD_SLOTS: bad host limit"):
-        PolitenessConfig.from_settings(Settings({"DOWNLOAD_SLOTS": {"h": {"delay": -1}}}))
+        SitePoliteness.from_settings(Settings({"DOWNLOAD_SLOTS": {"h": {"delay": -1}}}))
     with pytest.raises(ValueError, match="FRONTIER_HOST_LIMITS: 'http:///' names no host"):
-        PolitenessConfig.from_settings(Settings({"FRONTIER_HOST_LIMITS": {"http:///": {}}}))
-    huge = PolitenessConfig.from_settings(Settings({"FRONTIER_HOST_LIMITS": {"h": {"concurrency": 10**30}}}))
+        SitePoliteness.from_settings(Settings({"FRONTIER_HOST_LIMITS": {"http:///": {}}}))
+    huge = SitePoliteness.from_settings(Settings({"FRONTIER_HOST_LIMITS": {"h": {"concurrency": 10**30}}}))
     assert huge.overrides["h"].concurrency == UNLIMITED
-    off = PolitenessConfig.from_settings(Settings({"FRONTIER_POLITENESS": False,
+    off = SitePoliteness.from_settings(Settings({"FRONTIER_POLITENESS": False,
                                                    "DOWNLOAD_DELAY": 5}))
     assert off.default == Limits() and off.overrides == {}
 

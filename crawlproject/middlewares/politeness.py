@@ -21,7 +21,7 @@ from email.utils import parsedate_to_datetime
 
 from scrapy.exceptions import NotConfigured
 
-from crawlproject.frontier.politeness import PolitenessConfig
+from crawlproject.scheduling.politeness import SitePoliteness
 
 
 def retry_after_seconds(value: bytes | str | None, now: datetime | None = None) -> float | None:
@@ -54,7 +54,7 @@ class FrontierPolitenessMiddleware:
 
     @classmethod
     def from_crawler(cls, crawler):
-        config = PolitenessConfig.from_settings(crawler.settings)
+        config = SitePoliteness.from_settings(crawler.settings)
         if not config.enabled:
             raise NotConfigured("FRONTIER_POLITENESS is off")
         return cls(crawler, config.backoff_codes)

@@ -46,7 +46,7 @@ from scrapy.exceptions import NotConfigured
 from scrapy.spidermiddlewares.referer import NoReferrerPolicy, RefererMiddleware
 from scrapy.utils.httpobj import urlparse_cached
 
-from crawlproject.frontier.politeness import registered_domain
+from crawlproject.scheduling.politeness import registered_domain
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,2 @@
+"""The Scrapy side of the frontier: what turns Scrapy's settings and requests
+into the frontier's plain data (politeness keys and limits)."""
