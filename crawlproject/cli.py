@@ -976,7 +976,7 @@ def cmd_recrawl(args) -> int:
 
     from crawlproject.connection import (mongo_client, mongo_database_from_settings,
                                          mongo_uri_from_settings)
-    from crawlproject.pipelines.documents import collection_name
+    from crawlproject.connection import collection_name
     from crawlproject.pipelines.errors import Scrubber
     from crawlproject.recrawl import PageVisit
 

@@ -296,3 +296,10 @@ def mongo_client(uri: str, *, asyncio: bool = True, settings=None, **kw: Any):
     opts.update(kw)
     cls = pymongo.AsyncMongoClient if asyncio else pymongo.MongoClient
     return cls(uri, **opts)
+
+
+def collection_name(pattern: str, cls: type | None, spider: str) -> str:
+    """The collection of item class *cls*: its ``mongo_collection``, else
+    *pattern* (``MONGO_COLLECTION``), with ``%(spider)s`` and ``%(item)s``."""
+    pattern = getattr(cls, "mongo_collection", None) or pattern
+    return pattern % {"spider": spider, "item": cls.__name__.lower() if cls else ""}

@@ -19,7 +19,7 @@ from scrapy.exceptions import NotConfigured
 from scrapy.utils.test import get_crawler
 
 from crawlproject.middlewares.identity import IdentityMiddleware, parse_rotation
-from crawlproject.middlewares.session import IDENTITY, PROXY_ID, SESSION
+from crawlproject.egress.session import IDENTITY, PROXY_ID, SESSION
 from crawlproject.serialization import request_from_json, request_to_json
 from crawlproject.useragents import PoolFilter, identity_for, load_pool, pick
 from tests.crawl_helpers import ROOT

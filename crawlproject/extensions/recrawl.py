@@ -55,7 +55,7 @@ from crawlproject.connection import (
 )
 from crawlproject.identity import node_id
 from crawlproject.keys import FrontierKeys
-from crawlproject.pipelines.documents import collection_name
+from crawlproject.connection import collection_name
 from crawlproject.policy import InputPolicy, Refused
 from crawlproject.recrawl import STATE_META, PageVisit, RecrawlPolicy, utc_now
 from crawlproject.serialization import RequestDecodeError, request_from_json

@@ -2,7 +2,7 @@
 
 A site that sees one visitor (one exit address, one cookie jar) change its
 browser on every request knows it is talking to a crawler. This middleware
-gives each session (:func:`crawlproject.middlewares.session.session_key`: the
+gives each session (:func:`crawlproject.egress.session.session_key`: the
 spider's ``meta["session"]``, else proxy and cookie jar, else the host) one
 :class:`~crawlproject.useragents.Identity`: a User-Agent from fake-useragent
 and the ``Accept``, ``Accept-Language``, ``Accept-Encoding`` and (Chromium
@@ -51,7 +51,7 @@ from scrapy.exceptions import NotConfigured
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.httpobj import urlparse_cached
 
-from crawlproject.middlewares.session import IDENTITY, session_key
+from crawlproject.egress.session import IDENTITY, session_key
 from crawlproject.useragents import HINT_HEADERS, Identity, PoolFilter, load_pool, pick
 
 logger = logging.getLogger(__name__)

@@ -37,7 +37,7 @@ from scrapy.exceptions import NotConfigured
 from scrapy.http import Response
 
 from crawlproject.frontier.retrypolicy import PAYLOAD_META
-from crawlproject.pipelines.documents import collection_name
+from crawlproject.connection import collection_name
 from crawlproject.policy import InputPolicy
 from crawlproject.recrawl import (
     MAX_ITEMS_PER_PAGE,

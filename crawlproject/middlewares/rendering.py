@@ -47,7 +47,7 @@ from scrapy.exceptions import NotConfigured
 from scrapy.http import TextResponse
 from scrapy.utils.misc import load_object
 
-from crawlproject.middlewares.session import IDENTITY, PROXY_CONTEXT, PROXY_ID
+from crawlproject.egress.session import IDENTITY, PROXY_CONTEXT, PROXY_ID
 from crawlproject.serialization import replace_meta, restore_meta
 
 logger = logging.getLogger(__name__)

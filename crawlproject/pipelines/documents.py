@@ -48,6 +48,8 @@ from bson.json_util import CANONICAL_JSON_OPTIONS
 from itemadapter import ItemAdapter
 from scrapy import Item
 
+from crawlproject.connection import collection_name  # noqa: F401  (re-exported, in __all__)
+
 __all__ = ["WriteOp", "item_fields", "to_mongo", "decimal128", "content_hash", "insert_document",
            "upsert_update", "gone_update", "touch_update", "to_spool_line", "from_spool_line", "utc_now_ms",
            "collection_name", "gone_op", "EPOCH", "KINDS"]
@@ -256,13 +258,6 @@ def gone_op(database: str, mark: Mapping[str, Any], key_as_id: bool = True) -> W
             or key_field.startswith("$"):
         raise ValueError(f"gone mark names collection {collection!r} / field {key_field!r}")
     return WriteOp.gone(database, collection, key_field, mark.get("key"), key_as_id=key_as_id)
-
-
-def collection_name(pattern: str, cls: type | None, spider: str) -> str:
-    """The collection of item class *cls*: its ``mongo_collection``, else
-    *pattern* (``MONGO_COLLECTION``), with ``%(spider)s`` and ``%(item)s``."""
-    pattern = getattr(cls, "mongo_collection", None) or pattern
-    return pattern % {"spider": spider, "item": cls.__name__.lower() if cls else ""}
 
 
 def to_spool_line(op: WriteOp) -> str:
