@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 from crawlproject.connection import DEFAULT_REDIS_URL, env_default, redact_url, redis_from_url
-from crawlproject.control import node_reports, read_state, set_state
+from crawlproject.control import node_reports
 from crawlproject.frontier.queue import Frontier
 from crawlproject.keys import (
     FrontierKeys,
@@ -52,17 +52,17 @@ from crawlproject.keys import (
     reset_spider,
     spider_keys,
     spooled_item_keys,
-    start_urls_key,
 )
+from crawlproject.ops.actions import CONTROL_COMMANDS, control_command, replay_dead_letters
+from crawlproject.ops.common import (UsageError, _project, _s, _server_ms,
+                                     frontier_partitions, project_spider, seed_keys_of)
+from crawlproject.ops.proxies import proxy_report
+from crawlproject.ops.status import status_data
 from crawlproject.policy import InputPolicy
 from crawlproject.seeds import InvalidSeed, check_seed, parse_seed
 
 
 CONTROL_HINT = 1  # CONTROL_POLL_INTERVAL's default
-
-
-class UsageError(Exception):
-    """Bad input from the command line (exit 2)."""
 
 
 # Terminal escape sequences: CSI (ESC [ ... or 0x9b), OSC (ESC ] ... BEL or
@@ -99,58 +99,12 @@ def _partitions(args) -> list[Frontier]:
     return frontier_partitions(_client(args), args.spider)
 
 
-def frontier_partitions(client, spider: str) -> list[Frontier]:
-    """Every partition of the spider's frontier (the count the crawl started with)."""
-    from crawlproject.frontier.politeness import MAX_PARTITIONS
-
-    stored = client.hget(FrontierKeys(spider).config, "partitions")
-    try:
-        count = int(stored) if stored else 1
-    except ValueError:
-        count = -1
-    if not 1 <= count <= MAX_PARTITIONS:
-        # Read from Redis: a junk count must not make this process build a
-        # billion partition objects (nodes refuse it too: see the scheduler).
-        raise UsageError(f"{FrontierKeys(spider).config} holds an unreadable partition count "
-                         f"({stored!r:.40}): expected 1 to {MAX_PARTITIONS}")
-    return [Frontier(client, spider, node="cli", partition=p, partitions=count)
-            for p in range(count)]
-
-
-def _project():
-    """(settings, spider loader) of the Scrapy project around us, if any."""
-    from scrapy.spiderloader import get_spider_loader
-    from scrapy.utils.project import get_project_settings
-
-    settings = get_project_settings()
-    try:
-        return settings, get_spider_loader(settings)
-    except Exception:  # noqa: BLE001 - no project here: checks without it
-        return settings, None
-
-
 def _spider_class(args):
     return project_spider(args.spider)
 
 
-def project_spider(spider: str):
-    """(project settings, the spider's class or None if the project has no such spider)."""
-    settings, loader = _project()
-    try:
-        return settings, loader.load(spider) if loader is not None else None
-    except KeyError:
-        return settings, None
-
-
 def _seed_keys(args, settings=None, spidercls=None) -> SeedKeys:
     return seed_keys_of(args.spider, settings, spidercls)
-
-
-def seed_keys_of(spider: str, settings=None, spidercls=None) -> SeedKeys:
-    """The seed keys of *spider*: its class' ``redis_key``, else ``REDIS_START_URLS_KEY``."""
-    pattern = getattr(spidercls, "redis_key", None) or (
-        settings.get("REDIS_START_URLS_KEY") if settings is not None else None)
-    return SeedKeys(start_urls_key(spider, pattern))
 
 
 def cmd_status(args) -> int:
@@ -211,114 +165,6 @@ def _status_all(args) -> int:
         if code:
             return code
     return 0
-
-
-def status_data(spider: str, parts: list[Frontier], seeds: SeedKeys) -> dict:
-    """Everything `status` shows, as JSON-safe data (the stable ``--json`` form;
-    also what the dashboard shows)."""
-    f = parts[0]
-    counts: dict[str, int] = {}
-    for part in parts:
-        for name, value in part.counts().items():
-            counts[name] = counts.get(name, 0) + value
-    now_ms = _server_ms(f.client)
-    deadlines = {_s(n): int(score) for part in parts
-                 for n, score in part.client.zrange(part.keys.nodes, 0, -1, withscores=True)}
-    registered = set(deadlines)
-    counts["nodes"] = len(registered)
-    counts["partitions"] = len(parts)
-    totals: dict[str, int] = dict(f.stats())
-    for part in parts[1:]:
-        for name, value in part.client.hgetall(part.keys.stats).items():
-            totals[_s(name)] = totals.get(_s(name), 0) + int(value)
-    reports = node_reports(f.client, spider)
-    for report in reports:
-        _lease_fields(report, deadlines.get(report["node"]), now_ms)
-    est = _bloom_totals([part.bloom_estimates() for part in parts])
-    return {
-        "politeness": _politeness_summary(parts, counts["hosts"]),
-        "spider": spider, "at": int(time.time() * 1000),
-        "control": read_state(f.client, spider),
-        "frontier": {k: counts[k] for k in ("queued", "delayed", "inflight", "dead", "invalid",
-                                            "hosts", "nodes", "partitions")},
-        "seeds": {"waiting": _seed_count(f.client, seeds.key),
-                  "claimed": f.client.hlen(seeds.claims),
-                  "invalid": f.client.llen(seeds.invalid)},
-        "nodes": reports,
-        "rates": {"pages_per_s": round(sum(r.get("pages_per_s", 0) for r in reports), 2),
-                  "items_per_s": round(sum(r.get("items_per_s", 0) for r in reports), 2)},
-        "errors": {"download": sum(r.get("errors_download", 0) for r in reports),
-                   "callback": sum(r.get("errors_callback", 0) for r in reports),
-                   "dead_letters": totals.get("dead", 0)},
-        "totals": totals,
-        "bloom": {"layers": est["layers"], "items": est["count"],
-                  "fill_ratio": round(est["fill_ratio"], 6),
-                  "est_fp_rate": est["est_fp_rate"],
-                  "bytes_per_item": round(est["bytes_per_item"], 3)},
-        "recrawl": _recrawl_summary(f.client, spider),
-        "proxy_pool": _proxy_pool_summary(f.client, spider, now_ms),
-    }
-
-
-def _proxy_pool_summary(client, spider: str, now_ms: int) -> dict:
-    from crawlproject.proxystore import no_proxy_summary
-
-    return no_proxy_summary(client, spider, now_ms)
-
-
-def _recrawl_summary(client, spider: str) -> dict:
-    """The revisit feeder's last report (``{spider}:recrawl``): page records,
-    pages due and not yet fed, fed in all, when (ms); zeros when none ran."""
-    raw = {_s(k): _s(v) for k, v in client.hgetall(FrontierKeys(spider).recrawl).items()}
-    out = {}
-    for name in ("pages", "due", "fed", "at"):
-        try:
-            out[name] = max(0, int(raw.get(name, 0)))
-        except ValueError:  # not written by a node: shown as unknown
-            out[name] = 0
-    return out
-
-
-def _lease_fields(report: dict, deadline_ms: int | None, now_ms: int) -> None:
-    """``registered``, ``lease_left_s`` (until its leases are reclaimed) and, when the
-    node reports its lease TTL, ``heartbeat_age_s`` (since it last renewed them)."""
-    report["registered"] = deadline_ms is not None
-    if deadline_ms is None:
-        return
-    report["lease_left_s"] = round((deadline_ms - now_ms) / 1000, 1)
-    ttl = report.get("lease_ttl_s")
-    if isinstance(ttl, (int, float)) and ttl > 0:
-        report["heartbeat_age_s"] = round(max(0.0, ttl - report["lease_left_s"]), 1)
-
-
-STATUS_HOSTS_MAX = 200   # per-host rows read only below this many hosts (2 calls a host)
-STATUS_HOSTS_SHOWN = 10
-
-
-def _politeness_summary(parts: list[Frontier], hosts: int) -> dict:
-    """Per-host politeness for `status`: how many hosts are blocked or backing
-    off, and the most queued ones (for larger crawls: `crawlctl politeness`)."""
-    if hosts > STATUS_HOSTS_MAX:
-        return {"hosts": hosts, "note": f"more than {STATUS_HOSTS_MAX} hosts: "
-                                        "see `crawlctl politeness SPIDER`"}
-    now_ms = _server_ms(parts[0].client)
-    rows = {}
-    for part in parts:
-        limits = part.limits()
-        for key, state in part.key_states().items():
-            rows[key] = {**state, "limits": limits.get(key)}
-    top = sorted(rows.items(), key=lambda kv: (-kv[1]["queued"], kv[0]))[:STATUS_HOSTS_SHOWN]
-    return {
-        "hosts": len(rows),
-        "blocked": sum(1 for r in rows.values() if (r["blocked_until_ms"] or 0) > now_ms),
-        "backing_off": sum(1 for r in rows.values() if r["backoff_ms"]),
-        "top": [{"host": key, "queued": r["queued"], "inflight": r["inflight"],
-                 "next_start_in_s": round(max(0, (r["ready_at_ms"] or now_ms) - now_ms) / 1000, 2)
-                 if r["ready_at_ms"] is not None else None,
-                 "blocked_for_s": round(max(0, r["blocked_until_ms"] - now_ms) / 1000, 2),
-                 "backoff_s": r["backoff_ms"] / 1000, "crawl_delay_s": r["crawl_delay_ms"] / 1000,
-                 "limits": r["limits"]} for key, r in top],
-    }
 
 
 def _status_table(args, data: dict):
@@ -406,35 +252,12 @@ def cmd_control(args) -> int:
     return 0
 
 
-CONTROL_COMMANDS = ("pause", "resume", "drain", "stop")
-
-
 def _spider_name(name: str) -> str:
     """A spider name whose keys cannot be another spider's (argparse type)."""
     try:
         return check_spider_name(name)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def control_command(client, spider: str, command: str, by: str,
-                    force: bool = False) -> tuple[str, str]:
-    """Apply ``pause | resume | drain | stop``; returns (previous state, new state).
-    A control key of the wrong type raises ``ControlKeyError`` (a ValueError)
-    unless *force*, which replaces it."""
-    if command not in CONTROL_COMMANDS:
-        raise ValueError(f"unknown control command {command!r}")
-    state = {"resume": "run"}.get(command, command)
-    return set_state(client, spider, state, by=by, force=force), state
-
-
-def _bloom_totals(estimates: list[dict]) -> dict:
-    bits = sum(e["bits"] for e in estimates)
-    count = sum(e["count"] for e in estimates)
-    return {"layers": max((e["layers"] for e in estimates), default=0), "count": count,
-            "fill_ratio": sum(e["fill_ratio"] * e["bits"] for e in estimates) / bits if bits else 0,
-            "est_fp_rate": max((e["est_fp_rate"] for e in estimates), default=0.0),
-            "bytes_per_item": bits / 8 / count if count else 0.0}
 
 
 def cmd_politeness(args) -> int:
@@ -620,67 +443,6 @@ def cmd_proxies(args) -> int:
     return 0
 
 
-def proxy_report(client, spider: str, limit: int | None = 50) -> dict:
-    """The proxy pool by masked id (health, bans per domain, retirements), the
-    most troubled *limit* first (None: all; their order in ``ranked``), with
-    counts; the pool entries that
-    do not parse, the pool key's type, nodes without a usable proxy, and
-    ``error`` when a proxy key has a wrong type (``proxies --json``)."""
-    from crawlproject.proxies import InvalidProxy, entry_fingerprint, parse_proxy
-    from crawlproject.proxystore import ProxyStateError, report_state
-
-    bans_shown = 1000 if limit is None else max(limit * 4, 100)
-    try:
-        state = report_state(client, spider, bans_shown)
-    except ProxyStateError as exc:
-        return {"proxies": {}, "invalid_entries": [], "pool_key_type": "", "error": str(exc),
-                "counts": {}, "no_usable_proxy": {}}
-    now_ms = state["now_ms"]
-    rows: dict[str, dict] = {}
-    invalid = []
-    for raw in state["entries"]:
-        try:
-            rows.setdefault(parse_proxy(raw).id, {})["in_redis_pool"] = True
-        except InvalidProxy as exc:
-            invalid.append({"entry": entry_fingerprint(raw), "error": exc.code, "reason": str(exc)})
-    for pid, health in state["health"].items():
-        row = rows.setdefault(pid, {})
-        row.update({"ok": int(health.get("ok", 0)), "failures": int(health.get("fail", 0)),
-                    "bans": int(health.get("ban", 0)), "latency_ms": health.get("lat"),
-                    "failures_in_a_row": int(health.get("consec", 0))})
-        if "seen" in health:
-            row["last_seen_s_ago"] = round(max(0, now_ms - health["seen"]) / 1000, 1)
-    for (pid, domain), (until, strikes) in state["bans"].items():
-        if until > now_ms:
-            rows.setdefault(pid, {}).setdefault("banned", {})[domain] = {
-                "for_s": round((until - now_ms) / 1000, 1), "strikes": strikes}
-    for pid, record in state["retired"].items():
-        rows.setdefault(pid, {})["retired"] = str(record.get("reason", ""))
-    ranked = sorted(rows, key=lambda pid: _proxy_rank(pid, rows[pid]))
-    shown = ranked if limit is None else ranked[:limit]
-    empty = {node: {"since_s_ago": round(max(0, now_ms - since) / 1000, 1)}
-             for node, (since, at) in state["empty"].items() if now_ms - at < 30_000}
-    error = ""
-    if state["pool_type"] not in ("set", "hash", "none"):
-        error = (f"Redis key {ProxyKeys(spider).pool} is a {state['pool_type']}, expected a set "
-                 "or a hash of proxy URLs")
-    return {"proxies": {pid: rows[pid] for pid in shown}, "ranked": shown,
-            "invalid_entries": invalid if limit is None else invalid[:limit],
-            "pool_key_type": state["pool_type"], "error": error, "no_usable_proxy": empty,
-            "counts": {"proxies": len(rows), "shown": len(shown),
-                       "retired": len(state["retired"]), "invalid_entries": len(invalid),
-                       "ban_records": state["ban_records"],
-                       "banned_now": sum(1 for r in rows.values() for _ in r.get("banned", ())),
-                       "bad_values": len(state["bad"])}}
-
-
-def _proxy_rank(pid: str, row: dict) -> tuple:
-    """Most troubled first: banned for more hosts, more failures in a row,
-    retired, more failures; then the busiest."""
-    return (-len(row.get("banned", {})), -row.get("failures_in_a_row", 0),
-            "retired" not in row, -row.get("failures", 0), -row.get("ok", 0), pid)
-
-
 def _print_proxies(spider: str, report: dict) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -717,26 +479,10 @@ def _print_proxies(spider: str, report: dict) -> None:
         console.print(f"invalid pool entry {entry['entry']}: {text(entry['reason'])}")
 
 
-def _server_ms(client) -> int:
-    seconds, micros = client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
-
-
 def _in(at_ms, now_ms: int) -> str:
     if not at_ms or at_ms <= now_ms:
         return "now" if at_ms else ""
     return f"{(at_ms - now_ms) / 1000:.1f}s"
-
-
-def _s(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _seed_count(client, key: str) -> int:
-    kind = client.type(key)
-    kind = kind.decode() if isinstance(kind, bytes) else kind
-    return {"list": client.llen, "set": client.scard, "zset": client.zcard}.get(
-        kind, lambda _k: 0)(key)
 
 
 def cmd_seed(args) -> int:
@@ -892,11 +638,6 @@ def cmd_replay(args) -> int:
     count = args.n if args.n is not None else 1000
     print(f"replayed {replay_dead_letters(_partitions(args), count)} dead letter(s)")
     return 0
-
-
-def replay_dead_letters(parts: list[Frontier], count: int = 1000) -> int:
-    """Move up to *count* dead letters of each partition back (fresh retries)."""
-    return sum(part.replay_dead(count) for part in parts)
 
 
 def cmd_reset(args) -> int:

@@ -11,8 +11,8 @@ Routes::
     GET  /static/...                         CSS, script, the vendored uPlot
 
 The data is what ``crawlctl status --json`` reads (:mod:`crawlproject.dashboard.feed`);
-the actions run the command line's own functions (:func:`crawlproject.cli.control_command`,
-:func:`crawlproject.cli.replay_dead_letters`). Only the spiders the dashboard was
+the actions run the command line's own functions (:func:`crawlproject.ops.actions.control_command`,
+:func:`crawlproject.ops.actions.replay_dead_letters`). Only the spiders the dashboard was
 started for exist here: a spider name in a URL is never used as a Redis key
 otherwise.
 
@@ -72,7 +72,7 @@ class DashboardConfig:
 
 def create_app(config: DashboardConfig, client=None) -> web.Application:
     """The aiohttp application (*client*: a sync Redis client, else one from the URL)."""
-    from crawlproject.cli import project_spider, seed_keys_of
+    from crawlproject.ops.common import project_spider, seed_keys_of
     from crawlproject.connection import redact_url, redis_from_url
 
     client = client if client is not None else redis_from_url(config.redis_url,
@@ -256,7 +256,8 @@ async def events(request):
 
 async def action(request):
     """Run one operator action through the command line's own code."""
-    from crawlproject.cli import control_command, frontier_partitions, replay_dead_letters
+    from crawlproject.ops.actions import control_command, replay_dead_letters
+    from crawlproject.ops.common import frontier_partitions
     from crawlproject.control import ControlKeyError
 
     feed = _feed(request)

@@ -1,5 +1,5 @@
 """What the dashboard shows of one spider, read the way ``crawlctl status --json``
-reads it (:func:`crawlproject.cli.status_data`, plus :func:`crawlproject.cli.proxy_report`),
+reads it (:func:`crawlproject.ops.status.status_data`, plus :func:`crawlproject.ops.proxies.proxy_report`),
 and a rolling window of samples for the charts.
 
 One :class:`SpiderFeed` per spider is shared by every browser: Redis is read at
@@ -15,7 +15,9 @@ import time
 from collections import deque
 from typing import Callable
 
-from crawlproject.cli import frontier_partitions, proxy_report, status_data
+from crawlproject.ops.common import frontier_partitions
+from crawlproject.ops.proxies import proxy_report
+from crawlproject.ops.status import status_data
 from crawlproject.connection import REDIS_FAILURES
 
 logger = logging.getLogger(__name__)

@@ -1,0 +1,134 @@
+"""The read model of a crawl: one dict with the cluster's state (control,
+nodes, frontier, politeness, proxies, recrawl, Bloom filter), as
+``crawlctl status --json`` prints it and the dashboard shows it."""
+
+from __future__ import annotations
+
+import time
+
+from crawlproject.control import node_reports, read_state
+from crawlproject.frontier.queue import Frontier
+from crawlproject.keys import (
+    FrontierKeys,
+    SeedKeys,
+)
+from crawlproject.ops.common import _s, _server_ms, _seed_count
+
+
+def status_data(spider: str, parts: list[Frontier], seeds: SeedKeys) -> dict:
+    """Everything `status` shows, as JSON-safe data (the stable ``--json`` form;
+    also what the dashboard shows)."""
+    f = parts[0]
+    counts: dict[str, int] = {}
+    for part in parts:
+        for name, value in part.counts().items():
+            counts[name] = counts.get(name, 0) + value
+    now_ms = _server_ms(f.client)
+    deadlines = {_s(n): int(score) for part in parts
+                 for n, score in part.client.zrange(part.keys.nodes, 0, -1, withscores=True)}
+    registered = set(deadlines)
+    counts["nodes"] = len(registered)
+    counts["partitions"] = len(parts)
+    totals: dict[str, int] = dict(f.stats())
+    for part in parts[1:]:
+        for name, value in part.client.hgetall(part.keys.stats).items():
+            totals[_s(name)] = totals.get(_s(name), 0) + int(value)
+    reports = node_reports(f.client, spider)
+    for report in reports:
+        _lease_fields(report, deadlines.get(report["node"]), now_ms)
+    est = _bloom_totals([part.bloom_estimates() for part in parts])
+    return {
+        "politeness": _politeness_summary(parts, counts["hosts"]),
+        "spider": spider, "at": int(time.time() * 1000),
+        "control": read_state(f.client, spider),
+        "frontier": {k: counts[k] for k in ("queued", "delayed", "inflight", "dead", "invalid",
+                                            "hosts", "nodes", "partitions")},
+        "seeds": {"waiting": _seed_count(f.client, seeds.key),
+                  "claimed": f.client.hlen(seeds.claims),
+                  "invalid": f.client.llen(seeds.invalid)},
+        "nodes": reports,
+        "rates": {"pages_per_s": round(sum(r.get("pages_per_s", 0) for r in reports), 2),
+                  "items_per_s": round(sum(r.get("items_per_s", 0) for r in reports), 2)},
+        "errors": {"download": sum(r.get("errors_download", 0) for r in reports),
+                   "callback": sum(r.get("errors_callback", 0) for r in reports),
+                   "dead_letters": totals.get("dead", 0)},
+        "totals": totals,
+        "bloom": {"layers": est["layers"], "items": est["count"],
+                  "fill_ratio": round(est["fill_ratio"], 6),
+                  "est_fp_rate": est["est_fp_rate"],
+                  "bytes_per_item": round(est["bytes_per_item"], 3)},
+        "recrawl": _recrawl_summary(f.client, spider),
+        "proxy_pool": _proxy_pool_summary(f.client, spider, now_ms),
+    }
+
+
+def _proxy_pool_summary(client, spider: str, now_ms: int) -> dict:
+    from crawlproject.proxystore import no_proxy_summary
+
+    return no_proxy_summary(client, spider, now_ms)
+
+
+def _recrawl_summary(client, spider: str) -> dict:
+    """The revisit feeder's last report (``{spider}:recrawl``): page records,
+    pages due and not yet fed, fed in all, when (ms); zeros when none ran."""
+    raw = {_s(k): _s(v) for k, v in client.hgetall(FrontierKeys(spider).recrawl).items()}
+    out = {}
+    for name in ("pages", "due", "fed", "at"):
+        try:
+            out[name] = max(0, int(raw.get(name, 0)))
+        except ValueError:  # not written by a node: shown as unknown
+            out[name] = 0
+    return out
+
+
+def _lease_fields(report: dict, deadline_ms: int | None, now_ms: int) -> None:
+    """``registered``, ``lease_left_s`` (until its leases are reclaimed) and, when the
+    node reports its lease TTL, ``heartbeat_age_s`` (since it last renewed them)."""
+    report["registered"] = deadline_ms is not None
+    if deadline_ms is None:
+        return
+    report["lease_left_s"] = round((deadline_ms - now_ms) / 1000, 1)
+    ttl = report.get("lease_ttl_s")
+    if isinstance(ttl, (int, float)) and ttl > 0:
+        report["heartbeat_age_s"] = round(max(0.0, ttl - report["lease_left_s"]), 1)
+
+
+STATUS_HOSTS_MAX = 200   # per-host rows read only below this many hosts (2 calls a host)
+
+
+STATUS_HOSTS_SHOWN = 10
+
+
+def _politeness_summary(parts: list[Frontier], hosts: int) -> dict:
+    """Per-host politeness for `status`: how many hosts are blocked or backing
+    off, and the most queued ones (for larger crawls: `crawlctl politeness`)."""
+    if hosts > STATUS_HOSTS_MAX:
+        return {"hosts": hosts, "note": f"more than {STATUS_HOSTS_MAX} hosts: "
+                                        "see `crawlctl politeness SPIDER`"}
+    now_ms = _server_ms(parts[0].client)
+    rows = {}
+    for part in parts:
+        limits = part.limits()
+        for key, state in part.key_states().items():
+            rows[key] = {**state, "limits": limits.get(key)}
+    top = sorted(rows.items(), key=lambda kv: (-kv[1]["queued"], kv[0]))[:STATUS_HOSTS_SHOWN]
+    return {
+        "hosts": len(rows),
+        "blocked": sum(1 for r in rows.values() if (r["blocked_until_ms"] or 0) > now_ms),
+        "backing_off": sum(1 for r in rows.values() if r["backoff_ms"]),
+        "top": [{"host": key, "queued": r["queued"], "inflight": r["inflight"],
+                 "next_start_in_s": round(max(0, (r["ready_at_ms"] or now_ms) - now_ms) / 1000, 2)
+                 if r["ready_at_ms"] is not None else None,
+                 "blocked_for_s": round(max(0, r["blocked_until_ms"] - now_ms) / 1000, 2),
+                 "backoff_s": r["backoff_ms"] / 1000, "crawl_delay_s": r["crawl_delay_ms"] / 1000,
+                 "limits": r["limits"]} for key, r in top],
+    }
+
+
+def _bloom_totals(estimates: list[dict]) -> dict:
+    bits = sum(e["bits"] for e in estimates)
+    count = sum(e["count"] for e in estimates)
+    return {"layers": max((e["layers"] for e in estimates), default=0), "count": count,
+            "fill_ratio": sum(e["fill_ratio"] * e["bits"] for e in estimates) / bits if bits else 0,
+            "est_fp_rate": max((e["est_fp_rate"] for e in estimates), default=0.0),
+            "bytes_per_item": bits / 8 / count if count else 0.0}
