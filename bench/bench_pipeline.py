@@ -19,7 +19,7 @@ items in flight (default 1000), as in a fast crawl where responses keep
 arriving while earlier items wait for their write. Each
 variant writes to a fresh database; variants alternate within each repeat
 and the median of the repeats is reported. The server is a local SecantusDB
-(``crawlproject.services.MongoServer``) unless ``--uri`` is given.
+(``devtools.services.MongoServer``) unless ``--uri`` is given.
 
 Run::
 
@@ -47,7 +47,7 @@ import pymongo
 from itemadapter import ItemAdapter
 from scrapy import Spider
 
-from crawlproject.demo.site import catalog
+from devtools.demo.site import catalog
 from crawlproject.items import ProductItem
 from crawlproject.pipelines.documents import to_mongo
 from crawlproject.pipelines.mongo import MongoPipeline
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     uri = args.uri
     storage = None
     if uri is None:
-        from crawlproject.services import MongoServer
+        from devtools.services import MongoServer
 
         storage = tempfile.TemporaryDirectory()
         server = MongoServer(storage_path=storage.name)
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "benchmark": "bench_pipeline",
         "items": count, "repeats": repeats, "concurrency": args.concurrency,
-        "server": ("SecantusDB (crawlproject.services.MongoServer)" if args.uri is None
+        "server": ("SecantusDB (devtools.services.MongoServer)" if args.uri is None
                    else "given --uri"),
         "results": results, "ratio": ratio, "floor": FLOOR, "passed": ratio >= FLOOR,
         "environment": {"python": platform.python_version(), "pymongo": pymongo.version,

@@ -18,7 +18,7 @@ import time
 import psutil
 
 from crawlproject.keys import start_urls_key
-from crawlproject.demo.site import DemoSite
+from devtools.demo.site import DemoSite
 from bench.common import (LABELS, BenchRedis, base_parser, crawl_commands, mode_of, ratio,
                           run_nodes, strip_series, table, finish)
 

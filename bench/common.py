@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 import redis as redis_lib
 
-from crawlproject.services import RedisServer
+from devtools.services import RedisServer
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "bench" / "results"

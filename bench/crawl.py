@@ -58,7 +58,7 @@ import time
 import crawlproject.settings as project_settings
 
 from crawlproject.keys import start_urls_key
-from crawlproject.demo.site import DemoSite
+from devtools.demo.site import DemoSite
 from bench.common import (LABELS, SPIDERS, baseline_available, BenchRedis, base_parser, crawl_commands, median, mode_of,
                           ratio, rerun_disturbed, run_nodes, strip_series, table,
                           undisturbed, finish)

@@ -28,7 +28,7 @@ import hashlib
 import time
 
 from crawlproject.frontier.bloom import BloomConfig, BloomFilter
-from crawlproject.services import find_redisbloom
+from devtools.services import find_redisbloom
 from bench.common import BenchRedis, base_parser, mode_of, ratio, table, finish
 
 NAME = "dedupe"

@@ -26,7 +26,7 @@ repetition):
    acknowledged in the same call, as the scheduler does (it reports every
    download's end);
 3. ``new_p12`` — the same with ``partitions=12`` on a 3-master Redis Cluster
-   (:class:`crawlproject.services.RedisCluster`, redis-py ``RedisCluster``).
+   (:class:`devtools.services.RedisCluster`, redis-py ``RedisCluster``).
    A node groups its adds and acks by partition (``partition_of(host, 12)``),
    spreads its take over the partitions that reported queued work (as
    ``FrontierClient._plan_takes`` does) and calls ``Frontier.sync`` of every
@@ -93,7 +93,7 @@ from bench.common import (BASELINE_REF, HARNESS_COMMANDS, ROOT, export_baseline,
                           machine_busy_cpu, median, mode_of, node_env, ratio, rerun_disturbed,
                           table, undisturbed, finish, DISTURBED_CORES)
 from crawlproject.keys import FrontierKeys
-from crawlproject.services import RedisCluster
+from devtools.services import RedisCluster
 
 NAME = "frontier_capacity"
 SPIDER = "capacity"

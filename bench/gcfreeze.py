@@ -19,7 +19,7 @@ import time
 
 from bench.common import BenchRedis, base_parser, median, mode_of, ratio, table, finish
 from bench.crawl import PER_PAGE, TUNING, one_run
-from crawlproject.demo.site import DemoSite
+from devtools.demo.site import DemoSite
 
 NAME = "gcfreeze"
 PRODUCTS = {"full": 20_000, "quick": 2_000, "smallest": 60}

@@ -17,7 +17,7 @@ import bisect
 import time
 
 from crawlproject.keys import start_urls_key
-from crawlproject.demo.site import DemoSite
+from devtools.demo.site import DemoSite
 from bench.common import (LABELS, BenchRedis, base_parser, median, mode_of, ratio, run_nodes,
                           strip_series, table, finish)
 

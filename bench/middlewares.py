@@ -9,7 +9,7 @@ interleaved (rep 1 of each, then rep 2, ...), medians reported:
   with Scrapy's default User-Agent;
 * ``on``: all three on as in production (one identity per session,
   ``SeedRefererMiddleware`` with ``REFERER_SEED_DEFAULT = "root"``, the shared proxy
-  pool) through **one** local forward proxy (:mod:`crawlproject.demo.proxy`, Basic
+  pool) through **one** local forward proxy (:mod:`devtools.demo.proxy`, Basic
   auth, keeps client connections alive as real proxies do);
 * ``3 proxies``: ``on`` with a pool of three such proxies, none banning;
 * ``3 proxies, 1 banned``: the same, but one proxy answers every request for the
@@ -37,8 +37,8 @@ from contextlib import ExitStack
 
 from bench.common import (BenchRedis, base_parser, median, mode_of, ratio, run_nodes,
                           strip_series, table, finish)
-from crawlproject.demo.proxy import ForwardProxy
-from crawlproject.demo.site import DemoSite
+from devtools.demo.proxy import ForwardProxy
+from devtools.demo.site import DemoSite
 from crawlproject.keys import start_urls_key
 
 NAME = "middlewares"

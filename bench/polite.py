@@ -1,6 +1,6 @@
 """Benchmark: per-host politeness across nodes — ours vs scrapy-redis vs plain Scrapy.
 
-The multi-host site (:mod:`crawlproject.demo.hosts`) serves 20 loopback hosts;
+The multi-host site (:mod:`devtools.demo.hosts`) serves 20 loopback hosts;
 one "hot" host has 10× the pages of the others. The limit is *r* requests/s per
 host (``--rate``, default 4), for the whole cluster. Systems, each crawling every
 page from the 20 home pages (spiders ``bench_hosts_*`` in :mod:`bench.spiders`):
@@ -51,7 +51,7 @@ from pathlib import Path
 
 from bench.common import (BenchRedis, base_parser, mode_of, run_nodes, strip_series, table,
                           finish)
-from crawlproject.demo.hosts import Hit, MultiHostSite, expected_paths, max_in_window, max_overlap
+from devtools.demo.hosts import Hit, MultiHostSite, expected_paths, max_in_window, max_overlap
 from crawlproject.keys import start_urls_key
 
 NAME = "polite"

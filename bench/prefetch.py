@@ -15,7 +15,7 @@ import time
 
 from bench.common import BenchRedis, base_parser, median, mode_of, ratio, table, finish
 from bench.crawl import PER_PAGE, one_run
-from crawlproject.demo.site import DemoSite
+from devtools.demo.site import DemoSite
 
 NAME = "prefetch"
 SIZES = {"full": {0: 2000, 50: 1000}, "quick": {0: 400, 50: 300}, "smallest": {0: 60}}

@@ -39,9 +39,9 @@ import pymongo
 from bench.common import BenchRedis, base_parser, median, mode_of, ratio, run_nodes, table, \
     finish
 import crawlproject.settings as project_settings
-from crawlproject.demo.site import DemoSite
+from devtools.demo.site import DemoSite
 from crawlproject.keys import start_urls_key
-from crawlproject.services import MongoServer
+from devtools.services import MongoServer
 
 NAME = "recrawl"
 SPIDER = "bench_recrawl"

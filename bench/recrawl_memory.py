@@ -97,7 +97,7 @@ def page_document(i: int, now: datetime) -> dict:
 
 
 def mongo_bytes(pages: int) -> dict:
-    from crawlproject.services import MongoServer
+    from devtools.services import MongoServer
 
     directory = Path(tempfile.mkdtemp(prefix="bench-mongo-"))
     server = MongoServer(storage_path=directory / "data")

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from crawlproject.keys import start_urls_key
-from crawlproject.demo.site import DemoSite
+from devtools.demo.site import DemoSite
 from bench.common import (LABELS, BenchRedis, base_parser, crawl_commands, median, mode_of,
                           ratio, rerun_disturbed, run_nodes, strip_series, table,
                           undisturbed, finish)

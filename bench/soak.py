@@ -7,8 +7,8 @@ only by the addresses of the local servers (``REDIS_URL``, ``MONGO_URI``,
 starts on 127.0.0.1:
 
 * a ``redis-server`` with the append-only file on (a restart keeps the data);
-* a MongoDB-wire server (SecantusDB, :class:`crawlproject.services.MongoServer`);
-* the demo shop (:func:`crawlproject.demo.site.build_site`, 503-once faults on)
+* a MongoDB-wire server (SecantusDB, :class:`devtools.services.MongoServer`);
+* the demo shop (:func:`devtools.demo.site.build_site`, 503-once faults on)
   served on ``--hosts`` loopback addresses 127.0.0.2, 127.0.0.3, ... in one
   process, one port: each address is one site for the frontier's politeness,
   which the README block sets to ``DOWNLOAD_DELAY = 1`` per site for the whole
@@ -75,7 +75,7 @@ import redis as redis_lib
 
 from bench.common import ROOT, base_parser, fmt, machine_info, results_dir, table
 from crawlproject.keys import FrontierKeys, reset_spider, start_urls_key
-from crawlproject.services import MongoServer, RedisServer, free_port
+from devtools.services import MongoServer, RedisServer, free_port
 
 SPIDER = "products"
 DATABASE = "soak"
@@ -125,7 +125,7 @@ def serve_site(argv: list[str]) -> int:
     from twisted.internet import asyncioreactor  # noqa: F401  (any reactor works)
     from twisted.internet import reactor
 
-    from crawlproject.demo.site import SiteConfig, _install_stop_triggers, build_site
+    from devtools.demo.site import SiteConfig, _install_stop_triggers, build_site
 
     site = build_site(SiteConfig(products=products, latency_ms=latency), reactor)
     for host in hosts:

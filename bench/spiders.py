@@ -8,7 +8,7 @@
 * ``bench_plain``: a plain single-process Scrapy spider (in-memory scheduler
   and dupefilter), URLs from ``start_urls``.
 
-Every spider parses the demo site (:mod:`crawlproject.demo.site`) the same way:
+Every spider parses the demo site (:mod:`devtools.demo.site`) the same way:
 listing pages → product pages → one dict item per product, following the
 "next" listing link (priority 10, so that no scheduler's ordering starves the
 crawl) and, unless ``-a follow=0``, the related-product links (many
@@ -17,7 +17,7 @@ Playwright. Spider arguments: ``follow`` (1/0); ``bench_plain`` also takes
 ``start_url`` or ``seeds_file`` (one URL a line).
 
 The politeness benchmark (:mod:`bench.polite`) crawls the multi-host site
-(:mod:`crawlproject.demo.hosts`) with the same three schedulers:
+(:mod:`devtools.demo.hosts`) with the same three schedulers:
 ``bench_hosts_ours``, ``bench_hosts_scrapy_redis`` and ``bench_hosts_plain``
 (:class:`HostsParse`).
 """

@@ -1,7 +1,7 @@
 """Scrapy settings of the crawlproject example project.
 
 Connection settings read environment variables, with local defaults that the
-embedded services (``python -m crawlproject.services up``) listen on. The
+embedded services (``python -m devtools.services up``) listen on. The
 README lists every setting the project adds.
 """
 

@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash deploy/setup.sh
-exec .venv/bin/python -m crawlproject.demo.run "$@"
+exec .venv/bin/python -m devtools.demo.run "$@"

@@ -102,7 +102,7 @@ def stored_products(collection) -> dict[str, dict]:
 def expected_hits(pid: int) -> int:
     """How often the demo site serves product *pid* in a correct crawl: once,
     twice for the pages that answer 503 the first time."""
-    from crawlproject.demo.site import FLAKY_EVERY
+    from devtools.demo.site import FLAKY_EVERY
 
     return 2 if pid % FLAKY_EVERY == 0 else 1
 
@@ -163,7 +163,7 @@ def partial_cluster(tmp_path):
     or killed) that serves the slots it still can while a master is down. With the
     default ``cluster-require-full-coverage yes`` no partition could go on once
     the master is marked failed: Redis's choice to make, not the frontier's."""
-    from crawlproject.services import RedisCluster
+    from devtools.services import RedisCluster
 
     cluster = RedisCluster(masters=3, data_dir=tmp_path / "cluster").start()
     try:

@@ -1,4 +1,4 @@
-"""pytest fixtures that run real local servers (see crawlproject.services).
+"""pytest fixtures that run real local servers (see devtools.services).
 
 Import them in a conftest with ``from tests.fixtures_services import *`` or
 load the module as a plugin with ``-p tests.fixtures_services``.
@@ -20,7 +20,7 @@ import pymongo
 import pytest
 import redis as redis_lib
 
-from crawlproject.services import MongoServer, RedisCluster, RedisServer
+from devtools.services import MongoServer, RedisCluster, RedisServer
 
 __all__ = [
     "redis_server",

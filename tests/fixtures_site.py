@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from crawlproject.demo.site import DemoSite
+from devtools.demo.site import DemoSite
 
 __all__ = ["demo_site", "site"]
 

@@ -14,11 +14,11 @@ import redis as redis_lib
 from redis.exceptions import NoPermissionError
 
 from crawlproject.acl import render
-from crawlproject.demo.hosts import MultiHostSite
-from crawlproject.demo.proxy import ForwardProxy
+from devtools.demo.hosts import MultiHostSite
+from devtools.demo.proxy import ForwardProxy
 from crawlproject.control import control_key
 from crawlproject.keys import FrontierKeys, ProxyKeys, start_urls_key
-from crawlproject.services import RedisServer
+from devtools.services import RedisServer
 from tests.crawl_helpers import ROOT, Node, assert_written_once, node_env
 
 SPIDER, OTHER = "hosts", "other"

@@ -117,7 +117,7 @@ def test_password_is_not_printed(redis, redis_url):
 
 
 def test_unreachable_redis_gives_a_clear_error():
-    from crawlproject.services import free_port
+    from devtools.services import free_port
 
     out = cli(f"redis://:topsecret@127.0.0.1:{free_port()}/0", "status", "shop")
     assert out.returncode == 1 and out.stderr.startswith("error: Redis at redis://***@127.0.0.1")
@@ -348,7 +348,7 @@ def _one_line_errors(results, expected: str):
 
 def test_every_subcommand_says_in_one_line_that_redis_refuses_the_password(tmp_path,
                                                                             mongo_uri):
-    from crawlproject.services import RedisServer
+    from devtools.services import RedisServer
 
     spool = ["spool-replay", "--spider", "shop", "--mongo-uri", mongo_uri, "--database",
              "cli_spool", "--spool-dir", str(tmp_path / "spool")]
@@ -362,7 +362,7 @@ def test_every_subcommand_says_in_one_line_that_redis_refuses_the_password(tmp_p
 
 def test_every_subcommand_says_in_one_line_that_a_cluster_is_unreachable(tmp_path):
     """--cluster: redis-py's cluster errors are not RedisErrors (they were tracebacks)."""
-    from crawlproject.services import RedisServer, free_port
+    from devtools.services import RedisServer, free_port
 
     down = _all_commands(f"redis://:topsecret@127.0.0.1:{free_port()}/0", "--cluster")
     _one_line_errors(down, "Redis Cluster cannot be connected")

@@ -398,7 +398,7 @@ def test_an_unreachable_redis_cluster_is_an_outage_not_a_bug():
     as an outage and retry, not log a traceback as a bug of its own."""
     from crawlproject.connection import redis_from_url
     from crawlproject.frontier.queue import AsyncFrontier
-    from crawlproject.services import free_port
+    from devtools.services import free_port
 
     failures, counts = [], {}
 
@@ -601,7 +601,7 @@ async def half_down(redis_url, spider, seeds, lease_ttl):
 
     from crawlproject.frontier.politeness import Limits
     from crawlproject.frontier.queue import AsyncFrontier, Batch
-    from crawlproject.services import free_port
+    from devtools.services import free_port
 
     redis = aioredis.Redis.from_url(redis_url)
     down = aioredis.Redis.from_url(f"redis://127.0.0.1:{free_port()}/0",

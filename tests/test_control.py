@@ -12,7 +12,7 @@ import time
 import pytest
 
 from crawlproject.control import ControlWatcher, control_key, node_reports
-from crawlproject.demo.site import DemoSite, expected_items
+from devtools.demo.site import DemoSite, expected_items
 from crawlproject.keys import FrontierKeys, start_urls_key
 from tests.crawl_helpers import (ROOT, Node, assert_matches_catalog, assert_written_once,
                                  node_env, stored_products)
@@ -159,7 +159,7 @@ def test_a_node_started_while_redis_is_down_takes_its_first_state_from_redis(tmp
     took requests once Redis was back, before its first poll said "pause")."""
     import asyncio
 
-    from crawlproject.services import RedisServer, free_port
+    from devtools.services import RedisServer, free_port
 
     port = free_port()
     with RedisServer(port=port, data_dir=tmp_path, appendonly=True) as server:

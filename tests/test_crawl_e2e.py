@@ -3,7 +3,7 @@ seeded with ``LPUSH``, storing into a MongoDB-wire server, on the demo site."""
 
 import pytest
 
-from crawlproject.demo.site import DemoSite, expected_items
+from devtools.demo.site import DemoSite, expected_items
 from tests.crawl_helpers import (
     Node,
     assert_fetched_once,

@@ -271,7 +271,7 @@ def test_no_secret_and_no_markup_from_redis_reach_the_page(tmp_path):
     never in the HTML, the JSON, the event stream or the log; markup escaped."""
     import redis as redis_lib
 
-    from crawlproject.services import RedisServer
+    from devtools.services import RedisServer
 
     server = RedisServer(data_dir=tmp_path / "redis", password="topsecret-redis-pw")
     server.start()
@@ -304,7 +304,7 @@ def test_no_secret_and_no_markup_from_redis_reach_the_page(tmp_path):
 
 
 def test_an_unreachable_redis_is_shown_and_the_dashboard_stays_up():
-    from crawlproject.services import free_port
+    from devtools.services import free_port
 
     url = f"redis://:topsecret-redis-pw@127.0.0.1:{free_port()}/0"
     with Dashboard(url, "shop") as dash:
@@ -446,7 +446,7 @@ def test_during_a_live_crawl_the_page_agrees_with_redis_and_pause_stops_fetching
         page, redis, redis_url, mongo_uri, database, tmp_path):
     from playwright.sync_api import expect
 
-    from crawlproject.demo.hosts import MultiHostSite
+    from devtools.demo.hosts import MultiHostSite
 
     hosts = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
     settings = {"SPIDER_MODULES": "tests.spiders", "ROBOTSTXT_OBEY": False,

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 from scrapy import Selector
 
-from crawlproject.demo.hosts import (
+from devtools.demo.hosts import (
     Hit, MultiHostSite, expected_paths, max_in_window, max_overlap, page_links, render_path,
 )
 from crawlproject.keys import start_urls_key

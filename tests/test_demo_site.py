@@ -14,7 +14,7 @@ from decimal import Decimal
 import pytest
 from scrapy import Selector
 
-from crawlproject.demo.site import (
+from devtools.demo.site import (
     DEAD_PRODUCT_ID, DemoSite, catalog, clean_text, expected_items, product,
 )
 
@@ -122,7 +122,7 @@ def test_expected_items():
 
 
 def test_module_import_does_not_install_a_reactor():
-    code = "import sys, crawlproject.demo.site; print('twisted.internet.reactor' in sys.modules)"
+    code = "import sys, devtools.demo.site; print('twisted.internet.reactor' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -222,7 +222,7 @@ def test_latency_jitter_draws_each_latency_within_its_bounds():
     from twisted.internet.task import Clock
     from twisted.web.test.requesthelper import DummyRequest
 
-    from crawlproject.demo.site import DemoResource, SiteConfig, parse_args
+    from devtools.demo.site import DemoResource, SiteConfig, parse_args
 
     def delays(jitter):
         clock = Clock()
@@ -283,7 +283,7 @@ def _get(url: str, **headers) -> tuple[int, dict, bytes]:
 
 
 def test_validators_304_revisions_and_gone_products():
-    from crawlproject.demo.site import NO_VALIDATORS_EVERY
+    from devtools.demo.site import NO_VALIDATORS_EVERY
 
     with DemoSite(products=20, per_page=5) as site:
         url = site.url + "product/3"

@@ -315,7 +315,7 @@ def test_fake_useragent_makes_no_network_call():
 @pytest.mark.slow
 def test_two_nodes_give_each_host_one_coherent_identity(redis, redis_url, mongo_uri, database,
                                                         tmp_path):
-    from crawlproject.demo.hosts import MultiHostSite
+    from devtools.demo.hosts import MultiHostSite
     from crawlproject.keys import start_urls_key
     from tests.crawl_helpers import Node, crawl_until_done, node_env
 

@@ -11,7 +11,7 @@ from itemloaders.processors import MapCompose, TakeFirst
 from scrapy.http import HtmlResponse, Request
 from scrapy.loader import ItemLoader
 
-from crawlproject.demo.site import catalog, product, render_product
+from devtools.demo.site import catalog, product, render_product
 from crawlproject.items import (
     ProductItem,
     ProductLoader,

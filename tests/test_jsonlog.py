@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from crawlproject.demo.site import DemoSite
+from devtools.demo.site import DemoSite
 from crawlproject.keys import start_urls_key
 from tests.crawl_helpers import Node, node_env
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "crawlproject"
-DEV_TOOLS = ("crawlproject.services", "crawlproject.demo", "devtools", "tests", "bench")
+DEV_TOOLS = ("devtools.services", "devtools.demo", "devtools", "tests", "bench")
 SCRAPY_SIDE = ("crawlproject.middlewares", "crawlproject.pipelines", "crawlproject.extensions",
                "crawlproject.spiders", "crawlproject.scheduler", "crawlproject.scheduling",
                "crawlproject.cli", "crawlproject.dashboard", "crawlproject.ops",

@@ -12,7 +12,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from crawlproject.demo.site import FLAKY_EVERY, DemoSite
+from devtools.demo.site import FLAKY_EVERY, DemoSite
 from crawlproject.keys import start_urls_key
 from tests.crawl_helpers import ROOT, Node, node_env
 

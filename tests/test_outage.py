@@ -7,9 +7,9 @@ import time
 import pytest
 
 from crawlproject.keys import start_urls_key
-from crawlproject.demo.site import DemoSite
+from devtools.demo.site import DemoSite
 from crawlproject.outage import OutageLog
-from crawlproject.services import RedisServer
+from devtools.services import RedisServer
 from tests.crawl_helpers import Node, assert_fetched_once, node_env
 
 

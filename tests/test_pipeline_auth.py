@@ -16,9 +16,9 @@ import pymongo
 import pytest
 
 from crawlproject.keys import start_urls_key
-from crawlproject.demo.site import DemoSite, expected_items
+from devtools.demo.site import DemoSite, expected_items
 from crawlproject.pipelines.mongo import MongoPipelineError
-from crawlproject.services import MongoServer, create_mongo_user
+from devtools.services import MongoServer, create_mongo_user
 from tests.crawl_helpers import Node, assert_matches_catalog, node_env, stored_products
 from tests.test_pipeline_mongo import make_pipeline, product, store
 

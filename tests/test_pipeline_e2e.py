@@ -24,10 +24,10 @@ from pathlib import Path
 import pymongo
 import pytest
 
-from crawlproject.demo.site import DemoSite, expected_items
+from devtools.demo.site import DemoSite, expected_items
 from crawlproject.keys import FrontierKeys, start_urls_key
 from crawlproject.pipelines.spool import target_dir
-from crawlproject.services import MongoServer
+from devtools.services import MongoServer
 from tests.crawl_helpers import Node, assert_matches_catalog, node_env, stored_products
 
 pytestmark = pytest.mark.slow

@@ -17,7 +17,7 @@ from crawlproject.pipelines.documents import WriteOp
 from crawlproject.pipelines.handoff import RedisHandoff
 from crawlproject.pipelines.spool import target_dir
 from crawlproject.pipelines.writer import MongoWriter
-from crawlproject.services import MongoServer, free_port
+from devtools.services import MongoServer, free_port
 from tests.test_pipeline_mongo import docs, make_pipeline, product, spool_files, store
 
 

@@ -34,7 +34,7 @@ from crawlproject.identity import node_id
 from crawlproject.items import ProductItem
 from crawlproject.pipelines.documents import WriteOp
 from crawlproject.pipelines.mongo import MongoPipeline
-from crawlproject.services import MongoServer
+from devtools.services import MongoServer
 
 ROOT = Path(__file__).resolve().parents[1]
 

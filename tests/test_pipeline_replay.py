@@ -15,7 +15,7 @@ import pytest
 from crawlproject.pipelines.errors import MongoPipelineError
 from crawlproject.pipelines.replay import replay_spool
 from crawlproject.pipelines.spool import Spool, target_dir
-from crawlproject.services import MongoServer, free_port
+from devtools.services import MongoServer, free_port
 from tests.test_pipeline_mongo import docs, make_pipeline, product, spool_files
 from tests.test_pipeline_spool import op
 

@@ -16,7 +16,7 @@ from scrapy import Spider
 from scrapy.exceptions import DropItem, NotConfigured
 from scrapy.utils.test import get_crawler
 
-from crawlproject.demo.site import catalog
+from devtools.demo.site import catalog
 from crawlproject.items import ProductItem
 from crawlproject.pipelines.validation import ValidationPipeline
 

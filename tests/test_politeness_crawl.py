@@ -1,6 +1,6 @@
 """Cluster-wide politeness in real crawls: three `scrapy crawl hosts` nodes on one
 Redis against ten sites on 127.0.0.2 … 127.0.0.11 that record every request's
-arrival time (crawlproject.demo.hosts)."""
+arrival time (devtools.demo.hosts)."""
 
 import os
 import signal
@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from crawlproject.demo.hosts import DEFAULT_HOSTS, MultiHostSite
+from devtools.demo.hosts import DEFAULT_HOSTS, MultiHostSite
 from crawlproject.keys import FrontierKeys, start_urls_key
 from tests.crawl_helpers import ROOT, Node, kill_while_holding, node_env, partial_cluster
 
@@ -417,7 +417,7 @@ def test_a_node_started_before_its_redis_cluster_crawls_once_the_cluster_is_up(
     (an outage, not an idle crawl), then crawl everything once the cluster is up.
     It used to stay paused for good: its first control read raised, the watcher
     went on without ever saying "ready", and the frontier took nothing."""
-    from crawlproject.services import RedisCluster
+    from devtools.services import RedisCluster
 
     pages = 10
     with RedisCluster(data_dir=tmp_path / "cluster") as cluster:

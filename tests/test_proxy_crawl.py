@@ -1,6 +1,6 @@
 """The shared proxy pool in real crawls: two `scrapy crawl hosts` nodes on one Redis,
-three sites (127.0.0.2-4, crawlproject.demo.hosts) and real forward proxies on
-127.0.0.1 (crawlproject/demo/proxy.py) that require Basic auth: one answers a 403
+three sites (127.0.0.2-4, devtools.demo.hosts) and real forward proxies on
+127.0.0.1 (devtools/demo/proxy.py) that require Basic auth: one answers a 403
 captcha page for one host only, one refuses connections, one is healthy; a
 fourth is added to the Redis pool key while the crawl runs."""
 
@@ -13,10 +13,10 @@ from collections import Counter
 
 import pytest
 
-from crawlproject.demo.hosts import MultiHostSite
+from devtools.demo.hosts import MultiHostSite
 from crawlproject.keys import FrontierKeys, ProxyKeys, start_urls_key
 from tests.crawl_helpers import ROOT, Node, assert_written_once, crawl_until_done, node_env
-from crawlproject.demo.proxy import ForwardProxy, closed_port
+from devtools.demo.proxy import ForwardProxy, closed_port
 
 pytestmark = pytest.mark.slow
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from crawlproject.demo.site import JS_PRODUCT_ID, NO_VALIDATORS_EVERY, DemoSite
+from devtools.demo.site import JS_PRODUCT_ID, NO_VALIDATORS_EVERY, DemoSite
 from tests.crawl_helpers import Node, crawl_until_done, kill_while_holding, node_env
 
 pytestmark = pytest.mark.slow

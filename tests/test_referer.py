@@ -153,7 +153,7 @@ def test_referer_survives_the_frontier_and_can_be_switched_off():
 
 def links_of(site, host: str, path: str) -> set[str]:
     """Paths the page at *path* links to, as the hosts spider follows them."""
-    from crawlproject.demo.hosts import listing_count, page_links
+    from devtools.demo.hosts import listing_count, page_links
 
     pages, per_page = site.pages[host], site.per_page
     if path.startswith("/p/"):
@@ -169,7 +169,7 @@ def links_of(site, host: str, path: str) -> set[str]:
 @pytest.mark.slow
 def test_referer_chain_of_a_crawl_matches_the_link_graph(redis, redis_url, mongo_uri, database,
                                                          tmp_path):
-    from crawlproject.demo.hosts import MultiHostSite
+    from devtools.demo.hosts import MultiHostSite
     from crawlproject.keys import start_urls_key
     from tests.crawl_helpers import Node, crawl_until_done, node_env
 

@@ -24,8 +24,8 @@ from scrapy.http import HtmlResponse
 from scrapy.settings import Settings
 from scrapy.utils.test import get_crawler
 
-from crawlproject.demo.proxy import ForwardProxy
-from crawlproject.demo.site import JS_PRODUCT_ID, DemoSite
+from devtools.demo.proxy import ForwardProxy
+from devtools.demo.site import JS_PRODUCT_ID, DemoSite
 from crawlproject.keys import FrontierKeys, start_urls_key
 from crawlproject.middlewares.rendering import RenderIfMissingMiddleware, RenderingMiddleware
 from crawlproject.egress.session import IDENTITY, PROXY_CONTEXT, PROXY_ID

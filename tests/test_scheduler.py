@@ -10,7 +10,7 @@ import redis as redis_lib
 from scrapy import Request, Spider, signals
 from scrapy.utils.test import get_crawler
 
-from crawlproject.demo.site import DemoSite, expected_items
+from devtools.demo.site import DemoSite, expected_items
 from crawlproject.frontier.queue import Frontier
 from crawlproject.keys import FrontierKeys, reset_spider, start_urls_key
 from crawlproject.scheduler import RedisScheduler
@@ -184,7 +184,7 @@ def test_graceful_stop_returns_prefetched_requests_at_once(redis, redis_url, mon
 
 @pytest.mark.slow
 def test_redis_unreachable_at_start_then_back_and_password_never_logged(mongo_uri, database, tmp_path):
-    from crawlproject.services import RedisServer, free_port
+    from devtools.services import RedisServer, free_port
 
     password = "s3cr3t-Pa55word"
     port = free_port()

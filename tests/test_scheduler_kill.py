@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from crawlproject.demo.site import FLAKY_EVERY, DemoSite, expected_items
+from devtools.demo.site import FLAKY_EVERY, DemoSite, expected_items
 from crawlproject.keys import FrontierKeys, start_urls_key
 from tests.crawl_helpers import Node, assert_matches_catalog, node_env, stored_products
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from crawlproject.demo.site import DemoSite, expected_items
+from devtools.demo.site import DemoSite, expected_items
 from crawlproject.keys import start_urls_key
 from crawlproject.scrapyd import build_egg
 from tests.crawl_helpers import ROOT, assert_matches_catalog, stored_products
@@ -137,8 +137,7 @@ def test_the_egg_holds_the_runtime_package_only(tmp_path):
     egg = build_egg(ROOT)
     names = zipfile.ZipFile(egg).namelist()
     assert "crawlproject/scheduler.py" in names and "crawlproject/settings.py" in names
-    assert not [n for n in names if n.startswith(("tests/", "bench/", "crawlproject/demo/"))
-                or n == "crawlproject/services.py"], names
+    assert not [n for n in names if n.startswith(("tests/", "bench/", "devtools/"))], names
     entry_points = zipfile.ZipFile(egg).read("EGG-INFO/entry_points.txt").decode()
     assert "settings = crawlproject.settings" in entry_points
 
@@ -148,9 +147,8 @@ def test_the_wheel_installs_into_a_clean_virtualenv_and_runs(tmp_path):
                     "-q", "-w", str(tmp_path), str(ROOT)], check=True, capture_output=True)
     wheel = zipfile.ZipFile(next(tmp_path.glob("crawlproject-*.whl")))
     names = wheel.namelist()
-    assert not [n for n in names if n.startswith(("tests/", "bench/", "crawlproject/demo/",
-                                                  "crawlproject/dashboard/vendor/"))
-                or n == "crawlproject/services.py"], names
+    assert not [n for n in names if n.startswith(("tests/", "bench/", "devtools/",
+                                                  "crawlproject/dashboard/vendor/"))], names
     static = {n.rsplit("/", 1)[1] for n in names if n.startswith("crawlproject/dashboard/static/")}
     assert static == {p.name for p in (ROOT / "crawlproject/dashboard/static").iterdir()}, static
     meta = next(n for n in names if n.endswith(".dist-info/METADATA"))

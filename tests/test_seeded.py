@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from crawlproject.demo.site import DemoSite
+from devtools.demo.site import DemoSite
 from crawlproject.frontier.queue import Frontier
 from crawlproject.keys import SeedKeys, start_urls_key
 from tests.crawl_helpers import Node, node_env

@@ -1,4 +1,4 @@
-"""Tests for crawlproject.services against real servers (no mocks of servers).
+"""Tests for devtools.services against real servers (no mocks of servers).
 
 Run: .venv/bin/python -m pytest -p tests.fixtures_services tests/test_services.py -q
 """
@@ -20,8 +20,8 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster as ClusterClient
 from redis.retry import Retry
 
-from crawlproject import services
-from crawlproject.services import (
+from devtools import services
+from devtools.services import (
     MongoServer,
     PortInUseError,
     RedisServer,
@@ -63,7 +63,7 @@ def listener():
 
 
 def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "crawlproject.services", *args],
+    return subprocess.run([sys.executable, "-m", "devtools.services", *args],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL)
 

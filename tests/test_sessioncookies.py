@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from crawlproject.demo.proxy import ForwardProxy
+from devtools.demo.proxy import ForwardProxy
 from crawlproject.keys import start_urls_key
 from tests.crawl_helpers import Node, crawl_until_done, node_env
 

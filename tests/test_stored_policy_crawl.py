@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from crawlproject.demo.site import DemoSite
+from devtools.demo.site import DemoSite
 from crawlproject.frontier.queue import Frontier
 from crawlproject.keys import start_urls_key
 from tests.crawl_helpers import Node, node_env

@@ -18,7 +18,7 @@ from scrapy import Spider
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.test import get_crawler
 
-from crawlproject.demo.site import DemoSite
+from devtools.demo.site import DemoSite
 from crawlproject.extensions.tracing import RequestTracing
 from crawlproject.hooks import request_hooks
 from crawlproject.keys import start_urls_key

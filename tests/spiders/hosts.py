@@ -1,4 +1,4 @@
-"""A spider for the multi-host demo site (:mod:`crawlproject.demo.hosts`).
+"""A spider for the multi-host demo site (:mod:`devtools.demo.hosts`).
 
 Seeded with the home page of each host, it follows listing, "next" and page
 links on the same host and stores one item per page (``/p/N``), so a crawl

@@ -56,7 +56,7 @@ two control endpoints, using ``reactor.callLater`` (never blocking); with
 
 Command line::
 
-    python -m crawlproject.demo.site --host 127.0.0.1 --port 0 --products 60 \\
+    python -m devtools.demo.site --host 127.0.0.1 --port 0 --products 60 \\
         --per-page 10 --latency-ms 0 [--no-faults]
 
 prints one line ``DEMO_SITE_URL=http://127.0.0.1:PORT/`` and serves until SIGTERM/SIGINT
@@ -767,7 +767,7 @@ _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class DemoSite:
-    """The demo site running in a subprocess (``sys.executable -m crawlproject.demo.site``).
+    """The demo site running in a subprocess (``sys.executable -m devtools.demo.site``).
 
     Use as a context manager, or call :meth:`start` / :meth:`stop`. ``url`` ends with ``/``.
     """
@@ -788,7 +788,7 @@ class DemoSite:
 
     def command(self) -> list[str]:
         """The argv used to launch the subprocess."""
-        cmd = [sys.executable, "-m", "crawlproject.demo.site", "--host", self.host,
+        cmd = [sys.executable, "-m", "devtools.demo.site", "--host", self.host,
                "--port", "0", "--products", str(self.products),
                "--per-page", str(self.per_page), "--latency-ms", str(self.latency_ms),
                "--exit-on-stdin-eof"]

@@ -1,6 +1,6 @@
 """The demo: a real two-node crawl on local embedded services.
 
-``python -m crawlproject.demo.run`` starts Redis (append-only file on), a
+``python -m devtools.demo.run`` starts Redis (append-only file on), a
 MongoDB-wire server and the demo site on free ports, pushes the seed with
 ``LPUSH products:start_urls``, runs two ``scrapy crawl products`` processes as
 two machines would, waits for them to go idle and close, prints a summary and
@@ -21,9 +21,9 @@ import redis
 
 from crawlproject import settings as project
 from crawlproject.connection import mongo_client
-from crawlproject.demo.site import DemoSite
+from devtools.demo.site import DemoSite
 from crawlproject.keys import reset_spider, start_urls_key
-from crawlproject.services import MongoServer, RedisServer
+from devtools.services import MongoServer, RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -19,10 +19,10 @@ context manager::
     with RedisServer() as server:
         redis.Redis.from_url(server.url).ping()
 
-Command line (``eval "$(python -m crawlproject.services up)"`` sets
+Command line (``eval "$(python -m devtools.services up)"`` sets
 ``REDIS_URL`` and ``MONGO_URI`` in a shell)::
 
-    python -m crawlproject.services up|down|status [--dir .services]
+    python -m devtools.services up|down|status [--dir .services]
         [--redis-port 6379] [--mongo-port 27017] [--no-redis] [--no-mongo]
 
 Every failure raises :class:`ServiceError` with a message that says what to do.
@@ -921,7 +921,7 @@ def _tcp_port(text: str) -> int:
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m crawlproject.services",
+        prog="python -m devtools.services",
         description="Start, stop or show the local Redis and MongoDB-wire servers. "
                     "`up` prints REDIS_URL=... and MONGO_URI=... lines for eval.")
     parser.add_argument("command", choices=("up", "down", "status"))

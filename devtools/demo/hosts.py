@@ -36,7 +36,7 @@ counts against a crawled host) serves JSON: ``GET /requests?since=N&epoch=E``,
 
 Command line::
 
-    python -m crawlproject.demo.hosts --hosts 127.0.0.2,127.0.0.3 --pages 100 \\
+    python -m devtools.demo.hosts --hosts 127.0.0.2,127.0.0.3 --pages 100 \\
         [--host-pages 127.0.0.2=2000] [--per-page 50] [--latency-ms 0] \\
         [--host-latency 127.0.0.3=200] [--record-headers]
 
@@ -73,7 +73,7 @@ from typing import Iterable, Mapping, NamedTuple, Sequence
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
-from crawlproject.demo.site import (
+from devtools.demo.site import (
     NOT_FOUND, ROBOTS_TXT, Page, QuietSite, _html, _install_stop_triggers, _layout, _mix,
     _non_negative, _positive,
 )
@@ -494,7 +494,7 @@ def max_overlap(intervals: Iterable[tuple[float, float | None]]) -> int:
 
 
 class MultiHostSite:
-    """The multi-host site in a subprocess (``python -m crawlproject.demo.hosts``).
+    """The multi-host site in a subprocess (``python -m devtools.demo.hosts``).
 
     *pages* and *latency_ms* are one value for every host or ``{host: value}``
     (hosts left out get the defaults). Use as a context manager, or call
@@ -525,7 +525,7 @@ class MultiHostSite:
 
     def command(self) -> list[str]:
         """The argv used to launch the subprocess."""
-        cmd = [sys.executable, "-m", "crawlproject.demo.hosts", "--hosts", ",".join(self.hosts),
+        cmd = [sys.executable, "-m", "devtools.demo.hosts", "--hosts", ",".join(self.hosts),
                "--per-page", str(self.per_page), "--exit-on-stdin-eof"]
         if self.record_headers:
             cmd.append("--record-headers")
