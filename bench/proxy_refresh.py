@@ -20,7 +20,7 @@ import json
 import time
 
 from bench.common import BenchRedis, base_parser, finish, median, mode_of, table
-from crawlproject.cli import proxy_report
+from crawlproject.ops.proxies import proxy_report
 from crawlproject.proxystore import HealthBatch, ProxyStore
 
 NAME = "proxy_refresh"

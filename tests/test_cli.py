@@ -638,7 +638,7 @@ def test_status_and_politeness_print_redis_strings_as_plain_text(redis, redis_ur
 def test_terminal_text_removes_sequences_and_escapes_markup():
     from rich.console import Console
 
-    from crawlproject.cli import terminal_text
+    from crawlproject.cli.common import terminal_text
 
     console = Console(record=True, width=200, force_terminal=False)
     for bad in HOSTILE:

@@ -502,7 +502,8 @@ def test_the_refresh_loop_survives_a_failed_run(redis_url):
 
 
 def test_cli_and_dashboard_read_bad_values_without_a_traceback(redis, redis_url, capsys):
-    from crawlproject.cli import main, proxy_report
+    from crawlproject.cli import main
+    from crawlproject.ops.proxies import proxy_report
     from crawlproject.dashboard.render import proxies_fragment
 
     store = ProxyStore(redis, "s")
@@ -686,7 +687,8 @@ def test_nodes_see_each_others_ban_changes_and_a_reset(redis):
 
 
 def test_cli_and_dashboard_show_the_most_troubled_proxies_and_counts(redis, redis_url, capsys):
-    from crawlproject.cli import main, proxy_report
+    from crawlproject.cli import main
+    from crawlproject.ops.proxies import proxy_report
     from crawlproject.dashboard.render import proxies_fragment
 
     store = ProxyStore(redis, "s")

@@ -1,0 +1,206 @@
+"""Small operator tool: seed, inspect and reset a crawl's shared state.
+
+    python -m crawlproject.cli status [products] [--json] [--watch]
+    python -m crawlproject.cli seed products http://127.0.0.1:8000/ '{"url": "...", "priority": 5}'
+    python -m crawlproject.cli dead [list] products [-n 20]
+    python -m crawlproject.cli dead requeue products [-n 1000]   # = replay products
+    python -m crawlproject.cli dead purge products --yes         # = dead products --purge --yes
+    python -m crawlproject.cli invalid [list|purge] products          # payloads moved aside
+    python -m crawlproject.cli invalid-seeds [list|purge] products    # seeds moved aside
+    python -m crawlproject.cli proxies products [--json] [--revive HOST:PORT]
+    python -m crawlproject.cli pause|resume|drain|stop products   # every node, within ~1 s
+    python -m crawlproject.cli reset products --yes [--keep-seeds] [--drop-proxy-pool]
+    python -m crawlproject.cli recrawl products [--pattern REGEX] [--now]   # revisit pages
+    python -m crawlproject.cli spool-replay [--mongo-uri URI] [--database DB] [--spool-dir DIR] [--spider products]
+    python -m crawlproject.cli deploy [TARGET...] [--targets-file F] [--version V]
+    python -m crawlproject.cli schedule products [TARGET...] -s MAX_IDLE_TIME_BEFORE_CLOSE=60
+    python -m crawlproject.cli jobs [TARGET...] [--json]
+    python -m crawlproject.cli dashboard [SPIDER...] [--host 127.0.0.1] [--port 9420]
+
+``crawlctl`` (the package's console script) is the same program. The scrapyd
+commands read targets from scrapy.cfg (``[deploy:NAME]``) or ``--targets-file``
+and credentials from ``SCRAPYD_USERNAME``/``SCRAPYD_PASSWORD`` or ``~/.netrc``
+(see crawlproject/scrapyd.py); they exit 1 naming every target that failed.
+
+Connects to ``--redis-url`` (default: ``$REDIS_URL``, then the local default);
+add ``--cluster`` for Redis Cluster. Passwords are never printed. Seeds are
+checked exactly as the nodes check them (the project's spider class and
+settings: published callbacks, ``SEED_META_ALLOW``) before they are pushed.
+Errors are one line on stderr: exit 1 for Redis, 2 for bad input.
+
+One module per command group (``status``, ``control``, ``politeness``,
+``proxies``, ``seed``, ``dead``, ``reset``, ``storage``, ``dashboard``,
+``scrapyd``); what they read and do is :mod:`crawlproject.ops`, shared with the
+dashboard. This module holds the parser and :func:`main`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from crawlproject.cli.common import _spider_name
+from crawlproject.cli.control import cmd_control
+from crawlproject.cli.dashboard import cmd_dashboard
+from crawlproject.cli.dead import cmd_dead, cmd_invalid, cmd_invalid_seeds, cmd_replay
+from crawlproject.cli.politeness import cmd_politeness
+from crawlproject.cli.proxies import cmd_proxies
+from crawlproject.cli.reset import cmd_reset
+from crawlproject.cli.scrapyd import _add_target_options, cmd_deploy, cmd_jobs, cmd_schedule
+from crawlproject.cli.seed import cmd_seed
+from crawlproject.cli.status import cmd_nodes, cmd_status
+from crawlproject.cli.storage import cmd_recrawl, cmd_spool_replay
+from crawlproject.connection import DEFAULT_REDIS_URL, env_default, redact_url
+from crawlproject.ops.actions import CONTROL_COMMANDS
+from crawlproject.ops.common import UsageError
+
+
+#: action words of the list commands (the first is the default)
+ACTIONS = {"dead": ("list", "requeue", "purge"), "invalid": ("list", "purge"),
+           "invalid-seeds": ("list", "purge")}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="crawlctl",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--redis-url", default=env_default("REDIS_URL", DEFAULT_REDIS_URL))
+    parser.add_argument("--cluster", action="store_true",
+                        default=env_default("REDIS_CLUSTER", "") in ("1", "true", "yes"))
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, func, help_ in [
+        ("status", cmd_status, "queue, in-flight, delayed, dead, nodes, Bloom filter"),
+        ("seed", cmd_seed, "check seeds as the nodes do, then push them to <spider>:start_urls"),
+        ("dead", cmd_dead, "dead letters: list (reason, attempts), requeue (fresh retries) "
+                           "or purge (with --yes)"),
+        ("invalid", cmd_invalid, "payloads that were moved aside: list or purge (with --yes)"),
+        ("invalid-seeds", cmd_invalid_seeds, "seeds that were moved aside, with the reason: "
+                                             "list or purge (with --yes)"),
+        ("replay", cmd_replay, "move dead letters back into the queue (= dead requeue)"),
+        ("reset", cmd_reset, "delete the spider's queue, filter, seeds and seed claims"),
+        ("politeness", cmd_politeness, "per-host politeness (limits, in flight, blocks); "
+                                       "--delay/--concurrency HOST... change limits now"),
+        ("proxies", cmd_proxies, "proxy pool: health, bans per domain, retired proxies "
+                                 "(credentials masked); --revive ID brings one back"),
+        ("nodes", cmd_nodes, "nodes' last reports: pages/s, items/s, errors, leases, state"),
+        ("pause", cmd_control, "every node stops taking requests and seeds (leases kept)"),
+        ("resume", cmd_control, "undo pause / drain / stop"),
+        ("drain", cmd_control, "take no more seeds, finish the frontier, then nodes close"),
+        ("stop", cmd_control, "nodes close now (leases back to the queue) until resume"),
+    ]:
+        p = sub.add_parser(name, help=help_)
+        if name in ACTIONS:  # `dead [list|requeue|purge] SPIDER`
+            p.add_argument("action", nargs="?", choices=ACTIONS[name],
+                           help=f"default: list ({' | '.join(ACTIONS[name])})")
+        if name == "status":
+            p.add_argument("spider", nargs="?", type=_spider_name,
+                           help="default: every spider of this project with crawl state")
+        else:
+            p.add_argument("spider", type=_spider_name)
+        p.set_defaults(func=func)
+        if name == "seed":
+            p.add_argument("seeds", nargs="*")
+            p.add_argument("--file", help="one seed a line (URL or JSON); - reads standard "
+                                          "input; bad lines are reported, the others pushed")
+        if name == "status":
+            p.add_argument("--json", action="store_true", help="one JSON object (stable keys)")
+            p.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
+            p.add_argument("--interval", type=float, default=2.0, help="--watch period (s)")
+        if name in ("dead", "invalid", "invalid-seeds", "replay"):
+            p.add_argument("-n", type=int, default=20 if name in ("invalid", "invalid-seeds")
+                           else None, help="records shown (default 20) or requeued (1000)")
+        if name in ("dead", "invalid", "invalid-seeds"):
+            p.add_argument("--purge", action="store_true", help="delete them all (with --yes)")
+            p.add_argument("--yes", action="store_true")
+        if name == "politeness":
+            p.add_argument("hosts", nargs="*", help="politeness keys (hosts) to show or change")
+            p.add_argument("--delay", type=float, help="seconds between request starts")
+            p.add_argument("--concurrency", type=int, help="most requests in flight")
+            p.add_argument("--clear", action="store_true", help="back to the settings' limits")
+            p.add_argument("--json", action="store_true")
+            p.add_argument("-n", type=int, default=50, help="hosts shown (most queued first)")
+        if name == "proxies":
+            p.add_argument("--json", action="store_true")
+            p.add_argument("--limit", type=int, default=50,
+                           help="proxies shown, most troubled first (default 50)")
+            p.add_argument("--all", action="store_true", help="show every proxy")
+            p.add_argument("--revive", nargs="+", metavar="HOST:PORT",
+                           help="take these retired proxies back into the pool")
+        if name in CONTROL_COMMANDS:
+            p.add_argument("--force", action="store_true", help="replace a control key of "
+                           "the wrong type (nodes treat one as pause)")
+        if name == "reset":
+            p.add_argument("--yes", action="store_true")
+            p.add_argument("--keep-seeds", action="store_true")
+            p.add_argument("--drop-spooled-items", action="store_true",
+                           help="also delete items handed to Redis that are not in MongoDB yet")
+            p.add_argument("--drop-proxy-pool", action="store_true",
+                           help="also delete the operator's proxy list {spider}:proxies")
+    p = sub.add_parser("recrawl", help="make known pages due for a revisit now (conditional "
+                       "requests; unchanged pages are not parsed again)")
+    p.add_argument("spider")
+    p.add_argument("--pattern", help="only pages whose URL this regular expression finds")
+    p.add_argument("--now", action="store_true",
+                   help="nodes look for due pages at once (else at their next check)")
+    p.add_argument("--mongo-uri", help="default: MONGO_URI (setting, then environment)")
+    p.add_argument("--database", help="default: MONGO_DATABASE (setting, then environment)")
+    p.set_defaults(func=cmd_recrawl)
+    p = sub.add_parser("dashboard", help="live dashboard in the browser (127.0.0.1; any other "
+                       "address needs DASHBOARD_TOKEN or DASHBOARD_USERNAME/_PASSWORD)")
+    p.add_argument("spiders", nargs="*", help="spiders to show (default: the project's)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=9420, help="port (0: a free one, printed)")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between reads of Redis")
+    p.add_argument("--window", type=float, default=600.0, help="seconds the charts show")
+    p.add_argument("--token-file", help="read the access token from this file "
+                                        "(else $DASHBOARD_TOKEN; never on the command line)")
+    p.set_defaults(func=cmd_dashboard)
+    p = sub.add_parser("spool-replay", help="store the items a node left in its MongoDB spool "
+                       "(no crawl); exit 0 when none is left")
+    p.add_argument("--mongo-uri", help="default: MONGO_URI (setting, then environment)")
+    p.add_argument("--database", help="default: MONGO_DATABASE (setting, then environment)")
+    p.add_argument("--spool-dir", help="MONGO_SPOOL_DIR of the node (setting, then environment)")
+    p.add_argument("--spider", help="also store the items nodes of this spider handed to Redis")
+    p.set_defaults(func=cmd_spool_replay)
+    p = sub.add_parser("deploy", help="build the project egg once and upload it to every "
+                       "scrapyd target; exit 1 naming each target that refused")
+    _add_target_options(p)
+    p.add_argument("--version", help="default: <unix time>-<git commit>")
+    p.add_argument("--egg", help="upload this egg instead of building one")
+    p.set_defaults(func=cmd_deploy)
+    p = sub.add_parser("schedule", help="start SPIDER on every scrapyd target")
+    p.add_argument("spider")
+    _add_target_options(p)
+    p.add_argument("-s", "--set", action="append", metavar="NAME=VALUE",
+                   help="a Scrapy setting for the job (repeatable)")
+    p.add_argument("-a", "--arg", action="append", metavar="NAME=VALUE",
+                   help="a spider argument (repeatable)")
+    p.set_defaults(func=cmd_schedule)
+    p = sub.add_parser("jobs", help="pending, running and finished jobs of every scrapyd target")
+    _add_target_options(p)
+    p.add_argument("--json", action="store_true", help="one JSON object per target")
+    p.set_defaults(func=cmd_jobs)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from redis.exceptions import RedisClusterException, RedisError
+
+    from crawlproject.scrapyd import ScrapydError
+
+    args = build_parser().parse_args(argv)
+    where = redact_url(args.redis_url)
+    try:
+        return args.func(args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ScrapydError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:  # e.g. an http:// REDIS_URL
+        print(f"error: {str(exc).replace(args.redis_url, where)}", file=sys.stderr)
+        return 2
+    except (RedisError, RedisClusterException) as exc:  # the cluster's is not a RedisError
+        message = str(exc).replace(args.redis_url, where)
+        print(f"error: Redis at {where}: {type(exc).__name__}: {message}", file=sys.stderr)
+        return 1

@@ -1,0 +1,92 @@
+"""Helpers every command uses: text from Redis made safe for a terminal, the
+Redis client, a spider's frontier, partitions and seed keys."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import time
+
+from crawlproject.connection import redis_from_url
+from crawlproject.frontier.queue import Frontier
+from crawlproject.keys import (
+    SeedKeys,
+    check_spider_name,
+)
+from crawlproject.ops.common import (UsageError, frontier_partitions, project_spider, seed_keys_of)
+
+
+CONTROL_HINT = 1  # CONTROL_POLL_INTERVAL's default
+
+
+# Terminal escape sequences: CSI (ESC [ ... or 0x9b), OSC (ESC ] ... BEL or
+# ESC \, also unterminated), and any other ESC + one character.
+_ESCAPE_SEQUENCE = re.compile(
+    r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b.?", re.DOTALL)
+
+
+TERMINAL_TEXT_MAX = 200  # characters of one value read from Redis shown in a table
+
+
+def terminal_text(value, limit: int = TERMINAL_TEXT_MAX) -> str:
+    """*value* (read from Redis: untrusted) as rich markup that prints it as
+    plain text: escape sequences removed, other control characters shown as
+    ``?``, markup escaped, at most *limit* characters. Every value from Redis
+    that the command line prints through rich goes through here."""
+    from rich.markup import escape
+
+    text = _ESCAPE_SEQUENCE.sub("", str(value))
+    text = "".join(c if c.isprintable() else "?" for c in text)
+    if len(text) > limit:
+        text = text[:limit] + "…"
+    return escape(text)
+
+
+def _client(args):
+    return redis_from_url(args.redis_url, cluster=args.cluster)
+
+
+def _frontier(args) -> Frontier:
+    """Partition 0 (the spider-wide keys live with it)."""
+    return _partitions(args)[0]
+
+
+def _partitions(args) -> list[Frontier]:
+    return frontier_partitions(_client(args), args.spider)
+
+
+def _spider_class(args):
+    return project_spider(args.spider)
+
+
+def _seed_keys(args, settings=None, spidercls=None) -> SeedKeys:
+    return seed_keys_of(args.spider, settings, spidercls)
+
+
+def _ago(ms) -> str:
+    try:
+        seconds = max(0.0, time.time() - int(ms) / 1000)
+    except (TypeError, ValueError):
+        return "?"
+    return f"{seconds:.0f}s ago"
+
+
+def _spider_name(name: str) -> str:
+    """A spider name whose keys cannot be another spider's (argparse type)."""
+    try:
+        return check_spider_name(name)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _in(at_ms, now_ms: int) -> str:
+    if not at_ms or at_ms <= now_ms:
+        return "now" if at_ms else ""
+    return f"{(at_ms - now_ms) / 1000:.1f}s"
+
+
+def _action(args) -> str:
+    """The subcommand's action word (``list`` by default; ``--purge`` is ``purge``)."""
+    if args.purge and args.action not in (None, "purge"):
+        raise UsageError(f"--purge contradicts {args.action!r}")
+    return "purge" if args.purge else (args.action or "list")

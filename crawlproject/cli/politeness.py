@@ -1,0 +1,171 @@
+"""crawlctl politeness: sites, their limits and state; limits changed at run time."""
+
+from __future__ import annotations
+
+import heapq
+import json
+import sys
+
+from crawlproject.ops.common import (UsageError, _server_ms)
+from crawlproject.cli.common import _in, _partitions, terminal_text
+
+
+def cmd_politeness(args) -> int:
+    """Show the per-host politeness state, or change a host's limits at run time."""
+    from crawlproject.frontier.politeness import (UNLIMITED, Limits, Override, limits_from,
+                                                  partition_of, safe_key)
+    from crawlproject.scheduler import HOST_LIMITS_REFRESH
+
+    parts = _partitions(args)
+    if args.delay is not None or args.concurrency is not None or args.clear:
+        if not args.hosts:
+            raise UsageError("name the host(s) whose limits to change")
+        if args.concurrency is not None and args.concurrency < 1:
+            # In settings 0 means "no limit"; typed here it is most likely meant
+            # to stop a site: never read it as the opposite.
+            raise UsageError("--concurrency must be 1 or more (requests of the host in flight "
+                             "across all nodes); to hold a host back, raise --delay (up to "
+                             "86400 s)")
+        spec = {k: v for k, v in (("delay", args.delay), ("concurrency", args.concurrency))
+                if v is not None}
+        try:
+            checked = limits_from(spec, Limits(0.0, 0))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        keys = [_politeness_key(host) for host in args.hosts]   # all checked before any change
+        for key in keys:
+            part = parts[partition_of(key, len(parts))]
+            value = None
+            if not args.clear:
+                # A limit not given keeps what applies now: the host's override
+                # if it has one, else the nodes' own setting (never "no limit").
+                current = part.limits().get(key) or {}
+                value = Override(
+                    delay=checked.delay if "delay" in spec else current.get("delay"),
+                    concurrency=(checked.concurrency if "concurrency" in spec
+                                 else current.get("concurrency")))
+            part.set_limits({key: value})
+            print(f"{key}: " + (_describe_override(value) + ", across all nodes"
+                                if value is not None else
+                                "limits cleared: the nodes' DOWNLOAD_DELAY and "
+                                "CONCURRENT_REQUESTS_PER_DOMAIN apply (or, within "
+                                f"{HOST_LIMITS_REFRESH:.0f} s, the running nodes' "
+                                "FRONTIER_HOST_LIMITS entry for it, if they have one)"))
+            if value is not None and not part.key_states([key]) and not part.client.exists(
+                    part.keys.queue(key)):
+                print(f"note: no request of {args.spider} has had the politeness key {key!r} "
+                      "yet; the limit applies once one does (keys are host names; registered "
+                      "domains with FRONTIER_POLITENESS_KEY=domain, IP addresses with =ip)",
+                      file=sys.stderr)
+        return 0
+    now_ms = _server_ms(parts[0].client)
+    rows, total = _politeness_rows(parts, [safe_key(h.lower()) for h in args.hosts],
+                                   max(0, args.n))
+    if args.json:
+        print(json.dumps({"now_ms": now_ms, "hosts": rows, "hosts_total": total},
+                         sort_keys=True))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"politeness of {args.spider} (per host, across all nodes)")
+    for column in ("host", "queued", "in flight", "limits", "next start in", "blocked for",
+                   "backoff", "crawl delay"):
+        table.add_column(column, justify="left" if column == "host" else "right")
+    if total > len(rows):
+        table.caption = (f"the {len(rows)} most queued of {total} hosts "
+                         "(-n for more, or name hosts)")
+    for key, row in rows.items():
+        lim = row.get("limits")
+        table.add_row(
+            terminal_text(key), str(row.get("queued", 0)), str(row.get("inflight", 0)),
+            (("settings'" if lim["delay"] is None else f"{lim['delay']:g}s") + " / "
+             + ("settings'" if lim["concurrency"] is None else
+                "no limit" if lim["concurrency"] >= UNLIMITED else str(lim["concurrency"]))
+             + f" ({'cli' if lim['source'] == 'c' else 'settings'})")
+            if lim else "defaults",
+            _in(row.get("ready_at_ms"), now_ms), _in(row.get("blocked_until_ms"), now_ms),
+            f"{row['backoff_ms'] / 1000:g}s" if row.get("backoff_ms") else "",
+            f"{row['crawl_delay_ms'] / 1000:g}s" if row.get("crawl_delay_ms") else "")
+    Console(width=max(Console().width, 140)).print(table)
+    return 0
+
+
+def _politeness_rows(parts: list, hosts: list[str], n: int) -> tuple[dict, int]:
+    """The named *hosts*' rows (state and override), or else the *n* most
+    queued hosts' and how many there are in all. Hosts are read in HSCAN
+    windows and only the top *n* are kept: a crawl of millions of hosts is
+    neither loaded into this process nor read from Redis in one command."""
+    from crawlproject.frontier.politeness import partition_of
+
+    limits = {}
+    for part in parts:
+        limits.update(part.limits())
+    if hosts:
+        by_part: dict[int, list[str]] = {}
+        for key in hosts:
+            by_part.setdefault(partition_of(key, len(parts)), []).append(key)
+        rows = {}
+        for p, keys in by_part.items():
+            rows.update(parts[p].key_states(keys))
+        rows = {key: {**state, "limits": limits.get(key)} for key, state in rows.items()}
+        rows.update({key: {"limits": limits[key]} for key in hosts
+                     if key in limits and key not in rows})
+        return rows, len(rows)
+    top: list[tuple[int, str]] = []       # a heap of (queued, key), least queued first
+    kept: dict[str, dict] = {}
+    for part in parts:
+        for key, state in part.scan_key_states():
+            if key in kept:               # HSCAN returned it again: the newer read
+                kept[key] = state
+                continue
+            entry = (state["queued"], key)
+            if len(top) < n:
+                heapq.heappush(top, entry)
+            elif n and entry > top[0]:
+                kept.pop(heapq.heapreplace(top, entry)[1], None)
+            else:
+                continue
+            kept[key] = state
+    # Overrides of hosts without a state yet (set before any of their requests).
+    extra: dict[int, list[str]] = {}
+    for key in limits:
+        if key not in kept:
+            extra.setdefault(partition_of(key, len(parts)), []).append(key)
+    missing = set()
+    for p, keys in extra.items():
+        states = parts[p].key_states(keys)
+        missing.update(key for key in keys if key not in states)
+    rows = {key: {**state, "limits": limits.get(key)}
+            for key, state in sorted(kept.items(), key=lambda kv: (-kv[1]["queued"], kv[0]))}
+    for key in sorted(missing)[:max(0, n - len(rows))]:
+        rows[key] = {"limits": limits[key]}
+    # (a count, not the scan's: HSCAN may return a field twice)
+    return rows, sum(part.host_count() for part in parts) + len(missing)
+
+
+def _politeness_key(given: str) -> str:
+    """:func:`~crawlproject.frontier.politeness.host_key`, saying so when the
+    key is not what was typed; a usage error if it names no host."""
+    from crawlproject.frontier.politeness import host_key
+
+    try:
+        key = host_key(given)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if key != given.strip().lower():
+        print(f"{given}: politeness key {key!r} (host names, without scheme or port)",
+              file=sys.stderr)
+    return key
+
+
+def _describe_override(value) -> str:
+    from crawlproject.frontier.politeness import UNLIMITED
+
+    delay = ("the nodes' DOWNLOAD_DELAY between request starts" if value.delay is None
+             else f"at most one request every {value.delay:g}s")
+    concurrency = ("the nodes' CONCURRENT_REQUESTS_PER_DOMAIN in flight"
+                   if value.concurrency is None else
+                   "no limit in flight" if value.concurrency >= UNLIMITED
+                   else f"{value.concurrency} in flight")
+    return f"{delay}, {concurrency}"
