@@ -1,19 +1,44 @@
 """The operator command line against a real Redis."""
 
+import contextlib
+import io
 import json
+import logging
 import subprocess
 import sys
 import time
+import traceback
 
 import pytest
 
+from crawlproject.cli import main
 from crawlproject.frontier.queue import Batch, Frontier
 from crawlproject.keys import SeedKeys, start_urls_key
 
 
 def cli(redis_url, *args):
-    return subprocess.run([sys.executable, "-m", "crawlproject.cli", "--redis-url", redis_url, *args],
-                          capture_output=True, text=True, timeout=60)
+    """crawlctl's own ``main()`` run in this process against the real Redis, its
+    output captured as a process's would be. A Python start-up per call (dozens
+    a test) made this file the suite's heaviest; the real process is run by
+    ``test_seed_file_reports_bad_lines_by_number_and_pushes_the_rest`` (piped
+    standard input) and by tests/test_control.py, test_proxy.py, test_acl.py."""
+    out, err = io.StringIO(), io.StringIO()
+    # What the process's logging prints (Python's last-resort handler: WARNING
+    # and up, the bare message) goes to its stderr here too.
+    handler = logging.StreamHandler(err)
+    handler.setLevel(logging.WARNING)
+    logging.getLogger().addHandler(handler)
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(["--redis-url", redis_url, *args])
+        except SystemExit as exc:       # argparse: a usage error (2) or --help (0)
+            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        except Exception:               # what the process would die of: its traceback
+            traceback.print_exc()
+            code = 1
+        finally:
+            logging.getLogger().removeHandler(handler)
+    return subprocess.CompletedProcess(["crawlctl", *args], code, out.getvalue(), err.getvalue())
 
 
 def test_seed_validates_and_pushes(redis, redis_url):
@@ -243,7 +268,12 @@ def test_politeness_shows_hosts_and_changes_limits_at_run_time(redis, redis_url)
     changed = cli(redis_url, "politeness", "shop", "slow.example", "--delay", "0.5",
                   "--concurrency", "2")
     assert changed.returncode == 0, changed.stderr
-    assert len(f.sync(Batch(take=5)).taken) == 1           # in force at once
+    # In force at once: the next start is due 0.5 s after the last one, not 60 s.
+    deadline = time.monotonic() + 10
+    while not (taken := f.sync(Batch(take=5)).taken):
+        assert time.monotonic() < deadline, "the new interval is not in force"
+        time.sleep(0.05)
+    assert len(taken) == 1                                  # concurrency 2: one more
     assert f.limits()["slow.example"] == {"delay": 0.5, "concurrency": 2, "source": "c"}
     table = cli(redis_url, "politeness", "shop")
     assert "slow.example" in table.stdout and "0.5s / 2 (cli)" in table.stdout
@@ -335,10 +365,8 @@ REDIS_COMMANDS = [
 
 
 def _all_commands(url, *extra):
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(4) as pool:
-        return list(pool.map(lambda args: (args, cli(url, *extra, *args)), REDIS_COMMANDS))
+    # One after the other: cli() captures this process's stdout and stderr.
+    return [(args, cli(url, *extra, *args)) for args in REDIS_COMMANDS]
 
 
 def _one_line_errors(results, expected: str):
