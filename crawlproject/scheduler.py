@@ -8,7 +8,7 @@ and tells the loop when the engine is done with a request.
 
 * ``next_request()`` returns from a local prefetch buffer, never waiting on
   Redis (with ``SCHEDULER_START_BURST``, at most that many per turn of the
-  event loop: :class:`StartBurst`); the loop refills it with requests whose
+  event loop: :class:`~crawlproject.scheduling.burst.StartBurst`); the loop refills it with requests whose
   site may be fetched *now* (politeness is enforced cluster-wide when requests are leased: see
   :mod:`crawlproject.frontier.politeness`), sends new requests (deduplicated
   and enqueued in the same atomic call, in batches), acknowledges finished
@@ -36,6 +36,12 @@ and tells the loop when the engine is done with a request.
   to start, with a clear message, on a Scrapy without them rather than never
   acknowledging anything. The same for the downloader attributes that keep
   Scrapy's own per-domain delay from adding to the frontier's.
+
+Size (over 600 lines): :class:`RedisScheduler` is the one object Scrapy
+calls as its scheduler (``enqueue_request``, ``next_request``,
+``has_pending_requests``, ``open``/``close``) and whose signal handlers
+(response, spider error, download left, control) update the same per-request
+state; its parts that stand alone are in :mod:`crawlproject.scheduling`.
 """
 
 from __future__ import annotations
@@ -48,7 +54,6 @@ from collections import deque
 import scrapy
 from scrapy import Request, signals
 from scrapy.core.scheduler import BaseScheduler
-from scrapy.exceptions import IgnoreRequest
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.request import RequestFingerprinter
@@ -57,6 +62,8 @@ from scrapy.utils.request import fingerprint as scrapy_fingerprint
 from crawlproject.connection import redact_url, redis_from_settings, redis_url_from_settings
 from crawlproject.frontier.bloom import BloomConfig
 from crawlproject.frontier.client import FrontierClient, Rejected
+from crawlproject.scheduling.burst import StartBurst, default_prefetch
+from crawlproject.scheduling.errback import LeaseErrback
 from crawlproject.scheduling.politeness import SitePoliteness
 from crawlproject.control import ControlWatcher
 from crawlproject.hooks import ACK, DEAD, RELEASED, RETRY, request_hooks
@@ -95,122 +102,6 @@ SUPPORTED_SCRAPY = ((2, 13), (2, 19))
 HOST_LIMITS_REFRESH = 5.0
 LIMITS_CHUNK = 500   # FRONTIER_HOST_LIMITS entries per SET_LIMITS call
 __all__ = ["RedisScheduler", "LEASE_META", "RETRY_DELAY_META", "CALLBACK_ATTEMPTS_META"]
-
-
-class LeaseErrback:
-    """The errback of a leased request: a download that failed is never taken
-    for done.
-
-    Scrapy hands a download's failure to the request's errback, or logs it
-    when there is none; either way the request then leaves the engine, and
-    the scheduler would acknowledge it. A failure the retry middleware did not
-    turn into a retry (an exception raised by any downloader middleware, a
-    ``dont_retry`` request's timeout...) would so be lost. This wrapper, set on
-    every request taken from the frontier, records such a failure (*record*:
-    ``(member, reason)``) before the spider's own errback sees it, so that the
-    request is dead-lettered with the reason instead. ``IgnoreRequest`` (and
-    ``HttpError``, its subclass) is a decision, not a failure: the request is
-    done. A spider errback that handles the failure (returns) makes it done
-    too, as in Scrapy; one that raises another exception is a callback error.
-    It is never stored: :mod:`crawlproject.serialization` stores what
-    ``stored_as`` names instead, the spider's own errback (or none).
-    """
-
-    __slots__ = ("record", "member", "original")
-
-    def __init__(self, record, member: str, original):
-        self.record, self.member, self.original = record, member, original
-
-    @property
-    def stored_as(self):
-        """The errback a copy of the request is stored with (retries, redirects)."""
-        return self.original
-
-    def __call__(self, failure):
-        if self.original is None:
-            self._unhandled(failure)
-            failure.raiseException()
-        try:
-            return self.original(failure)
-        except Exception as exc:
-            if exc is failure.value:  # re-raised by the spider: still the download's
-                self._unhandled(failure)
-            raise
-
-    def _unhandled(self, failure) -> None:
-        if not failure.check(IgnoreRequest):
-            exc = failure.value
-            self.record(self.member, f"{type(exc).__name__}: {exc}")
-
-
-class StartBurst:
-    """At most *size* requests handed to the engine per turn of the event loop
-    (``SCHEDULER_START_BURST``; 0: no limit).
-
-    Why: Scrapy's engine fills every free download slot in one go, so the
-    requests it starts together come back together (same site, similar
-    latency), and their responses then wait in the event loop behind each
-    other's callbacks, holding their slots: a convoy that repeats every round.
-    With a few starts per turn, the engine comes back for the rest on the next
-    turn (``on_limit``: its ``nextcall``), after the responses that are ready
-    by then; starts spread out, and so do the answers. The next turn comes at
-    once when nothing else is ready: no wait is added.
-
-    It pays only while the loop has time to spare. One node at
-    ``CONCURRENT_REQUESTS=16`` on a site answering in a fixed 50 ms (the loop
-    busy ~75 % of the time) did 1.08x plain Scrapy's pages/s with a burst of 4
-    and 1.01x without; at 32 and 64, where the loop is busy all the time, a
-    burst of a quarter of the concurrency lost 8-18 % (BENCHMARKS.md §8).
-    Hence off by default.
-    """
-
-    def __init__(self, size: int, on_limit):
-        self.size = int(size)
-        self.on_limit = on_limit
-        self.count = 0
-        self._limited = False
-
-    def allow(self) -> bool:
-        """May one more request be handed out in this turn?"""
-        if not self.size or self.count < self.size:
-            return True
-        if not self._limited:  # once a turn: the engine comes back next turn
-            self._limited = True
-            self.on_limit()
-        return False
-
-    def handed_out(self) -> None:
-        """Count one request handed to the engine in this turn."""
-        if not self.size:
-            return
-        if self.count == 0:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # no event loop turning (a tool, a test): no turns to count
-                return
-            loop.call_soon(self._new_turn)  # runs first thing in the next turn
-        self.count += 1
-
-    def _new_turn(self) -> None:
-        self.count = 0
-        self._limited = False
-
-
-def default_prefetch(concurrency: int) -> int:
-    """``SCHEDULER_PREFETCH`` when unset: ``max(16, CONCURRENT_REQUESTS // 4)``.
-
-    The buffer is refilled by every frontier call (a call at once when it ran
-    dry), so where downloads are slow it keeps all the slots busy whatever its
-    size. Where the node's CPU is the limit (a site answering at once), a
-    buffer as large as the concurrency filled every slot: 64 responses at a
-    time in Scrapy's scraper instead of ~16, each with CONCURRENT_ITEMS asyncio
-    tasks for the collector to walk, for no more pages, and 13 % fewer pages/s
-    than the frontier before per-host queues, which had this size (one node,
-    ``CONCURRENT_REQUESTS=64``, 0 ms: 0.874 of it with a buffer of 64, 0.983
-    with 16; at 50 ms 1.09; BENCHMARKS.md §8). 16 is also the size measured
-    best at ``CONCURRENT_REQUESTS=16`` (8 needs more than 3 Redis commands a page).
-    """
-    return max(16, concurrency // 4)
 
 
 def _stored_count(raw) -> int:

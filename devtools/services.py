@@ -26,6 +26,10 @@ Command line (``eval "$(python -m devtools.services up)"`` sets
         [--redis-port 6379] [--mongo-port 27017] [--no-redis] [--no-mongo]
 
 Every failure raises :class:`ServiceError` with a message that says what to do.
+
+Size (over 600 lines): three kinds of servers (Redis, Redis Cluster, a
+MongoDB-wire server) with their start, readiness, stop and command line, for
+development only (not in the package).
 """
 
 from __future__ import annotations

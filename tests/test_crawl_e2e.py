@@ -19,7 +19,7 @@ PRODUCTS = 60
 
 
 # SCHEDULER_START_BURST=1: the engine gets one request a turn of the event
-# loop and must come back for every other one (crawlproject.scheduler.StartBurst).
+# loop and must come back for every other one (crawlproject.scheduling.burst.StartBurst).
 @pytest.mark.parametrize("extra", [{}, {"SCHEDULER_START_BURST": 1}],
                          ids=["defaults", "one-start-a-loop-turn"])
 def test_two_nodes_crawl_every_product_exactly_once(redis, redis_url, mongo_uri, database, tmp_path,

@@ -140,3 +140,17 @@ def test_the_circle_finder_finds_a_circle():
     # The check itself can fail: the CLI <-> dashboard circle this layout removed.
     assert cycles({"a.cli": {"a.dashboard"}, "a.dashboard": {"a.cli"}, "a.ops": set()}) == [
         ["a.cli", "a.dashboard"]]
+
+
+def test_a_module_over_600_lines_says_why_in_its_docstring():
+    """A newcomer finds a room by its name: one idea a module. A module may
+    grow past ~600 lines only with the reason stated (``Size (over 600
+    lines): ...`` in its docstring)."""
+    too_big = []
+    for path in [*PACKAGE.rglob("*.py"), *(ROOT / "devtools").rglob("*.py")]:
+        text = path.read_text(encoding="utf-8")
+        if text.count("\n") > 600:
+            doc = ast.get_docstring(ast.parse(text)) or ""
+            if "Size (over 600 lines):" not in doc:
+                too_big.append(f"{path.relative_to(ROOT)}: {text.count(chr(10))} lines")
+    assert too_big == []

@@ -594,7 +594,7 @@ def test_the_engine_gets_at_most_a_burst_of_requests_per_event_loop_turn():
     asyncio loop)."""
     import asyncio
 
-    from crawlproject.scheduler import StartBurst
+    from crawlproject.scheduling.burst import StartBurst
 
     async def scenario(size: int):
         nudges: list[int] = []

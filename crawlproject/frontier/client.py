@@ -48,6 +48,11 @@ to say or ready work (calls to several partitions run concurrently):
 The Scrapy adapter (:class:`crawlproject.scheduler.RedisScheduler`) turns
 payloads into requests (``accept``), tells which requests are done
 (``before_tick``), and counts stats (``count``).
+
+Size (over 600 lines): one class, the node's sync loop; every step of a
+tick reads and writes the same per-partition state (outbox, acknowledgements,
+leases, reserves, the view of each partition's queue), so it stays one
+object, its steps small methods.
 """
 
 from __future__ import annotations

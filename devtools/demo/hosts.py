@@ -46,6 +46,9 @@ one port when one is free on every address; otherwise each gets its own.
 
 Python API: :class:`MultiHostSite` (subprocess, context manager), :class:`Hit`,
 :class:`Seen`, and the pure :func:`expected_paths`, :func:`max_in_window`, :func:`max_overlap`.
+
+Size (over 600 lines): the multi-host site with its request log and the
+waits tests use on it; development only.
 """
 
 from __future__ import annotations

@@ -68,6 +68,10 @@ Python API: :func:`product`, :func:`catalog`, :func:`expected_items`, :func:`cle
 
 This module never imports ``twisted.internet.reactor`` at import time, so it is safe to
 import from Scrapy code that installs its own reactor.
+
+Size (over 600 lines): the whole demo shop (pages, faults, robots.txt,
+sitemaps, JavaScript pages, recrawl changes) in one module, so that
+:func:`expected_items` stays beside what it describes; development only.
 """
 
 from __future__ import annotations
