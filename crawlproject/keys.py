@@ -385,5 +385,10 @@ def _glob_escape(text: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
-def _s(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+def as_text(value) -> str:
+    """A value read from Redis as text (bytes decoded as UTF-8, bad bytes
+    replaced: the data is untrusted and must not stop whoever reads it)."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+_s = as_text

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 
 from crawlproject.keys import ProxyKeys
+from crawlproject.keys import as_text as _s
 
 # KEYS[1] pool (set or hash of entries; only read)
 # KEYS[2] health (hash "<id>|ok|fail|ban|consec|lat|seen")
@@ -450,5 +451,3 @@ def monotonic_deadline(until_ms: int, now_ms: int, now: float | None = None) -> 
     return (time.monotonic() if now is None else now) + (until_ms - now_ms) / 1000
 
 
-def _s(value) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)

@@ -29,6 +29,7 @@ from w3lib.url import safe_url_string
 from crawlproject.frontier.queue import MAX_PRIORITY
 from crawlproject.frontier.scripts import CLAIM_SEEDS, COUNTER_PATTERN, RENEW_CLAIMS
 from crawlproject.keys import SeedKeys
+from crawlproject.keys import as_text as _s
 from crawlproject.policy import InputPolicy, Refused
 
 MAX_SEED_BYTES = 64 * 1024
@@ -366,8 +367,6 @@ SEED_KIND_HINT = (" (the spider's key type is set by REDIS_START_URLS_AS_SET and
                   " REDIS_START_URLS_AS_ZSET; push with LPUSH, SADD or ZADD to match)")
 
 
-def _s(value) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def _short(value: Any) -> str:

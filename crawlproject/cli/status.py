@@ -13,7 +13,8 @@ from crawlproject.control import node_reports
 from crawlproject.keys import (
     spider_keys,
 )
-from crawlproject.ops.common import (UsageError, _project, _s)
+from crawlproject.keys import as_text as _s
+from crawlproject.ops.common import UsageError, _project
 from crawlproject.ops.status import status_data
 from crawlproject.cli.common import _ago, _client, _partitions, _seed_keys, _spider_class, terminal_text
 

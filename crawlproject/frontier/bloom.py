@@ -42,6 +42,7 @@ from typing import Iterable
 
 from crawlproject.frontier.scripts import BLOOM_ADD
 from crawlproject.keys import bloom_shard_key
+from crawlproject.keys import as_text as _s
 
 MAX_SHARD_BITS = 2**32 - 1  # a Redis string holds at most 512 MB
 
@@ -179,5 +180,3 @@ class BloomFilter:
             self.client.delete(key)
 
 
-def _s(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

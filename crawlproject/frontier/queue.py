@@ -49,6 +49,7 @@ from crawlproject.frontier.politeness import (UNLIMITED, Limits, Override, Polit
                                               parse_override, safe_key)
 from crawlproject.frontier.scripts import REPLAY_DEAD, SET_LIMITS, SYNC
 from crawlproject.keys import FrontierKeys
+from crawlproject.keys import as_text as _s
 
 logger = logging.getLogger(__name__)
 
@@ -566,8 +567,6 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _s(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _b(value) -> bytes:

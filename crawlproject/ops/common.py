@@ -67,8 +67,6 @@ def _server_ms(client) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-def _s(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _seed_count(client, key: str) -> int:

@@ -12,7 +12,8 @@ from crawlproject.keys import (
     FrontierKeys,
     SeedKeys,
 )
-from crawlproject.ops.common import _s, _server_ms, _seed_count
+from crawlproject.keys import as_text as _s
+from crawlproject.ops.common import _seed_count, _server_ms
 
 
 def status_data(spider: str, parts: list[Frontier], seeds: SeedKeys) -> dict:
