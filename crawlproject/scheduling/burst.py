@@ -19,12 +19,9 @@ class StartBurst:
     by then; starts spread out, and so do the answers. The next turn comes at
     once when nothing else is ready: no wait is added.
 
-    It pays only while the loop has time to spare. One node at
-    ``CONCURRENT_REQUESTS=16`` on a site answering in a fixed 50 ms (the loop
-    busy ~75 % of the time) did 1.08x plain Scrapy's pages/s with a burst of 4
-    and 1.01x without; at 32 and 64, where the loop is busy all the time, a
-    burst of a quarter of the concurrency lost 8-18 % (BENCHMARKS.md §8).
-    Hence off by default.
+    It pays only while the loop has time to spare (a node whose loop is busy
+    all the time loses pages/s with it: BENCHMARKS.md §8). Hence off by
+    default.
     """
 
     def __init__(self, size: int, on_limit):
@@ -65,12 +62,10 @@ def default_prefetch(concurrency: int) -> int:
     The buffer is refilled by every frontier call (a call at once when it ran
     dry), so where downloads are slow it keeps all the slots busy whatever its
     size. Where the node's CPU is the limit (a site answering at once), a
-    buffer as large as the concurrency filled every slot: 64 responses at a
-    time in Scrapy's scraper instead of ~16, each with CONCURRENT_ITEMS asyncio
-    tasks for the collector to walk, for no more pages, and 13 % fewer pages/s
-    than the frontier before per-host queues, which had this size (one node,
-    ``CONCURRENT_REQUESTS=64``, 0 ms: 0.874 of it with a buffer of 64, 0.983
-    with 16; at 50 ms 1.09; BENCHMARKS.md §8). 16 is also the size measured
-    best at ``CONCURRENT_REQUESTS=16`` (8 needs more than 3 Redis commands a page).
+    buffer as large as the concurrency fills every slot: that many responses
+    at a time in Scrapy's scraper, each with CONCURRENT_ITEMS asyncio tasks for
+    the collector to walk, for no more pages and fewer pages/s; a smaller
+    buffer costs Redis commands per page. The figures: BENCHMARKS.md §8
+    (``python -m bench.prefetch``).
     """
     return max(16, concurrency // 4)
