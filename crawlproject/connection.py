@@ -303,3 +303,14 @@ def collection_name(pattern: str, cls: type | None, spider: str) -> str:
     *pattern* (``MONGO_COLLECTION``), with ``%(spider)s`` and ``%(item)s``."""
     pattern = getattr(cls, "mongo_collection", None) or pattern
     return pattern % {"spider": spider, "item": cls.__name__.lower() if cls else ""}
+
+
+def mongo_collection_pattern(settings) -> str:
+    """``MONGO_COLLECTION`` (``%(spider)s`` by default, also ``%(item)s``):
+    read here only, by the pipeline and the recrawl middleware alike."""
+    return settings.get("MONGO_COLLECTION") or "%(spider)s"
+
+
+def mongo_unique_key(settings) -> str:
+    """``MONGO_UNIQUE_KEY``: the item field documents are keyed on (``url``)."""
+    return settings.get("MONGO_UNIQUE_KEY") or "url"

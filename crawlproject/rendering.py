@@ -40,6 +40,8 @@ from scrapy.utils.misc import load_object
 from scrapy_playwright.handler import ScrapyPlaywrightDownloadHandler
 from scrapy_playwright.headers import use_scrapy_headers
 
+from crawlproject.egress.render_settings import explicit_chromium_path, rendering_enabled
+
 __all__ = ["ContextPool", "RenderingAddon", "RenderingDownloadHandler", "ResourceBlocker",
            "browser_headers", "chromium_path", "handlers_for"]
 
@@ -74,8 +76,7 @@ def chromium_path(settings=None) -> str | None:
 
     An explicit path that is not an executable file raises ``ValueError``: a
     typo must not silently fall back to another browser."""
-    explicit = (settings.get("CHROMIUM_PATH") if settings is not None else None) \
-        or os.environ.get("CHROMIUM_PATH")
+    explicit = explicit_chromium_path(settings)
     if explicit:
         if not (os.path.isfile(explicit) and os.access(explicit, os.X_OK)):
             raise ValueError(f"CHROMIUM_PATH {explicit!r} is not an executable file")
@@ -262,7 +263,7 @@ class RenderingAddon:
 
     def update_settings(self, settings) -> None:
         """Fill in the rendering settings the project did not set itself."""
-        if not settings.getbool("RENDERING_ENABLED", True):
+        if not rendering_enabled(settings):
             return
         handlers = settings["DOWNLOAD_HANDLERS"]
         for scheme in ("http", "https"):
@@ -290,7 +291,7 @@ def launch_options(settings) -> dict:
     ``CHROMIUM_PATH`` wins over the options' own path."""
     options = dict(settings.getdict("PLAYWRIGHT_LAUNCH_OPTIONS")) or {
         "headless": True, "args": list(CHROMIUM_ARGS)}
-    explicit = settings.get("CHROMIUM_PATH") or os.environ.get("CHROMIUM_PATH")
+    explicit = explicit_chromium_path(settings)
     if explicit or not options.get("executable_path"):
         path = chromium_path(settings)
         if path:

@@ -37,7 +37,7 @@ from scrapy.exceptions import NotConfigured
 from scrapy.http import Response
 
 from crawlproject.frontier.retrypolicy import PAYLOAD_META
-from crawlproject.connection import collection_name
+from crawlproject.connection import collection_name, mongo_collection_pattern, mongo_unique_key
 from crawlproject.policy import InputPolicy
 from crawlproject.recrawl import (
     MAX_ITEMS_PER_PAGE,
@@ -91,7 +91,7 @@ class RecrawlMiddleware:
     def from_crawler(cls, crawler):
         s = crawler.settings
         return cls(crawler, _enabled(crawler), InputPolicy.from_settings(s, crawler.spidercls),
-                   item_collections_pattern(s.get("MONGO_COLLECTION") or "%(spider)s",
+                   item_collections_pattern(mongo_collection_pattern(s),
                                             crawler.spidercls.name,
                                             s.getlist("RECRAWL_GONE_COLLECTIONS")))
 
@@ -278,7 +278,7 @@ class RecrawlSpiderMiddleware:
     def from_crawler(cls, crawler):
         s = crawler.settings
         return cls(crawler, _enabled(crawler), InputPolicy.from_settings(s, crawler.spidercls),
-                   s.get("MONGO_COLLECTION") or "%(spider)s", s.get("MONGO_UNIQUE_KEY") or "url")
+                   mongo_collection_pattern(s), mongo_unique_key(s))
 
     async def process_spider_output(self, response: Response, result: AsyncIterator):
         visit = response.request.meta.get(VISIT_META) if response.request is not None else None

@@ -47,6 +47,7 @@ from scrapy.exceptions import NotConfigured
 from scrapy.http import TextResponse
 from scrapy.utils.misc import load_object
 
+from crawlproject.egress.render_settings import rendering_enabled
 from crawlproject.egress.session import IDENTITY, PROXY_CONTEXT, PROXY_ID
 from crawlproject.serialization import replace_meta, restore_meta
 
@@ -153,7 +154,7 @@ class RenderingMiddleware:
     @classmethod
     def from_crawler(cls, crawler):
         s = crawler.settings
-        if not s.getbool("RENDERING_ENABLED", True):
+        if not rendering_enabled(s):
             raise NotConfigured("RENDERING_ENABLED is off")
         _check_handler(s)
         max_contexts = s.getint("RENDER_MAX_CONTEXTS", 8)
@@ -283,7 +284,7 @@ class RenderIfMissingMiddleware:
     @classmethod
     def from_crawler(cls, crawler):
         s = crawler.settings
-        if not s.getbool("RENDERING_ENABLED", True):
+        if not rendering_enabled(s):
             raise NotConfigured("RENDERING_ENABLED is off")
         mw = cls(crawler, RenderRules.from_settings(s))
         crawler.signals.connect(mw.spider_opened, signals.spider_opened)

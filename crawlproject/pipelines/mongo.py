@@ -58,7 +58,9 @@ from scrapy.exceptions import DropItem, NotConfigured
 
 from crawlproject.connection import (
     mongo_client_options,
+    mongo_collection_pattern,
     mongo_database_from_settings,
+    mongo_unique_key,
     mongo_uri_from_settings,
     redis_from_settings,
     redis_url_from_settings,
@@ -151,8 +153,8 @@ class MongoPipeline:
             crawler,
             uri=mongo_uri_from_settings(s),
             database=mongo_database_from_settings(s),
-            collection=s.get("MONGO_COLLECTION") or "%(spider)s",
-            key=s.get("MONGO_UNIQUE_KEY") or "url",
+            collection=mongo_collection_pattern(s),
+            key=mongo_unique_key(s),
             key_as_id=s.getbool("MONGO_KEY_AS_ID", True),
             client_options=mongo_client_options(s),
             bulk_size=s.getint("MONGO_BULK_SIZE", 500),
