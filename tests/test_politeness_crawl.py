@@ -199,20 +199,20 @@ def test_a_node_killed_while_holding_a_reserve_loses_nothing_and_the_limit_holds
 
 def test_a_big_slow_site_does_not_hold_the_small_ones_back(redis, redis_url, mongo_uri,
                                                             database, tmp_path):
-    """One site with 2,000 pages and nine with 100, all at 2 requests/s: the small
-    sites are done within their own time, not after the big one; no lease expires
-    while requests wait for their site's turn."""
+    """One site with 2,000 pages and nine with 60, all at 4 requests/s: the small
+    sites are done within their own time (longer than the 10 s lease), not after
+    the big one; no lease expires while requests wait for their site's turn."""
     env = node_env(redis_url, mongo_uri, database.name)
     big, small = DEFAULT_HOSTS[0], DEFAULT_HOSTS[1:]
-    pages = {big: 2000, **{host: 100 for host in small}}
-    settings = {**BASE, "DOWNLOAD_DELAY": 0.5, "CONCURRENT_REQUESTS_PER_DOMAIN": 1}
+    pages = {big: 2000, **{host: 60 for host in small}}
+    settings = {**BASE, "DOWNLOAD_DELAY": 0.25, "CONCURRENT_REQUESTS_PER_DOMAIN": 1}
     with MultiHostSite(DEFAULT_HOSTS, pages=pages, latency_ms=10) as site:
         nodes = start_nodes(tmp_path, env, 3, settings)
         try:
             started = site.now()
             redis.lpush(start_urls_key("hosts"), *site.root_urls())
-            # 100 pages + 3 listings at 2/s each = 51.5 s; slack for a loaded machine.
-            own_time = (100 + 3) * 0.5 * 1.05
+            # 60 pages + 2 listings at 4/s each = 15.5 s; slack for a loaded machine.
+            own_time = (60 + 2) * 0.25 * 1.05
             deadline = time.monotonic() + own_time + 60
             done = {}
             while len(done) < len(small):
