@@ -84,6 +84,7 @@ FAULTS = ("node_kill", "node_stop", "redis_kill", "mongo_stop", "site_down", "pa
 BUCKET_S = 5.0
 PRE_FAULT_S = 30.0
 RECOVERED_FRACTION = 0.5
+RECOVERY_WINDOW_S = 60.0
 SITE_LINE = "SOAK_SITE_READY"
 
 
@@ -614,7 +615,10 @@ def recovery(faults: list[dict], times: list[float], crawl_end: float) -> list[d
     out = []
     for i, fault in enumerate(faults):
         start = fault["start"]
-        limit = faults[i + 1]["start"] if i + 1 < len(faults) else crawl_end
+        # up to the next fault, at most 60 s after this one ended (a later slowdown,
+        # e.g. the crawl's tail, is not this fault's)
+        limit = min(faults[i + 1]["start"] if i + 1 < len(faults) else crawl_end,
+                    fault["end"] + RECOVERY_WINDOW_S)
         pre = [sum(1 for t in times if a <= t < a + BUCKET_S) / BUCKET_S
                for a in [start - PRE_FAULT_S + k * BUCKET_S for k in range(int(PRE_FAULT_S / BUCKET_S))]]
         base = statistics.median(pre) if pre else 0
