@@ -141,9 +141,8 @@ def hiredis_packing(connection_class: type) -> type:
 
     Why: redis-py 8.1's asyncio connection packs every command in Python,
     one ``Encoder.encode`` and a few byte joins per argument, and a frontier
-    call carries 40-100 arguments: with hiredis' packer a node spends about
-    20 % less CPU per call (``python -m bench.costs``, "node CPU per SYNC
-    call"). Anything
+    call carries 40-100 arguments: hiredis' packer saves node CPU on every
+    call (``python -m bench.costs``, "node CPU per SYNC call"). Anything
     hiredis does not take (a ``memoryview``, a wrong type) goes to redis-py's
     own packer, which encodes it or raises its ``DataError`` as before.
     (Redis Cluster's asyncio client builds its connections from a fixed

@@ -26,8 +26,8 @@ ROBOTSTXT_OBEY = True
 CONCURRENT_REQUESTS = 32
 CONCURRENT_REQUESTS_PER_DOMAIN = 16
 # Scrapy starts CONCURRENT_ITEMS worker tasks for every response's output,
-# however little it holds (100 by default); with 32 a node spent 2.11 instead of
-# 2.82 ms of CPU per page (BENCHMARKS.md §8).
+# however little it holds (100 by default); 32 costs a node less CPU per page
+# (BENCHMARKS.md §8).
 # The MongoDB pipeline groups items across
 # responses, so 32 per response loses nothing; raise it for pages that yield
 # hundreds of items each.

@@ -7,8 +7,7 @@ thousand pages, and each of its full (generation 2) collections walks every
 tracked object of the process: the ~120,000 a node holds when its
 spider opens (modules, classes, settings, fake-useragent's data, the
 middlewares) and which live until it exits. On the benchmark crawl that was
-a quarter of the node's CPU (0.85 of 3.50 ms per page, `python -m bench.gcfreeze`;
-BENCHMARKS.md §8).
+a large part of the node's CPU (`python -m bench.gcfreeze`; BENCHMARKS.md §8).
 
 ``GC_FREEZE_ENABLED = True`` (the project's default) runs one full collection
 when the spider opens and then :func:`gc.freeze`: the objects alive at that
