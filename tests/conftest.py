@@ -1,5 +1,6 @@
 """Shared fixtures: real servers (Redis, Redis Cluster, MongoDB-wire, demo site)."""
 
+import os
 import uuid
 
 import pymongo
@@ -18,6 +19,18 @@ def pytest_collection_modifyitems(config, items):
     worker): on parallel workers the run then ends with short tests, not with
     one long crawl started last."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """Each test leaves os.environ as it found it: code run in the test
+    process (Scrapy's get_project_settings() sets SCRAPY_SETTINGS_MODULE)
+    must not reach the subprocesses of later tests on the same worker."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ import contextlib
 import io
 import json
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -28,6 +29,10 @@ def cli(redis_url, *args):
     handler = logging.StreamHandler(err)
     handler.setLevel(logging.WARNING)
     logging.getLogger().addHandler(handler)
+    # Scrapy's get_project_settings() sets SCRAPY_SETTINGS_MODULE in os.environ:
+    # a process would take that with it, here later tests' subprocesses would
+    # inherit it (a user project in a temporary directory then ran ours).
+    environ = dict(os.environ)
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             code = main(["--redis-url", redis_url, *args])
@@ -38,6 +43,8 @@ def cli(redis_url, *args):
             code = 1
         finally:
             logging.getLogger().removeHandler(handler)
+            os.environ.clear()
+            os.environ.update(environ)
     return subprocess.CompletedProcess(["crawlctl", *args], code, out.getvalue(), err.getvalue())
 
 

@@ -465,6 +465,7 @@ def test_a_users_own_project_renders_with_one_settings_line_and_its_chromium_pat
     with RenderSite() as site:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(project), str(ROOT)])}
         env.pop("CHROMIUM_PATH", None)
+        env.pop("SCRAPY_SETTINGS_MODULE", None)   # the user's project, from its scrapy.cfg
         done = subprocess.run(
             [sys.executable, "-m", "scrapy", "crawl", "shop", "-a", f"url={site.url}js/1",
              "-O", f"{out}:jsonlines", "-s", "LOG_LEVEL=INFO"],
