@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 
 from bench.common import BenchRedis, base_parser, finish, median, mode_of, table
-from crawlproject.cli.politeness import _politeness_rows
+from crawlproject.ops.politeness import politeness_rows
 from crawlproject.frontier.queue import Frontier
 
 NAME = "status_reads"
@@ -96,7 +96,7 @@ def main(argv=None) -> dict:
             fill(bench.client, f, n)
             looks = {("count", "incumbent"): lambda: incumbent_count(f),
                      ("count", "ours"): f.host_count,
-                     ("list", "ours"): lambda: len(_politeness_rows([f], [], SHOWN)[0])}
+                     ("list", "ours"): lambda: len(politeness_rows([f], [], SHOWN)[0])}
             if n <= LIST_MAX:
                 looks[("list", "incumbent")] = lambda: len(incumbent_list(f))
             runs: dict = {k: [] for k in looks}

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import heapq
 import json
 import sys
 
 from crawlproject.ops.common import (UsageError, _server_ms)
+from crawlproject.ops.politeness import politeness_rows
 from crawlproject.cli.common import _in, _partitions, terminal_text
 
 
@@ -59,8 +59,8 @@ def cmd_politeness(args) -> int:
                       file=sys.stderr)
         return 0
     now_ms = _server_ms(parts[0].client)
-    rows, total = _politeness_rows(parts, [safe_key(h.lower()) for h in args.hosts],
-                                   max(0, args.n))
+    rows, total = politeness_rows(parts, [safe_key(h.lower()) for h in args.hosts],
+                                  max(0, args.n))
     if args.json:
         print(json.dumps({"now_ms": now_ms, "hosts": rows, "hosts_total": total},
                          sort_keys=True))
@@ -89,59 +89,6 @@ def cmd_politeness(args) -> int:
             f"{row['crawl_delay_ms'] / 1000:g}s" if row.get("crawl_delay_ms") else "")
     Console(width=max(Console().width, 140)).print(table)
     return 0
-
-
-def _politeness_rows(parts: list, hosts: list[str], n: int) -> tuple[dict, int]:
-    """The named *hosts*' rows (state and override), or else the *n* most
-    queued hosts' and how many there are in all. Hosts are read in HSCAN
-    windows and only the top *n* are kept: a crawl of millions of hosts is
-    neither loaded into this process nor read from Redis in one command."""
-    from crawlproject.frontier.politeness import partition_of
-
-    limits = {}
-    for part in parts:
-        limits.update(part.limits())
-    if hosts:
-        by_part: dict[int, list[str]] = {}
-        for key in hosts:
-            by_part.setdefault(partition_of(key, len(parts)), []).append(key)
-        rows = {}
-        for p, keys in by_part.items():
-            rows.update(parts[p].key_states(keys))
-        rows = {key: {**state, "limits": limits.get(key)} for key, state in rows.items()}
-        rows.update({key: {"limits": limits[key]} for key in hosts
-                     if key in limits and key not in rows})
-        return rows, len(rows)
-    top: list[tuple[int, str]] = []       # a heap of (queued, key), least queued first
-    kept: dict[str, dict] = {}
-    for part in parts:
-        for key, state in part.scan_key_states():
-            if key in kept:               # HSCAN returned it again: the newer read
-                kept[key] = state
-                continue
-            entry = (state["queued"], key)
-            if len(top) < n:
-                heapq.heappush(top, entry)
-            elif n and entry > top[0]:
-                kept.pop(heapq.heapreplace(top, entry)[1], None)
-            else:
-                continue
-            kept[key] = state
-    # Overrides of hosts without a state yet (set before any of their requests).
-    extra: dict[int, list[str]] = {}
-    for key in limits:
-        if key not in kept:
-            extra.setdefault(partition_of(key, len(parts)), []).append(key)
-    missing = set()
-    for p, keys in extra.items():
-        states = parts[p].key_states(keys)
-        missing.update(key for key in keys if key not in states)
-    rows = {key: {**state, "limits": limits.get(key)}
-            for key, state in sorted(kept.items(), key=lambda kv: (-kv[1]["queued"], kv[0]))}
-    for key in sorted(missing)[:max(0, n - len(rows))]:
-        rows[key] = {"limits": limits[key]}
-    # (a count, not the scan's: HSCAN may return a field twice)
-    return rows, sum(part.host_count() for part in parts) + len(missing)
 
 
 def _politeness_key(given: str) -> str:

@@ -1,0 +1,60 @@
+"""The politeness report: per-host state and run-time limits of a spider's
+frontier partitions, read without loading every host (``crawlctl politeness``
+prints it)."""
+
+from __future__ import annotations
+
+import heapq
+
+
+def politeness_rows(parts: list, hosts: list[str], n: int) -> tuple[dict, int]:
+    """The named *hosts*' rows (state and override), or else the *n* most
+    queued hosts' and how many there are in all. Hosts are read in HSCAN
+    windows and only the top *n* are kept: a crawl of millions of hosts is
+    neither loaded into this process nor read from Redis in one command."""
+    from crawlproject.frontier.politeness import partition_of
+
+    limits = {}
+    for part in parts:
+        limits.update(part.limits())
+    if hosts:
+        by_part: dict[int, list[str]] = {}
+        for key in hosts:
+            by_part.setdefault(partition_of(key, len(parts)), []).append(key)
+        rows = {}
+        for p, keys in by_part.items():
+            rows.update(parts[p].key_states(keys))
+        rows = {key: {**state, "limits": limits.get(key)} for key, state in rows.items()}
+        rows.update({key: {"limits": limits[key]} for key in hosts
+                     if key in limits and key not in rows})
+        return rows, len(rows)
+    top: list[tuple[int, str]] = []       # a heap of (queued, key), least queued first
+    kept: dict[str, dict] = {}
+    for part in parts:
+        for key, state in part.scan_key_states():
+            if key in kept:               # HSCAN returned it again: the newer read
+                kept[key] = state
+                continue
+            entry = (state["queued"], key)
+            if len(top) < n:
+                heapq.heappush(top, entry)
+            elif n and entry > top[0]:
+                kept.pop(heapq.heapreplace(top, entry)[1], None)
+            else:
+                continue
+            kept[key] = state
+    # Overrides of hosts without a state yet (set before any of their requests).
+    extra: dict[int, list[str]] = {}
+    for key in limits:
+        if key not in kept:
+            extra.setdefault(partition_of(key, len(parts)), []).append(key)
+    missing = set()
+    for p, keys in extra.items():
+        states = parts[p].key_states(keys)
+        missing.update(key for key in keys if key not in states)
+    rows = {key: {**state, "limits": limits.get(key)}
+            for key, state in sorted(kept.items(), key=lambda kv: (-kv[1]["queued"], kv[0]))}
+    for key in sorted(missing)[:max(0, n - len(rows))]:
+        rows[key] = {"limits": limits[key]}
+    # (a count, not the scan's: HSCAN may return a field twice)
+    return rows, sum(part.host_count() for part in parts) + len(missing)
