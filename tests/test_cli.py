@@ -589,17 +589,24 @@ def test_dead_requeue_of_a_full_list_keeps_every_redis_call_short(redis, redis_u
     pipe.execute()
     old = redis.config_get("slowlog-log-slower-than")["slowlog-log-slower-than"]
     redis.config_set("slowlog-log-slower-than", 50_000)   # microseconds
-    redis.slowlog_reset()
+    # Up to three rounds of 10,000: a loaded machine may stall Redis itself for
+    # one call now and then, but a slow script is slow in every round (the old
+    # one in each of its calls).
+    rounds = []
     try:
-        out = cli(redis_url, "dead", "requeue", "shop", "-n", "10000")
-        slow = [(e["duration"], e["command"][:80]) for e in redis.slowlog_get(128)]
+        for _ in range(3):
+            redis.slowlog_reset()
+            out = cli(redis_url, "dead", "requeue", "shop", "-n", "10000")
+            assert "replayed 10000 dead letter(s)" in out.stdout, (out.stdout, out.stderr)
+            rounds.append([(e["duration"], e["command"][:80]) for e in redis.slowlog_get(128)])
+            if not rounds[-1]:
+                break
     finally:
         redis.config_set("slowlog-log-slower-than", old)
-    assert "replayed 10000 dead letter(s)" in out.stdout, (out.stdout, out.stderr)
-    assert redis.llen(keys.dead) == 90_000
-    assert slow == [], slow
+    assert rounds[-1] == [], rounds
+    assert redis.llen(keys.dead) == 100_000 - 10_000 * len(rounds)
     # the oldest (the tail) went first
-    assert json.loads(redis.lindex(keys.dead, -1))["member"] == "0:10000@127.0.0.1"
+    assert json.loads(redis.lindex(keys.dead, -1))["member"] == f"0:{10_000 * len(rounds)}@127.0.0.1"
 
 
 NEIGHBOURS_REFUSED = ("shop:1", "shop:2024", "shop*", "sh{op}", "shop[1]", "shop\\x", "shop?")
