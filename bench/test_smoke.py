@@ -11,7 +11,7 @@ import pytest
 from bench import (commands, costs, crawl, dedupe, frontier_capacity, kstate, memory, polite, seeds,
                    status_reads)
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = pytest.mark.timeout(240)
 
 
 def positive(value):
