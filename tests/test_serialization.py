@@ -332,7 +332,8 @@ def test_fuzz_payloads_give_an_allowed_request_or_a_clean_reject(fields):
     assert request.url.split(":", 1)[0].lower() in ("http", "https")
     for key, value in request.meta.items():
         assert key in STORED_META or key in DemoSpider.stored_meta_allow or (
-            key in PLAYWRIGHT_META and key not in PUBLISHED_ONLY), key
+            key in PLAYWRIGHT_META and key not in PUBLISHED_ONLY) or (
+            key == "proxy" and value is None), key   # None: "no proxy", allowed
     assert request.meta.get("proxy") is None and "dont_obey_robotstxt" not in request.meta
     assert 0 < request.meta.get("download_timeout", 1) <= 30
     assert 0 < request.meta.get("download_maxsize", 1) <= 1000
