@@ -679,7 +679,11 @@ def test_while_a_partition_is_down_the_acks_that_do_not_need_it_are_stored(redis
     async def main():
         seeds = ['{"url": "http://d/a"}', '{"url": "http://d/b"}']
         async with half_down(redis_url, "lineage", seeds,
-                             lease_ttl=60) as (fc, frontier, redis, _):
+                             lease_ttl=60) as (fc, frontier, _shared, _):
+            # A client of the test's own: the frontier closes its pools' idle
+            # connections after each failed call (the down partition's).
+            import redis.asyncio as aioredis
+            redis = aioredis.Redis.from_url(redis_url)
             keys = frontier.keys
             await until(lambda: len(fc.buffer) == 2)
             a, b = fc.next(), fc.next()
@@ -693,6 +697,7 @@ def test_while_a_partition_is_down_the_acks_that_do_not_need_it_are_stored(redis
             assert await redis.hexists(keys.payloads, b.member)     # b's link is not stored
             stored = await redis.hvals(keys.payloads)
             assert sum(b"from-a" in v for v in stored) == 1            # a's is
+            await redis.aclose()
 
     asyncio.run(main())
 
