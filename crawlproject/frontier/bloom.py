@@ -135,6 +135,11 @@ def filter_estimates(meta: dict) -> dict:
 class BloomFilter:
     """A Redis Bloom filter used directly (sync redis-py client, or cluster)."""
 
+    #: Fingerprints per script call: one call holds Redis for its whole list,
+    #: so a long list is sent in slices (a 100,000-long check in one call
+    #: blocked a loaded Redis for over 5 s).
+    batch_size = 1000
+
     def __init__(self, client, meta_key: str, config: BloomConfig | None = None):
         self.client = client
         self.meta_key = meta_key
@@ -151,10 +156,12 @@ class BloomFilter:
 
     def _call(self, mode: str, fingerprints) -> list[bool]:
         fps = [fingerprint_hex(fp) for fp in fingerprints]
-        if not fps:
-            return []
-        out = self._script(keys=[self.meta_key], args=[*self.config.args(), mode, *fps])
-        return [bool(x) for x in out]
+        out: list[bool] = []
+        for start in range(0, len(fps), self.batch_size):
+            part = fps[start:start + self.batch_size]
+            got = self._script(keys=[self.meta_key], args=[*self.config.args(), mode, *part])
+            out.extend(bool(x) for x in got)
+        return out
 
     def add(self, fingerprint: bytes | str) -> bool:
         """Check-and-add one fingerprint; True when it is new."""
