@@ -135,20 +135,78 @@ def test_retry_after_blocks_a_key_for_every_node(node, clock):
     assert "h1" in keys_of(b.take(5))
 
 
-def test_backoff_slows_a_key_down_and_successes_relax_it(node, clock, redis):
-    a = node("a", polite(delay=0.5, concurrency=5))
-    add(a, "h1", 50)
-    (member, _), = a.take(5)
-    slow = Batch(acks=[member], unrelieved={member})
-    slow.backoff("h1")
-    a.sync(slow)
+def answer(frontier, key, slow_down, take=5):
+    """Take one entry of *key* and acknowledge it: a slow-down answer (429/503
+    without Retry-After) or a success."""
+    (member, _), = frontier.take(take)
+    batch = Batch(acks=[member], unrelieved={member} if slow_down else set())
+    if slow_down:
+        batch.backoff(key)
+    frontier.sync(batch)
+
+
+def test_a_few_slow_down_answers_among_successes_never_slow_the_key(node, clock):
+    # One 503 in every 20 answers (5 %, more than the 2 % of a real site):
+    # retried, but the key keeps its full speed.
+    a = node("a", polite(delay=0.1, concurrency=1))
+    add(a, "h1", 200)
+    for i in range(200):
+        answer(a, "h1", slow_down=i % 20 == 10)
+        state = a.key_states(["h1"])["h1"]
+        assert state["backoff_ms"] == 0, (i, state)
+        clock.advance(0.1)
+    assert 0 < state["error_rate"] < 0.2
+
+
+def test_mostly_slow_down_answers_back_the_key_off_to_the_max_and_successes_restore_it(
+        node, clock):
+    a = node("a", polite(delay=0.1, concurrency=1, backoff_max=4, backoff_base=0.25))
+    add(a, "h1", 100)
+    backoffs = [0]
+    for _ in range(10):                           # the site answers 503 to everything
+        if len(backoffs) > 1:
+            clock.advance(max(backoffs[-1], 100) / 1000 - 0.05)
+            assert a.take(5) == []                # the key's interval holds
+            clock.advance(0.05)
+        answer(a, "h1", slow_down=True)
+        backoffs.append(a.key_states(["h1"])["h1"]["backoff_ms"])
+    # Tolerated while the recent rate is under 20 % (four answers), then
+    # doubled from the base on each one, up to the max.
+    assert backoffs[1:] == [0, 0, 0, 0, 250, 500, 1000, 2000, 4000, 4000]
+    clock.advance(4)
+    recovery = []
+    while not recovery or recovery[-1]:          # the site is back
+        answer(a, "h1", slow_down=False)
+        recovery.append(a.key_states(["h1"])["h1"]["backoff_ms"])
+        clock.advance(max(recovery[-1], 100) / 1000)
+    assert recovery == [2000, 1000, 500, 250, 125, 0]   # full speed after six answers
+    assert a.key_states(["h1"])["h1"]["error_rate"] > 0.2   # remembered, decaying
+    answer(a, "h1", slow_down=True)               # one more 503 so soon: slowed again
+    assert a.key_states(["h1"])["h1"]["backoff_ms"] == 250
+
+
+def test_a_slow_key_s_backoff_starts_at_twice_its_interval(node, clock):
+    a = node("a", polite(delay=0.5, concurrency=1, backoff_base=0.25, backoff_tolerance=0))
+    add(a, "h1", 10)
+    answer(a, "h1", slow_down=True)
     assert a.key_states(["h1"])["h1"]["backoff_ms"] == 1000
     clock.advance(0.6)
     assert a.take(5) == []                        # the interval is 1 s now
     clock.advance(0.5)
-    (member, _), = a.take(5)
-    a.ack(member)                                 # a success: halved, back to the delay
+    answer(a, "h1", slow_down=False)              # a success: halved, back to the delay
     assert a.key_states(["h1"])["h1"]["backoff_ms"] == 0
+
+
+def test_a_state_written_by_an_older_version_is_read(node, clock, redis):
+    a = node("a", polite(delay=0, concurrency=1))
+    redis.hset(a.keys.kstate, "old.example", f"0|{clock.ms}|0|2000|0")
+    state = a.key_states(["old.example"])["old.example"]
+    assert state["backoff_ms"] == 2000 and state["error_rate"] == 0
+    add(a, "old.example", 2)
+    assert a.take(5) == []                        # its backoff holds
+    clock.advance(2.1)
+    answer(a, "old.example", slow_down=False)
+    assert a.key_states(["old.example"])["old.example"]["backoff_ms"] == 1000
 
 
 def test_robots_crawl_delay_applies(node, clock):
@@ -419,6 +477,7 @@ def test_the_state_of_a_key_idle_for_days_is_dropped_and_nothing_else(node, cloc
         "blocked.example": f"0|{now}|{now + 5 * day}|0|0",
         "backoff.example": f"0|{now}|0|4000|0",
         "robots.example": f"0|{now}|0|0|10000",
+        "errors.example": f"0|{now}|0|0|0|300000",   # its error rate goes with it
     }
     redis.hset(a.keys.kstate, mapping=states)
     add(a, "idle.example", 1)
@@ -433,7 +492,7 @@ def test_the_state_of_a_key_idle_for_days_is_dropped_and_nothing_else(node, cloc
                     "robots.example", "busy.example"}
     assert a.limits()["slow.example"]["delay"] == 60.0     # overrides are not state
     assert redis.hget(a.keys.kstate, "|slow.example") is not None
-    assert a.stats()["keys_pruned"] == 2
+    assert a.stats()["keys_pruned"] == 3
     add(a, "idle.example", 1, start=10)           # comes back: polite as new
     assert keys_of(a.take(5)) == ["idle.example"]
     assert keys_of(a.take(5)) == []               # its 1 s interval holds again

@@ -70,7 +70,7 @@ def cmd_politeness(args) -> int:
 
     table = Table(title=f"politeness of {args.spider} (per host, across all nodes)")
     for column in ("host", "queued", "in flight", "limits", "next start in", "blocked for",
-                   "backoff", "crawl delay"):
+                   "backoff", "slow-downs", "crawl delay"):
         table.add_column(column, justify="left" if column == "host" else "right")
     if total > len(rows):
         table.caption = (f"the {len(rows)} most queued of {total} hosts "
@@ -86,6 +86,7 @@ def cmd_politeness(args) -> int:
             if lim else "defaults",
             _in(row.get("ready_at_ms"), now_ms), _in(row.get("blocked_until_ms"), now_ms),
             f"{row['backoff_ms'] / 1000:g}s" if row.get("backoff_ms") else "",
+            f"{row['error_rate']:.0%}" if row.get("error_rate") else "",
             f"{row['crawl_delay_ms'] / 1000:g}s" if row.get("crawl_delay_ms") else "")
     Console(width=max(Console().width, 140)).print(table)
     return 0

@@ -133,9 +133,12 @@ class PolitenessConfig:
     ``default`` applies to every key without an override; ``overrides`` come
     from ``FRONTIER_HOST_LIMITS``; the command line sets more in Redis, which
     win over both. ``backoff_codes`` are the statuses that slow a key down
-    (with ``Retry-After``: blocked that long, at most ``retry_after_max``;
-    without: its interval doubled, at most ``backoff_max``, relaxed again by
-    successes).
+    (with ``Retry-After``: blocked that long, at most ``retry_after_max``).
+    Without ``Retry-After`` the answer raises the key's recent error rate (a
+    moving average over about ``backoff_window`` answers); only while that
+    rate is at least ``backoff_tolerance`` is the key's interval doubled
+    (from ``backoff_base``, or twice its delay; at most ``backoff_max``).
+    Successes lower the rate and halve the interval again.
     """
 
     enabled: bool = True
@@ -147,6 +150,9 @@ class PolitenessConfig:
     backoff_codes: frozenset = frozenset({429, 503})
     retry_after_max: float = 300.0
     backoff_max: float = 60.0
+    backoff_tolerance: float = 0.2
+    backoff_window: int = 20
+    backoff_base: float = 0.25
     partitions: int = 1
     #: intervals are this much longer than asked (node-side latency between the
     #: lease and the request leaving must never shorten what the site sees)

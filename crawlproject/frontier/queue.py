@@ -242,7 +242,9 @@ class Frontier:
                 pol.jitter, int(pol.backoff_max * 1000), int(pol.retry_after_max * 1000),
                 random.randrange(1, 2**31),
                 batch.take if batch.take_polite is None else batch.take_polite,
-                pol.margin, len(batch.adopt)]
+                pol.margin, int(round(pol.backoff_tolerance * 1_000_000)),
+                max(1, int(round(1_000_000 / pol.backoff_window))),
+                int(round(pol.backoff_base * 1000)), len(batch.adopt)]
         for member, former in batch.adopt:
             args += [member, former]
         args.append(len(batch.adds))
@@ -369,7 +371,8 @@ class Frontier:
 
     def key_states(self, keys: list[str] | None = None) -> dict[str, dict]:
         """Politeness state: key → in flight, last start, blocked until, backoff,
-        crawl delay (ms, Redis time), queued, ready at."""
+        crawl delay (ms, Redis time), recent share of slow-down answers, queued,
+        ready at."""
         if keys is None:
             return dict(self.scan_key_states())
         return self._states_of(dict(zip(keys, self.client.hmget(self.keys.kstate, keys))))
@@ -381,9 +384,12 @@ class Frontier:
                 continue
             key = _s(key)
             try:
-                parsed[key] = [int(x) for x in _s(value).split("|")]
-                if len(parsed[key]) != 5:
+                fields = [int(x) for x in _s(value).split("|")]
+                if len(fields) == 5:     # written by an older version: no error rate
+                    fields.append(0)
+                if len(fields) != 6:
                     raise ValueError
+                parsed[key] = fields
             except ValueError:  # not written by the script: said, not fatal
                 parsed.pop(key, None)
                 logger.warning("Ignoring a malformed politeness state for %r: %r",
@@ -394,9 +400,10 @@ class Frontier:
             pipe.zscore(self.keys.ready, key)
         replies = pipe.execute() if parsed else []
         out = {}
-        for i, (key, (n, last, block, backoff, delay)) in enumerate(parsed.items()):
+        for i, (key, (n, last, block, backoff, delay, errors)) in enumerate(parsed.items()):
             out[key] = {"inflight": n, "last_start_ms": last, "blocked_until_ms": block,
                         "backoff_ms": backoff, "crawl_delay_ms": delay,
+                        "error_rate": errors / 1_000_000,
                         "queued": replies[2 * i], "ready_at_ms": replies[2 * i + 1]}
         return out
 

@@ -3,9 +3,10 @@
 A response whose status is in ``FRONTIER_BACKOFF_HTTP_CODES`` (429 and 503 by
 default) tells the shared frontier to slow that site's politeness key down for
 every node: with a ``Retry-After`` header (seconds or an HTTP date) the key is
-blocked that long (at most ``FRONTIER_RETRY_AFTER_MAX``); without it, the key's
-interval is doubled (at most ``FRONTIER_BACKOFF_MAX``), and successes relax it
-again. The response itself goes on to the retry middleware as usual.
+blocked that long (at most ``FRONTIER_RETRY_AFTER_MAX``); without it, the answer
+counts towards the key's recent error rate, and only a rate over
+``FRONTIER_BACKOFF_TOLERANCE`` doubles its interval (at most
+``FRONTIER_BACKOFF_MAX``); successes relax it again. The response itself goes on to the retry middleware as usual.
 
 Put it above :class:`~crawlproject.middlewares.retry.BackoffRetryMiddleware`
 (550) so that it sees responses before they are turned into retries (the

@@ -122,6 +122,7 @@ def _politeness_summary(parts: list[Frontier], hosts: int) -> dict:
                  if r["ready_at_ms"] is not None else None,
                  "blocked_for_s": round(max(0, r["blocked_until_ms"] - now_ms) / 1000, 2),
                  "backoff_s": r["backoff_ms"] / 1000, "crawl_delay_s": r["crawl_delay_ms"] / 1000,
+                 "slow_down_rate": round(r.get("error_rate", 0.0), 3),
                  "limits": r["limits"]} for key, r in top],
     }
 

@@ -101,6 +101,7 @@ class SitePoliteness(PolitenessConfig):
                 "FRONTIER_BACKOFF_HTTP_CODES", [429, 503])),
             retry_after_max=settings.getfloat("FRONTIER_RETRY_AFTER_MAX", 300.0),
             backoff_max=settings.getfloat("FRONTIER_BACKOFF_MAX", 60.0),
+            **backoff_shape(settings),
             partitions=partitions,
             margin=max(0.0, settings.getfloat("FRONTIER_DELAY_MARGIN", 0.05)),
         )
@@ -149,3 +150,19 @@ def delay_jitter(settings) -> float:
                        "100 %% (1)", jitter)
         jitter = 1.0
     return jitter
+
+
+def backoff_shape(settings) -> dict:
+    """How a key's backoff follows its slow-down answers (see
+    :class:`~crawlproject.frontier.politeness.PolitenessConfig`); ValueError
+    for a value the scripts could not use."""
+    tolerance = settings.getfloat("FRONTIER_BACKOFF_TOLERANCE", 0.2)
+    window = settings.getint("FRONTIER_BACKOFF_WINDOW", 20)
+    base = settings.getfloat("FRONTIER_BACKOFF_BASE", 0.25)
+    if not 0.0 <= tolerance <= 1.0:
+        raise ValueError(f"FRONTIER_BACKOFF_TOLERANCE must be 0 to 1, got {tolerance!r}")
+    if not 1 <= window <= 1_000_000:
+        raise ValueError(f"FRONTIER_BACKOFF_WINDOW must be 1 to 1000000 answers, got {window!r}")
+    if not 0.0 <= base <= MAX_DELAY:
+        raise ValueError(f"FRONTIER_BACKOFF_BASE must be 0 to {MAX_DELAY:g} s, got {base!r}")
+    return {"backoff_tolerance": tolerance, "backoff_window": window, "backoff_base": base}

@@ -5,7 +5,9 @@
 -- KEYS[6] dead (list)       KEYS[7] invalid (list)    KEYS[8] seq (string)
 -- KEYS[9] bloom meta (hash); its shards are KEYS[9]:<layer>:<shard> (derived)
 -- KEYS[10] partition stats (hash)
--- KEYS[11] kstate (hash key -> "n|last|block|backoff|crawl delay", field '|key'
+-- KEYS[11] kstate (hash key -> "n|last|block|backoff|crawl delay|error rate"
+--          (the error rate in millionths; a state of an older version has no
+--          such field: 0), field '|key'
 --          -> the key's override, mirrored from KEYS[12] by SET_LIMITS, field
 --          '||limits' -> how many overrides there are (SET_LIMITS), field
 --          '||cursor' -> where the next window of it starts (HSCAN), and field
@@ -44,6 +46,11 @@
 --          start at once: an entry of a polite key must not wait in a buffer)
 -- ARGV[20] safety margin on intervals (0.05: 5 % longer, so that the time a
 --          node takes from lease to sending never shortens what the site sees)
+-- ARGV[21] backoff tolerance: the share of a key's recent answers (millionths)
+--          that may be slow-down answers before the key is slowed down
+-- ARGV[22] weight of one answer in that share (millionths: 1 / the answers it
+--          is averaged over)
+-- ARGV[23] first backoff interval ms (or twice the key's interval, if longer)
 -- then nine sections, each a count followed by its items:
 --   adopt: n x (member, former owner)    (leases this node took under a former
 --                                          id of its own: now held under this id)
@@ -114,6 +121,7 @@ local dead_max, invalid_max = tonumber(ARGV[11]), tonumber(ARGV[12])
 local def_delay, def_conc, jitter = tonumber(ARGV[13]), tonumber(ARGV[14]), tonumber(ARGV[15])
 local backoff_max, block_max = tonumber(ARGV[16]), tonumber(ARGV[17])
 local margin = tonumber(ARGV[20])
+local tolerance, err_weight, backoff_base = tonumber(ARGV[21]), tonumber(ARGV[22]), tonumber(ARGV[23])
 math.randomseed(tonumber(ARGV[18]))
 local QP, HP = KEYS[13], KEYS[14]
 local function Q(k) return QP .. ':' .. k end
@@ -204,13 +212,14 @@ local DEFAULT_LIM = {delay = def_delay, conc = def_conc}   -- read only
 setmetatable(ST, {__index = function(t, k)
   local s = RAW_ST[k]
   if s == nil then return nil end   -- not loaded
-  local n, la, bl, bo, cd = 0, 0, 0, 0, 0
+  local n, la, bl, bo, cd, er = 0, 0, 0, 0, 0, 0
   if s then
-    n, la, bl, bo, cd = string.match(s, '^(%-?%d+)|(%d+)|(%d+)|(%d+)|(%d+)$')
+    n, la, bl, bo, cd, er = string.match(s, '^(%-?%d+)|(%d+)|(%d+)|(%d+)|(%d+)|?(%d*)$')
     n, la, bl, bo, cd = tonumber(n) or 0, tonumber(la) or 0, tonumber(bl) or 0,
                         tonumber(bo) or 0, tonumber(cd) or 0
+    er = math.min(1000000, tonumber(er) or 0)
   end
-  local v = {n = math.max(0, n), last = la, block = bl, bo = bo, cd = cd}
+  local v = {n = math.max(0, n), last = la, block = bl, bo = bo, cd = cd, er = er}
   rawset(t, k, v)
   return v
 end})
@@ -300,7 +309,7 @@ local took, touched, raise = {}, {}, {}
 
 -- parse every section first: their keys are loaded in one go
 local polite_budget = tonumber(ARGV[19])
-local pos = 21
+local pos = 24
 local adopt = {}
 for i = 1, tonumber(ARGV[pos]) do adopt[i] = {ARGV[pos + 2 * i - 1], ARGV[pos + 2 * i]} end
 pos = pos + 1 + 2 * #adopt
@@ -531,8 +540,11 @@ settle(ack_members, function(i, member)
   gone[#gone + 1] = member
   local k = member_key(member)
   local s = ST[k]
-  if acks[i][2] == '1' and s.bo > 0 then
-    -- a success relaxes the key's backoff (halved; gone below its interval)
+  if acks[i][2] == '1' and (s.bo > 0 or s.er > 0) then
+    -- a success lowers the key's error rate and relaxes its backoff (halved;
+    -- gone below its interval): a site that recovered is back at full speed
+    -- after a few answers
+    s.er = math.floor(s.er * (1000000 - err_weight) / 1000000)
     s.bo = math.floor(s.bo / 2)
     if s.bo <= LIM[k].delay then s.bo = 0 end
     dirty[k] = true
@@ -575,7 +587,15 @@ for _, f in ipairs(feedback) do
   if kind == 'block' then
     s.block = math.max(s.block, now() + math.min(ms, block_max))
   elseif kind == 'backoff' then
-    s.bo = math.min(backoff_max, math.max(s.bo * 2, LIM[k].delay * 2, 1000))
+    -- In proportion: the answer raises the key's recent error rate, and only a
+    -- rate over the tolerance slows the key down (its interval doubled). A few
+    -- transient 5xx among many successes cost their retries, not the site's
+    -- speed; a site answering mostly 429/503 reaches backoff_max within a few
+    -- answers (the ones in flight when it turned).
+    s.er = s.er + math.floor((1000000 - s.er) * err_weight / 1000000)
+    if s.er >= tolerance then
+      s.bo = math.min(backoff_max, math.max(s.bo * 2, LIM[k].delay * 2, backoff_base))
+    end
   elseif kind == 'crawldelay' then
     s.cd = math.min(ms, backoff_max)
   end
@@ -685,12 +705,13 @@ if maintenance or ttl == 0 then
   -- is the same as no state, so it is dropped (a crawl of millions of hosts
   -- seen once would otherwise keep a field for each of them for ever).
   window = window or kstate_window(TIDY_WINDOW, true)
-  -- Only a state "0|last|block|0|0" can go: the others are not parsed.
+  -- Only a state "0|last|block|0|0|error rate" can go (its error rate is
+  -- forgotten with it): the others are not parsed.
   local idle = {}
   for i = 1, window and #window or 0, 2 do
     local k, v = window[i], window[i + 1]
-    if not dirty[k] and string.sub(v, 1, 2) == '0|' and string.sub(v, -4) == '|0|0' then
-      local la, bl = string.match(v, '^0|(%d+)|(%d+)|0|0$')
+    if not dirty[k] and string.sub(v, 1, 2) == '0|' then
+      local la, bl = string.match(v, '^0|(%d+)|(%d+)|0|0|?%d*$')
       if la and now() - tonumber(la) > IDLE_MS and tonumber(bl) <= now() then
         idle[#idle + 1] = k
       end
@@ -892,6 +913,7 @@ for k, _ in pairs(dirty) do
   local s = ST[k]
   states[#states + 1] = k
   states[#states + 1] = s.n .. '|' .. s.last .. '|' .. s.block .. '|' .. s.bo .. '|' .. s.cd
+                        .. '|' .. s.er
 end
 -- The queue length: as read plus this call's changes. A partition without the
 -- field is new or was begun by an older version (its count is KEYS[15], moved
