@@ -119,6 +119,16 @@ key                                type    contents / written by
                                            RPUSHed by the closing node, any node removes
                                            a chunk (LREM) after writing it
                                            (:mod:`crawlproject.pipelines.handoff`)
+``{<spider>}:robots:<origin>``     string  a site's robots.txt for the cluster (JSON:
+                                           status, body, fetched, expires; untrusted,
+                                           parsed strictly), with a TTL; ``<origin>``
+                                           = ``scheme://host[:port]``
+                                           (:mod:`crawlproject.robots`)
+``{<spider>}:robots``               hash    host → the last robots.txt stored for it
+                                           (JSON: origin, status, fetched, expires), for
+                                           ``crawlctl politeness``
+``{<spider>}:robots:<origin>:fetch`` string  the node that put the site's robots.txt
+                                           request in the frontier (SET NX, a TTL)
 =================================  ======  ==========================================
 
 Derived keys: a script gets in KEYS the keys it touches, plus *prefix keys*
@@ -327,6 +337,27 @@ class ProxyKeys:
         """KEYS of the REFRESH script, in its order."""
         return [self.pool, self.health, self.bans, self.retired, self.ban_log,
                 self.ban_expiry, self.state]
+
+
+@dataclass(frozen=True)
+class RobotsKeys:
+    """The keys of the robots.txt files a spider's nodes share (under ``{<spider>}``)."""
+
+    spider: str
+
+    def record(self, origin: str) -> str:
+        """The stored robots.txt of *origin* (``scheme://host[:port]``)."""
+        return f"{{{self.spider}}}:robots:{origin}"
+
+    @property
+    def index(self) -> str:
+        """Host → the last stored record's origin, status, fetched and expires
+        (JSON), for ``crawlctl politeness``."""
+        return f"{{{self.spider}}}:robots"
+
+    def fetch_lock(self, origin: str) -> str:
+        """Held by the node that asked the frontier to fetch *origin*'s robots.txt."""
+        return f"{{{self.spider}}}:robots:{origin}:fetch"
 
 
 def partitions_of(spider: str, partitions: int) -> list[FrontierKeys]:

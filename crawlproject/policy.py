@@ -221,6 +221,7 @@ STORED_META: dict[str, Callable] = {
     "proxy_ban_tries": _count(MAX_COUNT), "crawlproject_callback_attempts": _count(MAX_COUNT),
     "recrawl": _object, "render": _bool, "render_wait_for": _text(1000),
     "playwright": _bool,
+    "robotstxt_fetch": _bool, "robotstxt_waits": _count(MAX_COUNT),
 }
 #: Browser keys a stored request may carry only when the spider or the
 #: operator published them: an included page stays open until the callback

@@ -211,6 +211,7 @@ class RedisScheduler(BaseScheduler):
         self.setup(spider)
         if self.politeness.enabled:
             self._no_local_politeness()
+        self._per_node_robots()
         self.crawler.signals.connect(self._on_response, signal=signals.response_received)
         self.crawler.signals.connect(self._on_left_downloader,
                                      signal=signals.request_left_downloader)
@@ -296,6 +297,22 @@ class RedisScheduler(BaseScheduler):
             logger.info("Scrapy's remote control server is not started on a shared-frontier "
                         "node (it runs code posted to it); set REMOTE_CONTROL_ENABLED = True "
                         "to keep it", extra={"spider": self.spider})
+
+    def _per_node_robots(self) -> None:
+        """Say so when Scrapy's own robots.txt middleware runs on this node:
+        each node then fetches each site's robots.txt itself, outside the
+        site's limits (crawlproject.robots fetches one for the cluster)."""
+        from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
+
+        downloader = getattr(getattr(self.crawler, "engine", None), "downloader", None)
+        middlewares = getattr(getattr(downloader, "middleware", None), "middlewares", ())
+        if any(type(mw) is RobotsTxtMiddleware for mw in middlewares):
+            self.stats.set_value("robotstxt/per_node", 1)
+            logger.warning(
+                "ROBOTSTXT_OBEY with Scrapy's RobotsTxtMiddleware: every node fetches each "
+                "site's robots.txt itself, outside the site's limits; use "
+                "crawlproject.robots.ClusterRobotsTxtMiddleware (see README's settings block)",
+                extra={"spider": self.spider})
 
     def _check_engine(self) -> None:
         """Fail at open, loudly, if the engine lacks what acknowledgements need.

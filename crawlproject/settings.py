@@ -56,6 +56,9 @@ CALLBACK_RETRY_TIMES = 2
 RETRY_BACKOFF_BASE = 1.0
 RETRY_BACKOFF_MAX = 60.0
 DOWNLOADER_MIDDLEWARES = {
+    # robots.txt fetched once per site for the cluster, under the site's limits
+    "scrapy.downloadermiddlewares.robotstxt.RobotsTxtMiddleware": None,
+    "crawlproject.robots.ClusterRobotsTxtMiddleware": 100,
     "scrapy.downloadermiddlewares.retry.RetryMiddleware": None,
     "crawlproject.middlewares.retry.BackoffRetryMiddleware": 550,
     "crawlproject.middlewares.politeness.FrontierPolitenessMiddleware": 560,

@@ -6,7 +6,7 @@ import json
 import sys
 
 from crawlproject.ops.common import (UsageError, _server_ms)
-from crawlproject.ops.politeness import politeness_rows
+from crawlproject.ops.politeness import politeness_rows, robots_states
 from crawlproject.cli.common import _in, _partitions, terminal_text
 
 
@@ -61,6 +61,9 @@ def cmd_politeness(args) -> int:
     now_ms = _server_ms(parts[0].client)
     rows, total = politeness_rows(parts, [safe_key(h.lower()) for h in args.hosts],
                                   max(0, args.n))
+    for key, robots in robots_states(parts[0].client, args.spider, list(rows),
+                                     now_ms / 1000).items():
+        rows[key]["robots"] = robots
     if args.json:
         print(json.dumps({"now_ms": now_ms, "hosts": rows, "hosts_total": total},
                          sort_keys=True))
@@ -70,7 +73,7 @@ def cmd_politeness(args) -> int:
 
     table = Table(title=f"politeness of {args.spider} (per host, across all nodes)")
     for column in ("host", "queued", "in flight", "limits", "next start in", "blocked for",
-                   "backoff", "slow-downs", "crawl delay"):
+                   "backoff", "slow-downs", "crawl delay", "robots.txt"):
         table.add_column(column, justify="left" if column == "host" else "right")
     if total > len(rows):
         table.caption = (f"the {len(rows)} most queued of {total} hosts "
@@ -87,9 +90,24 @@ def cmd_politeness(args) -> int:
             _in(row.get("ready_at_ms"), now_ms), _in(row.get("blocked_until_ms"), now_ms),
             f"{row['backoff_ms'] / 1000:g}s" if row.get("backoff_ms") else "",
             f"{row['error_rate']:.0%}" if row.get("error_rate") else "",
-            f"{row['crawl_delay_ms'] / 1000:g}s" if row.get("crawl_delay_ms") else "")
+            f"{row['crawl_delay_ms'] / 1000:g}s" if row.get("crawl_delay_ms") else "",
+            _robots_cell(row.get("robots")))
     Console(width=max(Console().width, 140)).print(table)
     return 0
+
+
+def _robots_cell(robots: dict | None) -> str:
+    """``200, 23h left`` / ``503: pages wait, 4m`` / ``expired`` for the table."""
+    if not robots:
+        return ""
+    left = robots["expires_in_s"]
+    if left <= 0:
+        return f"{robots['status'] or 'unreachable'}, expired"
+    span = f"{left / 3600:.0f}h" if left >= 3600 else f"{left / 60:.0f}m" if left >= 60 \
+        else f"{left:.0f}s"
+    if robots["state"] == "unavailable":
+        return f"{robots['status'] or 'unreachable'}: pages wait, {span}"
+    return f"{robots['status']}, {span} left"
 
 
 def _politeness_key(given: str) -> str:

@@ -58,3 +58,29 @@ def politeness_rows(parts: list, hosts: list[str], n: int) -> tuple[dict, int]:
         rows[key] = {"limits": limits[key]}
     # (a count, not the scan's: HSCAN may return a field twice)
     return rows, sum(part.host_count() for part in parts) + len(missing)
+
+
+def robots_states(client, spider: str, hosts: list[str], now: float) -> dict[str, dict]:
+    """What the cluster knows of each host's robots.txt: ``{"status", "state",
+    "expires_in_s"}`` from the last record stored for it (records that are not
+    ours are left out: the index is read from Redis, so untrusted)."""
+    import json
+
+    from crawlproject.keys import RobotsKeys
+    from crawlproject.robots.record import RobotsRecord
+
+    if not hosts:
+        return {}
+    out = {}
+    for host, raw in zip(hosts, client.hmget(RobotsKeys(spider).index, hosts)):
+        if raw is None:
+            continue
+        try:
+            data = json.loads(raw)
+            status, expires = int(data["status"]), float(data["expires"])
+        except (ValueError, TypeError, KeyError):
+            continue
+        out[host] = {"status": status,
+                     "state": RobotsRecord(status, "", 0.0, expires).state,
+                     "expires_in_s": round(expires - now, 1)}
+    return out
