@@ -216,6 +216,8 @@ class RedisScheduler(BaseScheduler):
         self.crawler.signals.connect(self._on_left_downloader,
                                      signal=signals.request_left_downloader)
         self.crawler.signals.connect(self._on_downloaded, signal=signals.response_downloaded)
+        self.crawler.signals.connect(self._on_reached_downloader,
+                                     signal=signals.request_reached_downloader)
         self.crawler.signals.connect(self._on_spider_error, signal=signals.spider_error)
         self.crawler.signals.connect(self._on_robots, signal=signals.robots_parsed)
         self.crawler.signals.connect(self._on_spider_opened, signal=signals.spider_opened)
@@ -608,6 +610,19 @@ class RedisScheduler(BaseScheduler):
         # slot, even before slow_down() tells every node.
         if response.status in self.politeness.backoff_codes and LEASE_META in request.meta:
             self.client.hold_back(self.politeness.key(request))
+
+    def _on_reached_downloader(self, request, spider=None, **kwargs):
+        # How long after its lease a request of a site with an interval was
+        # sent: one the buffer held too long went back to the frontier
+        # (politeness/late_returned); one the downloader middlewares held up
+        # is only counted here.
+        entry = self.client.held.get(request.meta.get(LEASE_META))
+        if entry is None or not entry.polite:
+            return
+        lag = time.monotonic() - entry.leased_at
+        if lag > entry.lag_allowed:
+            self.stats.inc_value("politeness/sent_late")
+        self.stats.max_value("politeness/send_lag_max_ms", int(lag * 1000))
 
     def _on_left_downloader(self, request, spider=None, **kwargs):
         # The download is over (response or error): the site's slot is free for

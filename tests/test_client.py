@@ -142,7 +142,7 @@ class _Outage:
 
 @contextlib.asynccontextmanager
 async def real_client(redis_url, spider, concurrency, entries, outage=None, count=None,
-                      **pauses):
+                      delay=0.0, margin=0.0, **pauses):
     """A started FrontierClient on real Redis, with *entries* requests queued
     for key "h" (limit *concurrency*); every pause of its loop is a minute
     unless *pauses* says otherwise. Yields (client, frontier, redis)."""
@@ -152,7 +152,7 @@ async def real_client(redis_url, spider, concurrency, entries, outage=None, coun
     from crawlproject.frontier.queue import AsyncFrontier, Batch
 
     redis = aioredis.Redis.from_url(redis_url)
-    politeness = PolitenessConfig(default=Limits(0, concurrency), margin=0.0)
+    politeness = PolitenessConfig(default=Limits(delay, concurrency), margin=margin)
     frontier = AsyncFrontier(redis, spider, "n1", lease_ttl=120, politeness=politeness)
     seed = Batch()
     for i in range(entries):
@@ -225,6 +225,36 @@ def test_a_node_hands_a_finished_download_s_slot_to_its_reserve_at_once(redis_ur
             state = await client.hget(frontier.keys.kstate, "h")
             assert int(state.split(b"|")[0]) == 2
             assert await leases_counted(client, frontier) == 2    # third and fourth
+
+    asyncio.run(main())
+
+
+def test_a_polite_entry_that_waited_in_the_buffer_past_its_start_goes_back_not_out(redis_url):
+    """Limits held at send time: a site with an interval (1 s, margin 5 %: its
+    entries may start up to 50 ms after their lease) whose leased entry waited
+    in the node's buffer longer is not handed to the engine — the site could
+    see it closer than 1 s to the next request, which any node may lease on
+    time — but goes back to its queue, not started; the site's next start
+    still counts from the lease, and an entry taken then starts."""
+    counts = {}
+
+    def count(name, value):
+        counts[name] = counts.get(name, 0) + value
+
+    async def main():
+        async with real_client(redis_url, "late", 1, 3, count=count, delay=1.0, margin=0.05,
+                               flush_interval=0.05, min_sync_interval=0.02,
+                               idle_poll=0.1) as (fc, frontier, client):
+            await until(lambda: len(fc.buffer) == 1)
+            leased = fc.buffer[0].leased_at
+            await asyncio.sleep(0.1)                 # the engine did not ask for 100 ms
+            assert fc.next() is None                 # too late to start: given back
+            assert counts.get("politeness/late_returned") == 1
+            await until(lambda: len(fc.buffer) == 1, timeout=15)
+            again = fc.buffer[0]
+            assert again.leased_at - leased >= 0.9  # the interval from the first lease (less a call)
+            assert fc.next() is again                # on time: it starts
+            assert await client.zcard(frontier.keys.queue("h")) == 2   # none lost
 
     asyncio.run(main())
 

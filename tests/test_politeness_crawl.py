@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from devtools.demo.hosts import DEFAULT_HOSTS, MultiHostSite
+from devtools.demo.hosts import DEFAULT_HOSTS, MultiHostSite, max_overlap
 from crawlproject.keys import FrontierKeys, start_urls_key
 from tests.crawl_helpers import ROOT, Node, kill_while_holding, node_env, partial_cluster
 
@@ -684,3 +684,30 @@ def test_a_503_without_retry_after_backs_a_site_off_for_every_node_then_it_recov
     assert tail[len(tail) // 2] < 0.5, tail
     fetched = Counter(h.path for h in mine if h.status == 200)
     assert set(fetched) == site.expected_paths(slow) and set(fetched.values()) == {1}
+
+
+def test_three_nodes_hold_each_site_s_interval_at_the_site_not_only_at_lease(
+        redis, redis_url, mongo_uri, database, tmp_path):
+    """Limits held at send time: three nodes, three sites with DOWNLOAD_DELAY
+    0.3 and 2 in flight, and callbacks that hold each node's loop for 100 ms (a
+    heavy page, a loaded machine: leased requests wait in the node's buffer
+    meanwhile). Measured at the site (its own clock): no two starts closer
+    than the interval, less a few ms of measurement (a request the node could
+    not send within 5 % of the interval after its lease went back to the
+    frontier), and never more than 2 in flight."""
+    env = node_env(redis_url, mongo_uri, database.name)
+    hosts = DEFAULT_HOSTS[:3]
+    settings = {**BASE, "DOWNLOAD_DELAY": 0.3, "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
+                "HOSTS_PARSE_CPU_MS": 100}
+    with MultiHostSite(hosts, pages=30, latency_ms=20) as site:
+        nodes = crawl(tmp_path, env, redis, site, settings, nodes=3)
+        hits = site.requests()
+    for host in hosts:
+        mine = sorted(h.t for h in hits if h.host == host)
+        gaps = [b - a for a, b in zip(mine, mine[1:])]
+        print(host, "shortest gap", round(min(gaps), 4), "in flight",
+              max_overlap((h.t, h.done) for h in hits if h.host == host))
+        assert min(gaps) >= 0.3 - 0.02, sorted(gaps)[:5]
+        assert max_overlap((h.t, h.done) for h in hits if h.host == host) <= 2
+    logs = "".join(n.log.read_text() for n in nodes)
+    print([line for line in logs.splitlines() if "late_returned" in line or "send_lag" in line][:6])

@@ -106,6 +106,12 @@ class Entry:
     ended: bool = False
     #: its key has an interval: counted as started when leased, it must not wait
     polite: bool = False
+    #: when the call that leased it was sent (``time.monotonic()``)
+    leased_at: float = 0.0
+    #: how long after ``leased_at`` a polite entry may still start (margin x
+    #: its key's interval): later, the site could see it closer than the
+    #: interval to the key's next request, leased by any node on time
+    lag_allowed: float = float("inf")
 
 
 def member_priority(member: str) -> int:
@@ -281,10 +287,24 @@ class FrontierClient:
                     max(0.0, self._hold_until - time.monotonic()), self._hold_lapsed)
             return None
         entry = self.buffer.popleft()
+        while entry.polite and time.monotonic() - entry.leased_at > entry.lag_allowed:
+            self._give_back_late(entry)
+            if not self.buffer:
+                self._wake.set()
+                return None
+            entry = self.buffer.popleft()
         self.held[entry.member] = entry
         if len(self.buffer) <= self.prefetch // 2:
             self._wake.set()
         return entry
+
+    def _give_back_late(self, entry: Entry) -> None:
+        """*entry* of a key with an interval waited here past its start: back
+        to its queue, not started (its key's interval counts from its lease,
+        so the site sees nothing closer than the interval)."""
+        self.outbox[entry.partition].nacks.append(entry.member)
+        self.count("politeness/late_returned", 1)
+        self._wake.set()
 
     def _hold_lapsed(self) -> None:
         self._lapse = None
@@ -1016,8 +1036,9 @@ class FrontierClient:
             self.count("scheduler/reclaimed", result.reclaimed)
             logger.warning("Reclaimed %d requests leased by nodes that stopped answering",
                            result.reclaimed, extra=self.log_extra)
+        leased_at = batch.sent_at if batch is not None and batch.sent_at else time.monotonic()
         for member, payload in result.taken:
-            self._take(p, member, payload, result.polite_keys)
+            self._take(p, member, payload, result.polite_keys, leased_at)
         if result.taken:
             self.nudge()
         self._apply_reserve(p, result)
@@ -1053,11 +1074,16 @@ class FrontierClient:
         self.owners[member] = self.partitions[p].node
         return Entry(member, p, item, member_priority(member), member_key(member))
 
-    def _take(self, p: int, member: str, payload: bytes, polite: set[str] = frozenset()) -> None:
+    def _take(self, p: int, member: str, payload: bytes, polite: dict | None = None,
+              leased_at: float = 0.0) -> None:
         entry = self._accepted(p, member, payload)
         if entry is None:
             return
-        entry.polite = entry.key in polite
+        interval = (polite or {}).get(entry.key)
+        if interval is not None:
+            entry.polite, entry.leased_at = True, leased_at
+            if self.politeness.margin > 0:
+                entry.lag_allowed = self.politeness.margin * interval
         buffer = self.buffer
         if not buffer or buffer[-1].priority >= entry.priority:
             buffer.append(entry)  # the common case: FIFO among equal priorities

@@ -101,6 +101,9 @@ class Batch:
     #: only whether the reserve held may still be used)
     reserve: list[tuple[str, int]] = field(default_factory=list)
     take: int = 0
+    #: when the call was sent (``time.monotonic()``): what it leases was leased
+    #: after this, so a lease's age is at most now - sent_at
+    sent_at: float = 0.0
     #: most entries to take from keys with an interval (None: as many as ``take``)
     take_polite: int | None = None
     #: renew the lease, reclaim expired ones, report delayed/inflight sizes
@@ -202,7 +205,8 @@ class SyncResult:
     #: the keys behind ``capped`` (at most 64)
     capped_keys: list[str] = field(default_factory=list)
     #: the keys with an interval the take took from (their entries start at once)
-    polite_keys: set[str] = field(default_factory=set)
+    #: keys with an interval this call took from → their interval (s)
+    polite_keys: dict[str, float] = field(default_factory=dict)
 
 
 class Frontier:
@@ -281,7 +285,9 @@ class Frontier:
         result.reserve_status = {_s(st[i]): (int(st[i + 1]) == 1, int(st[i + 2]))
                                  for i in range(0, len(st), 3)}
         result.capped_keys = [_s(k) for k in raw[15]]
-        result.polite_keys = {_s(k) for k in raw[16]} if len(raw) > 16 else set()
+        polite = raw[16] if len(raw) > 16 else []
+        result.polite_keys = {_s(polite[i]): int(polite[i + 1]) / 1000
+                              for i in range(0, len(polite) - 1, 2)}
         return result
 
     def sync(self, batch: Batch | None = None, *, leaving: bool = False) -> SyncResult:
@@ -489,7 +495,9 @@ class AsyncFrontier(Frontier):
     """The same frontier over an asyncio redis-py client (the Scrapy scheduler)."""
 
     async def sync(self, batch: Batch | None = None, *, leaving: bool = False) -> SyncResult:
-        return self._parse(await self._sync_call(Batch() if batch is None else batch, leaving))
+        batch = Batch() if batch is None else batch
+        batch.sent_at = time.monotonic()
+        return self._parse(await self._sync_call(batch, leaving))
 
     async def add_stats(self, deltas: dict[str, int]) -> None:
         if any(deltas.values()):

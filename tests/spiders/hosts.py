@@ -5,6 +5,7 @@ links on the same host and stores one item per page (``/p/N``), so a crawl
 covers every page of every host. Off-host links are never followed.
 """
 
+import time
 from urllib.parse import urlsplit
 
 from scrapy import Request
@@ -18,7 +19,16 @@ class HostsSpider(RedisSpider):
     name = "hosts"
 
     def parse(self, response):
-        """One item for a page; requests for every same-host listing or page link."""
+        """One item for a page; requests for every same-host listing or page link.
+
+        ``HOSTS_PARSE_CPU_MS``: each callback first keeps the CPU busy that
+        long (a heavy page's parsing, or a loaded machine: the node's loop
+        is held up meanwhile)."""
+        busy = self.settings.getfloat("HOSTS_PARSE_CPU_MS", 0) / 1000
+        if busy:
+            end = time.perf_counter() + busy
+            while time.perf_counter() < end:
+                pass
         parts = urlsplit(response.url)
         if parts.path.startswith("/p/"):
             yield {"url": response.url, "host": parts.hostname}

@@ -109,9 +109,9 @@
 --          take got all it asked for (more may be ready), keys the take filled
 --          up to their concurrency or passed over because they had it in flight,
 --          reserved = {member, payload, ...}, status = {key, 1|0, share, ...},
---          capped keys = {key, ...} (at most 64), polite keys = {key, ...}: the
---          keys with an interval this call took from (their entries must start
---          at once)}
+--          capped keys = {key, ...} (at most 64), polite keys = {key, interval
+--          ms, ...}: the keys with an interval this call took from (their
+--          entries must start at once: within margin x interval of the lease)}
 local node, ttl, take_n = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local sweep = string.find(ARGV[5], 's', 1, true) ~= nil
 local registered = string.find(ARGV[5], 'r', 1, true) ~= nil
@@ -871,6 +871,7 @@ if take_n > 0 and ttl > 0 then
           if polite then
             polite_budget = polite_budget - got
             polite_keys[#polite_keys + 1] = k
+            polite_keys[#polite_keys + 1] = interval(k)
           end
           s.n = s.n + got; s.last = now(); dirty[k] = true; took[k] = true
           if s.n >= l.conc then note_capped(k) end   -- filled up to its concurrency
