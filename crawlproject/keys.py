@@ -261,6 +261,9 @@ class FrontierKeys:
     def nodes(self) -> str: return self._k("nodes")
     @property
     def wanting(self) -> str: return self._k("wanting")
+
+    @property
+    def budget(self) -> str: return self._k("budget")
     @property
     def delayed(self) -> str: return self._k("delayed")
     @property
@@ -295,7 +298,8 @@ class FrontierKeys:
         """KEYS of the SYNC script, in its order."""
         return [self.ready, self.payloads, self.inflight, self.nodes, self.delayed,
                 self.dead, self.invalid, self.seq, self.bloom, self.stats, self.kstate,
-                self.limits, self.queue_prefix, self.held_prefix, self.qlen, self.wanting]
+                self.limits, self.queue_prefix, self.held_prefix, self.qlen, self.wanting,
+                self.budget]
 
     def replay_keys(self) -> list[str]:
         """KEYS of the REPLAY_DEAD script, in its order."""
@@ -303,7 +307,7 @@ class FrontierKeys:
 
     def fixed(self) -> list[str]:
         """Every key of this partition with a fixed name (not queues, held sets, shards)."""
-        return [*self.sync_keys()[:12], self.qlen, self.wanting, self.config,
+        return [*self.sync_keys()[:12], self.qlen, self.wanting, self.budget, self.config,
                 self.cluster_stats, self.dupefilter]
 
     def patterns(self) -> list[str]:

@@ -71,6 +71,7 @@ from crawlproject.frontier.queue import (
     DEAD_MAX,
     INVALID_MAX,
     MAX_PRIORITY,
+    NEW_UNFILTERED,
     AsyncFrontier,
     refused,
 )
@@ -483,6 +484,9 @@ class RedisScheduler(BaseScheduler):
             parent = member  # its ack waits for this one, not for every add before it
         elif parent is not None and parent not in self.client.held:
             parent = None    # not ours (any more): this add keeps the wait for everything
+        if fp is None and not (replaces or retried or request.meta.get("recrawl")
+                               or request.meta.get("robotstxt_fetch")):
+            fp = NEW_UNFILTERED   # a new page (a seed, dont_filter): it counts for budgets
         self.client.add(payload, fp, request.priority, int(delay * 1000),
                         self.politeness.key(request), parent=parent)
         if replaces:

@@ -81,7 +81,7 @@ def test_a_take_names_the_keys_with_an_interval_it_took_from(node, clock):
     add(a, "free", 3)
     res = a.sync(Batch(take=10))
     assert sorted(keys_of(res.taken)) == ["free", "free", "free", "slow"]
-    assert res.polite_keys == {"slow"}
+    assert res.polite_keys == {"slow": 1.0}        # with its interval (s)
 
 
 def test_a_key_has_at_most_its_concurrency_in_flight_across_nodes(node, clock):
@@ -207,6 +207,67 @@ def test_a_state_written_by_an_older_version_is_read(node, clock, redis):
     clock.advance(2.1)
     answer(a, "old.example", slow_down=False)
     assert a.key_states(["old.example"])["old.example"]["backoff_ms"] == 1000
+
+
+def queued(frontier, key):
+    return frontier.client.zcard(frontier.keys.queue(key))
+
+
+def test_a_site_budget_caps_the_new_pages_it_queues_and_counts_the_rest(node, clock):
+    a = node("a", PolitenessConfig(default=Limits(0, 5, budget=5), margin=0.0))
+    result = add(a, "h1", 8)
+    add(a, "h2", 3)
+    assert result.added == 5 and result.budget_refused == 3 and queued(a, "h1") == 5
+    assert queued(a, "h2") == 3
+    again = add(a, "h1", 3)                      # the same pages: duplicates, not refusals
+    assert again.duplicates == 3 and again.budget_refused == 0
+    # A retry (no fingerprint: the same page again) is not a new page.
+    retry = Batch()
+    retry.add('{"url": "http://h1/0"}', None, 0, 0, "h1")
+    assert a.sync(retry).added == 1
+    counts = a.budget_counts(["h1", "h2"])
+    assert counts["h1"] == {"admitted": 5, "refused": 3} and counts["h2"]["admitted"] == 3
+    assert counts["||crawl"] == {"admitted": 8, "refused": 3}
+    assert a.stats()["budget_refused"] == 3
+    # Raised by the operator for that site only: new pages are admitted again.
+    assert a.set_limits({"h1": Override(budget=7)}) == 1
+    assert a.limits()["h1"]["budget"] == 7
+    assert add(a, "h1", 4, start=100).budget_refused == 2
+    assert a.budget_counts(["h1"])["h1"] == {"admitted": 7, "refused": 5}
+
+
+def test_an_operator_s_budget_applies_with_no_budget_in_the_settings(node):
+    """Set mid-crawl (``crawlctl politeness hosts H --budget N``), a budget
+    counts the new pages queued from then on."""
+    a = node("a", polite(delay=0, concurrency=5))
+    assert add(a, "h1", 4).budget_refused == 0
+    a.set_limits({"h1": Override(budget=6)})
+    assert add(a, "h1", 5, start=10).added == 5
+    result = add(a, "h1", 3, start=20)
+    assert result.added == 1 and result.budget_refused == 2
+    a.set_limits({"h1": None})                   # cleared: no budget any more
+    assert add(a, "h1", 5, start=30).budget_refused == 0
+
+
+def test_a_new_page_sent_without_dedupe_counts_a_retry_does_not(node):
+    from crawlproject.frontier.queue import NEW_UNFILTERED
+
+    a = node("a", PolitenessConfig(default=Limits(0, 5, budget=2), margin=0.0))
+    batch = Batch()
+    for i in range(3):                            # seeds (dont_filter): new pages
+        batch.add(json.dumps({"url": f"http://h1/s{i}"}), NEW_UNFILTERED, 0, 0, "h1")
+    batch.add(json.dumps({"url": "http://h1/s0"}), None, 0, 0, "h1")   # a retry
+    result = a.sync(batch)
+    assert result.added == 3 and result.budget_refused == 1
+    assert a.budget_counts(["h1"])["h1"] == {"admitted": 2, "refused": 1}
+
+
+def test_a_crawl_budget_caps_the_whole_crawl(node):
+    a = node("a", PolitenessConfig(default=Limits(0, 5), crawl_budget=10, margin=0.0))
+    assert add(a, "h1", 6).added == 6
+    result = add(a, "h2", 6)
+    assert result.added == 4 and result.budget_refused == 2
+    assert a.budget_counts([])["||crawl"] == {"admitted": 10, "refused": 2}
 
 
 def test_robots_crawl_delay_applies(node, clock):

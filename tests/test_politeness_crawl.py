@@ -711,3 +711,40 @@ def test_three_nodes_hold_each_site_s_interval_at_the_site_not_only_at_lease(
         assert max_overlap((h.t, h.done) for h in hits if h.host == host) <= 2
     logs = "".join(n.log.read_text() for n in nodes)
     print([line for line in logs.splitlines() if "late_returned" in line or "send_lag" in line][:6])
+
+
+def test_a_site_budget_caps_the_pages_crawled_for_the_cluster_and_counts_the_rest(
+        redis, redis_url, mongo_uri, database, tmp_path):
+    """FRONTIER_SITE_BUDGET = 25 with two nodes: the big site (120 pages and
+    listings, like an endless calendar) gets exactly 25 pages fetched between
+    the nodes, the small one all of its 12; what the big site's pages linked
+    to beyond the budget is refused and counted (node stats, crawlctl status),
+    and the crawl ends normally."""
+    from crawlproject.cli import main as crawlctl
+    import contextlib
+    import io
+    import json
+
+    env = node_env(redis_url, mongo_uri, database.name)
+    big, small = DEFAULT_HOSTS[:2]
+    settings = {**BASE, "DOWNLOAD_DELAY": 0, "CONCURRENT_REQUESTS_PER_DOMAIN": 4,
+                "FRONTIER_SITE_BUDGET": 25}
+    with MultiHostSite([big, small], pages={big: 120, small: 10}, per_page=10,
+                       latency_ms=5) as site:
+        nodes = crawl(tmp_path, env, redis, site, settings, nodes=2)
+        hits = site.requests()
+        small_paths = site.expected_paths(small)
+    fetched = Counter(h.path for h in hits if h.host == big)
+    assert sum(fetched.values()) == 25 and set(fetched.values()) == {1}
+    assert Counter(h.path for h in hits if h.host == small) == Counter(small_paths)
+    logs = "".join(n.log.read_text() for n in nodes)
+    assert "'scheduler/budget_refused'" in logs
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert crawlctl(["--redis-url", redis_url, "status", "hosts", "--json"]) == 0
+    assert json.loads(out.getvalue())["totals"]["budget_refused"] > 0
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert crawlctl(["--redis-url", redis_url, "politeness", "hosts", big, "--json"]) == 0
+    pages = json.loads(out.getvalue())["hosts"][big]["pages"]
+    assert pages["admitted"] == 25 and pages["refused"] > 0

@@ -55,8 +55,10 @@ def test_unserialisable_meta_is_refused_at_enqueue(redis_url):
 def test_retries_backoff_and_dead_letters(redis, redis_url, mongo_uri, database, tmp_path):
     dead_url = f"http://127.0.0.1:{closed_port()}/gone"
     with DemoSite(products=20) as site:
+        # (robots.txt off: an unreachable site's robots.txt dead-letters its
+        # pages at once, tests/test_robots.py; here the page's own retries)
         settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": 2, "RETRY_TIMES": 2, "RETRY_BACKOFF_BASE": 0.3,
-                    "CALLBACK_RETRY_TIMES": 1,
+                    "CALLBACK_RETRY_TIMES": 1, "ROBOTSTXT_OBEY": False,
                     "SPIDER_MODULES": "crawlproject.spiders,tests.spiders"}
         node = Node("n1", tmp_path, node_env(redis_url, mongo_uri, database.name),
                     spider="crashy", settings=settings)

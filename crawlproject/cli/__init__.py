@@ -115,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("hosts", nargs="*", help="politeness keys (hosts) to show or change")
             p.add_argument("--delay", type=float, help="seconds between request starts")
             p.add_argument("--concurrency", type=int, help="most requests in flight")
+            p.add_argument("--budget", type=int,
+                           help="most new pages the host may queue from now on (0: none)")
             p.add_argument("--clear", action="store_true", help="back to the settings' limits")
             p.add_argument("--json", action="store_true")
             p.add_argument("-n", type=int, default=50, help="hosts shown (most queued first)")

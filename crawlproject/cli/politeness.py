@@ -6,7 +6,7 @@ import json
 import sys
 
 from crawlproject.ops.common import (UsageError, _server_ms)
-from crawlproject.ops.politeness import politeness_rows, robots_states
+from crawlproject.ops.politeness import budget_rows, politeness_rows, robots_states
 from crawlproject.cli.common import _in, _partitions, terminal_text
 
 
@@ -17,7 +17,8 @@ def cmd_politeness(args) -> int:
     from crawlproject.scheduler import HOST_LIMITS_REFRESH
 
     parts = _partitions(args)
-    if args.delay is not None or args.concurrency is not None or args.clear:
+    budget = getattr(args, "budget", None)
+    if args.delay is not None or args.concurrency is not None or budget is not None or args.clear:
         if not args.hosts:
             raise UsageError("name the host(s) whose limits to change")
         if args.concurrency is not None and args.concurrency < 1:
@@ -26,8 +27,10 @@ def cmd_politeness(args) -> int:
             raise UsageError("--concurrency must be 1 or more (requests of the host in flight "
                              "across all nodes); to hold a host back, raise --delay (up to "
                              "86400 s)")
-        spec = {k: v for k, v in (("delay", args.delay), ("concurrency", args.concurrency))
-                if v is not None}
+        if budget is not None and budget < 0:
+            raise UsageError("--budget must be 0 (no budget) or more new pages")
+        spec = {k: v for k, v in (("delay", args.delay), ("concurrency", args.concurrency),
+                                  ("budget", budget)) if v is not None}
         try:
             checked = limits_from(spec, Limits(0.0, 0))
         except ValueError as exc:
@@ -43,7 +46,9 @@ def cmd_politeness(args) -> int:
                 value = Override(
                     delay=checked.delay if "delay" in spec else current.get("delay"),
                     concurrency=(checked.concurrency if "concurrency" in spec
-                                 else current.get("concurrency")))
+                                 else current.get("concurrency")),
+                    budget=((checked.budget or None) if "budget" in spec
+                            else current.get("budget")))
             part.set_limits({key: value})
             print(f"{key}: " + (_describe_override(value) + ", across all nodes"
                                 if value is not None else
@@ -64,23 +69,23 @@ def cmd_politeness(args) -> int:
     for key, robots in robots_states(parts[0].client, args.spider, list(rows),
                                      now_ms / 1000).items():
         rows[key]["robots"] = robots
+    budgets = budget_rows(parts, list(rows))
+    for key, counts in budgets.items():
+        if key in rows:
+            rows[key]["pages"] = counts
     if args.json:
-        print(json.dumps({"now_ms": now_ms, "hosts": rows, "hosts_total": total},
-                         sort_keys=True))
+        print(json.dumps({"now_ms": now_ms, "hosts": rows, "hosts_total": total,
+                          "crawl_pages": budgets.get("||crawl")}, sort_keys=True))
         return 0
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"politeness of {args.spider} (per host, across all nodes)")
-    for column in ("host", "queued", "in flight", "limits", "next start in", "blocked for",
-                   "backoff", "slow-downs", "crawl delay", "robots.txt"):
-        table.add_column(column, justify="left" if column == "host" else "right")
-    if total > len(rows):
-        table.caption = (f"the {len(rows)} most queued of {total} hosts "
-                         "(-n for more, or name hosts)")
+    columns = ("host", "queued", "in flight", "limits", "next start in", "blocked for",
+               "backoff", "slow-downs", "crawl delay", "robots.txt", "budget")
+    cells = []
     for key, row in rows.items():
         lim = row.get("limits")
-        table.add_row(
+        cells.append([
             terminal_text(key), str(row.get("queued", 0)), str(row.get("inflight", 0)),
             (("settings'" if lim["delay"] is None else f"{lim['delay']:g}s") + " / "
              + ("settings'" if lim["concurrency"] is None else
@@ -91,9 +96,30 @@ def cmd_politeness(args) -> int:
             f"{row['backoff_ms'] / 1000:g}s" if row.get("backoff_ms") else "",
             f"{row['error_rate']:.0%}" if row.get("error_rate") else "",
             f"{row['crawl_delay_ms'] / 1000:g}s" if row.get("crawl_delay_ms") else "",
-            _robots_cell(row.get("robots")))
+            _robots_cell(row.get("robots")), _budget_cell(row)])
+    # The last four columns only when a host has something to show in them.
+    shown = [i for i, column in enumerate(columns)
+             if i < 7 or any(row[i] for row in cells)]
+    table = Table(title=f"politeness of {args.spider} (per host, across all nodes)")
+    for i in shown:
+        table.add_column(columns[i], justify="left" if i == 0 else "right")
+    if total > len(rows):
+        table.caption = (f"the {len(rows)} most queued of {total} hosts "
+                         "(-n for more, or name hosts)")
+    for row in cells:
+        table.add_row(*(row[i] for i in shown))
     Console(width=max(Console().width, 140)).print(table)
     return 0
+
+
+def _budget_cell(row: dict) -> str:
+    """``312/500 (40 refused)``: new pages admitted / the host's budget."""
+    pages, lim = row.get("pages"), row.get("limits") or {}
+    if not pages and not lim.get("budget"):
+        return ""
+    pages = pages or {"admitted": 0, "refused": 0}
+    cell = f"{pages['admitted']}/{lim['budget']}" if lim.get("budget") else str(pages["admitted"])
+    return cell + (f" ({pages['refused']} refused)" if pages["refused"] else "")
 
 
 def _robots_cell(robots: dict | None) -> str:
@@ -134,4 +160,5 @@ def _describe_override(value) -> str:
                    if value.concurrency is None else
                    "no limit in flight" if value.concurrency >= UNLIMITED
                    else f"{value.concurrency} in flight")
-    return f"{delay}, {concurrency}"
+    budget = "" if value.budget is None else f", at most {value.budget} new pages from now on"
+    return f"{delay}, {concurrency}{budget}"

@@ -115,7 +115,9 @@ def rates_fragment(data: dict) -> str:
                 ("items/s", "rates.items_per_s", r["items_per_s"]),
                 ("download errors", "errors.download", err["download"]),
                 ("callback errors", "errors.callback", err["callback"]),
-                ("dead letters (all time)", "errors.dead_letters", err["dead_letters"])])
+                ("dead letters (all time)", "errors.dead_letters", err["dead_letters"]),
+                ("new pages refused over a budget", "totals.budget_refused",
+                 data.get("totals", {}).get("budget_refused", 0))])
 
 
 def nodes_fragment(data: dict) -> str:

@@ -1021,6 +1021,8 @@ class FrontierClient:
         elif asked and (result.next_ready_ms == -2 or result.queued == 0):
             self.capped[p] = False  # got all it asked for, or nothing waits
         self.count("scheduler/added", result.added)
+        if result.budget_refused:
+            self.count("scheduler/budget_refused", result.budget_refused)
         self.count("dupefilter/filtered", result.duplicates)
         self.count("scheduler/stale", result.stale)
         self.count("scheduler/trimmed", result.trimmed)

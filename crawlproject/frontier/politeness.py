@@ -39,6 +39,8 @@ MAX_PARTITIONS = 4096
 UNLIMITED = 1_000_000_000
 #: The longest interval a host limit may ask for (one request a day).
 MAX_DELAY = 86_400.0
+#: The largest page budget (exact in the scripts' numbers).
+MAX_BUDGET = 10**15
 
 
 def safe_key(key: str) -> str:
@@ -91,10 +93,12 @@ class Limits:
 
     delay: float = 0.0
     concurrency: int = UNLIMITED
+    #: most new pages the key may queue in the crawl (0: no budget)
+    budget: int = 0
 
     def encoded(self, source: str) -> str:
-        """The ``T:limits`` value: ``"delay ms|concurrency|source"``."""
-        return Override(self.delay, self.concurrency).encoded(source)
+        """The ``T:limits`` value: ``"delay ms|concurrency[|budget]|source"``."""
+        return Override(self.delay, self.concurrency, self.budget or None).encoded(source)
 
 
 @dataclass(frozen=True)
@@ -106,24 +110,37 @@ class Override:
 
     delay: float | None = None
     concurrency: int | None = None
+    #: most new pages the key may queue in the crawl (None: the nodes' setting)
+    budget: int | None = None
 
     def encoded(self, source: str) -> str:
-        """The ``T:limits`` value, an empty field for one not overridden."""
+        """The ``T:limits`` value, an empty field for one not overridden
+        (without a budget the three fields older versions wrote)."""
         delay = "" if self.delay is None else str(int(round(self.delay * 1000)))
         concurrency = "" if self.concurrency is None else str(self.concurrency)
-        return f"{delay}|{concurrency}|{source}"
+        if self.budget is None:
+            return f"{delay}|{concurrency}|{source}"
+        return f"{delay}|{concurrency}|{self.budget}|{source}"
 
 
 def parse_override(value: str) -> dict:
-    """``{"delay": s or None, "concurrency": n or None, "source": c}`` from a
-    stored override; ValueError for anything else."""
-    delay, concurrency, source = value.split("|")
+    """``{"delay": s or None, "concurrency": n or None, "source": c}`` (and
+    ``"budget": n`` when it has one) from a stored override; ValueError for
+    anything else."""
+    fields = value.split("|")
+    if len(fields) == 3:
+        (delay, concurrency, source), budget = fields, ""
+    else:
+        delay, concurrency, budget, source = fields   # ValueError unless 4
     # Only what the scripts read as a limit (digits, or empty): a value they
     # ignore ("-5", "+5", " 5") is junk here too, never shown nor merged back.
-    if not all(f == "" or (f.isascii() and f.isdigit()) for f in (delay, concurrency)):
+    if not all(f == "" or (f.isascii() and f.isdigit()) for f in (delay, concurrency, budget)):
         raise ValueError(f"not a stored override: {value!r}")
-    return {"delay": int(delay) / 1000 if delay else None,
-            "concurrency": int(concurrency) if concurrency else None, "source": source}
+    out = {"delay": int(delay) / 1000 if delay else None,
+           "concurrency": int(concurrency) if concurrency else None, "source": source}
+    if budget:
+        out["budget"] = int(budget)
+    return out
 
 
 @dataclass(frozen=True)
@@ -153,6 +170,9 @@ class PolitenessConfig:
     backoff_tolerance: float = 0.2
     backoff_window: int = 20
     backoff_base: float = 0.25
+    #: most new pages the crawl may queue (0: none), split evenly between
+    #: partitions (each counts its own); a site's budget is ``default.budget``
+    crawl_budget: int = 0
     partitions: int = 1
     #: intervals are this much longer than asked (node-side latency between the
     #: lease and the request leaving must never shorten what the site sees)
@@ -169,9 +189,11 @@ def limits_from(value, default: Limits) -> Limits:
     try:
         delay = float(value.get("delay", default.delay))
         concurrency = int(value.get("concurrency", default.concurrency))
+        budget = int(value.get("budget", default.budget))
     except (TypeError, ValueError, OverflowError):
-        raise ValueError(f"bad host limit {value!r}: delay and concurrency must be numbers") from None
-    if not 0 <= delay <= MAX_DELAY or concurrency < 0:
+        raise ValueError(f"bad host limit {value!r}: delay, concurrency and budget must be "
+                         "numbers") from None
+    if not 0 <= delay <= MAX_DELAY or concurrency < 0 or not 0 <= budget <= MAX_BUDGET:
         raise ValueError(f"bad host limit {value!r}: delay must be 0 to {MAX_DELAY:g} s, "
-                         "concurrency 0 (no limit) or more")
-    return Limits(delay, min(concurrency, UNLIMITED) if concurrency > 0 else UNLIMITED)
+                         f"concurrency 0 (no limit) or more, budget 0 (none) to {MAX_BUDGET}")
+    return Limits(delay, min(concurrency, UNLIMITED) if concurrency > 0 else UNLIMITED, budget)

@@ -32,6 +32,10 @@ Life of an entry (member ``"<priority>:<seq>@<politeness key>"``, payload in
 
 Every operation a node has pending for a partition travels in one ``SYNC``
 script call.
+
+Size (over 600 lines): the Python side of the partition's scripts — the batch,
+the scripts' argument layout and the parsing of their replies — kept with the
+reads an operator makes of the same keys.
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ from crawlproject.keys import as_text as _s
 
 logger = logging.getLogger(__name__)
 
+#: The fingerprint of a new page sent without deduplication (see :meth:`Batch.add`).
+NEW_UNFILTERED = "+"
 MAX_PRIORITY = 4095  # |priority| < 2^12 keeps the queue score exact in a double
 #: Records kept in the dead-letter and invalid lists (newest first) by default.
 DEAD_MAX = 100_000
@@ -121,8 +127,12 @@ class Batch:
     def add(self, payload: str, fingerprint: bytes | str | None = None,
             priority: int = 0, delay_ms: int = 0, key: str = "") -> None:
         """Queue *payload* in politeness key *key*'s queue (after *delay_ms*,
-        counted in Redis server time); with a fingerprint it is deduplicated first."""
-        fp = fingerprint_hex(fingerprint) if fingerprint is not None else ""
+        counted in Redis server time); with a fingerprint it is deduplicated
+        first. Without one (None) it is the same page again (a retry, a
+        redirect kept): it counts against no budget; :data:`NEW_UNFILTERED`
+        is a new page not deduplicated (``dont_filter``, a seed): it does."""
+        fp = ("" if fingerprint is None else NEW_UNFILTERED if fingerprint == NEW_UNFILTERED
+              else fingerprint_hex(fingerprint))
         self.adds.append((safe_key(key), fp, clamp_priority(priority), payload,
                           max(0, int(delay_ms))))
 
@@ -205,6 +215,8 @@ class SyncResult:
     #: the keys behind ``capped`` (at most 64)
     capped_keys: list[str] = field(default_factory=list)
     #: the keys with an interval the take took from (their entries start at once)
+    #: new pages refused over a budget
+    budget_refused: int = 0
     #: keys with an interval this call took from → their interval (s)
     polite_keys: dict[str, float] = field(default_factory=dict)
 
@@ -248,7 +260,8 @@ class Frontier:
                 batch.take if batch.take_polite is None else batch.take_polite,
                 pol.margin, int(round(pol.backoff_tolerance * 1_000_000)),
                 max(1, int(round(1_000_000 / pol.backoff_window))),
-                int(round(pol.backoff_base * 1000)), len(batch.adopt)]
+                int(round(pol.backoff_base * 1000)), pol.default.budget,
+                -(-pol.crawl_budget // max(1, pol.partitions)), len(batch.adopt)]
         for member, former in batch.adopt:
             args += [member, former]
         args.append(len(batch.adds))
@@ -288,6 +301,7 @@ class Frontier:
         polite = raw[16] if len(raw) > 16 else []
         result.polite_keys = {_s(polite[i]): int(polite[i + 1]) / 1000
                               for i in range(0, len(polite) - 1, 2)}
+        result.budget_refused = int(raw[17]) if len(raw) > 17 else 0
         return result
 
     def sync(self, batch: Batch | None = None, *, leaving: bool = False) -> SyncResult:
@@ -413,6 +427,20 @@ class Frontier:
                         "queued": replies[2 * i], "ready_at_ms": replies[2 * i + 1]}
         return out
 
+    def budget_counts(self, keys: list[str]) -> dict[str, dict]:
+        """New pages admitted and refused over a budget: key → ``{"admitted",
+        "refused"}`` for the *keys* that have counts, and ``"||crawl"`` for the
+        partition (counted only while budgets apply)."""
+        fields = [*keys, "||crawl"]
+        out = {}
+        for field, raw in zip(fields, self.client.hmget(self.keys.budget, fields)):
+            try:
+                admitted, refused = (int(x) for x in _s(raw).split("|"))
+            except (TypeError, ValueError, AttributeError):   # absent, or not ours
+                continue
+            out[field] = {"admitted": admitted, "refused": refused}
+        return out
+
     def dead_letters(self, count: int = 100) -> list[dict]:
         return [json.loads(r) for r in self.client.lrange(self.keys.dead, 0, count - 1)]
 
@@ -512,7 +540,7 @@ class AsyncFrontier(Frontier):
 
 
 #: fields of ``T:kstate`` that are not a key's state nor an override mirror
-KSTATE_BOOKKEEPING = ("||cursor", "||limits", "||qlen")
+KSTATE_BOOKKEEPING = ("||cursor", "||limits", "||qlen", "||budgets")
 
 
 def _replay_args(records: list) -> list:

@@ -84,3 +84,24 @@ def robots_states(client, spider: str, hosts: list[str], now: float) -> dict[str
                      "state": RobotsRecord(status, "", 0.0, expires).state,
                      "expires_in_s": round(expires - now, 1)}
     return out
+
+
+def budget_rows(parts: list, hosts: list[str]) -> dict[str, dict]:
+    """New pages admitted and refused over a budget per host, and ``"||crawl"``
+    for the whole crawl (the partitions' sums); counted while budgets apply."""
+    from crawlproject.frontier.politeness import partition_of
+
+    by_part: dict[int, list[str]] = {}
+    for key in hosts:
+        by_part.setdefault(partition_of(key, len(parts)), []).append(key)
+    out: dict[str, dict] = {}
+    crawl = {"admitted": 0, "refused": 0}
+    for p, part in enumerate(parts):
+        counts = part.budget_counts(by_part.get(p, []))
+        total = counts.pop("||crawl", None)
+        if total:
+            crawl = {k: crawl[k] + total[k] for k in crawl}
+        out.update(counts)
+    if crawl["admitted"] or crawl["refused"]:
+        out["||crawl"] = crawl
+    return out

@@ -19,11 +19,13 @@ on the node that fetched it). With
    looks again then.
 3. The node that downloads robots.txt stores the answer for every node, with
    an expiry (RFC 9309): 2xx — its rules, for ``ROBOTSTXT_CACHE_TTL`` (24 h);
-   4xx — allow all, as long; 429, 5xx, unreachable (after the retry
-   middleware's retries) — *unavailable*: the site's pages keep waiting in the
-   frontier, and robots.txt is fetched again after ``ROBOTSTXT_UNAVAILABLE_TTL``.
-   A page that waited ``ROBOTSTXT_MAX_WAIT`` seconds in all is dead-lettered
-   with its reason (``crawlctl dead``, ``crawlctl replay``), never dropped.
+   4xx — allow all, as long; 429 or 5xx (after the retry middleware's retries)
+   — *unavailable*: the site's pages keep waiting in the frontier, and
+   robots.txt is fetched again after ``ROBOTSTXT_UNAVAILABLE_TTL``; a page that
+   waited ``ROBOTSTXT_MAX_WAIT`` seconds in all is dead-lettered with its
+   reason (``crawlctl dead``, ``crawlctl replay``), never dropped. No answer
+   at all (connection refused, DNS, timeouts): the site's pages are
+   dead-lettered at once, with the reason, for as long.
 4. Each node keeps the parsed rules until the record expires (at most
    ``ROBOTSTXT_LOCAL_SITES`` sites, least recently used first out).
 
@@ -74,10 +76,11 @@ WAITS_META = "robotstxt_waits"
 class _Known:
     """What a node knows of one site's robots.txt until *expires*."""
 
-    __slots__ = ("state", "parser", "expires")
+    __slots__ = ("state", "parser", "expires", "status", "reason")
 
-    def __init__(self, state: str, parser, expires: float):
+    def __init__(self, state: str, parser, expires: float, status: int = 200, reason: str = ""):
         self.state, self.parser, self.expires = state, parser, expires
+        self.status, self.reason = status, reason
 
 
 def origin_of(request: Request) -> str:
@@ -138,6 +141,8 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
         if self._scheduler() is None:       # not the shared frontier: Scrapy's way
             return await super().process_request(request)
         known = await self._site(origin_of(request))
+        if known is not None and known.state == UNAVAILABLE and known.status == 0:
+            return self._unreachable(request, known)
         if known is None or known.state == UNAVAILABLE:
             return self._wait(request)
         self.process_request_2(known.parser, request)   # IgnoreRequest if forbidden
@@ -181,7 +186,8 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
         if record.state == RULES:
             parser = build_from_crawler(self._parserimpl, self.crawler,
                                         record.body.encode("utf-8"))
-        known = _Known(record.state, parser, min(record.expires, time.time() + self.cache_ttl))
+        known = _Known(record.state, parser, min(record.expires, time.time() + self.cache_ttl),
+                       record.status, record.body[:300] if record.status == 0 else "")
         self._known[origin] = known
         while len(self._known) > self.local_sites:
             self._known.popitem(last=False)
@@ -202,6 +208,17 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
         self.crawler.stats.inc_value("robotstxt/request_count")
         logger.debug("Asked the frontier for %s/robots.txt", origin,
                      extra={"spider": self.crawler.spider})
+
+    def _unreachable(self, request: Request, known: _Known):
+        """The site did not answer at all (connection refused, DNS, timeouts,
+        after the retry middleware's retries): its pages would only hammer a
+        dead host. Dead-lettered at once with the reason (``crawlctl replay``
+        sends them again), never dropped."""
+        self.crawler.stats.inc_value("robotstxt/cluster/unreachable_pages")
+        self._scheduler().mark_failed(
+            request, f"robots.txt of {origin_of(request)} unreachable: {known.reason}",
+            kind="download")
+        raise IgnoreRequest("robots.txt unreachable")
 
     def _wait(self, request: Request) -> Request:
         """*request* back to the frontier for ``ROBOTSTXT_WAIT`` seconds (or
@@ -240,7 +257,8 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
             # exception goes on (the request is dead-lettered with it).
             self.crawler.stats.inc_value(
                 f"robotstxt/exception_count/{type(exception).__name__}")
-            await self._store(origin_of(request), 0, "")
+            await self._store(origin_of(request), 0,
+                              f"{type(exception).__name__}: {exception}"[:300])
         return None
 
     async def _store(self, origin: str, status: int, body: str) -> _Known:

@@ -1,7 +1,8 @@
 """A site's robots.txt as the cluster stores it (``{spider}:robots:<origin>``).
 
 JSON ``{"status": int, "body": str, "fetched": s, "expires": s}`` (epoch
-seconds). ``status`` 0 means the site could not be reached. What the status
+seconds). ``status`` 0 means the site could not be reached (``body`` then says
+why). What the status
 means follows RFC 9309 §2.3.1: 2xx — the rules in ``body``; 4xx — no rules
 (allow all), except 429, which is a request to slow down; 429, 5xx, a redirect
 left unfollowed and 0 — *unavailable*: the site is treated as disallowed for

@@ -18,7 +18,8 @@ from functools import lru_cache
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.httpobj import urlparse_cached
 
-from crawlproject.frontier.politeness import (KEY_MODES, MAX_DELAY, MAX_PARTITIONS, UNLIMITED,
+from crawlproject.frontier.politeness import (KEY_MODES, MAX_BUDGET, MAX_DELAY, MAX_PARTITIONS,
+                                              UNLIMITED,
                                               Limits, PolitenessConfig, host_key, limits_from,
                                               safe_key)
 
@@ -72,7 +73,14 @@ class SitePoliteness(PolitenessConfig):
         delay = max(0.0, settings.getfloat("DOWNLOAD_DELAY", 0.0))
         if not delay <= MAX_DELAY:  # also NaN: the scripts could not hold it
             raise ValueError(f"DOWNLOAD_DELAY must be 0 to {MAX_DELAY:g} s, got {delay!r}")
-        default = Limits(delay=delay, concurrency=concurrency if concurrency > 0 else UNLIMITED)
+        site_budget = settings.getint("FRONTIER_SITE_BUDGET", 0)
+        crawl_budget = settings.getint("FRONTIER_CRAWL_BUDGET", 0)
+        for name, value in (("FRONTIER_SITE_BUDGET", site_budget),
+                            ("FRONTIER_CRAWL_BUDGET", crawl_budget)):
+            if not 0 <= value <= MAX_BUDGET:
+                raise ValueError(f"{name} must be 0 (none) to {MAX_BUDGET}, got {value!r}")
+        default = Limits(delay=delay, concurrency=concurrency if concurrency > 0 else UNLIMITED,
+                         budget=site_budget)
         overrides = {}
         # Scrapy's own per-slot limits (delay, concurrency) are per process; the
         # frontier enforces them for the cluster. FRONTIER_HOST_LIMITS wins.
@@ -94,7 +102,7 @@ class SitePoliteness(PolitenessConfig):
         return cls(
             enabled=enabled, key_mode=mode,
             honour_download_slot=settings.getbool("FRONTIER_HONOUR_DOWNLOAD_SLOT", False),
-            default=default if enabled else Limits(),
+            default=default if enabled else Limits(budget=site_budget),
             jitter=delay_jitter(settings),
             overrides=overrides if enabled else {},
             backoff_codes=frozenset(int(c) for c in settings.getlist(
@@ -102,6 +110,7 @@ class SitePoliteness(PolitenessConfig):
             retry_after_max=settings.getfloat("FRONTIER_RETRY_AFTER_MAX", 300.0),
             backoff_max=settings.getfloat("FRONTIER_BACKOFF_MAX", 60.0),
             **backoff_shape(settings),
+            crawl_budget=crawl_budget,
             partitions=partitions,
             margin=max(0.0, settings.getfloat("FRONTIER_DELAY_MARGIN", 0.05)),
         )

@@ -1,5 +1,6 @@
 -- SET_LIMITS: override (or clear) the politeness limits of keys, in force at once.
--- KEYS[1] limits (hash key -> "delay ms|concurrency|source")  KEYS[2] ready (zset)
+-- KEYS[1] limits (hash key -> "delay ms|concurrency|source", or with a budget
+--         "delay ms|concurrency|budget|source")  KEYS[2] ready (zset)
 -- KEYS[3] kstate (hash key -> "n|last|block|backoff|crawl delay|error rate"; the override
 --         is mirrored there as field '|key', which SYNC reads with the state,
 --         and their number as field '||limits')
@@ -46,6 +47,12 @@ for i = 2, #ARGV, 2 do
     end
   end
 end
--- SYNC reads the overrides only while this count is above 0.
+-- SYNC reads the overrides only while this count is above 0, and checks
+-- budgets only while a setting or an override gives one ('||budgets').
 redis.call('HSET', KEYS[3], '||limits', redis.call('HLEN', KEYS[1]))
+local budgets = 0
+for _, v in ipairs(redis.call('HVALS', KEYS[1])) do
+  if string.match(v, '^%d*|%d*|%d+|[^|]*$') then budgets = budgets + 1 end
+end
+redis.call('HSET', KEYS[3], '||budgets', budgets)
 return changed

@@ -22,6 +22,9 @@
 --          into kstate (and this key deleted) by the first call
 -- KEYS[16] wanting (zset node -> ms): when each node's take last went unmet
 --          while entries were queued (see "Sharing a key's slots" below)
+-- KEYS[17] budget (hash key -> "admitted|refused": new pages of the key this
+--          partition queued, and refused over its budget; '||crawl' -> the
+--          same for the whole partition). Written only while budgets apply.
 -- ARGV[1] now in ms, or '' for Redis server time      ARGV[2] node id
 -- ARGV[3] lease ttl ms (0 = this node leaves: drop its heartbeat)
 -- ARGV[4] how many entries to take
@@ -51,10 +54,14 @@
 -- ARGV[22] weight of one answer in that share (millionths: 1 / the answers it
 --          is averaged over)
 -- ARGV[23] first backoff interval ms (or twice the key's interval, if longer)
+-- ARGV[24] default budget: most new pages a key may queue (0 = none; an
+--          override's budget field wins)
+-- ARGV[25] crawl budget: most new pages this partition may queue (0 = none)
 -- then nine sections, each a count followed by its items:
 --   adopt: n x (member, former owner)    (leases this node took under a former
 --                                          id of its own: now held under this id)
---   add:  n x (politeness key, fingerprint hex or '', priority, payload, delay ms or 0)
+--   add:  n x (politeness key, fingerprint hex, '' (the same page again: a retry)
+--         or '+' (a new page, not deduplicated), priority, payload, delay ms or 0)
 --         (a fingerprint prefixed '!' is added to the filter and the entry queued
 --         even if the filter had it: the node sends its adds so again after a
 --         call that stopped inside the script, which may have marked them seen
@@ -111,7 +118,8 @@
 --          reserved = {member, payload, ...}, status = {key, 1|0, share, ...},
 --          capped keys = {key, ...} (at most 64), polite keys = {key, interval
 --          ms, ...}: the keys with an interval this call took from (their
---          entries must start at once: within margin x interval of the lease)}
+--          entries must start at once: within margin x interval of the lease),
+--          new pages refused over a budget}
 local node, ttl, take_n = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local sweep = string.find(ARGV[5], 's', 1, true) ~= nil
 local registered = string.find(ARGV[5], 'r', 1, true) ~= nil
@@ -122,6 +130,7 @@ local def_delay, def_conc, jitter = tonumber(ARGV[13]), tonumber(ARGV[14]), tonu
 local backoff_max, block_max = tonumber(ARGV[16]), tonumber(ARGV[17])
 local margin = tonumber(ARGV[20])
 local tolerance, err_weight, backoff_base = tonumber(ARGV[21]), tonumber(ARGV[22]), tonumber(ARGV[23])
+local def_budget, crawl_budget = tonumber(ARGV[24]), tonumber(ARGV[25])
 math.randomseed(tonumber(ARGV[18]))
 local QP, HP = KEYS[13], KEYS[14]
 local function Q(k) return QP .. ':' .. k end
@@ -208,7 +217,7 @@ local qlen_raw, qlen_read = false, false
 -- false when absent); they are parsed into ST[k] and LIM[k] when first used: a
 -- take reads a window of ready keys and often uses only the first of them.
 local RAW_ST, RAW_LIM = {}, {}
-local DEFAULT_LIM = {delay = def_delay, conc = def_conc}   -- read only
+local DEFAULT_LIM = {delay = def_delay, conc = def_conc, budget = def_budget}   -- read only
 setmetatable(ST, {__index = function(t, k)
   local s = RAW_ST[k]
   if s == nil then return nil end   -- not loaded
@@ -233,7 +242,9 @@ setmetatable(LIM, {__index = function(t, k)
     local ld, lc = string.match(l, '^(%d*)|(%d*)')
     if ld then d, c = tonumber(ld) or def_delay, tonumber(lc) or def_conc end
     if c <= 0 then c = 1000000000 end
-    v = {delay = d, conc = c}
+    -- "delay|concurrency|budget|source" (an older override has no budget)
+    local lb = string.match(l, '^%d*|%d*|(%d*)|[^|]*$')
+    v = {delay = d, conc = c, budget = tonumber(lb) or def_budget}
   end
   rawset(t, k, v)
   return v
@@ -309,7 +320,7 @@ local took, touched, raise = {}, {}, {}
 
 -- parse every section first: their keys are loaded in one go
 local polite_budget = tonumber(ARGV[19])
-local pos = 24
+local pos = 26
 local adopt = {}
 for i = 1, tonumber(ARGV[pos]) do adopt[i] = {ARGV[pos + 2 * i - 1], ARGV[pos + 2 * i]} end
 pos = pos + 1 + 2 * #adopt
@@ -320,7 +331,7 @@ for i = 1, n_add do
   entries[i] = pos
   local f = ARGV[pos + 1]
   if string.byte(f, 1) == 33 then forced[i] = true; f = string.sub(f, 2) end  -- '!'
-  if f ~= '' then fps[i] = f end
+  if f ~= '' and f ~= '+' then fps[i] = f end   -- '+': a new page, not deduplicated
   pos = pos + 5
 end
 local acks = {}
@@ -356,7 +367,7 @@ if string.find(ARGV[5], 'c', 1, true) then
   local want = {{KEYS[1], 'zset'}, {KEYS[2], 'hash'}, {KEYS[3], 'hash'}, {KEYS[4], 'zset'},
                 {KEYS[5], 'zset'}, {KEYS[6], 'list'}, {KEYS[7], 'list'}, {KEYS[9], 'hash'},
                 {KEYS[10], 'hash'}, {KEYS[11], 'hash'}, {KEYS[12], 'hash'},
-                {KEYS[16], 'zset'}, {HELD(node), 'set'}}
+                {KEYS[16], 'zset'}, {KEYS[17], 'hash'}, {HELD(node), 'set'}}
   for _, w in ipairs(want) do bad = bad or bad_key(w[1], w[2]) end
   -- the queues this call may write: of its adds, its nacks, and the keys a
   -- take or a promotion looks at first (the seq counter and the old queue
@@ -408,6 +419,60 @@ for _, a in ipairs(adopt) do
 end
 if #adopt > 0 and ttl > 0 then redis.call('ZADD', KEYS[4], fmt(now() + ttl), node) end
 
+-- Budgets: a key (a site) may queue at most its budget of new pages, and
+-- this partition at most the crawl budget; what is over is refused and
+-- counted (per key, per partition, and in the reply), never queued. Only new
+-- pages count (an add with a fingerprint): a retry or a page waiting for its
+-- site's robots.txt is the same page again. Budgets apply when a setting
+-- gives one or an override has one (kstate's '||budgets' counts those).
+local budget_refused = 0
+local function within_budget(keep)
+  if #keep == 0 then return keep end
+  if def_budget <= 0 and crawl_budget <= 0 then
+    -- (read with the queue length, which the call reads anyway: no command more)
+    local got = redis.call('HMGET', KEYS[11], '||budgets', '||qlen')
+    if not qlen_read then qlen_raw, qlen_read = got[2], true end
+    if (tonumber(got[1]) or 0) <= 0 then return keep end
+  end
+  local ks, seen_k = {}, {}
+  for _, e in ipairs(keep) do
+    local k = ARGV[e]
+    if ARGV[e + 1] ~= '' and not seen_k[k] then seen_k[k] = true; ks[#ks + 1] = k end
+  end
+  if #ks == 0 then return keep end
+  load(ks)
+  local count = {}
+  local fields = {unpack(ks)}
+  fields[#fields + 1] = '||crawl'
+  for i = 1, #fields, 500 do
+    local last = math.min(i + 499, #fields)
+    local got = redis.call('HMGET', KEYS[17], unpack(fields, i, last))
+    for j = i, last do
+      local a, r = string.match(got[j - i + 1] or '', '^(%d+)|(%d+)$')
+      count[fields[j]] = {a = tonumber(a) or 0, r = tonumber(r) or 0}
+    end
+  end
+  local crawl, out = count['||crawl'], {}
+  for _, e in ipairs(keep) do
+    local k = ARGV[e]
+    if ARGV[e + 1] == '' then
+      out[#out + 1] = e
+    else
+      local c, b = count[k], LIM[k].budget
+      if (b > 0 and c.a >= b) or (crawl_budget > 0 and crawl.a >= crawl_budget) then
+        c.r = c.r + 1; crawl.r = crawl.r + 1; budget_refused = budget_refused + 1
+      else
+        c.a = c.a + 1; crawl.a = crawl.a + 1; out[#out + 1] = e
+      end
+    end
+  end
+  local values = {}
+  for k, c in pairs(count) do values[#values + 1] = k; values[#values + 1] = c.a .. '|' .. c.r end
+  call_chunked('HSET', KEYS[17], values, 2)
+  if budget_refused > 0 then redis.call('HINCRBY', KEYS[10], 'budget_refused', budget_refused) end
+  return out
+end
+
 -- add: dedupe (Bloom) and enqueue in the same atomic step
 local added, dups = 0, 0
 if n_add > 0 then
@@ -419,9 +484,12 @@ if n_add > 0 then
   end
   local keep = {}
   for i = 1, n_add do
-    if ARGV[entries[i] + 1] == '' or new[i] or forced[i] then keep[#keep + 1] = entries[i] end
+    local f = ARGV[entries[i] + 1]
+    if f == '' or f == '+' or new[i] or forced[i] then keep[#keep + 1] = entries[i] end
   end
-  added, dups = #keep, n_add - #keep
+  dups = n_add - #keep
+  keep = within_budget(keep)
+  added = #keep
   if added > 0 then
     local seq = next_seq(added)
     local byq, dargs, pargs = {}, {}, {}
@@ -976,4 +1044,4 @@ if take_n > 0 and ttl > 0 then
 end
 return {taken, added, dups, qlen, delayed_len, inflight_len, reclaimed,
         now_cache and fmt(now_cache) or -1, stale, missing, trimmed, next_ready, capped,
-        reserved, status, capped_keys, polite_keys}
+        reserved, status, capped_keys, polite_keys, budget_refused}
