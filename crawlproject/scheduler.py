@@ -84,7 +84,7 @@ from crawlproject.frontier.retrypolicy import (
     SLOW_DOWN_META,
     RetryPolicy,
 )
-from crawlproject.identity import node_id
+from crawlproject.node import node_id
 from crawlproject.outage import outage_log
 from crawlproject.policy import InputPolicy
 from crawlproject.serialization import (

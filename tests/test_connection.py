@@ -101,7 +101,7 @@ def test_scrapy_redis_host_and_port_settings_are_honoured(monkeypatch):
 def test_node_ids_are_unique_per_process_incarnation():
     from scrapy.settings import Settings
 
-    from crawlproject.identity import new_node_id, node_name
+    from crawlproject.node import new_node_id, node_name
 
     settings = Settings({"NODE_ID": "worker 1.example"})
     first, second = new_node_id(settings), new_node_id(settings)

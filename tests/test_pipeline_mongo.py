@@ -30,7 +30,7 @@ from scrapy.exceptions import CloseSpider, DontCloseSpider, DropItem, NotConfigu
 from scrapy.utils.test import get_crawler
 from twisted.python.failure import Failure
 
-from crawlproject.identity import node_id
+from crawlproject.node import node_id
 from crawlproject.items import ProductItem
 from crawlproject.pipelines.documents import WriteOp
 from crawlproject.pipelines.mongo import MongoPipeline

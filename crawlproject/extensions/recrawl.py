@@ -53,7 +53,7 @@ from crawlproject.connection import (
     mongo_uri_from_settings,
     redis_from_settings,
 )
-from crawlproject.identity import node_id
+from crawlproject.node import node_id
 from crawlproject.keys import FrontierKeys
 from crawlproject.connection import collection_name
 from crawlproject.policy import InputPolicy, Refused

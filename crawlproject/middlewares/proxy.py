@@ -58,7 +58,7 @@ from crawlproject.middlewares.politeness import retry_after_seconds
 from crawlproject.egress.session import PROXY_CONTEXT, PROXY_ID, explicit_session
 from crawlproject.proxies import BanRules, Health, InvalidProxy, PoolView, Proxy, \
     entry_fingerprint, parse_proxy
-from crawlproject.identity import node_id
+from crawlproject.node import node_id
 from crawlproject.proxystore import HealthBatch, ProxyStateError, ProxyStore, Snapshot, \
     monotonic_deadline
 

@@ -66,7 +66,7 @@ from crawlproject.connection import (
     redis_url_from_settings,
     setting,
 )
-from crawlproject.identity import node_id
+from crawlproject.node import node_id
 from crawlproject.keys import FrontierKeys
 from crawlproject.pipelines.batcher import Batcher
 from crawlproject.pipelines.documents import WriteOp, gone_op, item_fields, to_mongo

@@ -41,7 +41,7 @@ from urllib.parse import urlsplit
 from scrapy.utils.conf import closest_scrapy_cfg, get_config
 from scrapy.utils.project import inside_project
 
-from crawlproject.identity import new_node_id
+from crawlproject.node import new_node_id
 from crawlproject.pipelines.documents import WriteOp, from_spool_line, to_spool_line
 
 __all__ = ["Spool", "Segment", "target_dir", "spool_path", "read_segment", "count_records"]
@@ -110,7 +110,7 @@ class Spool:
     def __init__(self, directory: str | os.PathLike, owner: str | None = None,
                  segment_records: int = DEFAULT_SEGMENT_RECORDS):
         self.directory = Path(directory)
-        # A node passes its id (crawlproject.identity.node_id): file-name safe.
+        # A node passes its id (crawlproject.node.node_id): file-name safe.
         self.owner = owner or new_node_id()
         self.segment_records = segment_records
         self.lock = asyncio.Lock()

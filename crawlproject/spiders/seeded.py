@@ -27,7 +27,7 @@ from redis.exceptions import ResponseError
 from scrapy import Request, Spider
 
 from crawlproject.connection import redact_url, redis_from_settings, redis_url_from_settings, setting
-from crawlproject.identity import node_id
+from crawlproject.node import node_id
 from crawlproject.keys import START_URLS, start_urls_key
 from crawlproject.outage import outage_log
 from crawlproject.policy import InputPolicy

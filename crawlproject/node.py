@@ -1,4 +1,4 @@
-"""One identity per node process, shared by its leases, seed claims and spool.
+"""The node id: one per node process, shared by its leases, seed claims and spool.
 
 A node's id is ``<name>-<pid>-<random>``: ``name`` is ``NODE_ID`` (setting or
 environment variable) or the host name, made safe for file names (the spool
