@@ -40,8 +40,8 @@ from scrapy import Request, Spider
 from scrapy.http import FormRequest, JsonRequest
 from scrapy.utils.request import request_from_dict as _scrapy_request_from_dict
 
-from crawlproject.egress.session import PROXY_ID
-from crawlproject.egress.session import TRANSIENT as SESSION_TRANSIENT
+from crawlproject.identity.session import PROXY_ID
+from crawlproject.identity.session import TRANSIENT as SESSION_TRANSIENT
 from crawlproject.policy import InputPolicy, Refused
 
 FORMAT_VERSION = 1

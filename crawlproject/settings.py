@@ -65,17 +65,17 @@ DOWNLOADER_MIDDLEWARES = {
     # after HttpCompressionMiddleware (590): checks the page the callback would get
     "crawlproject.middlewares.rendering.RenderIfMissingMiddleware": 585,
     "crawlproject.middlewares.proxy.ProxyPoolMiddleware": 600,
-    "crawlproject.middlewares.identity.IdentityMiddleware": 610,
+    "crawlproject.identity.middleware.IdentityMiddleware": 610,
     "crawlproject.middlewares.rendering.RenderingMiddleware": 620,
     # before CookiesMiddleware (700): a session's cookies carried by its request
-    "crawlproject.middlewares.sessioncookies.SessionCookiesMiddleware": 690,
+    "crawlproject.identity.cookies.SessionCookiesMiddleware": 690,
     # after HttpCompressionMiddleware (590) on the way back: hashes the decoded body
     "crawlproject.middlewares.recrawl.RecrawlMiddleware": 580,
 }
 SPIDER_MIDDLEWARES = {
     "scrapy.spidermiddlewares.referer.RefererMiddleware": None,
     "crawlproject.middlewares.referer.SeedRefererMiddleware": 700,
-    "crawlproject.middlewares.sessioncookies.SessionCookiesSpiderMiddleware": 650,
+    "crawlproject.identity.cookies.SessionCookiesSpiderMiddleware": 650,
     "crawlproject.middlewares.recrawl.RecrawlSpiderMiddleware": 950,   # sees the callback's output
     # with FRONTIER_PARTITIONS > 1: an ack waits only for the requests its own callback made
     "crawlproject.middlewares.lineage.LineageMiddleware": 990,

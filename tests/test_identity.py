@@ -1,4 +1,4 @@
-"""Browser identities (crawlproject.useragents, crawlproject.middlewares.identity).
+"""Browser identities (crawlproject.identity.useragents, crawlproject.identity.middleware).
 
 Unit tests build the middleware from real settings with Scrapy's own
 ``get_crawler``; the end-to-end test runs two real ``scrapy crawl hosts`` nodes
@@ -18,10 +18,10 @@ from scrapy import Request, Spider
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.test import get_crawler
 
-from crawlproject.middlewares.identity import IdentityMiddleware, parse_rotation
-from crawlproject.egress.session import IDENTITY, PROXY_ID, SESSION
+from crawlproject.identity.middleware import IdentityMiddleware, parse_rotation
+from crawlproject.identity.session import IDENTITY, PROXY_ID, SESSION
 from crawlproject.serialization import request_from_json, request_to_json
-from crawlproject.useragents import PoolFilter, identity_for, load_pool, pick
+from crawlproject.identity.useragents import PoolFilter, identity_for, load_pool, pick
 from tests.crawl_helpers import ROOT
 
 BRANDS = re.compile(r'"([^"]+)";v="(\d+)"')
@@ -289,7 +289,7 @@ NO_NETWORK = textwrap.dedent("""
 
     from scrapy import Request, Spider
     from scrapy.utils.test import get_crawler
-    from crawlproject.middlewares.identity import IdentityMiddleware
+    from crawlproject.identity.middleware import IdentityMiddleware
     import fake_useragent
     mw = IdentityMiddleware.from_crawler(get_crawler(Spider, {"IDENTITY_ROTATION": "request"}))
     mw.spider_opened(Spider("s"))

@@ -16,7 +16,7 @@ from twisted.internet.error import ConnectionRefusedError
 
 from crawlproject.frontier.retrypolicy import RETRY_DELAY_META
 from crawlproject.middlewares.proxy import BAN_TRIES, ProxyPoolMiddleware
-from crawlproject.egress.session import PROXY_CONTEXT, PROXY_ID
+from crawlproject.identity.session import PROXY_CONTEXT, PROXY_ID
 from crawlproject.proxies import (SCHEMES, BanRules, Health, InvalidProxy, PoolView, Proxy,
                                   _compile, parse_proxy)
 from crawlproject.proxystore import HealthBatch, ProxyStore

@@ -28,7 +28,7 @@ from devtools.demo.proxy import ForwardProxy
 from devtools.demo.site import JS_PRODUCT_ID, DemoSite
 from crawlproject.keys import FrontierKeys, start_urls_key
 from crawlproject.middlewares.rendering import RenderIfMissingMiddleware, RenderingMiddleware
-from crawlproject.egress.session import IDENTITY, PROXY_CONTEXT, PROXY_ID
+from crawlproject.identity.session import IDENTITY, PROXY_CONTEXT, PROXY_ID
 from crawlproject.policy import InputPolicy, Refused
 from crawlproject.rendering import HANDLER, ContextPool, RenderingAddon, chromium_path
 from crawlproject.serialization import (

@@ -1,6 +1,6 @@
 """Sticky sessions across two nodes: a login flow (``meta["session"]``) keeps
 its proxy on every node, and its cookies follow it to whichever node downloads
-its next pages (crawlproject.middlewares.sessioncookies)."""
+its next pages (crawlproject.identity.cookies)."""
 
 from __future__ import annotations
 

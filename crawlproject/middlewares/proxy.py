@@ -55,7 +55,7 @@ from crawlproject import acl
 from crawlproject.connection import redis_from_settings, redis_url_from_settings
 from crawlproject.frontier.retrypolicy import RETRY_DELAY_META
 from crawlproject.middlewares.politeness import retry_after_seconds
-from crawlproject.egress.session import PROXY_CONTEXT, PROXY_ID, explicit_session
+from crawlproject.identity.session import PROXY_CONTEXT, PROXY_ID, explicit_session
 from crawlproject.proxies import BanRules, Health, InvalidProxy, PoolView, Proxy, \
     entry_fingerprint, parse_proxy
 from crawlproject.node import node_id

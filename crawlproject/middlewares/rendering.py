@@ -48,7 +48,7 @@ from scrapy.http import TextResponse
 from scrapy.utils.misc import load_object
 
 from crawlproject.egress.render_settings import rendering_enabled
-from crawlproject.egress.session import IDENTITY, PROXY_CONTEXT, PROXY_ID
+from crawlproject.identity.session import IDENTITY, PROXY_CONTEXT, PROXY_ID
 from crawlproject.serialization import replace_meta, restore_meta
 
 logger = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """Spiders for the rendering tests (tests/test_rendering.py)."""
 
-from crawlproject.egress.session import IDENTITY, PROXY_CONTEXT, PROXY_ID
+from crawlproject.identity.session import IDENTITY, PROXY_CONTEXT, PROXY_ID
 from crawlproject.spiders.seeded import RedisSpider
 
 

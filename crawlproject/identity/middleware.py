@@ -2,9 +2,9 @@
 
 A site that sees one visitor (one exit address, one cookie jar) change its
 browser on every request knows it is talking to a crawler. This middleware
-gives each session (:func:`crawlproject.egress.session.session_key`: the
+gives each session (:func:`crawlproject.identity.session.session_key`: the
 spider's ``meta["session"]``, else proxy and cookie jar, else the host) one
-:class:`~crawlproject.useragents.Identity`: a User-Agent from fake-useragent
+:class:`~crawlproject.identity.useragents.Identity`: a User-Agent from fake-useragent
 and the ``Accept``, ``Accept-Language``, ``Accept-Encoding`` and (Chromium
 only) ``Sec-CH-UA*`` headers that browser sends.
 
@@ -51,8 +51,8 @@ from scrapy.exceptions import NotConfigured
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.httpobj import urlparse_cached
 
-from crawlproject.egress.session import IDENTITY, session_key
-from crawlproject.useragents import HINT_HEADERS, Identity, PoolFilter, load_pool, pick
+from crawlproject.identity.session import IDENTITY, session_key
+from crawlproject.identity.useragents import HINT_HEADERS, Identity, PoolFilter, load_pool, pick
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Scrapy's ``CookiesMiddleware`` keeps its cookie jars in the memory of one
 process. In a cluster the next request of a login flow (``meta["session"]``,
-see :mod:`crawlproject.egress.session`) may be downloaded by another node,
+see :mod:`crawlproject.identity.session`) may be downloaded by another node,
 whose jar for that session is empty. Two small parts carry the cookies with the
 request instead:
 
@@ -31,7 +31,7 @@ from scrapy.downloadermiddlewares.cookies import CookiesMiddleware
 from scrapy.exceptions import NotConfigured
 from tldextract import TLDExtract
 
-from crawlproject.egress.session import explicit_session
+from crawlproject.identity.session import explicit_session
 
 # Scrapy's CookiesMiddleware asks a default TLDExtract whether a cookie's domain
 # is a public suffix; the first cookie with a domain then downloads the public

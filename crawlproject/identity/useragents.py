@@ -1,6 +1,6 @@
 """Browser identities: a User-Agent from fake-useragent and the headers its browser sends.
 
-No Scrapy here (the middleware, :mod:`crawlproject.middlewares.identity`, is
+No Scrapy here (the middleware, :mod:`crawlproject.identity.middleware`, is
 the adapter). :func:`load_pool` filters fake-useragent's data file, which
 ships in its wheel and is read from disk (``importlib.resources``): no network
 call, ever. The pool is ordered by User-Agent string, so every node with the
