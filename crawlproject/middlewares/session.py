@@ -1,7 +1,8 @@
-"""Moved to :mod:`crawlproject.identity.session` (this path keeps working)."""
+"""Moved to :mod:`crawlproject.identity.session`; this path stays so settings written
+before keep working."""
 
-from crawlproject.identity.session import (IDENTITY, PROXY_CONTEXT, PROXY_ID, SESSION,
-                                         TRANSIENT, explicit_session, session_key)
+from crawlproject.identity.session import (SESSION, PROXY_ID, PROXY_CONTEXT, IDENTITY,
+                                           TRANSIENT, explicit_session, session_key)
 
-__all__ = ["IDENTITY", "PROXY_CONTEXT", "PROXY_ID", "SESSION", "TRANSIENT",
+__all__ = ["SESSION", "PROXY_ID", "PROXY_CONTEXT", "IDENTITY", "TRANSIENT",
            "explicit_session", "session_key"]

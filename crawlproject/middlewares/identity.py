@@ -1,0 +1,9 @@
+"""Moved to :mod:`crawlproject.identity.middleware`; this path stays so settings written
+before keep working."""
+
+from crawlproject.identity.middleware import (DONT_ROTATE, DEFAULT_BROWSERS,
+                                              DEFAULT_PLATFORMS, parse_rotation,
+                                              IdentityMiddleware)
+
+__all__ = ["DONT_ROTATE", "DEFAULT_BROWSERS", "DEFAULT_PLATFORMS", "parse_rotation",
+           "IdentityMiddleware"]

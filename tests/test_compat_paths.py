@@ -1,0 +1,48 @@
+"""Settings written before the layout of issue 37 keep working: every component
+path they could name loads the same object as its new path, and the modules
+left at the old paths are re-exports only."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+from scrapy.utils.misc import load_object
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Old dotted path (as settings name it) -> the path it moved to.
+MOVED = {
+    "crawlproject.middlewares.identity.IdentityMiddleware":
+        "crawlproject.identity.middleware.IdentityMiddleware",
+    "crawlproject.middlewares.sessioncookies.SessionCookiesMiddleware":
+        "crawlproject.identity.cookies.SessionCookiesMiddleware",
+    "crawlproject.middlewares.sessioncookies.SessionCookiesSpiderMiddleware":
+        "crawlproject.identity.cookies.SessionCookiesSpiderMiddleware",
+    "crawlproject.middlewares.session.session_key": "crawlproject.identity.session.session_key",
+    "crawlproject.identity.node_id": "crawlproject.node.node_id",
+}
+
+#: The modules left at the old paths.
+SHIMS = ["crawlproject.middlewares.identity", "crawlproject.middlewares.sessioncookies",
+         "crawlproject.middlewares.session"]
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_an_old_path_loads_the_same_object_as_the_new_one(old):
+    assert load_object(old) is load_object(MOVED[old])
+
+
+@pytest.mark.parametrize("name", SHIMS)
+def test_an_old_module_only_re_exports(name):
+    module = importlib.import_module(name)
+    tree = ast.parse(Path(module.__file__).read_text(encoding="utf-8"))
+    docstring, *rest = tree.body
+    assert "Moved to" in ast.literal_eval(docstring.value)
+    assert all(isinstance(node, ast.ImportFrom) or (isinstance(node, ast.Assign)
+               and [t.id for t in node.targets] == ["__all__"]) for node in rest)
+    for exported in module.__all__:
+        source = importlib.import_module(rest[0].module)
+        assert getattr(module, exported) is getattr(source, exported)
