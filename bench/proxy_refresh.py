@@ -21,7 +21,7 @@ import time
 
 from bench.common import BenchRedis, base_parser, finish, median, mode_of, table
 from crawlproject.ops.proxies import proxy_report
-from crawlproject.proxystore import HealthBatch, ProxyStore
+from crawlproject.proxies.store import HealthBatch, ProxyStore
 
 NAME = "proxy_refresh"
 SIZES = {"full": [(100, 10), (20_000, 10), (100_000, 10), (100, 10_000), (20_000, 10_000)],

@@ -91,7 +91,7 @@ key                                type    contents / written by
 ``{<spider>}:proxy:health``        hash    ``<proxy id>|ok|fail|ban|consec|lat|seen``:
                                            counters, consecutive connection failures,
                                            latency EWMA (ms), last seen (ms); REFRESH
-                                           (:mod:`crawlproject.proxystore`)
+                                           (:mod:`crawlproject.proxies.store`)
 ``{<spider>}:proxy:bans``          hash    ``<proxy id>|<domain>`` → ``"until ms|
                                            strikes"``: that proxy is banned for that
                                            domain until then; REFRESH

@@ -14,7 +14,7 @@ from crawlproject.connection import (
     env_default,
 )
 from crawlproject.keys import START_URLS
-from crawlproject.proxies import DEFAULT_BODY_PATTERNS, DEFAULT_REDIRECT_PATTERNS
+from crawlproject.proxies.pool import DEFAULT_BODY_PATTERNS, DEFAULT_REDIRECT_PATTERNS
 
 BOT_NAME = "crawlproject"
 SPIDER_MODULES = ["crawlproject.spiders"]
@@ -64,7 +64,7 @@ DOWNLOADER_MIDDLEWARES = {
     "crawlproject.middlewares.politeness.FrontierPolitenessMiddleware": 560,
     # after HttpCompressionMiddleware (590): checks the page the callback would get
     "crawlproject.middlewares.rendering.RenderIfMissingMiddleware": 585,
-    "crawlproject.middlewares.proxy.ProxyPoolMiddleware": 600,
+    "crawlproject.proxies.middleware.ProxyPoolMiddleware": 600,
     "crawlproject.identity.middleware.IdentityMiddleware": 610,
     "crawlproject.middlewares.rendering.RenderingMiddleware": 620,
     # before CookiesMiddleware (700): a session's cookies carried by its request
@@ -89,7 +89,7 @@ FRONTIER_POLITENESS_KEY = "host"        # or "domain" (public suffix list), "ip"
 FRONTIER_PARTITIONS = 1                 # more spreads the frontier over Redis Cluster masters
 FRONTIER_HOST_LIMITS = {}               # {"example.com": {"delay": 2.0, "concurrency": 1}}
 
-# --- Proxy pool shared by all nodes (crawlproject/middlewares/proxy.py) --------
+# --- Proxy pool shared by all nodes (crawlproject/proxies/) ------------------
 # Off by default: no pool is configured. Entries: http(s)://[user:pass@]host:port
 # (no SOCKS: Scrapy cannot use it). The Redis key {<spider>}:proxies (set or
 # hash) is read every PROXY_REFRESH_INTERVAL and may change during the crawl.

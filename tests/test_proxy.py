@@ -15,11 +15,11 @@ from scrapy.utils.test import get_crawler
 from twisted.internet.error import ConnectionRefusedError
 
 from crawlproject.frontier.retrypolicy import RETRY_DELAY_META
-from crawlproject.middlewares.proxy import BAN_TRIES, ProxyPoolMiddleware
+from crawlproject.proxies.middleware import BAN_TRIES, ProxyPoolMiddleware
 from crawlproject.identity.session import PROXY_CONTEXT, PROXY_ID
-from crawlproject.proxies import (SCHEMES, BanRules, Health, InvalidProxy, PoolView, Proxy,
+from crawlproject.proxies.pool import (SCHEMES, BanRules, Health, InvalidProxy, PoolView, Proxy,
                                   _compile, parse_proxy)
-from crawlproject.proxystore import HealthBatch, ProxyStore
+from crawlproject.proxies.store import HealthBatch, ProxyStore
 from crawlproject.serialization import request_to_json
 
 SECRET = "Pa55-W0rd-Xyzzy"
@@ -720,7 +720,7 @@ def test_a_node_reads_the_health_hash_and_marks_its_proxies_only_every_few_calls
     import redis as redis_lib
     import redis.asyncio as aredis
 
-    from crawlproject.middlewares.proxy import HEALTH_READ_PERIOD
+    from crawlproject.proxies.middleware import HEALTH_READ_PERIOD
 
     mw = middleware(PROXY_REFRESH_INTERVAL=1.0)
     read = []

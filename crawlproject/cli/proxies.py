@@ -14,7 +14,7 @@ def cmd_proxies(args) -> int:
     """The shared proxy pool: masked ids, health, bans per domain, retirements
     (the most troubled first, at most ``--limit`` rows unless ``--all``)."""
     if args.revive:
-        from crawlproject.proxystore import ProxyStore
+        from crawlproject.proxies.store import ProxyStore
 
         store = ProxyStore(_client(args), args.spider)
         for proxy_id in args.revive:

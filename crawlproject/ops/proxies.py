@@ -15,8 +15,8 @@ def proxy_report(client, spider: str, limit: int | None = 50) -> dict:
     counts; the pool entries that
     do not parse, the pool key's type, nodes without a usable proxy, and
     ``error`` when a proxy key has a wrong type (``proxies --json``)."""
-    from crawlproject.proxies import InvalidProxy, entry_fingerprint, parse_proxy
-    from crawlproject.proxystore import ProxyStateError, report_state
+    from crawlproject.proxies.pool import InvalidProxy, entry_fingerprint, parse_proxy
+    from crawlproject.proxies.store import ProxyStateError, report_state
 
     bans_shown = 1000 if limit is None else max(limit * 4, 100)
     try:

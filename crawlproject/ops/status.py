@@ -64,7 +64,7 @@ def status_data(spider: str, parts: list[Frontier], seeds: SeedKeys) -> dict:
 
 
 def _proxy_pool_summary(client, spider: str, now_ms: int) -> dict:
-    from crawlproject.proxystore import no_proxy_summary
+    from crawlproject.proxies.store import no_proxy_summary
 
     return no_proxy_summary(client, spider, now_ms)
 

@@ -1,8 +1,8 @@
 """A shared proxy pool: parsing, ban detection and choice (no Scrapy, no Redis).
 
-Plain classes used by :class:`~crawlproject.middlewares.proxy.ProxyPoolMiddleware`,
+Plain classes used by :class:`~crawlproject.proxies.middleware.ProxyPoolMiddleware`,
 the command-line tool and the tests; the shared state lives in Redis
-(:mod:`crawlproject.proxystore`).
+(:mod:`crawlproject.proxies.store`).
 
 * :func:`parse_proxy` turns an entry (``http://user:pass@host:port`` or
   ``https://...``) into a :class:`Proxy`, strictly: entries read from Redis are

@@ -22,7 +22,7 @@ one is logged (by fingerprint, never its text) and counted, never used.
   retire the proxy (``python -m crawlproject.cli proxies SPIDER``).
 * **Shared state**: counters, latency, bans and retirements are sent to Redis
   and read back in one script call every ``PROXY_REFRESH_INTERVAL`` seconds,
-  in the background (:mod:`crawlproject.proxystore`); no Redis call per request.
+  in the background (:mod:`crawlproject.proxies.store`); no Redis call per request.
 * A 429 answered through a proxy bans that proxy for the host and is *not*
   passed on to :class:`~crawlproject.middlewares.politeness.FrontierPolitenessMiddleware`:
   the site limits that exit address, not the crawl; when all proxies are
@@ -56,10 +56,10 @@ from crawlproject.connection import redis_from_settings, redis_url_from_settings
 from crawlproject.frontier.retrypolicy import RETRY_DELAY_META
 from crawlproject.middlewares.politeness import retry_after_seconds
 from crawlproject.identity.session import PROXY_CONTEXT, PROXY_ID, explicit_session
-from crawlproject.proxies import BanRules, Health, InvalidProxy, PoolView, Proxy, \
+from crawlproject.proxies.pool import BanRules, Health, InvalidProxy, PoolView, Proxy, \
     entry_fingerprint, parse_proxy
 from crawlproject.node import node_id
-from crawlproject.proxystore import HealthBatch, ProxyStateError, ProxyStore, Snapshot, \
+from crawlproject.proxies.store import HealthBatch, ProxyStateError, ProxyStore, Snapshot, \
     monotonic_deadline
 
 logger = logging.getLogger(__name__)

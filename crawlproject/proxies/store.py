@@ -64,7 +64,7 @@ local function incr(key, field, n)
   if type(r) == 'table' or r < 0 then redis.call('HSET', key, field, n); return n end
   return r
 end
--- a latency the nodes accept (proxystore._metric): finite, 0..1e7 ms
+-- a latency the nodes accept (store._metric): finite, 0..1e7 ms
 local function finite(x) return x and x == x and x >= 0 and x <= 1e7 end
 local now = server_now(ARGV[1])
 local u = cjson.decode(ARGV[2])
