@@ -23,11 +23,15 @@ MOVED = {
         "crawlproject.identity.cookies.SessionCookiesSpiderMiddleware",
     "crawlproject.middlewares.session.session_key": "crawlproject.identity.session.session_key",
     "crawlproject.identity.node_id": "crawlproject.node.node_id",
+    "crawlproject.middlewares.proxy.ProxyPoolMiddleware":
+        "crawlproject.proxies.middleware.ProxyPoolMiddleware",
+    "crawlproject.proxies.parse_proxy": "crawlproject.proxies.pool.parse_proxy",
+    "crawlproject.proxies.BanRules": "crawlproject.proxies.pool.BanRules",
 }
 
 #: The modules left at the old paths.
 SHIMS = ["crawlproject.middlewares.identity", "crawlproject.middlewares.sessioncookies",
-         "crawlproject.middlewares.session"]
+         "crawlproject.middlewares.session", "crawlproject.middlewares.proxy"]
 
 
 @pytest.mark.parametrize("old", sorted(MOVED))
