@@ -95,7 +95,7 @@ CONTEXT_KWARGS = frozenset({
 # Never in CONTEXT_KWARGS: "proxy" (a payload could route a node's browser
 # through a proxy of its choice) and "http_credentials" (secrets in Redis). A
 # rendered request's proxy comes from the proxy middleware, per download
-# (crawlproject.middlewares.rendering), and is never stored.
+# (crawlproject.rendering.middleware), and is never stored.
 GOTO_KWARGS = frozenset({"timeout", "wait_until", "referer"})
 #: ``playwright_*`` meta keys a request may carry, and how each is checked.
 PLAYWRIGHT_META = frozenset({

@@ -63,10 +63,10 @@ DOWNLOADER_MIDDLEWARES = {
     "crawlproject.middlewares.retry.BackoffRetryMiddleware": 550,
     "crawlproject.middlewares.politeness.FrontierPolitenessMiddleware": 560,
     # after HttpCompressionMiddleware (590): checks the page the callback would get
-    "crawlproject.middlewares.rendering.RenderIfMissingMiddleware": 585,
+    "crawlproject.rendering.middleware.RenderIfMissingMiddleware": 585,
     "crawlproject.proxies.middleware.ProxyPoolMiddleware": 600,
     "crawlproject.identity.middleware.IdentityMiddleware": 610,
-    "crawlproject.middlewares.rendering.RenderingMiddleware": 620,
+    "crawlproject.rendering.middleware.RenderingMiddleware": 620,
     # before CookiesMiddleware (700): a session's cookies carried by its request
     "crawlproject.identity.cookies.SessionCookiesMiddleware": 690,
     # after HttpCompressionMiddleware (590) on the way back: hashes the decoded body
@@ -215,7 +215,7 @@ RECRAWL_CLAIM_TIMEOUT = 3600.0          # a fed page not visited by then is due 
 RECRAWL_GONE_COLLECTIONS = []           # item collections besides MONGO_COLLECTION's that
                                         # a page answering 404/410 may mark gone
 
-# --- JavaScript rendering (crawlproject.rendering, crawlproject.middlewares.rendering) ----
+# --- JavaScript rendering (crawlproject.rendering, crawlproject.rendering.middleware) ----
 # The add-on routes http/https through scrapy-playwright's handler (only requests
 # marked for rendering use Chromium), launches the system Chromium (CHROMIUM_PATH
 # setting or environment variable, else found in the usual places), retries pages

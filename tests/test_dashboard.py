@@ -24,7 +24,7 @@ from crawlproject.dashboard.auth import COOKIE, Credentials
 from crawlproject.dashboard.server import BindRefused, check_bind, is_loopback
 from crawlproject.frontier.queue import Batch, Frontier
 from crawlproject.keys import FrontierKeys, ProxyKeys, start_urls_key
-from crawlproject.rendering import CHROMIUM_ARGS, chromium_path
+from crawlproject.rendering.addon import CHROMIUM_ARGS, chromium_path
 from tests.crawl_helpers import ROOT, Node, node_env
 
 DASHBOARD = ROOT / "crawlproject" / "dashboard"

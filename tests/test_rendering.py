@@ -1,5 +1,5 @@
-"""Rendering: crawlproject.rendering (add-on, handler, context pool) and
-crawlproject.middlewares.rendering.
+"""Rendering: crawlproject.rendering.addon (add-on, handler, context pool) and
+crawlproject.rendering.middleware.
 
 The first tests build the middleware on its own; the others run real
 ``scrapy crawl`` nodes with the system Chromium against the demo site and
@@ -27,10 +27,10 @@ from scrapy.utils.test import get_crawler
 from devtools.demo.proxy import ForwardProxy
 from devtools.demo.site import JS_PRODUCT_ID, DemoSite
 from crawlproject.keys import FrontierKeys, start_urls_key
-from crawlproject.middlewares.rendering import RenderIfMissingMiddleware, RenderingMiddleware
+from crawlproject.rendering.middleware import RenderIfMissingMiddleware, RenderingMiddleware
 from crawlproject.identity.session import IDENTITY, PROXY_CONTEXT, PROXY_ID
 from crawlproject.policy import InputPolicy, Refused
-from crawlproject.rendering import HANDLER, ContextPool, RenderingAddon, chromium_path
+from crawlproject.rendering.addon import HANDLER, ContextPool, RenderingAddon, chromium_path
 from crawlproject.serialization import (
     RequestDecodeError,
     RequestEncodeError,
@@ -222,8 +222,8 @@ def test_addon_settings_and_their_errors(tmp_path, monkeypatch):
     assert settings["PLAYWRIGHT_LAUNCH_OPTIONS"]["executable_path"] == chromium_path()
     assert "playwright.async_api.Error" in settings.getlist("RETRY_EXCEPTIONS")
     middlewares = settings.getwithbase("DOWNLOADER_MIDDLEWARES")
-    assert middlewares["crawlproject.middlewares.rendering.RenderingMiddleware"] == 620
-    assert middlewares["crawlproject.middlewares.rendering.RenderIfMissingMiddleware"] == 585
+    assert middlewares["crawlproject.rendering.middleware.RenderingMiddleware"] == 620
+    assert middlewares["crawlproject.rendering.middleware.RenderIfMissingMiddleware"] == 585
     with pytest.raises(ValueError, match="CHROMIUM_PATH"):
         RenderingAddon().update_settings(Settings({"CHROMIUM_PATH": str(tmp_path / "nope")}))
     with pytest.raises(ValueError, match="RENDER_BLOCK_RESOURCES"):

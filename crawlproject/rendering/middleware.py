@@ -47,7 +47,7 @@ from scrapy.exceptions import NotConfigured
 from scrapy.http import TextResponse
 from scrapy.utils.misc import load_object
 
-from crawlproject.egress.render_settings import rendering_enabled
+from crawlproject.rendering.settings import rendering_enabled
 from crawlproject.identity.session import IDENTITY, PROXY_CONTEXT, PROXY_ID
 from crawlproject.serialization import replace_meta, restore_meta
 
@@ -143,7 +143,7 @@ class RenderingMiddleware:
         # Imported here, not at the top: Playwright's modules are objects that
         # every full garbage collection walks, on a node that renders nothing
         # (RENDERING_ENABLED off, but the middleware in DOWNLOADER_MIDDLEWARES).
-        from crawlproject.rendering import ContextPool, handlers_for
+        from crawlproject.rendering.addon import ContextPool, handlers_for
 
         self.pool = ContextPool(max_contexts, lambda: handlers_for(crawler), crawler.stats)
         # Context names carry a keyed digest of the context options: two proxies
@@ -351,7 +351,7 @@ def _first_line(exception) -> str:
 
 
 def _check_handler(settings) -> None:
-    from crawlproject.rendering import RenderingDownloadHandler
+    from crawlproject.rendering.addon import RenderingDownloadHandler
 
     handlers = settings.getwithbase("DOWNLOAD_HANDLERS")
     for scheme in ("http", "https"):

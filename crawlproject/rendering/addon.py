@@ -40,7 +40,7 @@ from scrapy.utils.misc import load_object
 from scrapy_playwright.handler import ScrapyPlaywrightDownloadHandler
 from scrapy_playwright.headers import use_scrapy_headers
 
-from crawlproject.egress.render_settings import explicit_chromium_path, rendering_enabled
+from crawlproject.rendering.settings import explicit_chromium_path, rendering_enabled
 
 __all__ = ["ContextPool", "RenderingAddon", "RenderingDownloadHandler", "ResourceBlocker",
            "browser_headers", "chromium_path", "handlers_for"]
@@ -49,9 +49,9 @@ logger = logging.getLogger(__name__)
 
 HANDLER = "crawlproject.rendering.RenderingDownloadHandler"
 PLAYWRIGHT_HANDLER = "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler"
-#: The rendering middlewares and their places (see crawlproject.middlewares.rendering).
-MIDDLEWARES = {"crawlproject.middlewares.rendering.RenderingMiddleware": 620,
-               "crawlproject.middlewares.rendering.RenderIfMissingMiddleware": 585}
+#: The rendering middlewares and their places (see crawlproject.rendering.middleware).
+MIDDLEWARES = {"crawlproject.rendering.middleware.RenderingMiddleware": 620,
+               "crawlproject.rendering.middleware.RenderIfMissingMiddleware": 585}
 #: Where Debian and Ubuntu install Chromium (the binary first: it starts faster
 #: than the /usr/bin wrapper script).
 CHROMIUM_CANDIDATES = ("/usr/lib/chromium/chromium", "/usr/bin/chromium",
@@ -274,9 +274,13 @@ class RenderingAddon:
         settings.set("PLAYWRIGHT_PROCESS_REQUEST_HEADERS",
                      "crawlproject.rendering.browser_headers", "addon")
         _extend(settings, "PLAYWRIGHT_LAUNCH_OPTIONS", launch_options(settings))
+        # A project may name them by their paths before the move
+        # (crawlproject.middlewares.rendering): the same class, not added twice.
+        named = {load_object(p) for p in settings.getdict("DOWNLOADER_MIDDLEWARES")}
         for path, priority in MIDDLEWARES.items():
-            settings.setdefault_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", path,
-                                                           priority)
+            if load_object(path) not in named:
+                settings.setdefault_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", path,
+                                                               priority)
         retry = settings.getlist("RETRY_EXCEPTIONS")
         _extend(settings, "RETRY_EXCEPTIONS", retry + [e for e in RETRY_ERRORS if e not in retry])
         blocked = blocked_resource_types(settings)

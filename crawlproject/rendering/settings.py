@@ -1,5 +1,5 @@
 """The rendering settings read by both the rendering add-on
-(:mod:`crawlproject.rendering`) and the rendering middlewares, in one place
+(:mod:`crawlproject.rendering.addon`) and the rendering middlewares, in one place
 that imports no Playwright (a node that renders nothing never loads it)."""
 
 from __future__ import annotations
