@@ -27,11 +27,20 @@ MOVED = {
         "crawlproject.proxies.middleware.ProxyPoolMiddleware",
     "crawlproject.proxies.parse_proxy": "crawlproject.proxies.pool.parse_proxy",
     "crawlproject.proxies.BanRules": "crawlproject.proxies.pool.BanRules",
+    "crawlproject.middlewares.rendering.RenderingMiddleware":
+        "crawlproject.rendering.middleware.RenderingMiddleware",
+    "crawlproject.middlewares.rendering.RenderIfMissingMiddleware":
+        "crawlproject.rendering.middleware.RenderIfMissingMiddleware",
+    "crawlproject.rendering.RenderingAddon": "crawlproject.rendering.addon.RenderingAddon",
+    "crawlproject.rendering.RenderingDownloadHandler":
+        "crawlproject.rendering.addon.RenderingDownloadHandler",
+    "crawlproject.rendering.browser_headers": "crawlproject.rendering.addon.browser_headers",
 }
 
 #: The modules left at the old paths.
 SHIMS = ["crawlproject.middlewares.identity", "crawlproject.middlewares.sessioncookies",
-         "crawlproject.middlewares.session", "crawlproject.middlewares.proxy"]
+         "crawlproject.middlewares.session", "crawlproject.middlewares.proxy",
+         "crawlproject.middlewares.rendering"]
 
 
 @pytest.mark.parametrize("old", sorted(MOVED))
@@ -50,3 +59,20 @@ def test_an_old_module_only_re_exports(name):
     for exported in module.__all__:
         source = importlib.import_module(rest[0].module)
         assert getattr(module, exported) is getattr(source, exported)
+
+
+def test_the_rendering_addon_adds_no_middleware_named_by_its_old_path():
+    from scrapy.settings import Settings
+    from scrapy.utils.conf import build_component_list
+
+    from crawlproject.rendering import RenderingAddon
+
+    settings = Settings({"DOWNLOADER_MIDDLEWARES": {
+        "crawlproject.middlewares.rendering.RenderingMiddleware": 620}})
+    RenderingAddon().update_settings(settings)
+    components = [load_object(c) for c in
+                  build_component_list(settings.getwithbase("DOWNLOADER_MIDDLEWARES"))]
+    assert components.count(load_object(MOVED[
+        "crawlproject.middlewares.rendering.RenderingMiddleware"])) == 1
+    assert components.count(load_object(MOVED[
+        "crawlproject.middlewares.rendering.RenderIfMissingMiddleware"])) == 1
