@@ -36,7 +36,7 @@ import pymongo
 
 from bench.common import BenchRedis, base_parser, mode_of, ratio, table, finish
 from crawlproject.pipelines.documents import WriteOp, insert_document, item_fields
-from crawlproject.recrawl import PageState, RevisitRule, visit_record
+from crawlproject.recrawl.schedule import PageState, RevisitRule, visit_record
 
 NAME = "recrawl_memory"
 PAGES = {"full": 10_000_000, "quick": 500_000, "smallest": 5_000}

@@ -93,9 +93,9 @@ class RecrawlBenchSpider(BenchParse, OurRedisSpider):
     custom_settings = {
         **_ours_settings(), "MAX_IDLE_TIME_BEFORE_CLOSE": 2, "MONGO_PIPELINE_ENABLED": True,
         "ITEM_PIPELINES": {"crawlproject.pipelines.mongo.MongoPipeline": 800},
-        "SPIDER_MIDDLEWARES": {"crawlproject.middlewares.recrawl.RecrawlSpiderMiddleware": 950},
+        "SPIDER_MIDDLEWARES": {"crawlproject.recrawl.middleware.RecrawlSpiderMiddleware": 950},
         "EXTENSIONS": {"bench.recorder.BenchRecorder": 0,
-                       "crawlproject.extensions.recrawl.RecrawlFeeder": 510},
+                       "crawlproject.recrawl.extension.RecrawlFeeder": 510},
     }
 
 

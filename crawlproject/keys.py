@@ -110,7 +110,7 @@ key                                type    contents / written by
                                            ``fed`` (total), ``at`` (ms), ``node``; and
                                            ``wake``, a counter ``crawlctl recrawl
                                            --now`` raises (nodes poll it each second;
-                                           :mod:`crawlproject.extensions.recrawl`)
+                                           :mod:`crawlproject.recrawl.extension`)
 ``{<spider>}:recrawl:lock``        string  the node feeding due pages right now (a
                                            redis-py lock with a TTL)
 ``{<spider>}:mongo_spool:<target>`` list   items a node could not store in MongoDB

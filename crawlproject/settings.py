@@ -70,13 +70,13 @@ DOWNLOADER_MIDDLEWARES = {
     # before CookiesMiddleware (700): a session's cookies carried by its request
     "crawlproject.identity.cookies.SessionCookiesMiddleware": 690,
     # after HttpCompressionMiddleware (590) on the way back: hashes the decoded body
-    "crawlproject.middlewares.recrawl.RecrawlMiddleware": 580,
+    "crawlproject.recrawl.middleware.RecrawlMiddleware": 580,
 }
 SPIDER_MIDDLEWARES = {
     "scrapy.spidermiddlewares.referer.RefererMiddleware": None,
     "crawlproject.middlewares.referer.SeedRefererMiddleware": 700,
     "crawlproject.identity.cookies.SessionCookiesSpiderMiddleware": 650,
-    "crawlproject.middlewares.recrawl.RecrawlSpiderMiddleware": 950,   # sees the callback's output
+    "crawlproject.recrawl.middleware.RecrawlSpiderMiddleware": 950,   # sees the callback's output
     # with FRONTIER_PARTITIONS > 1: an ack waits only for the requests its own callback made
     "crawlproject.middlewares.lineage.LineageMiddleware": 990,
 }
@@ -176,10 +176,10 @@ VALIDATION_INVALID_COLLECTION = ""        # e.g. "invalid_items" to keep dropped
 
 # Prometheus endpoint per node (crawlproject/extensions/metrics.py),
 # OpenTelemetry spans per request (crawlproject/extensions/tracing.py), both
-# opt-in, and the incremental recrawl's feeder (crawlproject/extensions/recrawl.py).
+# opt-in, and the incremental recrawl's feeder (crawlproject/recrawl/extension.py).
 EXTENSIONS = {"crawlproject.extensions.metrics.PrometheusMetrics": 500,
               "crawlproject.extensions.tracing.RequestTracing": 510,
-              "crawlproject.extensions.recrawl.RecrawlFeeder": 520,
+              "crawlproject.recrawl.extension.RecrawlFeeder": 520,
               "crawlproject.extensions.gctuning.GcFreeze": 530}
 # Freeze the start-up heap for the garbage collector when the spider opens
 # (a quarter of a node's CPU went to walking it: extensions/gctuning.py).
@@ -197,7 +197,7 @@ ITEM_PIPELINES = {
     "crawlproject.pipelines.mongo.MongoPipeline": 800,
 }
 
-# --- Incremental recrawl (crawlproject/recrawl.py, docs/recrawl.md): opt-in ------
+# --- Incremental recrawl (crawlproject/recrawl/, docs/recrawl.md): opt-in --------
 # Pages a rule covers get a record in MongoDB (<spider>_pages: validators, body
 # hash, next visit); due pages go back into the frontier as conditional
 # requests, a bounded batch at a time; 304 / unchanged pages skip parsing.

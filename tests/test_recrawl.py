@@ -10,7 +10,7 @@ from scrapy.http import HtmlResponse, Response
 from scrapy.settings import Settings
 from scrapy.utils.test import get_crawler
 
-from crawlproject.middlewares.recrawl import (
+from crawlproject.recrawl.middleware import (
     RecrawlMiddleware,
     RecrawlSpiderMiddleware,
     _stored_items,
@@ -25,7 +25,7 @@ from crawlproject.pipelines.documents import (
     upsert_update,
 )
 from crawlproject.policy import InputPolicy
-from crawlproject.recrawl import (
+from crawlproject.recrawl.schedule import (
     STATE_META,
     VISIT_META,
     GoneMark,
@@ -204,7 +204,7 @@ def test_gone_page_marks_its_items_and_hostile_item_lists_are_filtered():
 
 
 def test_gone_collections_follow_mongo_collection_and_the_allow_list():
-    from crawlproject.middlewares.recrawl import item_collections_pattern
+    from crawlproject.recrawl.middleware import item_collections_pattern
 
     per_item = item_collections_pattern("%(spider)s_%(item)s", "shop", ["catalog_%(spider)s"])
     assert per_item.fullmatch("shop_productitem") and per_item.fullmatch("catalog_shop")
@@ -309,7 +309,7 @@ def test_gone_mark_item_is_what_the_pipeline_turns_into_a_gone_op():
 def test_feeder_holds_an_idle_close_until_it_looked_and_while_pages_are_due():
     from scrapy.exceptions import DontCloseSpider
 
-    from crawlproject.extensions.recrawl import RecrawlFeeder
+    from crawlproject.recrawl.extension import RecrawlFeeder
 
     crawler = _crawler()
     feeder = RecrawlFeeder.from_crawler(crawler)
@@ -332,7 +332,7 @@ def test_feeder_holds_an_idle_close_until_it_looked_and_while_pages_are_due():
 
 def test_unchanged_visits_touch_the_record_and_an_older_touch_changes_nothing(mongo_db):
     from crawlproject.pipelines.documents import insert_document, touch_update
-    from crawlproject.recrawl import PageCheck, visit_record
+    from crawlproject.recrawl.schedule import PageCheck, visit_record
 
     coll = mongo_db["shop_pages"]
     rule = RevisitRule(pattern="", interval=60)
@@ -361,7 +361,7 @@ def test_unchanged_visits_touch_the_record_and_an_older_touch_changes_nothing(mo
 # -- page records from MongoDB: the stored-request policy, and their own site ------------
 import json  # noqa: E402
 
-from crawlproject.extensions.recrawl import record_request  # noqa: E402
+from crawlproject.recrawl.extension import record_request  # noqa: E402
 from crawlproject.serialization import RequestDecodeError  # noqa: E402
 
 RECORD_URL = "http://127.0.0.1:8000/product/1"

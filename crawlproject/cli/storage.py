@@ -72,7 +72,7 @@ def cmd_recrawl(args) -> int:
                                          mongo_uri_from_settings)
     from crawlproject.connection import collection_name
     from crawlproject.pipelines.errors import Scrubber
-    from crawlproject.recrawl import PageVisit
+    from crawlproject.recrawl.schedule import PageVisit
 
     query: dict = {}
     if args.pattern:

@@ -57,7 +57,7 @@ from crawlproject.node import node_id
 from crawlproject.keys import FrontierKeys
 from crawlproject.connection import collection_name
 from crawlproject.policy import InputPolicy, Refused
-from crawlproject.recrawl import STATE_META, PageVisit, RecrawlPolicy, utc_now
+from crawlproject.recrawl.schedule import STATE_META, PageVisit, RecrawlPolicy, utc_now
 from crawlproject.serialization import RequestDecodeError, request_from_json
 
 logger = logging.getLogger(__name__)

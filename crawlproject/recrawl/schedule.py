@@ -20,8 +20,8 @@ The pieces:
   the MongoDB pipeline, so that a page record is stored with the same
   guarantees as any item (acknowledged after it is stored, spooled through
   outages, idempotent);
-* ``crawlproject.middlewares.recrawl``: conditional requests, 304 / unchanged
-  / gone handling; ``crawlproject.extensions.recrawl``: due pages back into
+* ``crawlproject.recrawl.middleware``: conditional requests, 304 / unchanged
+  / gone handling; ``crawlproject.recrawl.extension``: due pages back into
   the frontier.
 
 A revisit request carries the page's previous state in ``meta["recrawl"]``

@@ -3,7 +3,7 @@
 :class:`RecrawlMiddleware` (downloader, 580):
 
 * a revisit (a request with ``meta["recrawl"]``, put back in the frontier by
-  :class:`crawlproject.extensions.recrawl.RecrawlFeeder`) is sent with the
+  :class:`crawlproject.recrawl.extension.RecrawlFeeder`) is sent with the
   page's stored validators as ``If-None-Match`` / ``If-Modified-Since``
   (not for rendered requests: the browser makes its own);
 * each answer of a page a revisit rule covers is classified: ``new`` (first
@@ -39,7 +39,7 @@ from scrapy.http import Response
 from crawlproject.frontier.retrypolicy import PAYLOAD_META
 from crawlproject.connection import collection_name, mongo_collection_pattern, mongo_unique_key
 from crawlproject.policy import InputPolicy
-from crawlproject.recrawl import (
+from crawlproject.recrawl.schedule import (
     MAX_ITEMS_PER_PAGE,
     STATE_META,
     VISIT_META,
