@@ -35,12 +35,20 @@ MOVED = {
     "crawlproject.rendering.RenderingDownloadHandler":
         "crawlproject.rendering.addon.RenderingDownloadHandler",
     "crawlproject.rendering.browser_headers": "crawlproject.rendering.addon.browser_headers",
+    "crawlproject.middlewares.recrawl.RecrawlMiddleware":
+        "crawlproject.recrawl.middleware.RecrawlMiddleware",
+    "crawlproject.middlewares.recrawl.RecrawlSpiderMiddleware":
+        "crawlproject.recrawl.middleware.RecrawlSpiderMiddleware",
+    "crawlproject.extensions.recrawl.RecrawlFeeder": "crawlproject.recrawl.extension.RecrawlFeeder",
+    "crawlproject.recrawl.PageVisit": "crawlproject.recrawl.schedule.PageVisit",
+    "crawlproject.recrawl.GoneMark": "crawlproject.recrawl.schedule.GoneMark",
 }
 
 #: The modules left at the old paths.
 SHIMS = ["crawlproject.middlewares.identity", "crawlproject.middlewares.sessioncookies",
          "crawlproject.middlewares.session", "crawlproject.middlewares.proxy",
-         "crawlproject.middlewares.rendering"]
+         "crawlproject.middlewares.rendering", "crawlproject.middlewares.recrawl",
+         "crawlproject.extensions.recrawl"]
 
 
 @pytest.mark.parametrize("old", sorted(MOVED))

@@ -1,0 +1,11 @@
+"""Moved to :mod:`crawlproject.recrawl.middleware`; this path stays so settings written
+before keep working."""
+
+from crawlproject.recrawl.middleware import (GONE_CODES, record_url, RecrawlMiddleware,
+                                             item_collections_pattern, page_record,
+                                             DOWNLOAD_META, DOWNLOAD_HEADERS,
+                                             stored_payload, RecrawlSpiderMiddleware)
+
+__all__ = ["GONE_CODES", "record_url", "RecrawlMiddleware", "item_collections_pattern",
+           "page_record", "DOWNLOAD_META", "DOWNLOAD_HEADERS", "stored_payload",
+           "RecrawlSpiderMiddleware"]
