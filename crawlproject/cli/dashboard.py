@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-from crawlproject.ops.common import (UsageError, _project)
+from crawlproject.ops.common import UsageError, current_project
 
 
 def cmd_dashboard(args) -> int:
@@ -15,7 +15,7 @@ def cmd_dashboard(args) -> int:
 
     spiders = list(dict.fromkeys(args.spiders))
     if not spiders:
-        _, loader = _project()
+        _, loader = current_project()
         spiders = sorted(loader.list()) if loader is not None else []
     if not spiders:
         raise UsageError("name the spider(s) to show: no Scrapy project here")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from crawlproject.ops.common import (UsageError, _server_ms)
+from crawlproject.ops.common import UsageError, redis_time_ms
 from crawlproject.ops.politeness import budget_rows, politeness_rows, robots_states
 from crawlproject.cli.common import _in, _partitions, terminal_text
 
@@ -63,7 +63,7 @@ def cmd_politeness(args) -> int:
                       "domains with FRONTIER_POLITENESS_KEY=domain, IP addresses with =ip)",
                       file=sys.stderr)
         return 0
-    now_ms = _server_ms(parts[0].client)
+    now_ms = redis_time_ms(parts[0].client)
     rows, total = politeness_rows(parts, [safe_key(h.lower()) for h in args.hosts],
                                   max(0, args.n))
     for key, robots in robots_states(parts[0].client, args.spider, list(rows),

@@ -14,7 +14,7 @@ from crawlproject.keys import (
     spider_keys,
 )
 from crawlproject.keys import as_text as _s
-from crawlproject.ops.common import UsageError, _project
+from crawlproject.ops.common import UsageError, current_project
 from crawlproject.ops.status import status_data
 from crawlproject.cli.common import _ago, _client, _partitions, _seed_keys, _spider_class, terminal_text
 
@@ -57,7 +57,7 @@ def cmd_status(args) -> int:
 def _status_all(args) -> int:
     """`status` of each spider of this project with state in Redis (one JSON
     object a line with ``--json``, one table each otherwise)."""
-    settings, loader = _project()
+    settings, loader = current_project()
     names = sorted(loader.list()) if loader is not None else []
     if not names:
         raise UsageError("no Scrapy project here to find spiders in: name one "

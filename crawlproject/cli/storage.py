@@ -9,7 +9,7 @@ from crawlproject.connection import redis_from_url
 from crawlproject.keys import (
     FrontierKeys,
 )
-from crawlproject.ops.common import (UsageError, _project)
+from crawlproject.ops.common import UsageError, current_project
 from crawlproject.cli.common import _client
 
 
@@ -28,7 +28,7 @@ def cmd_spool_replay(args) -> int:
     from crawlproject.pipelines.replay import replay_spool
     from crawlproject.pipelines.spool import spool_path, target_dir
 
-    settings, _ = _project()
+    settings, _ = current_project()
     uri = args.mongo_uri or mongo_uri_from_settings(settings)
     database = args.database or mongo_database_from_settings(settings)
     base = spool_path(args.spool_dir or setting(settings, "MONGO_SPOOL_DIR", "mongo-spool"))
@@ -81,7 +81,7 @@ def cmd_recrawl(args) -> int:
         except re.error as exc:
             raise UsageError(f"--pattern {args.pattern!r} is not a regular expression: {exc}")
         query = {"url": {"$regex": args.pattern}}
-    settings, _ = _project()
+    settings, _ = current_project()
     uri = args.mongo_uri or mongo_uri_from_settings(settings)
     database = args.database or mongo_database_from_settings(settings)
     pages = collection_name("%(spider)s", PageVisit, args.spider)

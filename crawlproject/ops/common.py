@@ -34,7 +34,7 @@ def frontier_partitions(client, spider: str) -> list[Frontier]:
             for p in range(count)]
 
 
-def _project():
+def current_project():
     """(settings, spider loader) of the Scrapy project around us, if any."""
     from scrapy.spiderloader import get_spider_loader
     from scrapy.utils.project import get_project_settings
@@ -48,7 +48,7 @@ def _project():
 
 def project_spider(spider: str):
     """(project settings, the spider's class or None if the project has no such spider)."""
-    settings, loader = _project()
+    settings, loader = current_project()
     try:
         return settings, loader.load(spider) if loader is not None else None
     except KeyError:
@@ -62,14 +62,16 @@ def seed_keys_of(spider: str, settings=None, spidercls=None) -> SeedKeys:
     return SeedKeys(start_urls_key(spider, pattern))
 
 
-def _server_ms(client) -> int:
+def redis_time_ms(client) -> int:
+    """Redis' clock in milliseconds (the time leases and backoffs are kept in)."""
     seconds, micros = client.time()
     return int(seconds) * 1000 + int(micros) // 1000
 
 
 
 
-def _seed_count(client, key: str) -> int:
+def seed_count(client, key: str) -> int:
+    """How many seeds wait at *key* (a list, set or sorted set; 0 if absent)."""
     kind = client.type(key)
     kind = kind.decode() if isinstance(kind, bytes) else kind
     return {"list": client.llen, "set": client.scard, "zset": client.zcard}.get(

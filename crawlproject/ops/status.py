@@ -13,7 +13,7 @@ from crawlproject.keys import (
     SeedKeys,
 )
 from crawlproject.keys import as_text as _s
-from crawlproject.ops.common import _seed_count, _server_ms
+from crawlproject.ops.common import redis_time_ms, seed_count
 
 
 def status_data(spider: str, parts: list[Frontier], seeds: SeedKeys) -> dict:
@@ -24,7 +24,7 @@ def status_data(spider: str, parts: list[Frontier], seeds: SeedKeys) -> dict:
     for part in parts:
         for name, value in part.counts().items():
             counts[name] = counts.get(name, 0) + value
-    now_ms = _server_ms(f.client)
+    now_ms = redis_time_ms(f.client)
     deadlines = {_s(n): int(score) for part in parts
                  for n, score in part.client.zrange(part.keys.nodes, 0, -1, withscores=True)}
     registered = set(deadlines)
@@ -44,7 +44,7 @@ def status_data(spider: str, parts: list[Frontier], seeds: SeedKeys) -> dict:
         "control": read_state(f.client, spider),
         "frontier": {k: counts[k] for k in ("queued", "delayed", "inflight", "dead", "invalid",
                                             "hosts", "nodes", "partitions")},
-        "seeds": {"waiting": _seed_count(f.client, seeds.key),
+        "seeds": {"waiting": seed_count(f.client, seeds.key),
                   "claimed": f.client.hlen(seeds.claims),
                   "invalid": f.client.llen(seeds.invalid)},
         "nodes": reports,
@@ -106,7 +106,7 @@ def _politeness_summary(parts: list[Frontier], hosts: int) -> dict:
     if hosts > STATUS_HOSTS_MAX:
         return {"hosts": hosts, "note": f"more than {STATUS_HOSTS_MAX} hosts: "
                                         "see `crawlctl politeness SPIDER`"}
-    now_ms = _server_ms(parts[0].client)
+    now_ms = redis_time_ms(parts[0].client)
     rows = {}
     for part in parts:
         limits = part.limits()
