@@ -2,7 +2,13 @@
 
 * the frontier (``crawlproject/frontier``) knows Redis, not Scrapy: it imports
   neither Scrapy, Twisted nor tldextract, nor any Scrapy-side module of ours;
-* downloader/spider middlewares import no item pipeline;
+* one capability, one package (issue 37): ``proxies/``, ``rendering/``,
+  ``recrawl/``, ``identity/`` each hold their plain modules and their Scrapy
+  components; the plain ones (the proxy pool and its Redis state, the
+  User-Agent tables) import no Scrapy;
+* downloader/spider middlewares and extensions, wherever they live, import no
+  item pipeline; item pipelines import no middleware or extension (they may
+  import a capability's plain modules, e.g. ``recrawl.schedule``);
 * item pipelines import no scheduler;
 * nothing at run time imports the dev tools (local servers, the demo shop,
   tests, benchmarks);
@@ -18,10 +24,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "crawlproject"
 DEV_TOOLS = ("devtools.services", "devtools.demo", "devtools", "tests", "bench")
-SCRAPY_SIDE = ("crawlproject.middlewares", "crawlproject.pipelines", "crawlproject.extensions",
-               "crawlproject.spiders", "crawlproject.scheduler", "crawlproject.scheduling",
-               "crawlproject.cli", "crawlproject.dashboard", "crawlproject.ops",
-               "crawlproject.commands")
+#: Downloader and spider middlewares and extensions: the old kind-named
+#: packages and the capability packages' components.
+MIDDLEWARES = ("crawlproject.middlewares", "crawlproject.proxies.middleware",
+               "crawlproject.identity.middleware", "crawlproject.identity.cookies",
+               "crawlproject.rendering.middleware", "crawlproject.recrawl.middleware")
+EXTENSIONS = ("crawlproject.extensions", "crawlproject.recrawl.extension")
+#: The capability packages' modules that know neither Scrapy nor Twisted.
+PLAIN = ("crawlproject.proxies.pool", "crawlproject.proxies.store",
+         "crawlproject.identity.useragents", "crawlproject.rendering.settings")
+SCRAPY_SIDE = (*MIDDLEWARES, *EXTENSIONS, "crawlproject.pipelines", "crawlproject.spiders",
+               "crawlproject.scheduler", "crawlproject.scheduling", "crawlproject.rendering",
+               "crawlproject.identity.session", "crawlproject.cli", "crawlproject.dashboard",
+               "crawlproject.ops", "crawlproject.commands")
 
 
 def module_name(path: Path) -> str:
@@ -66,8 +81,24 @@ def test_the_frontier_imports_no_scrapy_and_nothing_scrapy_side():
                   ["scrapy", "twisted", "tldextract", "scrapy_redis", *SCRAPY_SIDE]) == []
 
 
-def test_middlewares_import_no_pipeline():
-    assert breaks(["crawlproject.middlewares"], ["crawlproject.pipelines"]) == []
+def test_middlewares_and_extensions_import_no_pipeline():
+    assert breaks([*MIDDLEWARES, *EXTENSIONS], ["crawlproject.pipelines"]) == []
+
+
+def test_pipelines_import_no_middleware_or_extension():
+    assert breaks(["crawlproject.pipelines"], [*MIDDLEWARES, *EXTENSIONS]) == []
+
+
+def test_a_capabilitys_plain_modules_import_no_scrapy():
+    assert [m for m in PLAIN if m not in MODULES] == []
+    assert breaks(PLAIN, ["scrapy", "twisted", *SCRAPY_SIDE]) == []
+
+
+def test_each_capability_package_says_what_it_holds():
+    for package in ("proxies", "rendering", "recrawl", "identity"):
+        doc = ast.get_docstring(ast.parse((PACKAGE / package / "__init__.py").read_text()))
+        modules = sorted(p.stem for p in (PACKAGE / package).glob("*.py") if p.stem != "__init__")
+        assert doc and all(f"crawlproject.{package}.{m}" in doc for m in modules), package
 
 
 def test_pipelines_import_no_scheduler():
