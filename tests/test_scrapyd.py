@@ -149,6 +149,9 @@ def test_the_wheel_installs_into_a_clean_virtualenv_and_runs(tmp_path):
     names = wheel.namelist()
     assert not [n for n in names if n.startswith(("tests/", "bench/", "devtools/",
                                                   "crawlproject/dashboard/vendor/"))], names
+    sources = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "crawlproject").rglob("*.py")
+                     if "vendor" not in p.parts)
+    assert [n for n in sources if n not in names] == []  # every package, old paths too
     static = {n.rsplit("/", 1)[1] for n in names if n.startswith("crawlproject/dashboard/static/")}
     assert static == {p.name for p in (ROOT / "crawlproject/dashboard/static").iterdir()}, static
     meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
@@ -186,6 +189,15 @@ def test_the_wheel_installs_into_a_clean_virtualenv_and_runs(tmp_path):
     listed = subprocess.run([str(venv / "bin" / "scrapy"), "list"], cwd=empty, env=env,
                             capture_output=True, text=True)
     assert listed.returncode == 0 and "products" in listed.stdout.split(), listed.stderr[-2000:]
+    # Every component the project's settings name loads from the installed package.
+    loaded = subprocess.run([str(venv / "bin" / "python"), "-c",
+                             "from scrapy.utils.misc import load_object; "
+                             "from crawlproject import settings as s; "
+                             "paths = [*s.DOWNLOADER_MIDDLEWARES, *s.SPIDER_MIDDLEWARES, "
+                             "*s.EXTENSIONS, *s.ITEM_PIPELINES, *s.ADDONS]; "
+                             "print(len([load_object(p) for p in paths]))"],
+                            cwd=empty, env=env, capture_output=True, text=True)
+    assert loaded.returncode == 0 and int(loaded.stdout) > 10, loaded.stderr[-2000:]
     # The dashboard's static files are in the installed package.
     served = subprocess.run([str(venv / "bin" / "python"), "-c",
                              "from crawlproject.dashboard import STATIC; "
