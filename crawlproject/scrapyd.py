@@ -104,7 +104,11 @@ def targets_from_file(path: str | Path, project: str = "crawlproject") -> dict[s
 def build_egg(project_dir: str | Path = ".") -> Path:
     """Build the project egg (runtime package only) into a temporary directory."""
     out = Path(tempfile.mkdtemp(prefix="crawlctl-egg-"))
-    proc = subprocess.run([sys.executable, "setup.py", "-q", "bdist_egg", "-d", str(out)],
+    # A build directory of its own: setuptools packs everything under build/lib,
+    # so a checkout's old build/ would ship modules since moved or deleted.
+    proc = subprocess.run([sys.executable, "setup.py", "-q", "build", "--build-base",
+                           str(out / "build"), "bdist_egg", "--bdist-dir", str(out / "bdist"),
+                           "-d", str(out)],
                           cwd=project_dir, capture_output=True, text=True)
     eggs = glob.glob(str(out / "*.egg"))
     if proc.returncode != 0 or not eggs:
