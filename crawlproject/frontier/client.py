@@ -92,6 +92,12 @@ class Rejected(Exception):
     """Raised by ``accept``: the payload is not a request this node may run."""
 
 
+#: The least time a leased entry of a key with an interval may take to start
+#: (s): with short intervals 5 % is a few ms, less than one turn of a busy
+#: event loop, and every entry would go back (a stall, not politeness).
+SEND_LAG_FLOOR = 0.02
+
+
 @dataclass
 class Entry:
     """A leased entry: its member, partition, and what ``accept`` made of it."""
@@ -109,8 +115,9 @@ class Entry:
     #: when the call that leased it was sent (``time.monotonic()``)
     leased_at: float = 0.0
     #: how long after ``leased_at`` a polite entry may still start (margin x
-    #: its key's interval): later, the site could see it closer than the
-    #: interval to the key's next request, leased by any node on time
+    #: its key's interval, at least SEND_LAG_FLOOR): later, the site could see
+    #: it closer than the interval to the key's next request, leased by any
+    #: node on time
     lag_allowed: float = float("inf")
 
 
@@ -1038,7 +1045,10 @@ class FrontierClient:
             self.count("scheduler/reclaimed", result.reclaimed)
             logger.warning("Reclaimed %d requests leased by nodes that stopped answering",
                            result.reclaimed, extra=self.log_extra)
-        leased_at = batch.sent_at if batch is not None and batch.sent_at else time.monotonic()
+        # When the lease reached this node: the lease itself is at most one
+        # round trip earlier (counted from the call's sending, a slow Redis or
+        # a cluster's round trips would make every polite entry late).
+        leased_at = time.monotonic()
         for member, payload in result.taken:
             self._take(p, member, payload, result.polite_keys, leased_at)
         if result.taken:
@@ -1085,7 +1095,7 @@ class FrontierClient:
         if interval is not None:
             entry.polite, entry.leased_at = True, leased_at
             if self.politeness.margin > 0:
-                entry.lag_allowed = self.politeness.margin * interval
+                entry.lag_allowed = max(self.politeness.margin * interval, SEND_LAG_FLOOR)
         buffer = self.buffer
         if not buffer or buffer[-1].priority >= entry.priority:
             buffer.append(entry)  # the common case: FIFO among equal priorities

@@ -107,9 +107,6 @@ class Batch:
     #: only whether the reserve held may still be used)
     reserve: list[tuple[str, int]] = field(default_factory=list)
     take: int = 0
-    #: when the call was sent (``time.monotonic()``): what it leases was leased
-    #: after this, so a lease's age is at most now - sent_at
-    sent_at: float = 0.0
     #: most entries to take from keys with an interval (None: as many as ``take``)
     take_polite: int | None = None
     #: renew the lease, reclaim expired ones, report delayed/inflight sizes
@@ -258,10 +255,7 @@ class Frontier:
                 pol.jitter, int(pol.backoff_max * 1000), int(pol.retry_after_max * 1000),
                 random.randrange(1, 2**31),
                 batch.take if batch.take_polite is None else batch.take_polite,
-                pol.margin, int(round(pol.backoff_tolerance * 1_000_000)),
-                max(1, int(round(1_000_000 / pol.backoff_window))),
-                int(round(pol.backoff_base * 1000)), pol.default.budget,
-                -(-pol.crawl_budget // max(1, pol.partitions)), len(batch.adopt)]
+                pol.margin, len(batch.adopt)]
         for member, former in batch.adopt:
             args += [member, former]
         args.append(len(batch.adds))
@@ -286,6 +280,11 @@ class Frontier:
         args.append(len(batch.reserve))
         for key, count in batch.reserve:
             args += [key, count]
+        # After the sections, where a script that does not read them ignores them.
+        args += [int(round(pol.backoff_tolerance * 1_000_000)),
+                 max(1, int(round(1_000_000 / pol.backoff_window))),
+                 int(round(pol.backoff_base * 1000)), pol.default.budget,
+                 -(-pol.crawl_budget // max(1, pol.partitions))]
         return self._sync(keys=keys, args=args)
 
     @staticmethod
@@ -299,8 +298,11 @@ class Frontier:
                                  for i in range(0, len(st), 3)}
         result.capped_keys = [_s(k) for k in raw[15]]
         polite = raw[16] if len(raw) > 16 else []
-        result.polite_keys = {_s(polite[i]): int(polite[i + 1]) / 1000
-                              for i in range(0, len(polite) - 1, 2)}
+        try:
+            result.polite_keys = {_s(polite[i]): int(polite[i + 1]) / 1000
+                                  for i in range(0, len(polite) - 1, 2)}
+        except ValueError:  # a script of before the intervals: keys alone
+            result.polite_keys = {_s(k): 0.0 for k in polite}
         result.budget_refused = int(raw[17]) if len(raw) > 17 else 0
         return result
 
@@ -523,9 +525,7 @@ class AsyncFrontier(Frontier):
     """The same frontier over an asyncio redis-py client (the Scrapy scheduler)."""
 
     async def sync(self, batch: Batch | None = None, *, leaving: bool = False) -> SyncResult:
-        batch = Batch() if batch is None else batch
-        batch.sent_at = time.monotonic()
-        return self._parse(await self._sync_call(batch, leaving))
+        return self._parse(await self._sync_call(Batch() if batch is None else batch, leaving))
 
     async def add_stats(self, deltas: dict[str, int]) -> None:
         if any(deltas.values()):

@@ -49,14 +49,16 @@
 --          start at once: an entry of a polite key must not wait in a buffer)
 -- ARGV[20] safety margin on intervals (0.05: 5 % longer, so that the time a
 --          node takes from lease to sending never shortens what the site sees)
--- ARGV[21] backoff tolerance: the share of a key's recent answers (millionths)
---          that may be slow-down answers before the key is slowed down
--- ARGV[22] weight of one answer in that share (millionths: 1 / the answers it
---          is averaged over)
--- ARGV[23] first backoff interval ms (or twice the key's interval, if longer)
--- ARGV[24] default budget: most new pages a key may queue (0 = none; an
---          override's budget field wins)
--- ARGV[25] crawl budget: most new pages this partition may queue (0 = none)
+-- ARGV[#ARGV - 4 .. #ARGV], after the nine sections below (where a script of
+-- before them ignores them):
+--   backoff tolerance: the share of a key's recent answers (millionths) that
+--     may be slow-down answers before the key is slowed down
+--   weight of one answer in that share (millionths: 1 / the answers it is
+--     averaged over)
+--   first backoff interval ms (or twice the key's interval, if longer)
+--   default budget: most new pages a key may queue (0 = none; an override's
+--     budget field wins)
+--   crawl budget: most new pages this partition may queue (0 = none)
 -- then nine sections, each a count followed by its items:
 --   adopt: n x (member, former owner)    (leases this node took under a former
 --                                          id of its own: now held under this id)
@@ -129,8 +131,9 @@ local dead_max, invalid_max = tonumber(ARGV[11]), tonumber(ARGV[12])
 local def_delay, def_conc, jitter = tonumber(ARGV[13]), tonumber(ARGV[14]), tonumber(ARGV[15])
 local backoff_max, block_max = tonumber(ARGV[16]), tonumber(ARGV[17])
 local margin = tonumber(ARGV[20])
-local tolerance, err_weight, backoff_base = tonumber(ARGV[21]), tonumber(ARGV[22]), tonumber(ARGV[23])
-local def_budget, crawl_budget = tonumber(ARGV[24]), tonumber(ARGV[25])
+local tolerance, err_weight, backoff_base = tonumber(ARGV[#ARGV - 4]), tonumber(ARGV[#ARGV - 3]),
+                                            tonumber(ARGV[#ARGV - 2])
+local def_budget, crawl_budget = tonumber(ARGV[#ARGV - 1]), tonumber(ARGV[#ARGV])
 math.randomseed(tonumber(ARGV[18]))
 local QP, HP = KEYS[13], KEYS[14]
 local function Q(k) return QP .. ':' .. k end
@@ -320,7 +323,7 @@ local took, touched, raise = {}, {}, {}
 
 -- parse every section first: their keys are loaded in one go
 local polite_budget = tonumber(ARGV[19])
-local pos = 26
+local pos = 21
 local adopt = {}
 for i = 1, tonumber(ARGV[pos]) do adopt[i] = {ARGV[pos + 2 * i - 1], ARGV[pos + 2 * i]} end
 pos = pos + 1 + 2 * #adopt
