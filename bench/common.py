@@ -208,10 +208,11 @@ def baseline_package(ref: str = BASELINE_REF) -> tuple[Path, str]:
     return _baselines[ref]
 
 
-def node_env(redis_url: str | None = None, first: Path | None = None) -> dict:
+def node_env(redis_url: str | None = None, first: Path | None = None,
+             settings_module: str = "bench.settings") -> dict:
     """Environment of a node; *first* goes before this checkout on the path."""
     env = dict(os.environ)
-    env["SCRAPY_SETTINGS_MODULE"] = "bench.settings"
+    env["SCRAPY_SETTINGS_MODULE"] = settings_module
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(first) if first else None, str(ROOT),
                                                       env.get("PYTHONPATH")]))
     env.pop("SCRAPY_PROJECT", None)
@@ -225,7 +226,7 @@ class Node:
 
     def __init__(self, system: str, workdir: Path, index: int, redis_url: str | None,
                  settings: dict | None = None, spider_args: dict | None = None,
-                 spider: str | None = None):
+                 spider: str | None = None, settings_module: str = "bench.settings"):
         self.system = system
         self.name = f"{system}-{index}"
         self.record_file = workdir / f"{self.name}.json"
@@ -248,13 +249,14 @@ class Node:
         # (``python -m`` puts the working directory first on the path).
         first = baseline_package(BASELINE_REF)[0] if system == "ours-old" else None
         self.started = time.time()
-        self.proc = subprocess.Popen(cmd, cwd=first or ROOT, env=node_env(redis_url, first),
+        self.proc = subprocess.Popen(cmd, cwd=first or ROOT, env=node_env(redis_url, first, settings_module),
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      start_new_session=True)
         self.ps = psutil.Process(self.proc.pid)
         # started once the spider is open: the samples cover the crawl, not imports
         self.spy: subprocess.Popen | None = None
         self.rss: list[tuple[float, int]] = []
+        self.cpu_s: float | None = None  # psutil: user + system CPU, last sample
         self.exited_at: float | None = None
 
     def _sample_stacks(self) -> subprocess.Popen | None:
@@ -287,8 +289,11 @@ class Node:
             return
         try:
             rss = self.ps.memory_info().rss
+            times = self.ps.cpu_times()
         except psutil.Error:
             return
+        if rss:
+            self.cpu_s = times.user + times.system
         if rss:  # an exiting (zombie) process reports 0: not a reading
             self.rss.append((time.time(), rss))
 
@@ -321,10 +326,11 @@ class Node:
 def run_nodes(system: str, count: int, *, redis_url: str | None, settings: dict | None = None,
               spider_args: dict | None = None, push=None, timeout: float = 300,
               rss_interval: float = 0.1, ready_timeout: float = 60, watch_pids=(),
-              spider: str | None = None) -> dict:
+              spider: str | None = None, settings_module: str = "bench.settings") -> dict:
     """Run *count* nodes until they all exit; *push()* is called once every
     node has opened its spider. *spider* replaces the system's usual spider
-    (one of the same system). Returns timing, pages and RSS per node. With
+    (one of the same system); *settings_module* the nodes' Scrapy settings
+    (``bench.readme_settings``: the README block). Returns timing, pages and RSS per node. With
     ``BENCH_KEEP_WORKDIR=1`` in the environment the nodes' logs and record
     files stay in their ``/tmp/bench-<system>-*`` directory."""
     workdir = Path(tempfile.mkdtemp(prefix=f"bench-{system}-"))
@@ -333,8 +339,8 @@ def run_nodes(system: str, count: int, *, redis_url: str | None, settings: dict 
         settings.setdefault("MAX_IDLE_TIME_BEFORE_CLOSE", 5)
     if system.startswith("ours") and count == 1:
         settings.setdefault("MAX_IDLE_TIME_BEFORE_CLOSE", 1)
-    nodes = [Node(system, workdir, i + 1, redis_url, settings, spider_args, spider)
-             for i in range(count)]
+    nodes = [Node(system, workdir, i + 1, redis_url, settings, spider_args, spider,
+                  settings_module) for i in range(count)]
     stop = threading.Event()
     watch = CpuWatch(list(watch_pids) + [n.proc.pid for n in nodes])
     cpu_samples: list[tuple[float, float, float]] = []
@@ -411,6 +417,8 @@ def run_nodes(system: str, count: int, *, redis_url: str | None, settings: dict 
                               (r.get("gc_by_generation") for r in records) if g and g[2][0]]),
         "per_node": [{"pages": r["responses"], "reason": r["reason"], "stats": r["stats"],
                       "crawl_cpu_s": r.get("crawl_cpu_s"),
+                      # the whole process (start-up included), psutil's last sample
+                      "process_cpu_s": n.cpu_s,
                       "connections": r.get("connections"),
                       "gc_by_generation": r.get("gc_by_generation"),
                       "gc_tracked": r.get("gc_tracked"),

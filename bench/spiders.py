@@ -19,7 +19,9 @@ Playwright. Spider arguments: ``follow`` (1/0); ``bench_plain`` also takes
 The politeness benchmark (:mod:`bench.polite`) crawls the multi-host site
 (:mod:`devtools.demo.hosts`) with the same three schedulers:
 ``bench_hosts_ours``, ``bench_hosts_scrapy_redis`` and ``bench_hosts_plain``
-(:class:`HostsParse`).
+(:class:`HostsParse`); ``bench_hosts_readme`` runs the same parse on the
+README's settings block (:mod:`bench.readme_settings`, used by
+:mod:`bench.backoff` and :mod:`bench.product`).
 """
 
 from __future__ import annotations
@@ -161,3 +163,12 @@ class ScrapyRedisHostsSpider(HostsParse, ScrapyRedisSpider):
 
 class PlainHostsSpider(HostsParse, PlainSpider):
     name = "bench_hosts_plain"
+
+
+class ReadmeHostsSpider(HostsParse, OurRedisSpider):
+    """The multi-host parse on the README block's settings (``bench.readme_settings``):
+    no settings of its own but the idle close (2 s, as ``bench_ours``), so that
+    the scheduler, middlewares and pipelines are the block's."""
+
+    name = "bench_hosts_readme"
+    custom_settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": 2}

@@ -166,3 +166,32 @@ def test_kstate_smallest(tmp_path):
     assert {"incumbent|2000", "ours|2000"} <= set(data["summary"])
     assert all(positive(r["sweep"]) for r in data["ratios"])
     assert data["prune"][0]["left"] == 0 and data["prune"][0]["calls"] > 1
+
+
+def test_backoff_smoke(tmp_path):
+    from bench import backoff
+
+    data = backoff.main(["--smoke", "--out", str(tmp_path / "backoff.json")])
+    assert (tmp_path / "backoff.json").exists()
+    assert set(data["a"]["summary"]) == set(backoff.SYSTEMS_A)
+    for s in data["a"]["summary"].values():
+        assert s["complete"] and positive(s["faults_over_clean"]) and s["site_503"] > 0
+    b = data["b"]
+    assert b["in_window_raw"] >= b["in_window_adjusted"] >= 0 and positive(b["pre_rate_per_s"])
+    assert b["window_offsets_s"] == sorted(b["window_offsets_s"])
+    assert len(data["checks"]) == 3 and all("pass" in c for c in data["checks"])
+
+
+def test_product_smoke(tmp_path):
+    from bench import product
+
+    data = product.main(["--smoke", "--out", str(tmp_path / "product.json")])
+    assert (tmp_path / "product.json").exists()
+    assert set(data["summary"]) == set(product.SYSTEMS)
+    for label, s in data["summary"].items():
+        assert positive(s["site_pages_per_s"]) and positive(s["time_over_ideal"]), label
+        assert positive(s["peak_over_limit"]) and s["robots_txt_max"] >= 1, label
+        assert positive(s["process_cpu_ms_per_page"]) and s["stored_items"] > 0, label
+    assert positive(data["summary"]["ours"]["redis_calls_per_page"])
+    assert data["summary"]["plain"]["redis_calls_per_page"] is None
+    assert [c["check"] for c in data["checks"]] and all("pass" in c for c in data["checks"])

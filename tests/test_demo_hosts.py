@@ -208,6 +208,75 @@ def test_bad_throttle_arguments_are_refused(site, kwargs):
     assert fetch(site.url(BIG, "/"))[0] == 200
 
 
+# ----------------------------------------------------------------- faults
+
+
+@pytest.fixture(scope="module")
+def faulty():
+    with MultiHostSite(HOSTS, pages=PAGES, latency_ms={SLOW: SLOW_MS}, fail_every=5,
+                       overload={SLOW: (1, 7)}) as site:
+        yield site
+
+
+def test_every_nth_page_answers_503_once_then_200(faulty):
+    faulty.reset()
+    first = {n: fetch(faulty.url(BIG, f"/p/{n}")) for n in (4, 5, 10, 11)}
+    assert {n: a[0] for n, a in first.items()} == {4: 200, 5: 503, 10: 503, 11: 200}
+    assert "Retry-After" not in first[5][1]
+    assert [fetch(faulty.url(BIG, f"/p/{n}"))[0] for n in (5, 10, 5)] == [200, 200, 200]
+    assert fetch(faulty.url(BIG, "/"))[0] == 200  # listings and robots.txt never fail
+    assert fetch(faulty.url(BIG, "/robots.txt"))[0] == 200
+    assert fetch(faulty.url(SMALL, "/p/5"))[0] == 503  # per host
+    hits = faulty.requests()
+    assert [(h.path, h.status, h.retry_after) for h in hits if h.status != 200] == [
+        ("/p/5", 503, None), ("/p/10", 503, None), ("/p/5", 503, None)]
+    assert [h.host for h in faulty.blocks(SMALL)] == [SMALL]
+    faulty.reset()  # a reset makes the same pages fail again
+    assert fetch(faulty.url(BIG, "/p/5"))[0] == 503
+
+
+def test_fail_every_per_host_overrides_and_zero_is_off():
+    with MultiHostSite([BIG, SMALL], pages=20, fail_every={BIG: 3}) as site:
+        assert [fetch(site.url(BIG, f"/p/{n}"))[0] for n in (3, 3, 6)] == [503, 200, 503]
+        assert fetch(site.url(SMALL, "/p/3"))[0] == 200 and fetch(site.url(SMALL, "/p/5"))[0] == 200
+    assert "--host-fail-every" not in " ".join(MultiHostSite([BIG], fail_every=0).command())
+    with pytest.raises(ValueError):
+        MultiHostSite([BIG], overload={"127.0.0.99": (1, 1)})
+
+
+def test_overload_answers_429_with_retry_after_while_k_are_in_flight(faulty):
+    faulty.reset()
+    slow = threading.Thread(target=fetch, args=(faulty.url(SLOW, "/p/1"),))
+    slow.start()
+    try:
+        faulty.wait_for_requests(1, SLOW)
+        status, headers, _ = fetch(faulty.url(SLOW, "/p/2"))  # answered at once
+        assert status == 429 and headers["Retry-After"] == "7"
+        assert fetch(faulty.url(BIG, "/p/2"))[0] == 200  # other hosts unaffected
+    finally:
+        slow.join(10)
+    assert fetch(faulty.url(SLOW, "/p/3"))[0] == 200  # nothing in flight any more
+    hits = faulty.requests(SLOW)
+    assert [(h.path, h.status, h.retry_after) for h in hits] == [
+        ("/p/1", 200, None), ("/p/2", 429, 7), ("/p/3", 200, None)]
+    assert hits[1].done - hits[1].t < SLOW_MS / 1000 < hits[0].done - hits[0].t
+    # only the slow 200 occupied the host: the 429 was answered while it was in flight
+    assert faulty.blocks(SLOW) == [hits[1]]
+
+
+def test_fault_options_on_the_command_line():
+    from devtools.demo.hosts import config_from_args, parse_args
+
+    config = config_from_args(parse_args(
+        ["--hosts", f"{BIG},{SMALL}", "--fail-every", "50", "--host-fail-every", f"{SMALL}=0",
+         "--host-overload", f"{BIG}=2,5"]))
+    assert config.fail_every == {BIG: 50, SMALL: 0} and config.overload == {BIG: (2, 5)}
+    for bad in (f"{BIG}=0,5", f"{BIG}=2", f"{BIG}=x,1"):
+        with pytest.raises(Exception):
+            parse_args(["--hosts", BIG, "--host-overload", bad]) and config_from_args(
+                parse_args(["--hosts", BIG, "--host-overload", bad]))
+
+
 # ----------------------------------------------------------------- analysis
 
 

@@ -18,6 +18,17 @@ its page count and ``per_page``:
     Allows everything; with ``--host-crawl-delay HOST=S`` it also asks for
     ``Crawl-delay: S``. Anything else answers 404.
 
+Faults a host can be started with (both answers are recorded like any other):
+
+*transient 503s* (``--fail-every N``, per host ``--host-fail-every HOST=N``)
+    page ``/p/M`` with ``M % N == 0`` answers 503 without ``Retry-After`` the
+    first time it is requested (since the last reset), 200 afterwards: every
+    N-th page fails once, the same pages in every run;
+*429 under load* (``--host-overload HOST=K,S``)
+    a request that arrives while K requests to HOST are already being answered
+    gets 429 with ``Retry-After: S`` at once (no latency; it is not counted as
+    in flight).
+
 Every request is recorded as a :class:`Hit`: host (the local address it arrived
 on), path, status, arrival time and completion time, both from
 ``time.monotonic()`` in the site process (CLOCK_MONOTONIC on Linux: the same
@@ -38,7 +49,8 @@ Command line::
 
     python -m devtools.demo.hosts --hosts 127.0.0.2,127.0.0.3 --pages 100 \\
         [--host-pages 127.0.0.2=2000] [--per-page 50] [--latency-ms 0] \\
-        [--host-latency 127.0.0.3=200] [--record-headers]
+        [--host-latency 127.0.0.3=200] [--record-headers] [--fail-every 50] \\
+        [--host-fail-every 127.0.0.2=10] [--host-overload 127.0.0.3=2,5]
 
 prints one line ``HOSTS_SITE={"control": URL, "hosts": {host: URL}}`` and serves
 until SIGTERM/SIGINT (or stdin EOF with ``--exit-on-stdin-eof``). All hosts share
@@ -199,12 +211,22 @@ class Recorder:
     def __init__(self) -> None:
         self.rows: list[list] = []
         self.throttles: dict[str, Throttle] = {}
+        self.failed: set[tuple[str, str]] = set()  # transient faults already served
+        self.in_flight: dict[str, int] = {}
         self.epoch = 0
 
     def reset(self) -> None:
-        """Forget every row and throttle."""
-        self.rows, self.throttles = [], {}
+        """Forget every row, throttle and served transient fault."""
+        self.rows, self.throttles, self.failed = [], {}, set()
         self.epoch += 1
+
+    def fails_once(self, host: str, path: str, every: int) -> bool:
+        """Whether ``/p/M`` (``M % every == 0``) fails now: only its first request."""
+        number = _number_after(path, "/p/")
+        if not every or number is None or number % every or (host, path) in self.failed:
+            return False
+        self.failed.add((host, path))
+        return True
 
     def block(self, host: str, now: float) -> Throttle | None:
         """The throttle that blocks this request to *host*, if any."""
@@ -229,6 +251,8 @@ class HostsConfig:
     per_page: int = PER_PAGE
     record_headers: bool = False
     crawl_delay: Mapping[str, int] = field(default_factory=dict)   # robots.txt, seconds
+    fail_every: Mapping[str, int] = field(default_factory=dict)    # 503 once on /p/M, M % N == 0
+    overload: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # (K, Retry-After s)
 
 
 class HostsResource(Resource):
@@ -245,18 +269,29 @@ class HostsResource(Resource):
         now = time.monotonic()
         host = request.getHost().host
         path = request.path.decode("utf-8", "replace")
-        page, headers, retry_after = self._answer(host, path, now)
+        overloaded = self._overloaded(host)
+        page, headers, retry_after = overloaded or self._answer(host, path, now)
         row = [host, path, page.status, now, None, retry_after]
         if self.config.record_headers:
             row.append(_seen(request))
         self.recorder.rows.append(row)
         latency = self.config.latency_ms.get(host, 0)
-        if latency <= 0:
+        if latency <= 0 or overloaded:
             row[4] = time.monotonic()
             return _send(request, page, headers)
+        flying = self.recorder.in_flight
+        flying[host] = flying.get(host, 0) + 1
         call = self.reactor.callLater(latency / 1000, self._finish, request, page, headers, row)
         request.notifyFinish().addErrback(lambda _: self._gone(call, row))
         return NOT_DONE_YET
+
+    def _overloaded(self, host: str) -> tuple[Page, dict, int] | None:
+        limit = self.config.overload.get(host)
+        if limit is None or self.recorder.in_flight.get(host, 0) < limit[0]:
+            return None
+        retry_after = limit[1]
+        body = _layout("Too many requests", "<h1>429</h1>")
+        return _html(429, body), {"retry-after": str(retry_after)}, retry_after
 
     def _answer(self, host: str, path: str, now: float) -> tuple[Page, dict, int | None]:
         throttle = self.recorder.block(host, now)
@@ -264,20 +299,27 @@ class HostsResource(Resource):
             headers = {} if throttle.retry_after is None else {"retry-after": str(throttle.retry_after)}
             body = _layout("Slow down", f"<h1>{throttle.status}</h1>")
             return _html(throttle.status, body), headers, throttle.retry_after
+        if self.recorder.fails_once(host, path, self.config.fail_every.get(host, 0)):
+            return _html(503, _layout("Unavailable", "<h1>503</h1>")), {}, None
         return (render_path(host, path, self.config.pages[host], self.config.per_page,
                             self.config.crawl_delay.get(host, 0)), {}, None)
 
     def _finish(self, request, page: Page, headers: dict, row: list) -> None:
         row[4] = time.monotonic()
+        self._landed(row[0])
         request.write(_send(request, page, headers))
         request.finish()
 
-    @staticmethod
-    def _gone(call, row: list) -> None:
+    def _gone(self, call, row: list) -> None:
         # The client gave up (timeout, node killed): the request is no longer in flight.
         if call.active():
             call.cancel()
             row[4] = time.monotonic()
+            self._landed(row[0])
+
+    def _landed(self, host: str) -> None:
+        flying = self.recorder.in_flight
+        flying[host] = max(0, flying.get(host, 0) - 1)
 
 
 def _seen(request) -> list:
@@ -406,6 +448,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host-latency", action="append", default=[], metavar="HOST=MS")
     parser.add_argument("--host-crawl-delay", action="append", default=[], metavar="HOST=S",
                         help="robots.txt of HOST asks for S seconds between requests")
+    parser.add_argument("--fail-every", type=_non_negative, default=0, metavar="N",
+                        help="page /p/M with M %% N == 0 answers 503 once (0: never)")
+    parser.add_argument("--host-fail-every", action="append", default=[], metavar="HOST=N")
+    parser.add_argument("--host-overload", action="append", default=[], metavar="HOST=K,S",
+                        help="429 with Retry-After S while K requests to HOST are in flight")
     parser.add_argument("--exit-on-stdin-eof", action="store_true")
     parser.add_argument("--record-headers", action="store_true",
                         help="keep each request's client address and identity/Referer headers")
@@ -418,12 +465,30 @@ def config_from_args(args: argparse.Namespace) -> HostsConfig:
     pages = {h: args.pages for h in hosts} | _host_values(args.host_pages, "--host-pages")
     latency = {h: args.latency_ms for h in hosts} | _host_values(args.host_latency, "--host-latency")
     crawl_delay = _host_values(args.host_crawl_delay, "--host-crawl-delay")
-    unknown = (set(pages) | set(latency) | set(crawl_delay)) - set(hosts)
+    fail_every = {h: args.fail_every for h in hosts} | _host_values(args.host_fail_every,
+                                                                    "--host-fail-every")
+    overload = _overload_values(args.host_overload)
+    unknown = (set(pages) | set(latency) | set(crawl_delay) | set(fail_every)
+               | set(overload)) - set(hosts)
     if unknown or len(set(hosts)) != len(hosts) or not hosts:
         raise SystemExit(f"hosts must be distinct and listed in --hosts: {sorted(unknown) or hosts}")
     if min(pages.values()) < 1:
         raise SystemExit("every host needs at least one page")
-    return HostsConfig(pages, latency, args.per_page, args.record_headers, crawl_delay)
+    return HostsConfig(pages, latency, args.per_page, args.record_headers, crawl_delay,
+                       fail_every, overload)
+
+
+def _overload_values(pairs: Iterable[str]) -> dict[str, tuple[int, int]]:
+    out = {}
+    for pair in pairs:
+        host, _, value = pair.partition("=")
+        limit, _, retry_after = value.partition(",")
+        try:
+            out[host] = (_positive(limit), _non_negative(retry_after))
+        except (argparse.ArgumentTypeError, ValueError):
+            raise argparse.ArgumentTypeError(
+                f"--host-overload takes HOST=K,S (K >= 1), got {pair!r}") from None
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -499,8 +564,10 @@ def max_overlap(intervals: Iterable[tuple[float, float | None]]) -> int:
 class MultiHostSite:
     """The multi-host site in a subprocess (``python -m devtools.demo.hosts``).
 
-    *pages* and *latency_ms* are one value for every host or ``{host: value}``
-    (hosts left out get the defaults). Use as a context manager, or call
+    *pages*, *latency_ms* and *fail_every* (transient 503s, 0: none) are one
+    value for every host or ``{host: value}`` (hosts left out get the defaults);
+    *overload* maps a host to ``(K, S)``: 429 with ``Retry-After: S`` while K of
+    its requests are in flight (a host with latency). Use as a context manager, or call
     :meth:`start` / :meth:`stop`. ``urls`` maps each host to its base URL
     (ending with ``/``).
     """
@@ -509,13 +576,18 @@ class MultiHostSite:
                  pages: int | Mapping[str, int] = DEFAULT_PAGES, per_page: int = PER_PAGE,
                  latency_ms: int | Mapping[str, int] = 0, start_timeout: float = 20.0,
                  record_headers: bool = False,
-                 crawl_delay: Mapping[str, int] | None = None) -> None:
+                 crawl_delay: Mapping[str, int] | None = None,
+                 fail_every: int | Mapping[str, int] = 0,
+                 overload: Mapping[str, tuple[int, int]] | None = None) -> None:
         self.hosts = list(hosts)
         self.pages = _per_host(self.hosts, pages, DEFAULT_PAGES)
         self.latency_ms = _per_host(self.hosts, latency_ms, 0)
         self.per_page, self.start_timeout = per_page, start_timeout
         self.record_headers = record_headers
         self.crawl_delay = dict(crawl_delay or {})
+        self.fail_every = _per_host(self.hosts, fail_every, 0)
+        self.overload = {h: (int(k), int(s)) for h, (k, s) in (overload or {}).items()}
+        _per_host(self.hosts, self.overload, (0, 0))  # unknown hosts: ValueError
         self.urls: dict[str, str] = {}
         self.control_url: str | None = None
         self._proc: subprocess.Popen | None = None
@@ -537,6 +609,11 @@ class MultiHostSite:
                     "--host-latency", f"{host}={self.latency_ms[host]}"]
         for host, seconds in self.crawl_delay.items():
             cmd += ["--host-crawl-delay", f"{host}={seconds}"]
+        for host, every in self.fail_every.items():
+            if every:
+                cmd += ["--host-fail-every", f"{host}={every}"]
+        for host, (limit, retry_after) in self.overload.items():
+            cmd += ["--host-overload", f"{host}={limit},{retry_after}"]
         return cmd
 
     def start(self) -> MultiHostSite:
