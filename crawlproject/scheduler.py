@@ -610,9 +610,13 @@ class RedisScheduler(BaseScheduler):
 
     def _on_downloaded(self, response, request, spider=None, **kwargs):
         # Sent before request_left_downloader (and before the middlewares see
-        # the status): a site that says "slow down" gets no request handed its
-        # slot, even before slow_down() tells every node.
-        if response.status in self.politeness.backoff_codes and LEASE_META in request.meta:
+        # the status): a site that says "wait this long" (Retry-After) gets no
+        # request handed its slot, even before slow_down() tells every node. A
+        # slow-down answer without it slows the site only when its recent
+        # error rate says so (the frontier decides; the reply says whether
+        # the reserve may still be used): a transient 503 stops nothing here.
+        if (response.status in self.politeness.backoff_codes and LEASE_META in request.meta
+                and response.headers.get(b"Retry-After")):
             self.client.hold_back(self.politeness.key(request))
 
     def _on_reached_downloader(self, request, spider=None, **kwargs):

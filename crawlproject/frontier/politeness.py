@@ -168,8 +168,8 @@ class PolitenessConfig:
     retry_after_max: float = 300.0
     backoff_max: float = 60.0
     backoff_tolerance: float = 0.2
-    backoff_window: int = 20
-    backoff_base: float = 0.25
+    backoff_window: int = 10
+    backoff_base: float = 1.0
     #: most new pages the crawl may queue (0: none), split evenly between
     #: partitions (each counts its own); a site's budget is ``default.budget``
     crawl_budget: int = 0

@@ -166,8 +166,8 @@ def backoff_shape(settings) -> dict:
     :class:`~crawlproject.frontier.politeness.PolitenessConfig`); ValueError
     for a value the scripts could not use."""
     tolerance = settings.getfloat("FRONTIER_BACKOFF_TOLERANCE", 0.2)
-    window = settings.getint("FRONTIER_BACKOFF_WINDOW", 20)
-    base = settings.getfloat("FRONTIER_BACKOFF_BASE", 0.25)
+    window = settings.getint("FRONTIER_BACKOFF_WINDOW", 10)
+    base = settings.getfloat("FRONTIER_BACKOFF_BASE", 1.0)
     if not 0.0 <= tolerance <= 1.0:
         raise ValueError(f"FRONTIER_BACKOFF_TOLERANCE must be 0 to 1, got {tolerance!r}")
     if not 1 <= window <= 1_000_000:
