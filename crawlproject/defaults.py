@@ -1,0 +1,253 @@
+"""Default values of every setting crawlproject adds to Scrapy's.
+
+The one place these defaults are written, as Scrapy keeps its own in
+``scrapy/settings/default_settings.py``: components read a setting with
+:func:`setting` (``setting(crawler.settings, "MONGO_BULK_SIZE")``), never with a
+second default of their own, so a project that sets none of them (this one,
+or a user's own project that enabled only some of the components) gets the
+same values. Scrapy's own settings keep Scrapy's defaults: read them with
+``settings.getint(...)`` and no default. crawlproject/settings.py holds only
+this project's choices that differ from these.
+
+Settings of :data:`ENVIRONMENT` fall back to the environment variable of the
+same name before the default (``REDIS_URL``, ``MONGO_URI``...).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from typing import Any
+
+from scrapy.settings import BaseSettings
+
+from crawlproject import keys
+
+# --- Connections (crawlproject/connection.py) ----------------------------------
+REDIS_URL = "redis://127.0.0.1:6379/0"      # shared frontier; None/"": REDIS_HOST/PORT
+REDIS_CLUSTER = False                       # REDIS_URL is a Redis Cluster (also ?cluster=true)
+REDIS_HOST = None                           # scrapy-redis' name, used without REDIS_URL
+REDIS_PORT = None                           # scrapy-redis' name, used without REDIS_URL
+REDIS_PARAMS: dict = {}                     # extra redis-py client options
+MONGO_URI = "mongodb://127.0.0.1:27017/"    # MongoDB of the items
+MONGO_DATABASE = "crawlproject"             # database of the items
+MONGO_CLIENT_OPTIONS: dict = {}             # extra pymongo client options (TLS files...)
+NODE_ID = None                              # this node's name; None: the host name
+
+# --- Frontier scheduler (crawlproject/scheduler.py) ----------------------------
+SCHEDULER_PREFETCH = 0                      # requests leased ahead; 0: max(16, CONCURRENT_REQUESTS // 4)
+SCHEDULER_START_BURST = 0                   # requests handed to the engine per loop turn; 0: no limit
+SCHEDULER_BATCH_SIZE = 100                  # new requests that trigger an immediate flush
+SCHEDULER_FLUSH_INTERVAL = 0.05             # seconds between frontier calls while busy
+SCHEDULER_MIN_SYNC_INTERVAL = 0.02          # calls coalesced to one per interval at most
+SCHEDULER_LOCAL_DEDUPE_SIZE = 20_000        # fingerprints a node remembers having sent
+SCHEDULER_IDLE_POLL = 0.2                   # seconds between polls of an empty frontier
+SCHEDULER_LOG_INTERVAL = 60.0               # seconds between frontier size log lines
+SCHEDULER_LEASE_TTL = 10.0                  # seconds after the last heartbeat before leases come back
+SCHEDULER_HEARTBEAT_INTERVAL = 2.0          # seconds between lease renewals
+SCHEDULER_DEAD_MAX = 100_000                # records kept in {spider}:dead
+SCHEDULER_INVALID_MAX = 10_000              # records kept in {spider}:invalid
+CONTROL_POLL_INTERVAL = 1.0                 # seconds between reads of pause / drain / stop
+CALLBACK_RETRY_TIMES = 2                    # retries of a page whose callback raised
+RETRY_BACKOFF_BASE = 1.0                    # seconds: retry n waits ~base * 2**(n-1)
+RETRY_BACKOFF_MAX = 60.0                    # longest retry wait (s)
+
+# --- Dedupe: the frontier's Bloom filter (crawlproject/frontier/bloom.py) -------
+DUPEFILTER_CAPACITY = 10_000_000            # planned URLs of the first layer
+DUPEFILTER_ERROR_RATE = 0.001               # false-positive rate, even past capacity
+DUPEFILTER_GROWTH = 4.0                     # capacity factor of each new layer
+DUPEFILTER_TIGHTENING = 0.1                 # error-rate ratio of each new layer
+DUPEFILTER_SHARD_BITS = 2**26               # bits per Redis string (8 MiB)
+DUPEFILTER_KEY = keys.DUPEFILTER            # key of the standalone RedisBloomDupeFilter
+SCHEDULER_DUPEFILTER_KEY = None             # scrapy-redis' name; wins over DUPEFILTER_KEY when set
+
+# --- Politeness for the whole cluster (crawlproject/scheduling/politeness.py) --
+FRONTIER_POLITENESS = True                  # per-site limits enforced by the frontier
+FRONTIER_POLITENESS_KEY = "host"            # what a site is: host, domain or ip
+FRONTIER_HONOUR_DOWNLOAD_SLOT = False       # meta["download_slot"] is the site
+FRONTIER_HOST_LIMITS: dict = {}             # {"example.com": {"delay": 2.0, "concurrency": 1}}
+FRONTIER_BACKOFF_HTTP_CODES = [429, 503]    # answers that slow a site down for every node
+FRONTIER_RETRY_AFTER_MAX = 300.0            # longest block (s) a Retry-After may ask
+FRONTIER_BACKOFF_MAX = 60.0                 # longest backoff interval (s) without Retry-After
+FRONTIER_DELAY_MARGIN = 0.05                # intervals this much longer than asked
+FRONTIER_PARTITIONS = 1                     # hash-tagged partitions (Redis Cluster masters)
+FRONTIER_LINEAGE_ENABLED = True             # with partitions: an ack waits for its own requests
+
+# --- Seeds (crawlproject/spiders/seeded.py, crawlproject/policy.py) ------------
+REDIS_START_URLS_KEY = keys.START_URLS      # where seeds are read (scrapy-redis' name)
+REDIS_START_URLS_AS_SET = False             # seeds in a set
+REDIS_START_URLS_AS_ZSET = False            # seeds in a sorted set (highest score first)
+REDIS_START_URLS_BATCH_SIZE = 100           # seeds taken per atomic pop
+REDIS_ENCODING = "utf-8"                    # encoding of seeds
+SEEDS_POLL_INTERVAL = 1.0                   # seconds between polls of an empty seed key
+SEEDS_MAX_PENDING = 0                       # back-pressure; 0: 2 x REDIS_START_URLS_BATCH_SIZE
+SEEDS_CLAIM_TTL = 15.0                      # seconds a taken seed stays claimed
+SEEDS_INVALID_MAX = 10_000                  # records kept in <spider>:start_urls:invalid
+MAX_IDLE_TIME_BEFORE_CLOSE = 0.0            # close after N idle seconds cluster-wide; 0: never
+
+# --- Untrusted input: what seeds and stored requests may carry (policy.py) ------
+SEED_META_ALLOW: list = []                  # meta keys a seed may set
+STORED_META_ALLOW: list = []                # more meta keys a stored request may carry
+STORED_PROXY_ALLOW: list = []               # proxies a stored request may name
+PLAYWRIGHT_PAGE_METHODS_ALLOW = [           # page methods a stored request may ask for
+    "wait_for_selector", "wait_for_timeout", "wait_for_load_state", "wait_for_url",
+    "click", "dblclick", "hover", "focus", "press", "tap", "check", "uncheck",
+]
+
+# --- Proxy pool (crawlproject/middlewares/proxy.py, crawlproject/proxies.py) ---
+PROXY_POOL_ENABLED = False                  # route requests through the shared pool
+PROXY_POOL: list = []                       # proxy URLs http(s)://[user:pass@]host:port
+PROXY_POOL_FILE = ""                        # one proxy URL a line (# comments)
+PROXY_REFRESH_INTERVAL = 1.0                # seconds between flushes/reads of the shared state
+PROXY_BAN_HTTP_CODES = [403, 429]           # 503 is a ban only with a body marker
+PROXY_BAN_BODY_PATTERNS = [r"(?i)captcha", r"(?i)are you a (human|robot)"]  # 2xx/503 bodies
+PROXY_BAN_REDIRECT_PATTERNS = [r"(?i)captcha", r"(?i)/(blocked|sorry)\b"]  # redirect targets
+PROXY_BAN_BODY_MAX_BYTES = 65536            # body markers are searched in this much of it
+PROXY_BAN_MAX_TRIES = 5                     # proxies tried per request before "banned"
+PROXY_BAN_BACKOFF_BASE = 30.0               # seconds a proxy rests after a first ban (jittered)
+PROXY_BAN_BACKOFF_MAX = 1800.0              # longest rest (s)
+PROXY_RETIRE_AFTER = 10                     # connection failures in a row that retire a proxy
+PROXY_LATENCY_EWMA = 0.3                    # weight of a new latency sample
+PROXY_POOL_EMPTY_MAX_WAIT = 300.0           # seconds requests wait with no usable proxy
+
+# --- Identity and sessions (crawlproject/middlewares/identity.py, ...) ---------
+IDENTITY_ENABLED = True                     # one browser identity per session
+IDENTITY_BROWSERS = ["Chrome", "Edge", "Firefox", "Safari"]  # fake-useragent names
+IDENTITY_OS: list = []                      # any
+IDENTITY_PLATFORMS = ["desktop"]            # "desktop", "mobile", "tablet"
+IDENTITY_MIN_VERSION = 0.0                  # browser major.minor
+IDENTITY_MIN_PERCENTAGE = 0.0               # usage share of the User-Agent
+IDENTITY_ROTATION = "session"               # "session", "request" or N requests
+IDENTITY_SALT = ""                          # change it: every session gets a new identity
+SESSION_COOKIES_ENABLED = True              # an explicit session's cookies travel with it
+REFERER_SEED_DEFAULT = "none"               # Referer of seeds: "none", "root" or "search"
+REFERER_SEED_SEARCH_URL = "https://www.google.com/search?q={domain}"  # {domain} {host} {url}
+REFERER_SEED_BY_DOMAIN: dict = {}           # {"example.com": "root"}
+
+# --- MongoDB pipelines (crawlproject/pipelines/) -------------------------------
+MONGO_PIPELINE_ENABLED = True               # switch the MongoDB pipeline off
+MONGO_COLLECTION = "%(spider)s"             # also %(item)s: the item class, lower case
+MONGO_UNIQUE_KEY = "url"                    # unless the item class sets mongo_key
+MONGO_KEY_AS_ID = True                      # the key is the _id (False: ObjectId + unique index)
+MONGO_BULK_SIZE = 500                       # items per bulk write at most
+MONGO_FLUSH_INTERVAL = 0.2                  # seconds an item may wait for a busy writer
+MONGO_FLUSH_WHEN_IDLE = True                # write at once when no write is in flight
+MONGO_CONCURRENT_WRITES = 2                 # bulk writes in flight at most
+MONGO_WRITE_MODE = "auto"                   # "auto" (insert new keys first) or "upsert"
+MONGO_SPOOL_AFTER = 5.0                     # seconds of retries before spooling a batch
+MONGO_SPOOL_DIR = "mongo-spool"             # relative: under the project's .scrapy/
+MONGO_PROBE_INTERVAL = 1.0                  # seconds between checks during an outage
+MONGO_CLOSE_WAIT = 300.0                    # seconds an idle node waits to store its spool
+MONGO_SPOOL_HANDOFF = True                  # at close, MongoDB down: spool to Redis
+MONGO_SPOOL_HANDOFF_MAX_MB = 256.0          # most spool data one node hands to Redis
+MONGO_RETRY_BACKOFF_BASE = 0.1              # retry delays (s) of transient errors
+MONGO_RETRY_BACKOFF_MAX = 2.0
+VALIDATION_ENABLED = True                   # switch the validation pipeline off
+VALIDATION_INVALID_COLLECTION = ""          # e.g. "invalid_items" to keep dropped items
+
+# --- Incremental recrawl (crawlproject/recrawl.py, extensions/recrawl.py) ------
+RECRAWL_ENABLED = False                     # page records and revisits
+RECRAWL_INTERVAL = 0.0                      # seconds between visits of any page; 0: rules only
+RECRAWL_ADAPTIVE = False                    # halve when changed, double when not
+RECRAWL_MIN_INTERVAL = 0.0                  # adaptive bounds; 0: interval / 16
+RECRAWL_MAX_INTERVAL = 0.0                  # 0: interval * 16
+RECRAWL_PRIORITY = -100                     # revisits after fresh discoveries (0)
+RECRAWL_RULES: list = []                    # [{"pattern": "/product/", "interval": 3600}]
+RECRAWL_CHECK_INTERVAL = 10.0               # seconds between looks for due pages
+RECRAWL_BATCH_SIZE = 500                    # due pages fed per look at most
+RECRAWL_MAX_QUEUED = 5000                   # no feeding while the frontier holds this many
+RECRAWL_CLAIM_TIMEOUT = 3600.0              # a fed page not visited by then is due again
+RECRAWL_GONE_COLLECTIONS: list = []         # more collections a 404/410 may mark gone
+
+# --- JavaScript rendering (crawlproject/rendering.py, middlewares/rendering.py) -
+RENDERING_ENABLED = True                    # rendering add-on and middlewares on
+CHROMIUM_PATH = None                        # None: found in the usual places
+RENDER_URL_PATTERNS: list = []              # regexes of URLs always rendered
+RENDER_IF_MISSING: dict = {}                # {url-regex: css}: static page without it -> render
+RENDER_WAIT_FOR_SELECTOR = None             # css, or {url-regex: css}
+RENDER_WAIT_TIMEOUT = 15.0                  # seconds a rendered page waits for its selector
+RENDER_BLOCK_RESOURCES = ["image", "font", "media"]  # never fetched by the browser
+RENDER_MAX_CONTEXTS = 8                     # browser contexts open at most
+RENDER_PROXY_BYPASS = None                  # hosts a proxied browser context reaches directly
+
+# --- Operations: logs, metrics, tracing, garbage collector ---------------------
+LOG_JSON = False                            # one JSON object per log line (JsonLogsAddon)
+METRICS_ENABLED = False                     # a Prometheus endpoint per node
+METRICS_HOST = "127.0.0.1"                  # 0.0.0.0 to be scraped from another host
+METRICS_PORT = 9410                         # 0: a free port (logged)
+TRACING_ENABLED = False                     # an OpenTelemetry span per request
+TRACING_EXPORTER = "otlp"                   # otlp (HTTP) or console
+TRACING_ENDPOINT = ""                       # "": $OTEL_EXPORTER_OTLP_*ENDPOINT or localhost:4318
+GC_FREEZE_ENABLED = False                   # gc.freeze() the start-up heap at spider open
+GC_THRESHOLD = None                         # e.g. [10000, 10, 10]; None: CPython's
+
+#: Settings that fall back to the environment variable of the same name.
+ENVIRONMENT = frozenset({"REDIS_URL", "REDIS_CLUSTER", "REDIS_HOST", "REDIS_PORT",
+                         "MONGO_URI", "MONGO_DATABASE", "MONGO_SPOOL_DIR",
+                         "MAX_IDLE_TIME_BEFORE_CLOSE", "NODE_ID", "CHROMIUM_PATH"})
+
+#: Settings of scrapy-playwright that crawlproject reads or its add-on sets;
+#: their defaults are scrapy-playwright's (read with ``settings.get``).
+PLAYWRIGHT_SETTINGS = frozenset({"PLAYWRIGHT_ABORT_REQUEST", "PLAYWRIGHT_BROWSER_TYPE",
+                                 "PLAYWRIGHT_LAUNCH_OPTIONS", "PLAYWRIGHT_MAX_CONTEXTS",
+                                 "PLAYWRIGHT_MAX_PAGES_PER_CONTEXT",
+                                 "PLAYWRIGHT_PROCESS_REQUEST_HEADERS"})
+
+#: Every setting of this module and its default.
+DEFAULTS: dict[str, Any] = {name: value for name, value in globals().items()
+                            if name.isupper() and name not in ("ENVIRONMENT",
+                                                               "PLAYWRIGHT_SETTINGS")}
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def setting(settings, name: str) -> Any:
+    """The value of crawlproject setting *name* in *settings* (Scrapy
+    ``Settings``, or None outside a project), converted like its default.
+
+    Unset, None or ``""``: the environment variable for names in
+    :data:`ENVIRONMENT`, else the default of this module. The type of the
+    default picks the conversion (``getbool``, ``getint``, ``getfloat``,
+    ``getlist``, ``getdict``; ``get`` for strings and None), so ``-s NAME=...``
+    strings work as with Scrapy's own settings (plus ``yes``/``on``/``no``/
+    ``off`` for booleans and a JSON ``[...]`` for lists).
+    """
+    try:
+        default = DEFAULTS[name]
+    except KeyError:
+        raise KeyError(f"{name} is not a crawlproject setting (crawlproject/defaults.py)") \
+            from None
+    raw = settings.get(name) if settings is not None else None
+    if raw is None or raw == "":
+        raw = os.environ.get(name) if name in ENVIRONMENT else None
+        if raw is None or raw == "":
+            return copy.copy(default)
+    return _convert(name, raw, default)
+
+
+def _convert(name: str, value: Any, default: Any) -> Any:
+    s = BaseSettings({name: value})
+    if isinstance(default, bool):
+        if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+            return value.strip().lower() in _TRUE
+        return s.getbool(name)
+    if isinstance(default, int):
+        try:
+            return s.getint(name)
+        except ValueError:  # "1e7" from the command line
+            return int(s.getfloat(name))
+    if isinstance(default, float):
+        return s.getfloat(name)
+    if isinstance(default, list):
+        if isinstance(value, str) and value.lstrip().startswith("["):
+            try:  # -s NAME='[...]': JSON, as getdict reads '{...}'
+                parsed = json.loads(value)
+            except ValueError:
+                parsed = None
+            if isinstance(parsed, list):
+                return parsed
+        return s.getlist(name)
+    if isinstance(default, dict):
+        return s.getdict(name)
+    return value
