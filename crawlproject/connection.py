@@ -15,14 +15,17 @@ from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
 
 from redis.exceptions import RedisClusterException, RedisError
 
+from crawlproject import defaults
+from crawlproject.defaults import is_set, setting
+
 try:
     import hiredis
 except ImportError:  # an optional speed-up of redis-py: without it, its own packer
     hiredis = None
 
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-DEFAULT_MONGO_URI = "mongodb://127.0.0.1:27017/"
-DEFAULT_MONGO_DATABASE = "crawlproject"
+DEFAULT_REDIS_URL = defaults.REDIS_URL
+DEFAULT_MONGO_URI = defaults.MONGO_URI
+DEFAULT_MONGO_DATABASE = defaults.MONGO_DATABASE
 
 #: What a Redis call raises when Redis cannot answer: redis-py's errors, a
 #: Redis Cluster's "cannot be connected" (a ``RedisClusterException``, which is
@@ -36,22 +39,6 @@ _SECRET_PARAM = re.compile(r"pass|pwd|secret|token|key|credential", re.IGNORECAS
 
 def env_default(name: str, default: str) -> str:
     """The environment variable *name*, or *default* when unset or empty."""
-    return os.environ.get(name) or default
-
-
-def setting(settings, name: str, default: Any = None) -> Any:
-    """A setting that may come from the environment.
-
-    The Scrapy setting when a project, a spider or the command line set it;
-    otherwise the environment variable of the same name; otherwise *default*.
-    This is what the README's settings table promises for ``REDIS_URL``,
-    ``MONGO_URI``, ``MONGO_SPOOL_DIR``, ``MAX_IDLE_TIME_BEFORE_CLOSE``...,
-    in any project that uses these components, not only this one.
-    """
-    if settings is not None and settings.getpriority(name) is not None:
-        value = settings.get(name)
-        if value not in (None, ""):
-            return value
     return os.environ.get(name) or default
 
 
@@ -235,29 +222,21 @@ def _closed_under_the_command(exc: BaseException) -> bool:
 def redis_url_from_settings(settings) -> str:
     """``REDIS_URL`` (setting, then environment); else scrapy-redis'
     ``REDIS_HOST`` / ``REDIS_PORT`` when set; else the local default."""
-    url = setting(settings, "REDIS_URL")
-    if url:
-        return url
     host, port = setting(settings, "REDIS_HOST"), setting(settings, "REDIS_PORT")
-    if host or port:
+    if (host or port) and not is_set(settings, "REDIS_URL"):
         return f"redis://{host or '127.0.0.1'}:{int(port or 6379)}/0"
-    return DEFAULT_REDIS_URL
+    return setting(settings, "REDIS_URL")
 
 
 def redis_cluster_from_settings(settings) -> bool:
     """``REDIS_CLUSTER`` (setting, then environment) as a boolean."""
-    value = setting(settings, "REDIS_CLUSTER", False)
-    if isinstance(value, str):
-        return value.strip().lower() in ("1", "true", "yes", "on")
-    return bool(value)
+    return setting(settings, "REDIS_CLUSTER")
 
 
 def redis_from_settings(settings, *, asyncio: bool = False, **kw: Any):
     """Create the Redis client described by ``REDIS_URL``/``REDIS_CLUSTER``
     (see :func:`redis_url_from_settings`) and ``REDIS_PARAMS``."""
-    params = dict(settings.getdict("REDIS_PARAMS"))
-    params.pop("url", None)
-    params.pop("redis_cls", None)
+    params = redis_params(settings)
     params.update(kw)
     return redis_from_url(
         redis_url_from_settings(settings),
@@ -267,21 +246,29 @@ def redis_from_settings(settings, *, asyncio: bool = False, **kw: Any):
     )
 
 
+def redis_params(settings) -> dict[str, Any]:
+    """``REDIS_PARAMS``: extra redis-py client options (without scrapy-redis'
+    ``url`` and ``redis_cls``, which the URL and :func:`redis_from_url` decide)."""
+    params = setting(settings, "REDIS_PARAMS")
+    params.pop("url", None)
+    params.pop("redis_cls", None)
+    return params
+
+
 def mongo_uri_from_settings(settings) -> str:
     """``MONGO_URI`` (setting, then environment, then the local default)."""
-    return setting(settings, "MONGO_URI", DEFAULT_MONGO_URI)
+    return setting(settings, "MONGO_URI")
 
 
 def mongo_database_from_settings(settings) -> str:
     """``MONGO_DATABASE`` (setting, then environment, then ``crawlproject``)."""
-    return setting(settings, "MONGO_DATABASE", DEFAULT_MONGO_DATABASE)
+    return setting(settings, "MONGO_DATABASE")
 
 
 def mongo_client_options(settings) -> dict[str, Any]:
     """Extra pymongo client options from ``MONGO_CLIENT_OPTIONS``."""
     opts = {"serverSelectionTimeoutMS": 10_000, "appname": "crawlproject"}
-    if settings is not None:
-        opts.update(settings.getdict("MONGO_CLIENT_OPTIONS"))
+    opts.update(setting(settings, "MONGO_CLIENT_OPTIONS"))
     return opts
 
 
@@ -307,9 +294,9 @@ def collection_name(pattern: str, cls: type | None, spider: str) -> str:
 def mongo_collection_pattern(settings) -> str:
     """``MONGO_COLLECTION`` (``%(spider)s`` by default, also ``%(item)s``):
     read here only, by the pipeline and the recrawl middleware alike."""
-    return settings.get("MONGO_COLLECTION") or "%(spider)s"
+    return setting(settings, "MONGO_COLLECTION")
 
 
 def mongo_unique_key(settings) -> str:
     """``MONGO_UNIQUE_KEY``: the item field documents are keyed on (``url``)."""
-    return settings.get("MONGO_UNIQUE_KEY") or "url"
+    return setting(settings, "MONGO_UNIQUE_KEY")

@@ -20,8 +20,6 @@ import json
 import os
 from typing import Any
 
-from scrapy.settings import BaseSettings
-
 from crawlproject import keys
 
 # --- Connections (crawlproject/connection.py) ----------------------------------
@@ -70,7 +68,12 @@ FRONTIER_HOST_LIMITS: dict = {}             # {"example.com": {"delay": 2.0, "co
 FRONTIER_BACKOFF_HTTP_CODES = [429, 503]    # answers that slow a site down for every node
 FRONTIER_RETRY_AFTER_MAX = 300.0            # longest block (s) a Retry-After may ask
 FRONTIER_BACKOFF_MAX = 60.0                 # longest backoff interval (s) without Retry-After
+FRONTIER_BACKOFF_TOLERANCE = 0.2            # share of recent 429/503 answers that slows a site
+FRONTIER_BACKOFF_WINDOW = 10                # answers in that moving average, about
+FRONTIER_BACKOFF_BASE = 1.0                 # first backoff interval (s), or twice the delay
 FRONTIER_DELAY_MARGIN = 0.05                # intervals this much longer than asked
+FRONTIER_SITE_BUDGET = 0                    # most new pages queued per site; 0: no budget
+FRONTIER_CRAWL_BUDGET = 0                   # most new pages queued by the crawl; 0: no budget
 FRONTIER_PARTITIONS = 1                     # hash-tagged partitions (Redis Cluster masters)
 FRONTIER_LINEAGE_ENABLED = True             # with partitions: an ack waits for its own requests
 
@@ -226,7 +229,18 @@ def setting(settings, name: str) -> Any:
     return _convert(name, raw, default)
 
 
+def is_set(settings, name: str) -> bool:
+    """True when *settings* (or, for :data:`ENVIRONMENT` names, the
+    environment) give *name* a value, None and ``""`` aside."""
+    raw = settings.get(name) if settings is not None else None
+    if (raw is None or raw == "") and name in ENVIRONMENT:
+        raw = os.environ.get(name)
+    return raw is not None and raw != ""
+
+
 def _convert(name: str, value: Any, default: Any) -> Any:
+    from scrapy.settings import BaseSettings  # here: the plain classes import no Scrapy
+
     s = BaseSettings({name: value})
     if isinstance(default, bool):
         if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:

@@ -21,6 +21,7 @@ import logging
 
 from scrapy.dupefilters import BaseDupeFilter
 
+from crawlproject.defaults import setting
 from crawlproject import keys
 from crawlproject.connection import (is_cluster_url, redis_cluster_from_settings,
                                      redis_from_settings, redis_url_from_settings)
@@ -36,11 +37,9 @@ def dupefilter_key(settings, spider_name: str) -> str:
     Raises ``ValueError`` on a Redis Cluster for a key without a hash tag: its
     shards (``<key>:<layer>:<shard>``) would hash to other slots than the key.
     """
-    name, pattern = "DUPEFILTER_KEY", keys.DUPEFILTER
-    for setting in ("SCHEDULER_DUPEFILTER_KEY", "DUPEFILTER_KEY"):
-        if settings.get(setting):
-            name, pattern = setting, settings.get(setting)
-            break
+    name = "SCHEDULER_DUPEFILTER_KEY" if setting(settings, "SCHEDULER_DUPEFILTER_KEY") \
+        else "DUPEFILTER_KEY"
+    pattern = setting(settings, name)
     if "%(spider)s" not in pattern and "%(timestamp)s" in pattern:
         pattern = keys.DUPEFILTER  # scrapy-redis' throwaway standalone default
     key = pattern % {"spider": spider_name}

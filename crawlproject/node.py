@@ -19,13 +19,15 @@ import socket
 import uuid
 import weakref
 
+from crawlproject.defaults import setting
+
 _SAFE = re.compile(r"[^A-Za-z0-9_-]")
 _ids: "weakref.WeakKeyDictionary[object, str]" = weakref.WeakKeyDictionary()
 
 
 def node_name(settings=None) -> str:
     """``NODE_ID`` (setting, then environment) or the host name, file-name safe."""
-    name = (settings.get("NODE_ID") if settings is not None else None) or os.environ.get("NODE_ID")
+    name = setting(settings, "NODE_ID")
     name = name or socket.gethostname() or "node"
     return _SAFE.sub("_", str(name))[:60] or "node"
 

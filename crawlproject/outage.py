@@ -16,7 +16,7 @@ import time
 import weakref
 
 from crawlproject.acl import redis_user, refusal
-from crawlproject.connection import redis_url_from_settings
+from crawlproject.connection import redis_params, redis_url_from_settings
 
 logger = logging.getLogger(__name__)
 
@@ -134,8 +134,7 @@ def outage_log(crawler, name: str, service: str) -> OutageLog:
         user = "default"
         if name == "redis":  # named when Redis refuses a command (ACL)
             settings = crawler.settings
-            user = redis_user(redis_url_from_settings(settings),
-                              settings.getdict("REDIS_PARAMS"))
+            user = redis_user(redis_url_from_settings(settings), redis_params(settings))
         per_crawler[name] = OutageLog(service, name=name, user=user,
                                       stats=lambda: getattr(crawler, "stats", None))
     return per_crawler[name]

@@ -54,6 +54,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 from urllib.parse import urlsplit
 
+from crawlproject.defaults import PLAYWRIGHT_PAGE_METHODS_ALLOW, setting
+
 __all__ = ["Refused", "InputPolicy", "DEFAULT_PAGE_METHODS", "STORED_META", "PUBLISHED_ONLY",
            "published_callbacks"]
 
@@ -67,10 +69,7 @@ class Refused(ValueError):
 
 
 #: Page methods a payload may ask a rendering node to call, by default.
-DEFAULT_PAGE_METHODS = frozenset({
-    "wait_for_selector", "wait_for_timeout", "wait_for_load_state", "wait_for_url",
-    "click", "dblclick", "hover", "focus", "press", "tap", "check", "uncheck",
-})
+DEFAULT_PAGE_METHODS = frozenset(PLAYWRIGHT_PAGE_METHODS_ALLOW)
 #: Never allowed, whatever the settings say: they read or write files, load
 #: other URLs (``file://``, internal hosts) or run code outside the page.
 NEVER_PAGE_METHODS = frozenset({
@@ -293,7 +292,7 @@ class InputPolicy:
         for stored requests also ``STORED_META_ALLOW`` + ``spidercls.stored_meta_allow``,
         ``STORED_PROXY_ALLOW`` and the node's ``DOWNLOAD_TIMEOUT``,
         ``DOWNLOAD_MAXSIZE``, ``DOWNLOAD_WARNSIZE``."""
-        get = settings.getlist if settings is not None else (lambda name: [])
+        get = functools.partial(setting, settings)
         meta = set(_names(get("SEED_META_ALLOW")))
         meta.update(_names(getattr(spidercls, "seed_meta_allow", None) or ()))
         stored = set(_names(get("STORED_META_ALLOW")))

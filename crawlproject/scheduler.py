@@ -60,6 +60,7 @@ from scrapy.utils.request import RequestFingerprinter
 from scrapy.utils.request import fingerprint as scrapy_fingerprint
 
 from crawlproject.connection import redact_url, redis_from_settings, redis_url_from_settings
+from crawlproject.defaults import setting
 from crawlproject.frontier.bloom import BloomConfig
 from crawlproject.frontier.client import FrontierClient, Rejected
 from crawlproject.scheduling.burst import StartBurst, default_prefetch
@@ -170,8 +171,8 @@ class RedisScheduler(BaseScheduler):
         self._limits_published: float | None = None   # monotonic time, once published
         self._limits_task: asyncio.Future | None = None
         self._report_task: asyncio.Future | None = None
-        self.report_interval = crawler.settings.getfloat("SCHEDULER_LOG_INTERVAL", 60.0)
-        self.control_interval = crawler.settings.getfloat("CONTROL_POLL_INTERVAL", 1.0)
+        self.report_interval = setting(crawler.settings, "SCHEDULER_LOG_INTERVAL")
+        self.control_interval = setting(crawler.settings, "CONTROL_POLL_INTERVAL")
         self.control: ControlWatcher | None = None
         self._stopping = False
         self._stop_task: asyncio.Future | None = None
@@ -187,23 +188,23 @@ class RedisScheduler(BaseScheduler):
         concurrency = s.getint("CONCURRENT_REQUESTS")
         return cls(
             crawler,
-            prefetch=s.getint("SCHEDULER_PREFETCH") or default_prefetch(concurrency),
-            batch_size=s.getint("SCHEDULER_BATCH_SIZE", 100),
-            flush_interval=s.getfloat("SCHEDULER_FLUSH_INTERVAL", 0.05),
-            min_sync_interval=s.getfloat("SCHEDULER_MIN_SYNC_INTERVAL", 0.02),
-            local_dedupe_size=s.getint("SCHEDULER_LOCAL_DEDUPE_SIZE", 20_000),
-            idle_poll=s.getfloat("SCHEDULER_IDLE_POLL", 0.2),
-            lease_ttl=s.getfloat("SCHEDULER_LEASE_TTL", 10.0),
-            heartbeat=s.getfloat("SCHEDULER_HEARTBEAT_INTERVAL", 2.0),
+            prefetch=setting(s, "SCHEDULER_PREFETCH") or default_prefetch(concurrency),
+            batch_size=setting(s, "SCHEDULER_BATCH_SIZE"),
+            flush_interval=setting(s, "SCHEDULER_FLUSH_INTERVAL"),
+            min_sync_interval=setting(s, "SCHEDULER_MIN_SYNC_INTERVAL"),
+            local_dedupe_size=setting(s, "SCHEDULER_LOCAL_DEDUPE_SIZE"),
+            idle_poll=setting(s, "SCHEDULER_IDLE_POLL"),
+            lease_ttl=setting(s, "SCHEDULER_LEASE_TTL"),
+            heartbeat=setting(s, "SCHEDULER_HEARTBEAT_INTERVAL"),
             bloom=BloomConfig.from_settings(s),
             retry=RetryPolicy.from_settings(s),
             politeness=SitePoliteness.from_settings(s),
             node_id=node_id(crawler),
-            dead_max=s.getint("SCHEDULER_DEAD_MAX", DEAD_MAX),
-            invalid_max=s.getint("SCHEDULER_INVALID_MAX", INVALID_MAX),
+            dead_max=setting(s, "SCHEDULER_DEAD_MAX"),
+            invalid_max=setting(s, "SCHEDULER_INVALID_MAX"),
             # Off by default: it pays only while the event loop has time to
             # spare (see StartBurst); a node that is CPU-bound loses by it.
-            start_burst=s.getint("SCHEDULER_START_BURST", 0),
+            start_burst=setting(s, "SCHEDULER_START_BURST"),
         )
 
     # -- Scrapy scheduler interface ------------------------------------------

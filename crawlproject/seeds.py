@@ -26,9 +26,10 @@ from scrapy import Request
 from scrapy.http import FormRequest
 from w3lib.url import safe_url_string
 
+from crawlproject.defaults import setting
 from crawlproject.frontier.queue import MAX_PRIORITY
 from crawlproject.frontier.scripts import CLAIM_SEEDS, COUNTER_PATTERN, RENEW_CLAIMS
-from crawlproject.keys import SeedKeys
+from crawlproject.keys import SeedKeys, start_urls_key
 from crawlproject.keys import as_text as _s
 from crawlproject.policy import InputPolicy, Refused
 
@@ -37,6 +38,13 @@ MAX_URL_LENGTH = 8192
 _KNOWN_KEYS = {"url", "meta", "method", "body", "headers", "priority", "callback",
                "errback", "dont_filter", "cb_kwargs"}
 _METHODS = {"GET", "POST", "PUT", "DELETE", "HEAD", "PATCH", "OPTIONS"}
+
+
+def seed_key(spider: str, settings=None, redis_key: str | None = None) -> str:
+    """The seed key of *spider*: the spider's own ``redis_key`` pattern, else
+    ``REDIS_START_URLS_KEY`` (read here only, by the spider and the operator
+    tools alike)."""
+    return start_urls_key(spider, redis_key or setting(settings, "REDIS_START_URLS_KEY"))
 
 
 class InvalidSeed(ValueError):

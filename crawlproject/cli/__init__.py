@@ -50,7 +50,8 @@ from crawlproject.cli.scrapyd import _add_target_options, cmd_deploy, cmd_jobs, 
 from crawlproject.cli.seed import cmd_seed
 from crawlproject.cli.status import cmd_nodes, cmd_status
 from crawlproject.cli.storage import cmd_recrawl, cmd_spool_replay
-from crawlproject.connection import DEFAULT_REDIS_URL, env_default, redact_url
+from crawlproject.connection import redact_url
+from crawlproject.defaults import setting
 from crawlproject.ops.actions import CONTROL_COMMANDS
 from crawlproject.ops.common import UsageError
 
@@ -63,9 +64,9 @@ ACTIONS = {"dead": ("list", "requeue", "purge"), "invalid": ("list", "purge"),
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="crawlctl",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--redis-url", default=env_default("REDIS_URL", DEFAULT_REDIS_URL))
+    parser.add_argument("--redis-url", default=setting(None, "REDIS_URL"))
     parser.add_argument("--cluster", action="store_true",
-                        default=env_default("REDIS_CLUSTER", "") in ("1", "true", "yes"))
+                        default=setting(None, "REDIS_CLUSTER"))
     sub = parser.add_subparsers(dest="command", required=True)
     for name, func, help_ in [
         ("status", cmd_status, "queue, in-flight, delayed, dead, nodes, Bloom filter"),

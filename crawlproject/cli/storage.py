@@ -23,7 +23,8 @@ def cmd_spool_replay(args) -> int:
     import asyncio
 
     from crawlproject.connection import (mongo_client_options, mongo_database_from_settings,
-                                         mongo_uri_from_settings, setting)
+                                         mongo_uri_from_settings)
+    from crawlproject.defaults import setting
     from crawlproject.pipelines.errors import MongoPipelineError
     from crawlproject.pipelines.replay import replay_spool
     from crawlproject.pipelines.spool import spool_path, target_dir
@@ -31,7 +32,7 @@ def cmd_spool_replay(args) -> int:
     settings, _ = current_project()
     uri = args.mongo_uri or mongo_uri_from_settings(settings)
     database = args.database or mongo_database_from_settings(settings)
-    base = spool_path(args.spool_dir or setting(settings, "MONGO_SPOOL_DIR", "mongo-spool"))
+    base = spool_path(args.spool_dir or setting(settings, "MONGO_SPOOL_DIR"))
 
     async def run():
         redis = redis_from_url(args.redis_url, cluster=args.cluster, asyncio=True) \

@@ -34,6 +34,8 @@ import logging
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
 
+from crawlproject.defaults import setting
+
 logger = logging.getLogger(__name__)
 
 
@@ -65,9 +67,9 @@ class GcFreeze:
     @classmethod
     def from_crawler(cls, crawler):
         settings = crawler.settings
-        if not settings.getbool("GC_FREEZE_ENABLED", False):
+        if not setting(settings, "GC_FREEZE_ENABLED"):
             raise NotConfigured("GC_FREEZE_ENABLED is off")
-        ext = cls(crawler, threshold=parse_threshold(settings.get("GC_THRESHOLD")))
+        ext = cls(crawler, threshold=parse_threshold(setting(settings, "GC_THRESHOLD")))
         crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
         return ext

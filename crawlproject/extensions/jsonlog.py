@@ -21,6 +21,9 @@ import logging
 import traceback
 from datetime import datetime, timezone
 
+from crawlproject.defaults import setting
+from crawlproject.node import node_name
+
 
 class _JsonMessage:
     """A record's message that renders the whole record as one JSON object."""
@@ -86,7 +89,7 @@ class JsonLogsAddon:
     ``LOG_JSON = True``."""
 
     def update_settings(self, settings) -> None:
-        if not settings.getbool("LOG_JSON"):
+        if not setting(settings, "LOG_JSON"):
             return
         settings.set("LOG_FORMAT", "%(message)s", priority="addon")
-        install(settings.get("NODE_ID") or "")
+        install(node_name(settings))

@@ -23,6 +23,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
 
+from crawlproject.defaults import setting
+
 logger = logging.getLogger(__name__)
 
 PREFIX = "crawlproject"
@@ -164,9 +166,9 @@ class PrometheusMetrics:
     @classmethod
     def from_crawler(cls, crawler):
         s = crawler.settings
-        if not s.getbool("METRICS_ENABLED"):
+        if not setting(s, "METRICS_ENABLED"):
             raise NotConfigured("METRICS_ENABLED is off")
-        ext = cls(crawler, s.get("METRICS_HOST", "127.0.0.1"), s.getint("METRICS_PORT", 9410))
+        ext = cls(crawler, setting(s, "METRICS_HOST"), setting(s, "METRICS_PORT"))
         crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
         crawler.signals.connect(ext.response_received, signal=signals.response_received)

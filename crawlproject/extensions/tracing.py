@@ -50,6 +50,7 @@ from scrapy.exceptions import NotConfigured
 from twisted.internet import threads
 
 from crawlproject.connection import redact_url
+from crawlproject.defaults import setting
 from crawlproject.frontier.retrypolicy import LEASE_META
 from crawlproject.hooks import DEAD, RELEASED, RequestHooks, add_request_hooks
 
@@ -74,7 +75,7 @@ class RequestTracing(RequestHooks):
     @classmethod
     def from_crawler(cls, crawler):
         s = crawler.settings
-        if not s.getbool("TRACING_ENABLED"):
+        if not setting(s, "TRACING_ENABLED"):
             raise NotConfigured
         try:
             from opentelemetry import trace
@@ -84,8 +85,8 @@ class RequestTracing(RequestHooks):
                                 f"({exc}): no spans; {INSTALL_HINT}") from None
         provider = None
         if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
-            provider = _make_provider(s.get("TRACING_EXPORTER") or "otlp",
-                                      s.get("TRACING_ENDPOINT") or None)
+            provider = _make_provider(setting(s, "TRACING_EXPORTER"),
+                                      setting(s, "TRACING_ENDPOINT") or None)
         tracer = (provider or trace.get_tracer_provider()).get_tracer("crawlproject")
         ext = cls(crawler, tracer, provider=provider,
                   status_error=lambda text: Status(StatusCode.ERROR, text))
@@ -96,7 +97,7 @@ class RequestTracing(RequestHooks):
         add_request_hooks(crawler, ext)
         logger.info("OpenTelemetry tracing on: one %r span per request (%s)", SPAN_NAME,
                     "tracer provider of this process" if provider is None
-                    else f"exporter {s.get('TRACING_EXPORTER') or 'otlp'}")
+                    else f"exporter {setting(s, 'TRACING_EXPORTER')}")
         return ext
 
     # -- the scheduler's hooks ---------------------------------------------------

@@ -40,6 +40,8 @@ import math
 from dataclasses import dataclass
 from typing import Iterable
 
+from crawlproject import defaults
+from crawlproject.defaults import setting
 from crawlproject.frontier.scripts import BLOOM_ADD
 from crawlproject.keys import bloom_shard_key
 from crawlproject.keys import as_text as _s
@@ -51,11 +53,11 @@ MAX_SHARD_BITS = 2**32 - 1  # a Redis string holds at most 512 MB
 class BloomConfig:
     """Planned capacity and error rate, and how the filter grows and shards."""
 
-    capacity: int = 10_000_000
-    error_rate: float = 0.001
-    growth: float = 4.0
-    tightening: float = 0.1
-    shard_bits: int = 2**26  # at most 8 MiB per key: a shard is made in ~8 ms, and smaller
+    capacity: int = defaults.DUPEFILTER_CAPACITY
+    error_rate: float = defaults.DUPEFILTER_ERROR_RATE
+    growth: float = defaults.DUPEFILTER_GROWTH
+    tightening: float = defaults.DUPEFILTER_TIGHTENING
+    shard_bits: int = defaults.DUPEFILTER_SHARD_BITS  # at most 8 MiB per key: a shard is made in ~8 ms, and smaller
     # shards make every call faster (median 1000-URL call 18 ms vs 33 ms with 32 MiB shards)
 
     def __post_init__(self):
@@ -71,11 +73,11 @@ class BloomConfig:
     @classmethod
     def from_settings(cls, settings) -> "BloomConfig":
         return cls(
-            capacity=int(settings.getfloat("DUPEFILTER_CAPACITY", cls.capacity)),
-            error_rate=settings.getfloat("DUPEFILTER_ERROR_RATE", cls.error_rate),
-            growth=settings.getfloat("DUPEFILTER_GROWTH", cls.growth),
-            tightening=settings.getfloat("DUPEFILTER_TIGHTENING", cls.tightening),
-            shard_bits=int(settings.getfloat("DUPEFILTER_SHARD_BITS", cls.shard_bits)),
+            capacity=setting(settings, "DUPEFILTER_CAPACITY"),
+            error_rate=setting(settings, "DUPEFILTER_ERROR_RATE"),
+            growth=setting(settings, "DUPEFILTER_GROWTH"),
+            tightening=setting(settings, "DUPEFILTER_TIGHTENING"),
+            shard_bits=setting(settings, "DUPEFILTER_SHARD_BITS"),
         )
 
     def args(self) -> list:

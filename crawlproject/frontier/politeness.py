@@ -29,6 +29,8 @@ import zlib
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from crawlproject import defaults
+
 logger = logging.getLogger(__name__)
 
 KEY_MODES = ("host", "domain", "ip")
@@ -158,25 +160,25 @@ class PolitenessConfig:
     Successes lower the rate and halve the interval again.
     """
 
-    enabled: bool = True
-    key_mode: str = "host"
-    honour_download_slot: bool = False
+    enabled: bool = defaults.FRONTIER_POLITENESS
+    key_mode: str = defaults.FRONTIER_POLITENESS_KEY
+    honour_download_slot: bool = defaults.FRONTIER_HONOUR_DOWNLOAD_SLOT
     default: Limits = Limits()
     jitter: float = 0.0
     overrides: dict = field(default_factory=dict)
-    backoff_codes: frozenset = frozenset({429, 503})
-    retry_after_max: float = 300.0
-    backoff_max: float = 60.0
-    backoff_tolerance: float = 0.2
-    backoff_window: int = 10
-    backoff_base: float = 1.0
+    backoff_codes: frozenset = frozenset(defaults.FRONTIER_BACKOFF_HTTP_CODES)
+    retry_after_max: float = defaults.FRONTIER_RETRY_AFTER_MAX
+    backoff_max: float = defaults.FRONTIER_BACKOFF_MAX
+    backoff_tolerance: float = defaults.FRONTIER_BACKOFF_TOLERANCE
+    backoff_window: int = defaults.FRONTIER_BACKOFF_WINDOW
+    backoff_base: float = defaults.FRONTIER_BACKOFF_BASE
     #: most new pages the crawl may queue (0: none), split evenly between
     #: partitions (each counts its own); a site's budget is ``default.budget``
-    crawl_budget: int = 0
-    partitions: int = 1
+    crawl_budget: int = defaults.FRONTIER_CRAWL_BUDGET
+    partitions: int = defaults.FRONTIER_PARTITIONS
     #: intervals are this much longer than asked (node-side latency between the
     #: lease and the request leaving must never shorten what the site sees)
-    margin: float = 0.05
+    margin: float = defaults.FRONTIER_DELAY_MARGIN
 
     def partition(self, key: str) -> int:
         return partition_of(key, self.partitions)

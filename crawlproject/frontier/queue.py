@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 
 import redis
 
+from crawlproject.defaults import SCHEDULER_DEAD_MAX, SCHEDULER_INVALID_MAX
 from crawlproject.frontier.bloom import BloomConfig, filter_estimates, fingerprint_hex
 from crawlproject.frontier.politeness import (UNLIMITED, Limits, Override, PolitenessConfig,
                                               parse_override, safe_key)
@@ -61,8 +62,8 @@ logger = logging.getLogger(__name__)
 NEW_UNFILTERED = "+"
 MAX_PRIORITY = 4095  # |priority| < 2^12 keeps the queue score exact in a double
 #: Records kept in the dead-letter and invalid lists (newest first) by default.
-DEAD_MAX = 100_000
-INVALID_MAX = 10_000
+DEAD_MAX = SCHEDULER_DEAD_MAX
+INVALID_MAX = SCHEDULER_INVALID_MAX
 REPLAY_BATCH = 100  # dead letters per REPLAY_DEAD call: bounds the time Redis is held
 #: meta keys that count attempts; a replayed dead letter starts afresh.
 ATTEMPT_META_KEYS = ("retry_times", "crawlproject_callback_attempts", "proxy_ban_tries")

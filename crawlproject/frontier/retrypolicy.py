@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from crawlproject import defaults
 from crawlproject.backoff import backoff_delay
+from crawlproject.defaults import setting
 
 #: The frontier member a request was leased as (never stored).
 LEASE_META = "_crawlproject_lease"
@@ -32,15 +34,15 @@ CALLBACK_ATTEMPTS_META = "crawlproject_callback_attempts"
 class RetryPolicy:
     """Retry counts and backoff of a crawl (read once from settings)."""
 
-    callback_retry_times: int = 2
-    backoff_base: float = 1.0
-    backoff_max: float = 60.0
+    callback_retry_times: int = defaults.CALLBACK_RETRY_TIMES
+    backoff_base: float = defaults.RETRY_BACKOFF_BASE
+    backoff_max: float = defaults.RETRY_BACKOFF_MAX
 
     @classmethod
     def from_settings(cls, settings) -> "RetryPolicy":
-        return cls(callback_retry_times=settings.getint("CALLBACK_RETRY_TIMES", 2),
-                   backoff_base=settings.getfloat("RETRY_BACKOFF_BASE", 1.0),
-                   backoff_max=settings.getfloat("RETRY_BACKOFF_MAX", 60.0))
+        return cls(callback_retry_times=setting(settings, "CALLBACK_RETRY_TIMES"),
+                   backoff_base=setting(settings, "RETRY_BACKOFF_BASE"),
+                   backoff_max=setting(settings, "RETRY_BACKOFF_MAX"))
 
     def delay(self, attempt: int) -> float:
         """Seconds retry *attempt* (1, 2, ...) waits."""

@@ -31,6 +31,7 @@ from scrapy.downloadermiddlewares.cookies import CookiesMiddleware
 from scrapy.exceptions import NotConfigured
 from tldextract import TLDExtract
 
+from crawlproject.defaults import setting
 from crawlproject.identity.session import explicit_session
 
 # Scrapy's CookiesMiddleware asks a default TLDExtract whether a cookie's domain
@@ -48,8 +49,8 @@ MAX_VALUE = 4096
 
 
 def _enabled(settings) -> bool:
-    return settings.getbool("SESSION_COOKIES_ENABLED", True) and settings.getbool(
-        "COOKIES_ENABLED", True)
+    return setting(settings, "SESSION_COOKIES_ENABLED") and settings.getbool(
+        "COOKIES_ENABLED")
 
 
 def _cookies_middleware(crawler) -> CookiesMiddleware | None:

@@ -51,6 +51,7 @@ from scrapy.exceptions import NotConfigured
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.httpobj import urlparse_cached
 
+from crawlproject.defaults import IDENTITY_BROWSERS, IDENTITY_PLATFORMS, setting
 from crawlproject.identity.session import IDENTITY, session_key
 from crawlproject.identity.useragents import HINT_HEADERS, Identity, PoolFilter, load_pool, pick
 
@@ -58,8 +59,8 @@ logger = logging.getLogger(__name__)
 
 DONT_ROTATE = "dont_rotate_identity"
 #: Used when the settings do not say (this project's settings say the same).
-DEFAULT_BROWSERS = ("Chrome", "Edge", "Firefox", "Safari")
-DEFAULT_PLATFORMS = ("desktop",)
+DEFAULT_BROWSERS = tuple(IDENTITY_BROWSERS)
+DEFAULT_PLATFORMS = tuple(IDENTITY_PLATFORMS)
 # Per-node request counts of sessions (IDENTITY_ROTATION = N): the oldest are
 # forgotten beyond this many, so a crawl of millions of hosts stays bounded.
 _MAX_COUNTED_SESSIONS = 100_000
@@ -98,16 +99,16 @@ class IdentityMiddleware:
     @classmethod
     def from_crawler(cls, crawler):
         s = crawler.settings
-        if not s.getbool("IDENTITY_ENABLED", True):
+        if not setting(s, "IDENTITY_ENABLED"):
             raise NotConfigured("IDENTITY_ENABLED is off")
-        flt = PoolFilter(tuple(s.getlist("IDENTITY_BROWSERS", DEFAULT_BROWSERS)),
-                         tuple(s.getlist("IDENTITY_OS")),
-                         tuple(s.getlist("IDENTITY_PLATFORMS", DEFAULT_PLATFORMS)),
-                         s.getfloat("IDENTITY_MIN_VERSION"), s.getfloat("IDENTITY_MIN_PERCENTAGE"))
+        flt = PoolFilter(tuple(setting(s, "IDENTITY_BROWSERS")),
+                         tuple(setting(s, "IDENTITY_OS")),
+                         tuple(setting(s, "IDENTITY_PLATFORMS")),
+                         setting(s, "IDENTITY_MIN_VERSION"), setting(s, "IDENTITY_MIN_PERCENTAGE"))
         encodings = [e.decode() for e in ACCEPTED_ENCODINGS]
         explicit_ua = (s.getpriority("USER_AGENT") or 0) > SETTINGS_PRIORITIES["default"]
-        mw = cls(crawler, load_pool(flt, encodings), parse_rotation(s.get("IDENTITY_ROTATION")),
-                 str(s.get("IDENTITY_SALT") or ""), _scrapy_defaults(s),
+        mw = cls(crawler, load_pool(flt, encodings), parse_rotation(setting(s, "IDENTITY_ROTATION")),
+                 str(setting(s, "IDENTITY_SALT")), _scrapy_defaults(s),
                  s.getbool("COMPRESSION_ENABLED"), "USER_AGENT setting" if explicit_ua else None)
         crawler.signals.connect(mw.spider_opened, signal=signals.spider_opened)
         return mw

@@ -27,6 +27,7 @@ from scrapy import Request
 from scrapy.exceptions import NotConfigured
 from scrapy.http import Response
 
+from crawlproject.defaults import setting
 from crawlproject.frontier.retrypolicy import LEASE_META, PARENT_META
 
 
@@ -36,8 +37,8 @@ class LineageMiddleware:
     @classmethod
     def from_crawler(cls, crawler):
         s = crawler.settings
-        if (not s.getbool("FRONTIER_LINEAGE_ENABLED", True)
-                or s.getint("FRONTIER_PARTITIONS", 1) <= 1):
+        if (not setting(s, "FRONTIER_LINEAGE_ENABLED")
+                or setting(s, "FRONTIER_PARTITIONS") <= 1):
             raise NotConfigured
         return cls()
 

@@ -46,13 +46,14 @@ from scrapy.exceptions import NotConfigured
 from scrapy.spidermiddlewares.referer import NoReferrerPolicy, RefererMiddleware
 from scrapy.utils.httpobj import urlparse_cached
 
+from crawlproject.defaults import REFERER_SEED_SEARCH_URL, setting
 from crawlproject.scheduling.politeness import registered_domain
 
 logger = logging.getLogger(__name__)
 
 SEED_MODES = ("none", "root", "search")
 SEARCH_FIELDS = frozenset({"domain", "host", "url"})
-DEFAULT_SEARCH_URL = "https://www.google.com/search?q={domain}"
+DEFAULT_SEARCH_URL = REFERER_SEED_SEARCH_URL
 
 
 def check_mode(mode, what: str) -> str:
@@ -89,9 +90,9 @@ class SeedReferers:
     @classmethod
     def from_settings(cls, settings) -> "SeedReferers":
         """Read ``REFERER_SEED_*``; ``ValueError`` with the setting's name when wrong."""
-        return cls(settings.get("REFERER_SEED_DEFAULT") or "none",
-                   settings.getdict("REFERER_SEED_BY_DOMAIN"),
-                   settings.get("REFERER_SEED_SEARCH_URL") or DEFAULT_SEARCH_URL)
+        return cls(setting(settings, "REFERER_SEED_DEFAULT"),
+                   setting(settings, "REFERER_SEED_BY_DOMAIN"),
+                   setting(settings, "REFERER_SEED_SEARCH_URL"))
 
     def mode(self, host: str) -> str:
         """The mode of *host*: its own entry, its closest parent domain's, else the default."""

@@ -8,8 +8,8 @@ from crawlproject.frontier.queue import Frontier
 from crawlproject.keys import (
     FrontierKeys,
     SeedKeys,
-    start_urls_key,
 )
+from crawlproject.seeds import seed_key
 
 
 class UsageError(Exception):
@@ -57,9 +57,7 @@ def project_spider(spider: str):
 
 def seed_keys_of(spider: str, settings=None, spidercls=None) -> SeedKeys:
     """The seed keys of *spider*: its class' ``redis_key``, else ``REDIS_START_URLS_KEY``."""
-    pattern = getattr(spidercls, "redis_key", None) or (
-        settings.get("REDIS_START_URLS_KEY") if settings is not None else None)
-    return SeedKeys(start_urls_key(spider, pattern))
+    return SeedKeys(seed_key(spider, settings, getattr(spidercls, "redis_key", None)))
 
 
 def redis_time_ms(client) -> int:

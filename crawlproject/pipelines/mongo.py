@@ -64,8 +64,8 @@ from crawlproject.connection import (
     mongo_uri_from_settings,
     redis_from_settings,
     redis_url_from_settings,
-    setting,
 )
+from crawlproject.defaults import setting
 from crawlproject.node import node_id
 from crawlproject.keys import FrontierKeys
 from crawlproject.pipelines.batcher import Batcher
@@ -138,10 +138,10 @@ class MongoPipeline:
     def from_crawler(cls, crawler):
         """Build the pipeline from the crawler's settings (``NotConfigured`` when off)."""
         s = crawler.settings
-        if not s.getbool("MONGO_PIPELINE_ENABLED", True):
+        if not setting(s, "MONGO_PIPELINE_ENABLED"):
             raise NotConfigured("MONGO_PIPELINE_ENABLED is off")
         redis = None
-        if s.getbool("MONGO_SPOOL_HANDOFF", True):
+        if setting(s, "MONGO_SPOOL_HANDOFF"):
             try:
                 # Short timeouts: the handoff runs while the node is closing.
                 redis = redis_from_settings(s, asyncio=True, socket_connect_timeout=5,
@@ -155,22 +155,22 @@ class MongoPipeline:
             database=mongo_database_from_settings(s),
             collection=mongo_collection_pattern(s),
             key=mongo_unique_key(s),
-            key_as_id=s.getbool("MONGO_KEY_AS_ID", True),
+            key_as_id=setting(s, "MONGO_KEY_AS_ID"),
             client_options=mongo_client_options(s),
-            bulk_size=s.getint("MONGO_BULK_SIZE", 500),
-            flush_interval=s.getfloat("MONGO_FLUSH_INTERVAL", 0.2),
-            write_mode=(s.get("MONGO_WRITE_MODE") or "auto").lower(),
-            max_flushes=max(1, s.getint("MONGO_CONCURRENT_WRITES", 2)),
-            flush_when_idle=s.getbool("MONGO_FLUSH_WHEN_IDLE", True),
-            spool_after=s.getfloat("MONGO_SPOOL_AFTER", 5.0),
-            spool_dir=str(spool_path(setting(s, "MONGO_SPOOL_DIR", "mongo-spool"))),
-            probe_interval=s.getfloat("MONGO_PROBE_INTERVAL", 1.0),
-            backoff_base=s.getfloat("MONGO_RETRY_BACKOFF_BASE", 0.1),
-            backoff_max=s.getfloat("MONGO_RETRY_BACKOFF_MAX", 2.0),
-            close_wait=max(0.0, s.getfloat("MONGO_CLOSE_WAIT", 300.0)),
+            bulk_size=setting(s, "MONGO_BULK_SIZE"),
+            flush_interval=setting(s, "MONGO_FLUSH_INTERVAL"),
+            write_mode=setting(s, "MONGO_WRITE_MODE").lower(),
+            max_flushes=max(1, setting(s, "MONGO_CONCURRENT_WRITES")),
+            flush_when_idle=setting(s, "MONGO_FLUSH_WHEN_IDLE"),
+            spool_after=setting(s, "MONGO_SPOOL_AFTER"),
+            spool_dir=str(spool_path(setting(s, "MONGO_SPOOL_DIR"))),
+            probe_interval=setting(s, "MONGO_PROBE_INTERVAL"),
+            backoff_base=setting(s, "MONGO_RETRY_BACKOFF_BASE"),
+            backoff_max=setting(s, "MONGO_RETRY_BACKOFF_MAX"),
+            close_wait=max(0.0, setting(s, "MONGO_CLOSE_WAIT")),
             redis=redis,
             redis_url=redis_url_from_settings(s) if redis is not None else "",
-            handoff_max_bytes=int(s.getfloat("MONGO_SPOOL_HANDOFF_MAX_MB", 256) * 2**20),
+            handoff_max_bytes=int(setting(s, "MONGO_SPOOL_HANDOFF_MAX_MB") * 2**20),
         )
         crawler.signals.connect(pipeline._on_spider_idle, signal=signals.spider_idle)
         return pipeline

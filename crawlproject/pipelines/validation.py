@@ -35,6 +35,7 @@ from crawlproject.connection import (
     mongo_database_from_settings,
     mongo_uri_from_settings,
 )
+from crawlproject.defaults import setting
 from crawlproject.pipelines.documents import to_mongo
 from crawlproject.pipelines.errors import Scrubber
 from crawlproject.validation import Violation, item_type_name, validate
@@ -69,10 +70,10 @@ class ValidationPipeline:
     def from_crawler(cls, crawler):
         """Build the pipeline from settings (``NotConfigured`` when disabled)."""
         s = crawler.settings
-        if not s.getbool("VALIDATION_ENABLED", True):
+        if not setting(s, "VALIDATION_ENABLED"):
             raise NotConfigured("VALIDATION_ENABLED is off")
         return cls(crawler,
-                   invalid_collection=s.get("VALIDATION_INVALID_COLLECTION") or "",
+                   invalid_collection=setting(s, "VALIDATION_INVALID_COLLECTION"),
                    uri=mongo_uri_from_settings(s),
                    database=mongo_database_from_settings(s),
                    client_options=mongo_client_options(s))

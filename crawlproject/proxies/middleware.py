@@ -52,7 +52,8 @@ from twisted.web._newclient import ResponseFailed, ResponseNeverReceived
 
 from crawlproject.backoff import backoff_delay
 from crawlproject import acl
-from crawlproject.connection import redis_from_settings, redis_url_from_settings
+from crawlproject.connection import redis_from_settings, redis_params, redis_url_from_settings
+from crawlproject.defaults import setting
 from crawlproject.frontier.retrypolicy import RETRY_DELAY_META
 from crawlproject.middlewares.politeness import retry_after_seconds
 from crawlproject.identity.session import PROXY_CONTEXT, PROXY_ID, explicit_session
@@ -118,16 +119,16 @@ class ProxyPoolMiddleware:
     @classmethod
     def from_crawler(cls, crawler):
         s = crawler.settings
-        if not s.getbool("PROXY_POOL_ENABLED"):
+        if not setting(s, "PROXY_POOL_ENABLED"):
             raise NotConfigured("PROXY_POOL_ENABLED is off")
         mw = cls(crawler, static=_static_pool(s, crawler.stats), rules=BanRules.from_settings(s),
-                 max_tries=max(1, s.getint("PROXY_BAN_MAX_TRIES", 5)),
-                 ban_base=s.getfloat("PROXY_BAN_BACKOFF_BASE", 30.0),
-                 ban_max=s.getfloat("PROXY_BAN_BACKOFF_MAX", 1800.0),
-                 refresh_interval=s.getfloat("PROXY_REFRESH_INTERVAL", 1.0),
-                 retire_after=s.getint("PROXY_RETIRE_AFTER", 10),
-                 latency_alpha=s.getfloat("PROXY_LATENCY_EWMA", 0.3),
-                 empty_max_wait=s.getfloat("PROXY_POOL_EMPTY_MAX_WAIT", 300.0))
+                 max_tries=max(1, setting(s, "PROXY_BAN_MAX_TRIES")),
+                 ban_base=setting(s, "PROXY_BAN_BACKOFF_BASE"),
+                 ban_max=setting(s, "PROXY_BAN_BACKOFF_MAX"),
+                 refresh_interval=setting(s, "PROXY_REFRESH_INTERVAL"),
+                 retire_after=setting(s, "PROXY_RETIRE_AFTER"),
+                 latency_alpha=setting(s, "PROXY_LATENCY_EWMA"),
+                 empty_max_wait=setting(s, "PROXY_POOL_EMPTY_MAX_WAIT"))
         crawler.signals.connect(mw.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(mw.spider_closed, signal=signals.spider_closed)
         return mw
@@ -140,7 +141,7 @@ class ProxyPoolMiddleware:
                                 latency_alpha=self.latency_alpha,
                                 forget_after=self.forget_after, node=node_id(self.crawler))
         self._redis_user = acl.redis_user(redis_url_from_settings(self.crawler.settings),
-                                          self.crawler.settings.getdict("REDIS_PARAMS"))
+                                          redis_params(self.crawler.settings))
         self._closing = asyncio.Event()
         self._task = asyncio.ensure_future(self._loop())
         logger.info("Proxy pool: %d proxies from settings/file, more from %s (refreshed every "
@@ -439,8 +440,8 @@ class ProxyPoolMiddleware:
 
 def _static_pool(settings, stats) -> list[Proxy]:
     """Proxies from ``PROXY_POOL`` and ``PROXY_POOL_FILE`` (bad entries skipped)."""
-    entries = [(f"PROXY_POOL[{i}]", e) for i, e in enumerate(settings.getlist("PROXY_POOL"))]
-    path = settings.get("PROXY_POOL_FILE")
+    entries = [(f"PROXY_POOL[{i}]", e) for i, e in enumerate(setting(settings, "PROXY_POOL"))]
+    path = setting(settings, "PROXY_POOL_FILE")
     if path:
         try:
             lines = Path(path).read_text(encoding="utf-8").splitlines()

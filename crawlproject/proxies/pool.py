@@ -30,14 +30,17 @@ import re
 from dataclasses import dataclass, field
 from urllib.parse import quote, unquote
 
+from crawlproject import defaults
+from crawlproject.defaults import setting
+
 #: Proxy URL schemes Scrapy can use (HTTP forward proxies, plain or TLS).
 SCHEMES = frozenset({"http", "https"})
 #: Schemes an operator may write but Scrapy cannot use.
 UNSUPPORTED_SCHEMES = frozenset({"socks", "socks4", "socks4a", "socks5", "socks5h"})
 MAX_ENTRY_LENGTH = 2048
 #: Default ``PROXY_BAN_BODY_PATTERNS`` / ``PROXY_BAN_REDIRECT_PATTERNS``.
-DEFAULT_BODY_PATTERNS = (r"(?i)captcha", r"(?i)are you a (human|robot)")
-DEFAULT_REDIRECT_PATTERNS = (r"(?i)captcha", r"(?i)/(blocked|sorry)\b")
+DEFAULT_BODY_PATTERNS = tuple(defaults.PROXY_BAN_BODY_PATTERNS)
+DEFAULT_REDIRECT_PATTERNS = tuple(defaults.PROXY_BAN_REDIRECT_PATTERNS)
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
                        r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?\Z")
 _ENTRY = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]{0,15})://"
@@ -159,19 +162,18 @@ class BanRules:
     codes: frozenset[int] = frozenset({403, 429})
     body_patterns: tuple[re.Pattern, ...] = ()
     redirect_patterns: tuple[re.Pattern, ...] = ()
-    body_max_bytes: int = 65536
+    body_max_bytes: int = defaults.PROXY_BAN_BODY_MAX_BYTES
 
     @classmethod
     def from_settings(cls, settings) -> "BanRules":
-        return cls(codes=frozenset(int(c) for c in settings.getlist("PROXY_BAN_HTTP_CODES",
-                                                                   [403, 429])),
-                   body_patterns=_compile(settings.getlist(
-                       "PROXY_BAN_BODY_PATTERNS", DEFAULT_BODY_PATTERNS),
+        return cls(codes=frozenset(int(c) for c in setting(settings, "PROXY_BAN_HTTP_CODES")),
+                   body_patterns=_compile(setting(
+                       settings, "PROXY_BAN_BODY_PATTERNS"),
                        "PROXY_BAN_BODY_PATTERNS"),
-                   redirect_patterns=_compile(settings.getlist(
-                       "PROXY_BAN_REDIRECT_PATTERNS", DEFAULT_REDIRECT_PATTERNS),
+                   redirect_patterns=_compile(setting(
+                       settings, "PROXY_BAN_REDIRECT_PATTERNS"),
                        "PROXY_BAN_REDIRECT_PATTERNS"),
-                   body_max_bytes=settings.getint("PROXY_BAN_BODY_MAX_BYTES", 65536))
+                   body_max_bytes=setting(settings, "PROXY_BAN_BODY_MAX_BYTES"))
 
     def classify(self, status: int, body: bytes = b"", location: str | None = None,
                  url: str = "") -> str | None:

@@ -53,6 +53,7 @@ from crawlproject.connection import (
     mongo_uri_from_settings,
     redis_from_settings,
 )
+from crawlproject.defaults import setting
 from crawlproject.node import node_id
 from crawlproject.keys import FrontierKeys
 from crawlproject.connection import collection_name
@@ -99,17 +100,17 @@ class RecrawlFeeder:
     @classmethod
     def from_crawler(cls, crawler):
         s = crawler.settings
-        if not s.getbool("RECRAWL_ENABLED", False):
+        if not setting(s, "RECRAWL_ENABLED"):
             raise NotConfigured("RECRAWL_ENABLED is off")
         policy = RecrawlPolicy.from_settings(s, crawler.spidercls)
         if not policy:
             raise NotConfigured("no revisit rule")
         feeder = cls(crawler, policy=policy, mongo_uri=mongo_uri_from_settings(s),
                      database=mongo_database_from_settings(s),
-                     check_interval=max(0.2, s.getfloat("RECRAWL_CHECK_INTERVAL", 10.0)),
-                     batch_size=max(1, s.getint("RECRAWL_BATCH_SIZE", 500)),
-                     max_queued=max(1, s.getint("RECRAWL_MAX_QUEUED", 5000)),
-                     claim_timeout=max(1.0, s.getfloat("RECRAWL_CLAIM_TIMEOUT", 3600.0)))
+                     check_interval=max(0.2, setting(s, "RECRAWL_CHECK_INTERVAL")),
+                     batch_size=max(1, setting(s, "RECRAWL_BATCH_SIZE")),
+                     max_queued=max(1, setting(s, "RECRAWL_MAX_QUEUED")),
+                     claim_timeout=max(1.0, setting(s, "RECRAWL_CLAIM_TIMEOUT")))
         crawler.signals.connect(feeder.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(feeder.spider_closed, signal=signals.spider_closed)
         crawler.signals.connect(feeder.spider_idle, signal=signals.spider_idle)

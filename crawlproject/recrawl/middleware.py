@@ -36,6 +36,7 @@ from scrapy import Request
 from scrapy.exceptions import NotConfigured
 from scrapy.http import Response
 
+from crawlproject.defaults import setting
 from crawlproject.frontier.retrypolicy import PAYLOAD_META
 from crawlproject.connection import collection_name, mongo_collection_pattern, mongo_unique_key
 from crawlproject.policy import InputPolicy
@@ -66,7 +67,7 @@ def record_url(request: Request) -> str:
 
 def _enabled(crawler) -> RecrawlPolicy:
     s = crawler.settings
-    if not s.getbool("RECRAWL_ENABLED", False):
+    if not setting(s, "RECRAWL_ENABLED"):
         raise NotConfigured("RECRAWL_ENABLED is off")
     policy = RecrawlPolicy.from_settings(s, crawler.spidercls)
     if not policy:
@@ -93,7 +94,7 @@ class RecrawlMiddleware:
         return cls(crawler, _enabled(crawler), InputPolicy.from_settings(s, crawler.spidercls),
                    item_collections_pattern(mongo_collection_pattern(s),
                                             crawler.spidercls.name,
-                                            s.getlist("RECRAWL_GONE_COLLECTIONS")))
+                                            setting(s, "RECRAWL_GONE_COLLECTIONS")))
 
     def process_request(self, request: Request):
         state = checked_state(request.meta.get(STATE_META))

@@ -33,13 +33,14 @@ values.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable, Mapping
 
 from scrapy import Field, Item
+
+from crawlproject.defaults import setting
 
 __all__ = ["RevisitRule", "RecrawlPolicy", "PageState", "next_state", "checked_state",
            "body_hash", "PageVisit", "PageCheck", "GoneMark", "STATE_META", "VISIT_META",
@@ -121,19 +122,16 @@ class RecrawlPolicy:
     @classmethod
     def from_settings(cls, settings, spidercls=None) -> "RecrawlPolicy":
         raw = list(getattr(spidercls, "recrawl_rules", None) or ())
-        configured = settings.get("RECRAWL_RULES") or []
-        if isinstance(configured, str):  # -s RECRAWL_RULES='[{"pattern": ...}]'
-            configured = json.loads(configured)
-        raw += list(configured)
+        raw += setting(settings, "RECRAWL_RULES")  # also -s RECRAWL_RULES='[{...}]'
         rules = [r if isinstance(r, RevisitRule) else RevisitRule.parse(r) for r in raw]
-        interval = settings.getfloat("RECRAWL_INTERVAL", 0.0)
+        interval = setting(settings, "RECRAWL_INTERVAL")
         if interval > 0:
             rules.append(RevisitRule(
                 pattern="", interval=interval,
-                adaptive=settings.getbool("RECRAWL_ADAPTIVE", False),
-                min_interval=settings.getfloat("RECRAWL_MIN_INTERVAL", 0.0),
-                max_interval=settings.getfloat("RECRAWL_MAX_INTERVAL", 0.0),
-                priority=settings.getint("RECRAWL_PRIORITY", -100)))
+                adaptive=setting(settings, "RECRAWL_ADAPTIVE"),
+                min_interval=setting(settings, "RECRAWL_MIN_INTERVAL"),
+                max_interval=setting(settings, "RECRAWL_MAX_INTERVAL"),
+                priority=setting(settings, "RECRAWL_PRIORITY")))
         return cls(rules)
 
     def __bool__(self) -> bool:

@@ -40,6 +40,7 @@ from scrapy.utils.misc import load_object
 from scrapy_playwright.handler import ScrapyPlaywrightDownloadHandler
 from scrapy_playwright.headers import use_scrapy_headers
 
+from crawlproject.defaults import RENDER_BLOCK_RESOURCES, setting
 from crawlproject.rendering.settings import explicit_chromium_path, rendering_enabled
 
 __all__ = ["ContextPool", "RenderingAddon", "RenderingDownloadHandler", "ResourceBlocker",
@@ -62,7 +63,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--
 #: Playwright's resource types that may be blocked ("document" never: it is the page).
 RESOURCE_TYPES = frozenset({"stylesheet", "image", "media", "font", "script", "texttrack",
                             "xhr", "fetch", "eventsource", "websocket", "manifest", "other"})
-DEFAULT_BLOCKED = ("image", "font", "media")
+DEFAULT_BLOCKED = tuple(RENDER_BLOCK_RESOURCES)
 #: Playwright's errors: a crashed or disconnected browser, a page that timed out.
 RETRY_ERRORS = ("playwright.async_api.Error",)
 
@@ -89,8 +90,7 @@ def chromium_path(settings=None) -> str | None:
 
 def blocked_resource_types(settings) -> frozenset[str]:
     """``RENDER_BLOCK_RESOURCES`` checked against Playwright's resource types."""
-    types = frozenset(t.strip() for t in settings.getlist("RENDER_BLOCK_RESOURCES",
-                                                          list(DEFAULT_BLOCKED)) if t.strip())
+    types = frozenset(t.strip() for t in setting(settings, "RENDER_BLOCK_RESOURCES") if t.strip())
     unknown = types - RESOURCE_TYPES
     if unknown:
         raise ValueError(f"RENDER_BLOCK_RESOURCES: unknown resource type(s) "

@@ -47,6 +47,7 @@ from scrapy.exceptions import NotConfigured
 from scrapy.http import TextResponse
 from scrapy.utils.misc import load_object
 
+from crawlproject.defaults import setting
 from crawlproject.rendering.settings import rendering_enabled
 from crawlproject.identity.session import IDENTITY, PROXY_CONTEXT, PROXY_ID
 from crawlproject.serialization import replace_meta, restore_meta
@@ -75,11 +76,11 @@ class RenderRules:
     @classmethod
     def from_settings(cls, settings) -> "RenderRules":
         """``RENDER_URL_PATTERNS``, ``RENDER_IF_MISSING``, ``RENDER_WAIT_FOR_SELECTOR``."""
-        wait_for = settings.get("RENDER_WAIT_FOR_SELECTOR")
+        wait_for = setting(settings, "RENDER_WAIT_FOR_SELECTOR")
         if isinstance(wait_for, str) and wait_for.lstrip().startswith("{"):
-            wait_for = settings.getdict("RENDER_WAIT_FOR_SELECTOR")  # JSON from -s
-        return cls.from_values(settings.getlist("RENDER_URL_PATTERNS"),
-                               settings.getdict("RENDER_IF_MISSING"), wait_for)
+            wait_for = json.loads(wait_for)  # JSON from -s
+        return cls.from_values(setting(settings, "RENDER_URL_PATTERNS"),
+                               setting(settings, "RENDER_IF_MISSING"), wait_for)
 
     @classmethod
     def from_values(cls, patterns, if_missing, wait_for) -> "RenderRules":
@@ -157,7 +158,7 @@ class RenderingMiddleware:
         if not rendering_enabled(s):
             raise NotConfigured("RENDERING_ENABLED is off")
         _check_handler(s)
-        max_contexts = s.getint("RENDER_MAX_CONTEXTS", 8)
+        max_contexts = setting(s, "RENDER_MAX_CONTEXTS")
         if max_contexts < 1:
             raise ValueError(f"RENDER_MAX_CONTEXTS must be at least 1, got {max_contexts}")
         limit = s.getint("PLAYWRIGHT_MAX_CONTEXTS")
@@ -167,7 +168,7 @@ class RenderingMiddleware:
                 "scrapy-playwright would wait forever for a context to close; set only "
                 "RENDER_MAX_CONTEXTS")
         mw = cls(crawler, RenderRules.from_settings(s), max_contexts,
-                 s.getfloat("RENDER_WAIT_TIMEOUT", 15.0), s.get("RENDER_PROXY_BYPASS") or None)
+                 setting(s, "RENDER_WAIT_TIMEOUT"), setting(s, "RENDER_PROXY_BYPASS") or None)
         crawler.signals.connect(mw.spider_opened, signals.spider_opened)
         return mw
 

@@ -4,16 +4,15 @@ that imports no Playwright (a node that renders nothing never loads it)."""
 
 from __future__ import annotations
 
-import os
+from crawlproject.defaults import setting
 
 
 def rendering_enabled(settings) -> bool:
     """``RENDERING_ENABLED`` (on by default): read here only, by the add-on
     and the rendering middlewares alike."""
-    return settings.getbool("RENDERING_ENABLED", True)
+    return setting(settings, "RENDERING_ENABLED")
 
 
 def explicit_chromium_path(settings=None) -> str | None:
     """``CHROMIUM_PATH``: the setting, then the environment variable."""
-    return (settings.get("CHROMIUM_PATH") if settings is not None else None) \
-        or os.environ.get("CHROMIUM_PATH") or None
+    return setting(settings, "CHROMIUM_PATH") or None

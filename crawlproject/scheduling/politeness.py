@@ -18,6 +18,7 @@ from functools import lru_cache
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.httpobj import urlparse_cached
 
+from crawlproject.defaults import setting
 from crawlproject.frontier.politeness import (KEY_MODES, MAX_BUDGET, MAX_DELAY, MAX_PARTITIONS,
                                               UNLIMITED,
                                               Limits, PolitenessConfig, host_key, limits_from,
@@ -62,19 +63,19 @@ class SitePoliteness(PolitenessConfig):
 
     @classmethod
     def from_settings(cls, settings) -> "PolitenessConfig":
-        mode = (settings.get("FRONTIER_POLITENESS_KEY") or "host").lower()
+        mode = setting(settings, "FRONTIER_POLITENESS_KEY").lower()
         if mode not in KEY_MODES:
             raise ValueError(f"FRONTIER_POLITENESS_KEY must be one of {KEY_MODES}, got {mode!r}")
-        partitions = settings.getint("FRONTIER_PARTITIONS", 1)
+        partitions = setting(settings, "FRONTIER_PARTITIONS")
         if not 1 <= partitions <= MAX_PARTITIONS:
             raise ValueError(f"FRONTIER_PARTITIONS must be 1 to {MAX_PARTITIONS}, got {partitions}")
-        enabled = settings.getbool("FRONTIER_POLITENESS", True)
-        concurrency = settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN", 8)
-        delay = max(0.0, settings.getfloat("DOWNLOAD_DELAY", 0.0))
+        enabled = setting(settings, "FRONTIER_POLITENESS")
+        concurrency = settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN")
+        delay = max(0.0, settings.getfloat("DOWNLOAD_DELAY"))
         if not delay <= MAX_DELAY:  # also NaN: the scripts could not hold it
             raise ValueError(f"DOWNLOAD_DELAY must be 0 to {MAX_DELAY:g} s, got {delay!r}")
-        site_budget = settings.getint("FRONTIER_SITE_BUDGET", 0)
-        crawl_budget = settings.getint("FRONTIER_CRAWL_BUDGET", 0)
+        site_budget = setting(settings, "FRONTIER_SITE_BUDGET")
+        crawl_budget = setting(settings, "FRONTIER_CRAWL_BUDGET")
         for name, value in (("FRONTIER_SITE_BUDGET", site_budget),
                             ("FRONTIER_CRAWL_BUDGET", crawl_budget)):
             if not 0 <= value <= MAX_BUDGET:
@@ -84,8 +85,9 @@ class SitePoliteness(PolitenessConfig):
         overrides = {}
         # Scrapy's own per-slot limits (delay, concurrency) are per process; the
         # frontier enforces them for the cluster. FRONTIER_HOST_LIMITS wins.
-        for name in ("DOWNLOAD_SLOTS", "FRONTIER_HOST_LIMITS"):
-            for given, value in (settings.getdict(name) or {}).items():
+        for name, entries in (("DOWNLOAD_SLOTS", settings.getdict("DOWNLOAD_SLOTS")),
+                              ("FRONTIER_HOST_LIMITS", setting(settings, "FRONTIER_HOST_LIMITS"))):
+            for given, value in entries.items():
                 try:
                     key = host_key(given)
                 except ValueError as exc:
@@ -101,18 +103,18 @@ class SitePoliteness(PolitenessConfig):
                     raise ValueError(f"{name}: {exc}") from None
         return cls(
             enabled=enabled, key_mode=mode,
-            honour_download_slot=settings.getbool("FRONTIER_HONOUR_DOWNLOAD_SLOT", False),
+            honour_download_slot=setting(settings, "FRONTIER_HONOUR_DOWNLOAD_SLOT"),
             default=default if enabled else Limits(budget=site_budget),
             jitter=delay_jitter(settings),
             overrides=overrides if enabled else {},
-            backoff_codes=frozenset(int(c) for c in settings.getlist(
-                "FRONTIER_BACKOFF_HTTP_CODES", [429, 503])),
-            retry_after_max=settings.getfloat("FRONTIER_RETRY_AFTER_MAX", 300.0),
-            backoff_max=settings.getfloat("FRONTIER_BACKOFF_MAX", 60.0),
+            backoff_codes=frozenset(int(c) for c in setting(
+                settings, "FRONTIER_BACKOFF_HTTP_CODES")),
+            retry_after_max=setting(settings, "FRONTIER_RETRY_AFTER_MAX"),
+            backoff_max=setting(settings, "FRONTIER_BACKOFF_MAX"),
             **backoff_shape(settings),
             crawl_budget=crawl_budget,
             partitions=partitions,
-            margin=max(0.0, settings.getfloat("FRONTIER_DELAY_MARGIN", 0.05)),
+            margin=max(0.0, setting(settings, "FRONTIER_DELAY_MARGIN")),
         )
 
     def key(self, request) -> str:
@@ -148,7 +150,7 @@ def delay_jitter(settings) -> float:
                        SETTINGS_PRIORITIES["default"]):
         return 0.5 if settings.getbool("RANDOMIZE_DOWNLOAD_DELAY") else 0.0
     try:
-        jitter = float(settings.get("DOWNLOAD_DELAY_JITTER", 0.5))
+        jitter = float(settings.get("DOWNLOAD_DELAY_JITTER"))
     except (TypeError, ValueError):
         raise ValueError("DOWNLOAD_DELAY_JITTER must be a number from 0 to 1, got "
                          f"{settings.get('DOWNLOAD_DELAY_JITTER')!r}") from None
@@ -165,9 +167,9 @@ def backoff_shape(settings) -> dict:
     """How a key's backoff follows its slow-down answers (see
     :class:`~crawlproject.frontier.politeness.PolitenessConfig`); ValueError
     for a value the scripts could not use."""
-    tolerance = settings.getfloat("FRONTIER_BACKOFF_TOLERANCE", 0.2)
-    window = settings.getint("FRONTIER_BACKOFF_WINDOW", 10)
-    base = settings.getfloat("FRONTIER_BACKOFF_BASE", 1.0)
+    tolerance = setting(settings, "FRONTIER_BACKOFF_TOLERANCE")
+    window = setting(settings, "FRONTIER_BACKOFF_WINDOW")
+    base = setting(settings, "FRONTIER_BACKOFF_BASE")
     if not 0.0 <= tolerance <= 1.0:
         raise ValueError(f"FRONTIER_BACKOFF_TOLERANCE must be 0 to 1, got {tolerance!r}")
     if not 1 <= window <= 1_000_000:

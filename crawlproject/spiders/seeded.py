@@ -26,12 +26,13 @@ from typing import Any, AsyncIterator
 from redis.exceptions import ResponseError
 from scrapy import Request, Spider
 
-from crawlproject.connection import redact_url, redis_from_settings, redis_url_from_settings, setting
+from crawlproject.connection import redact_url, redis_from_settings, redis_url_from_settings
+from crawlproject.defaults import setting
 from crawlproject.node import node_id
-from crawlproject.keys import START_URLS, start_urls_key
 from crawlproject.outage import outage_log
 from crawlproject.policy import InputPolicy
-from crawlproject.seeds import InvalidSeed, Seed, SeedQueue, build_request, request_from_seed
+from crawlproject.seeds import (InvalidSeed, Seed, SeedQueue, build_request, request_from_seed,
+                               seed_key)
 from crawlproject.serialization import request_to_json
 
 logger = logging.getLogger(__name__)
@@ -63,22 +64,21 @@ class RedisSpider(Spider):
 
     def _setup_seeds(self, crawler) -> None:
         s = crawler.settings
-        self.redis_key = start_urls_key(self.name, self.redis_key or s.get("REDIS_START_URLS_KEY")
-                                        or START_URLS)
-        if s.getbool("REDIS_START_URLS_AS_SET"):
+        self.redis_key = seed_key(self.name, s, self.redis_key)
+        if setting(s, "REDIS_START_URLS_AS_SET"):
             kind = "set"
-        elif s.getbool("REDIS_START_URLS_AS_ZSET"):
+        elif setting(s, "REDIS_START_URLS_AS_ZSET"):
             kind = "zset"
         else:
             kind = "list"
         self.redis_batch_size = min(1000, int(
-            self.redis_batch_size or s.getint("REDIS_START_URLS_BATCH_SIZE") or 100
+            self.redis_batch_size or setting(s, "REDIS_START_URLS_BATCH_SIZE") or 1
         ))
         if self.max_idle_time is None:
-            self.max_idle_time = float(setting(s, "MAX_IDLE_TIME_BEFORE_CLOSE", 0) or 0)
-        self.seed_poll_interval = s.getfloat("SEEDS_POLL_INTERVAL", 1.0)
-        self.seed_max_pending = s.getint("SEEDS_MAX_PENDING") or 2 * self.redis_batch_size
-        self.seed_encoding = s.get("REDIS_ENCODING", "utf-8")
+            self.max_idle_time = setting(s, "MAX_IDLE_TIME_BEFORE_CLOSE")
+        self.seed_poll_interval = setting(s, "SEEDS_POLL_INTERVAL")
+        self.seed_max_pending = setting(s, "SEEDS_MAX_PENDING") or 2 * self.redis_batch_size
+        self.seed_encoding = setting(s, "REDIS_ENCODING")
         self.seed_policy = InputPolicy.from_settings(s, type(self))
         self.node_id = node_id(crawler)
         url = redact_url(redis_url_from_settings(s))
@@ -86,8 +86,8 @@ class RedisSpider(Spider):
         client = redis_from_settings(s, asyncio=True)
         self._bad_keys_logged_at = float("-inf")
         self.seed_queue = SeedQueue(client, self.redis_key, kind,
-                                    claim_ttl=s.getfloat("SEEDS_CLAIM_TTL", 15.0),
-                                    invalid_max=s.getint("SEEDS_INVALID_MAX", 10_000))
+                                    claim_ttl=setting(s, "SEEDS_CLAIM_TTL"),
+                                    invalid_max=setting(s, "SEEDS_INVALID_MAX"))
         logger.info(
             "Reading seeds from %s key %r of %s (batch %d, idle close %ss)",
             kind, self.redis_key, url, self.redis_batch_size, self.max_idle_time or "never",
