@@ -144,8 +144,8 @@ MONGO_PROBE_INTERVAL = 1.0                  # seconds between checks during an o
 MONGO_CLOSE_WAIT = 300.0                    # seconds an idle node waits to store its spool
 MONGO_SPOOL_HANDOFF = True                  # at close, MongoDB down: spool to Redis
 MONGO_SPOOL_HANDOFF_MAX_MB = 256.0          # most spool data one node hands to Redis
-MONGO_RETRY_BACKOFF_BASE = 0.1              # retry delays (s) of transient errors
-MONGO_RETRY_BACKOFF_MAX = 2.0
+MONGO_RETRY_BACKOFF_BASE = 0.1              # first retry delay (s) of a transient error
+MONGO_RETRY_BACKOFF_MAX = 2.0               # longest retry delay (s)
 VALIDATION_ENABLED = True                   # switch the validation pipeline off
 VALIDATION_INVALID_COLLECTION = ""          # e.g. "invalid_items" to keep dropped items
 
