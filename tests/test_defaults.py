@@ -255,3 +255,7 @@ def test_readme_settings_table_agrees_with_defaults():
             checked += 1
     assert checked > 100
     assert not wrong, "\n".join(wrong)
+    readme = (ROOT / "README.md").read_text()
+    listed = {name for cell, _ in _readme_rows() for name in _names(cell)}
+    assert not [name for name in DEFAULTS if name not in readme and name not in listed], \
+        "settings the README does not mention"
