@@ -16,9 +16,11 @@ def _settings_in_subprocess(env_overrides):
     env = {k: v for k, v in os.environ.items()
            if k not in ("REDIS_URL", "MONGO_URI", "MONGO_DATABASE", "REDIS_CLUSTER")}
     env.update(env_overrides)
+    # What the components read (crawlproject.defaults.setting) in this project.
     code = ("import json; from scrapy.utils.project import get_project_settings as g; s = g();"
-            "print(json.dumps({k: s.get(k) for k in ('REDIS_URL', 'MONGO_URI', 'MONGO_DATABASE',"
-            " 'REDIS_CLUSTER')}))")
+            "from crawlproject.defaults import setting;"
+            "print(json.dumps({k: setting(s, k) for k in ('REDIS_URL', 'MONGO_URI',"
+            " 'MONGO_DATABASE', 'REDIS_CLUSTER')}))")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, check=True, cwd=os.path.dirname(os.path.dirname(__file__)))
     return json.loads(out.stdout.strip().splitlines()[-1])
