@@ -77,6 +77,14 @@ FRONTIER_CRAWL_BUDGET = 0                   # most new pages queued by the crawl
 FRONTIER_PARTITIONS = 1                     # hash-tagged partitions (Redis Cluster masters)
 FRONTIER_LINEAGE_ENABLED = True             # with partitions: an ack waits for its own requests
 
+# --- robots.txt once per site for the cluster (crawlproject/robots/) ----------
+ROBOTSTXT_CACHE_TTL = 86_400.0              # seconds a 2xx / 4xx robots.txt is kept
+ROBOTSTXT_UNAVAILABLE_TTL = 300.0           # seconds a 429/5xx/unreachable one holds the site
+ROBOTSTXT_WAIT = 0.5                        # seconds a page waits between looks
+ROBOTSTXT_MAX_WAIT = 900.0                  # seconds in all before a page is dead-lettered
+ROBOTSTXT_FETCH_LOCK_TTL = 120.0            # seconds one node holds a site's fetch lock
+ROBOTSTXT_LOCAL_SITES = 10_000              # sites whose parsed rules a node keeps
+
 # --- Seeds (crawlproject/spiders/seeded.py, crawlproject/policy.py) ------------
 REDIS_START_URLS_KEY = keys.START_URLS      # where seeds are read (scrapy-redis' name)
 REDIS_START_URLS_AS_SET = False             # seeds in a set

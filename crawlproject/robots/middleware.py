@@ -60,7 +60,9 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler
 
 from crawlproject.connection import redis_from_settings
+from crawlproject.defaults import setting
 from crawlproject.frontier.retrypolicy import RETRY_DELAY_META
+from crawlproject.identity import node_id
 from crawlproject.keys import RobotsKeys
 from crawlproject.robots.record import (ALLOW_ALL, MAX_BODY, RULES, UNAVAILABLE,
                                         RobotsRecord, decode_record, encode_record)
@@ -100,12 +102,12 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
     def __init__(self, crawler):
         super().__init__(crawler)   # NotConfigured unless ROBOTSTXT_OBEY
         s = crawler.settings
-        self.cache_ttl = max(1.0, s.getfloat("ROBOTSTXT_CACHE_TTL", 86_400.0))
-        self.unavailable_ttl = max(1.0, s.getfloat("ROBOTSTXT_UNAVAILABLE_TTL", 300.0))
-        self.wait = max(0.05, s.getfloat("ROBOTSTXT_WAIT", 0.5))
-        self.max_wait = max(self.wait, s.getfloat("ROBOTSTXT_MAX_WAIT", 900.0))
-        self.lock_ttl = max(1.0, s.getfloat("ROBOTSTXT_FETCH_LOCK_TTL", 120.0))
-        self.local_sites = max(1, s.getint("ROBOTSTXT_LOCAL_SITES", 10_000))
+        self.cache_ttl = max(1.0, setting(s, "ROBOTSTXT_CACHE_TTL"))
+        self.unavailable_ttl = max(1.0, setting(s, "ROBOTSTXT_UNAVAILABLE_TTL"))
+        self.wait = max(0.05, setting(s, "ROBOTSTXT_WAIT"))
+        self.max_wait = max(self.wait, setting(s, "ROBOTSTXT_MAX_WAIT"))
+        self.lock_ttl = max(1.0, setting(s, "ROBOTSTXT_FETCH_LOCK_TTL"))
+        self.local_sites = max(1, setting(s, "ROBOTSTXT_LOCAL_SITES"))
         self._known: OrderedDict[str, _Known] = OrderedDict()
         self._reading: dict[str, asyncio.Future] = {}
         self._warned: set[str] = set()
@@ -198,8 +200,8 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
         """Put *origin*'s robots.txt request in the frontier, unless another
         node did (the lock expires, so a node killed meanwhile holds no site)."""
         client = self._client()
-        won = await client.set(self._keys.fetch_lock(origin), self.crawler.settings.get(
-            "NODE_ID") or "node", nx=True, px=int(self.lock_ttl * 1000))
+        won = await client.set(self._keys.fetch_lock(origin), node_id(self.crawler),
+                               nx=True, px=int(self.lock_ttl * 1000))
         if not won:
             return
         fetch = Request(f"{origin}/robots.txt", priority=self.DOWNLOAD_PRIORITY,
