@@ -20,6 +20,7 @@ from scrapy.settings import Settings
 from scrapy.spiderloader import SpiderLoader
 
 import crawlproject.settings as project_settings
+from crawlproject import defaults  # METRICS_PORT, MONGO_CLOSE_WAIT: the project keeps the defaults
 from crawlproject.extensions.metrics import COUNTERS, FRONTIER_GAUGES, PREFIX
 from crawlproject.keys import start_urls_key
 
@@ -32,10 +33,9 @@ OTHERS = {"PYTHONUNBUFFERED": "python", "SCRAPY_SETTINGS_MODULE": "scrapy",
 
 def env_read_by_code() -> set[str]:
     """Every environment variable name the package reads."""
-    names = set()
     patterns = [r'environ\.get\(\s*"([A-Z_][A-Z0-9_]+)"', r'getenv\(\s*"([A-Z_][A-Z0-9_]+)"',
-                r'environ\[\s*"([A-Z_][A-Z0-9_]+)"\]', r'env_default\(\s*"([A-Z_][A-Z0-9_]+)"',
-                r'\bsetting\(\s*\w+,\s*"([A-Z_][A-Z0-9_]+)"']
+                r'environ\[\s*"([A-Z_][A-Z0-9_]+)"\]', r'env_default\(\s*"([A-Z_][A-Z0-9_]+)"']
+    names = set(defaults.ENVIRONMENT)   # settings that fall back to the environment
     for path in (ROOT / "crawlproject").rglob("*.py"):
         text = path.read_text()
         for pattern in patterns:
@@ -57,9 +57,10 @@ def check_command(command: list[str]) -> None:
     for flag, value in zip(command[3::2], command[4::2]):
         assert flag == "-s", command
         name, _, setting_value = value.partition("=")
-        assert hasattr(project_settings, name), f"unknown setting {name}"
+        assert hasattr(project_settings, name) or name in defaults.DEFAULTS, \
+            f"unknown setting {name}"
         if name == "METRICS_PORT":
-            assert int(setting_value) == project_settings.METRICS_PORT
+            assert int(setting_value) == defaults.METRICS_PORT
 
 
 def check_env(names, where: str) -> None:
@@ -103,7 +104,7 @@ def test_dockerfile_runs_unprivileged_in_a_directory_it_owns():
                for kv in line[4:].split()], "Dockerfile")
     node_cmd = next(line for line in stages["node"] if line.startswith("CMD "))
     check_command(yaml.safe_load(node_cmd[4:]))
-    assert f"EXPOSE {project_settings.METRICS_PORT}" in stages["node"]
+    assert f"EXPOSE {defaults.METRICS_PORT}" in stages["node"]
     conf = configparser.ConfigParser()
     conf.read(DEPLOY / "scrapyd-container.conf")
     assert f"EXPOSE {conf['scrapyd']['http_port']}" in stages["scrapyd"]
@@ -140,7 +141,7 @@ def test_compose_wires_redis_mongo_nodes_scrapyd_prometheus_grafana():
         assert f"{name} http://127.0.0.1:{host_port}/" in targets
     prom = yaml.safe_load((DEPLOY / "prometheus.compose.yml").read_text())
     sd = prom["scrape_configs"][0]["dns_sd_configs"][0]
-    assert sd["names"] == ["crawler"] and sd["port"] == project_settings.METRICS_PORT
+    assert sd["names"] == ["crawler"] and sd["port"] == defaults.METRICS_PORT
 
 
 def test_kubernetes_workers_and_the_keda_autoscaler():
@@ -156,11 +157,11 @@ def test_kubernetes_workers_and_the_keda_autoscaler():
     container = pod["containers"][0]
     check_command(container["command"])
     check_env([e["name"] for e in container.get("env", [])], "Deployment env")
-    assert container["ports"][0]["containerPort"] == project_settings.METRICS_PORT
+    assert container["ports"][0]["containerPort"] == defaults.METRICS_PORT
     assert container["readinessProbe"]["httpGet"]["path"] == "/metrics"
     uid = re.search(r"--uid (\d+)", (DEPLOY / "Dockerfile").read_text()).group(1)
     assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] == int(uid)
-    assert pod["terminationGracePeriodSeconds"] > project_settings.MONGO_CLOSE_WAIT
+    assert pod["terminationGracePeriodSeconds"] > defaults.MONGO_CLOSE_WAIT
     assert container["volumeMounts"][0]["mountPath"] == "/crawl/.scrapy"   # the spool's home
     assert {r.get("configMapRef", {}).get("name") for r in container["envFrom"]} >= {
         config["metadata"]["name"]}
@@ -196,5 +197,5 @@ def test_systemd_unit_and_node_script_agree():
     assert "install -m 644 deploy/scrapyd.conf /etc/scrapyd/scrapyd.conf" in script
     prom = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
     for target in prom["scrape_configs"][0]["static_configs"][0]["targets"]:
-        assert target.endswith(f":{project_settings.METRICS_PORT}")
+        assert target.endswith(f":{defaults.METRICS_PORT}")
     assert subprocess.run(["bash", "-n", str(DEPLOY / "scrapyd-node.sh")]).returncode == 0
