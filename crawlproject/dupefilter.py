@@ -21,10 +21,10 @@ import logging
 
 from scrapy.dupefilters import BaseDupeFilter
 
-from crawlproject.defaults import setting
 from crawlproject import keys
 from crawlproject.connection import (is_cluster_url, redis_cluster_from_settings,
                                      redis_from_settings, redis_url_from_settings)
+from crawlproject.defaults import setting
 from crawlproject.frontier.bloom import BloomConfig, BloomFilter
 
 logger = logging.getLogger(__name__)
