@@ -62,8 +62,8 @@ from scrapy.utils.misc import build_from_crawler
 from crawlproject.connection import redis_from_settings
 from crawlproject.defaults import setting
 from crawlproject.frontier.retrypolicy import RETRY_DELAY_META
-from crawlproject.identity import node_id
 from crawlproject.keys import RobotsKeys
+from crawlproject.node import node_id
 from crawlproject.robots.record import (ALLOW_ALL, MAX_BODY, RULES, UNAVAILABLE,
                                         RobotsRecord, decode_record, encode_record)
 
