@@ -34,15 +34,15 @@ MONGO_CLIENT_OPTIONS: dict = {}             # extra pymongo client options (TLS 
 NODE_ID = None                              # this node's name; None: the host name
 
 # --- Frontier scheduler (crawlproject/scheduler.py) ----------------------------
-SCHEDULER_PREFETCH = 0                      # requests leased ahead; 0: max(16, CONCURRENT_REQUESTS // 4)
-SCHEDULER_START_BURST = 0                   # requests handed to the engine per loop turn; 0: no limit
+SCHEDULER_PREFETCH = 0                      # leased ahead; 0: max(16, CONCURRENT_REQUESTS // 4)
+SCHEDULER_START_BURST = 0                   # requests to the engine per loop turn; 0: no limit
 SCHEDULER_BATCH_SIZE = 100                  # new requests that trigger an immediate flush
 SCHEDULER_FLUSH_INTERVAL = 0.05             # seconds between frontier calls while busy
 SCHEDULER_MIN_SYNC_INTERVAL = 0.02          # calls coalesced to one per interval at most
 SCHEDULER_LOCAL_DEDUPE_SIZE = 20_000        # fingerprints a node remembers having sent
 SCHEDULER_IDLE_POLL = 0.2                   # seconds between polls of an empty frontier
 SCHEDULER_LOG_INTERVAL = 60.0               # seconds between frontier size log lines
-SCHEDULER_LEASE_TTL = 10.0                  # seconds after the last heartbeat before leases come back
+SCHEDULER_LEASE_TTL = 10.0                  # seconds after the last heartbeat: leases come back
 SCHEDULER_HEARTBEAT_INTERVAL = 2.0          # seconds between lease renewals
 SCHEDULER_DEAD_MAX = 100_000                # records kept in {spider}:dead
 SCHEDULER_INVALID_MAX = 10_000              # records kept in {spider}:invalid

@@ -137,7 +137,8 @@ def test_this_project_differs_only_where_settings_py_says(monkeypatch):
 def test_values_from_the_command_line_and_environment(monkeypatch):
     s = Settings({"DUPEFILTER_CAPACITY": "1e7", "REDIS_CLUSTER": "yes", "MONGO_COLLECTION": "",
                   "RECRAWL_RULES": '[{"pattern": "/p/", "interval": 60}]',
-                  "PROXY_BAN_HTTP_CODES": "403,429,418", "REFERER_SEED_BY_DOMAIN": '{"a.b": "root"}'})
+                  "PROXY_BAN_HTTP_CODES": "403,429,418",
+                  "REFERER_SEED_BY_DOMAIN": '{"a.b": "root"}'})
     assert setting(s, "DUPEFILTER_CAPACITY") == 10_000_000
     assert setting(s, "REDIS_CLUSTER") is True
     assert setting(s, "MONGO_COLLECTION") == "%(spider)s"   # "" is unset

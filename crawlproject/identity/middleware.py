@@ -107,7 +107,8 @@ class IdentityMiddleware:
                          setting(s, "IDENTITY_MIN_VERSION"), setting(s, "IDENTITY_MIN_PERCENTAGE"))
         encodings = [e.decode() for e in ACCEPTED_ENCODINGS]
         explicit_ua = (s.getpriority("USER_AGENT") or 0) > SETTINGS_PRIORITIES["default"]
-        mw = cls(crawler, load_pool(flt, encodings), parse_rotation(setting(s, "IDENTITY_ROTATION")),
+        mw = cls(crawler, load_pool(flt, encodings),
+                 parse_rotation(setting(s, "IDENTITY_ROTATION")),
                  str(setting(s, "IDENTITY_SALT")), _scrapy_defaults(s),
                  s.getbool("COMPRESSION_ENABLED"), "USER_AGENT setting" if explicit_ua else None)
         crawler.signals.connect(mw.spider_opened, signal=signals.spider_opened)
