@@ -6,6 +6,8 @@ that each script completes and writes results with the expected keys and
 positive numbers.
 """
 
+import json
+
 import pytest
 
 from bench import (commands, costs, crawl, dedupe, frontier_capacity, kstate, memory, polite, seeds,
@@ -195,3 +197,28 @@ def test_product_smoke(tmp_path):
     assert positive(data["summary"]["ours"]["redis_calls_per_page"])
     assert data["summary"]["plain"]["redis_calls_per_page"] is None
     assert [c["check"] for c in data["checks"]] and all("pass" in c for c in data["checks"])
+
+
+def test_summary_write_replaces_the_marked_table(tmp_path):
+    from bench import summary
+
+    markdown = tmp_path / "BENCHMARKS.md"
+    markdown.write_text((summary.MARKDOWN.read_text().split(summary.START)[0] + summary.START
+                         + "\nold table\n" + summary.END + "\n\n## 1. Crawl\n"))
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "polite.json").write_text(json.dumps({
+        "benchmark": "polite", "created": "2026-12-05 17:00:00",
+        "checks": [{"check": "ours: crawl time ÷ ideal", "value": 1.08, "floor": "≤ 1.15",
+                    "pass": True}]}))
+    summary.main(["--write", "--markdown", str(markdown), "--results", str(results)])
+    text = markdown.read_text()
+    table = text.split(summary.START)[1].split(summary.END)[0]
+    assert "old table" not in table and text.endswith("## 1. Crawl\n")
+    rows = [line for line in table.strip().splitlines()[2:]]
+    assert len(rows) >= len(summary.SECTIONS)
+    assert all("`python -m " in row for row in rows), rows
+    polite = [row for row in rows if row.startswith("| §7")]
+    assert polite == ["| §7 polite crawl | ours: crawl time ÷ ideal | 1.08 | ≤ 1.15 | PASS | "
+                      "`python -m bench.polite` | 2026-12-05 17:00 |"]
+    assert any("not measured since 2026-12-04" in row for row in rows)
