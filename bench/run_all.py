@@ -3,7 +3,7 @@
     python -m bench.run_all            # full run (~15 min on 2 cores), rewrites BENCHMARKS.md
     python -m bench.run_all --quick    # smoke run (< 2 min); BENCHMARKS.md untouched unless --write
     python -m bench.run_all --only crawl,seeds
-    python -m bench.report             # re-render BENCHMARKS.md from bench/results/*.json
+    python -m bench.summary --write    # re-render BENCHMARKS.md's summary from bench/results/*.json
 
 Each benchmark runs as its own ``python -m bench.<name>`` process with a time
 limit; results go to ``bench/results/<name>.json``.
@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 
+from bench import summary
 from bench.common import ROOT, node_env, results_dir
 from bench.report import BENCHMARKS, update_markdown
 
@@ -62,6 +63,7 @@ def main(argv=None) -> int:
     if not args.no_write and (not args.quick or args.write):
         source = results_dir("quick" if args.quick else "full")
         print("blocks updated:", ", ".join(update_markdown(results_dir=source)))
+        summary.write(results_dir=source)
     print(f"total {time.monotonic() - t0:.0f}s; failed: {', '.join(failed) or 'none'}")
     return 1 if failed else 0
 
