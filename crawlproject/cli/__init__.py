@@ -185,15 +185,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# crawlctl's optional packages (tables, scrapyd, dashboard), imported lazily.
+OPS_PACKAGES = frozenset({"rich", "requests", "aiohttp"})
+
+
 def main(argv: list[str] | None = None) -> int:
     from redis.exceptions import RedisClusterException, RedisError
 
-    from crawlproject.scrapyd import ScrapydError
+    try:
+        from crawlproject.scrapyd import ScrapydError
+    except ModuleNotFoundError as exc:  # requests: the "ops" extra
+        if exc.name not in OPS_PACKAGES:
+            raise
+        ScrapydError = type("ScrapydError", (Exception,), {})  # noqa: N806
 
     args = build_parser().parse_args(argv)
     where = redact_url(args.redis_url)
     try:
         return args.func(args)
+    except ModuleNotFoundError as exc:
+        if exc.name not in OPS_PACKAGES:
+            raise
+        print(f"error: crawlctl needs the ops extra ({exc.name} is missing): "
+              "pip install 'crawlproject[ops]'", file=sys.stderr)
+        return 2
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -23,9 +23,42 @@ __all__ = ["CHROMIUM_ARGS", "CHROMIUM_CANDIDATES", "DEFAULT_BLOCKED", "HANDLER",
            "launch_options"]
 
 
+RENDER_EXTRA = "pip install 'crawlproject[render]'"
+
+
+def load_addon():
+    """The add-on module; NotConfigured naming the ``render`` extra when
+    scrapy-playwright (or Playwright) is not installed."""
+    try:
+        from crawlproject.rendering import addon
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.split(".")[0] not in ("scrapy_playwright", "playwright"):
+            raise
+        from scrapy.exceptions import NotConfigured
+
+        raise NotConfigured(f"JavaScript rendering needs the render extra ({exc.name} is "
+                            f"missing): {RENDER_EXTRA}, or RENDERING_ENABLED = False") from None
+    return addon
+
+
+class _AddonWithoutPlaywright:
+    """RenderingAddon's stand-in when scrapy-playwright is missing: nothing to do
+    with rendering off, NotConfigured naming the extra with it on."""
+
+    def update_settings(self, settings) -> None:
+        from crawlproject.rendering.settings import rendering_enabled
+
+        if rendering_enabled(settings):
+            load_addon()
+
+
 def __getattr__(name: str):
     if name in __all__:
-        from crawlproject.rendering import addon
-
+        try:
+            addon = load_addon()
+        except Exception:
+            if name == "RenderingAddon":
+                return _AddonWithoutPlaywright
+            raise
         return getattr(addon, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -144,8 +144,10 @@ class RenderingMiddleware:
         # Imported here, not at the top: Playwright's modules are objects that
         # every full garbage collection walks, on a node that renders nothing
         # (RENDERING_ENABLED off, but the middleware in DOWNLOADER_MIDDLEWARES).
-        from crawlproject.rendering.addon import ContextPool, handlers_for
+        from crawlproject.rendering import load_addon
 
+        addon = load_addon()
+        ContextPool, handlers_for = addon.ContextPool, addon.handlers_for  # noqa: N806
         self.pool = ContextPool(max_contexts, lambda: handlers_for(crawler), crawler.stats)
         # Context names carry a keyed digest of the context options: two proxies
         # with one address but different credentials never share a context, and
@@ -352,7 +354,9 @@ def _first_line(exception) -> str:
 
 
 def _check_handler(settings) -> None:
-    from crawlproject.rendering.addon import RenderingDownloadHandler
+    from crawlproject.rendering import load_addon
+
+    RenderingDownloadHandler = load_addon().RenderingDownloadHandler  # noqa: N806
 
     handlers = settings.getwithbase("DOWNLOAD_HANDLERS")
     for scheme in ("http", "https"):
