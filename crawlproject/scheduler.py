@@ -265,6 +265,9 @@ class RedisScheduler(BaseScheduler):
             idle_poll=self.idle_poll, heartbeat=self.heartbeat, lease_ttl=self.lease_ttl,
             nudge=self._nudge_engine, free_slots=self._free_slots)
         self.client.on_first_sync = self._on_first_sync
+        # A lease given back unstarted ends for the hooks (a tracing span) too.
+        self.client.on_returned = lambda entry: (
+            self._settled(entry.item, entry.member, RELEASED) if self.hooks else None)
         self.control = ControlWatcher(redis, spider.name, self._on_control,
                                       interval=self.control_interval, log_extra=extra,
                                       on_ready=self._on_control_ready,

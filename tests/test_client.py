@@ -245,11 +245,14 @@ def test_a_polite_entry_that_waited_in_the_buffer_past_its_start_goes_back_not_o
         async with real_client(redis_url, "late", 1, 3, count=count, delay=1.0, margin=0.05,
                                flush_interval=0.05, min_sync_interval=0.02,
                                idle_poll=0.1) as (fc, frontier, client):
+            returned = []
+            fc.on_returned = returned.append         # (the scheduler ends its hooks' lease)
             await until(lambda: len(fc.buffer) == 1)
-            leased = fc.buffer[0].leased_at
+            late = fc.buffer[0]
+            leased = late.leased_at
             await asyncio.sleep(0.1)                 # the engine did not ask for 100 ms
             assert fc.next() is None                 # too late to start: given back
-            assert counts.get("politeness/late_returned") == 1
+            assert counts.get("politeness/late_returned") == 1 and returned == [late]
             await until(lambda: len(fc.buffer) == 1, timeout=15)
             again = fc.buffer[0]
             assert again.leased_at - leased >= 1.0  # the interval from the first lease

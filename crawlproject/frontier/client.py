@@ -227,6 +227,9 @@ class FrontierClient:
         self._outranked = asyncio.Event()
         self._task: asyncio.Future | None = None
         self.on_first_sync: Callable[[], Any] | None = None
+        #: called with each leased entry sent back unstarted (a reserve given
+        #: back, a polite entry too late to start): its lease is over here
+        self.on_returned: Callable[[Entry], Any] | None = None
         #: operator pause (crawlproject.control): hand out and take nothing
         self.paused = False
         # The slot hand-off: entries leased in reserve per key (holding no slot),
@@ -309,9 +312,15 @@ class FrontierClient:
         """*entry* of a key with an interval waited here past its start: back
         to its queue, not started (its key's interval counts from its lease,
         so the site sees nothing closer than the interval)."""
-        self.outbox[entry.partition].nacks.append(entry.member)
+        self._give_back(entry)
         self.count("politeness/late_returned", 1)
         self._wake.set()
+
+    def _give_back(self, entry: Entry) -> None:
+        """*entry* goes back to its queue, not started."""
+        self.outbox[entry.partition].nacks.append(entry.member)
+        if self.on_returned is not None:
+            self.on_returned(entry)
 
     def _hold_lapsed(self) -> None:
         self._lapse = None
@@ -380,7 +389,7 @@ class FrontierClient:
         """Send *key*'s reserve back to its queue (its slots are for all nodes)."""
         self._reserve_share.pop(key, None)
         for entry in self.reserve.pop(key, ()):
-            self.outbox[entry.partition].nacks.append(entry.member)
+            self._give_back(entry)
 
     def _reserve_asks(self, p: int) -> list[tuple[str, int]]:
         """What partition *p*'s next call asks for the reserve: per key worth
