@@ -9,6 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
+VENV="${VENV:-.venv}"   # another place, e.g. to try this script without touching .venv
 REQS=requirements-local.txt
 [ "${1:-}" = "dev" ] && REQS=requirements-dev.txt
 
@@ -19,13 +20,13 @@ apt_install() {
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
 }
 
-if [ ! -x .venv/bin/python ]; then
-  "$PYTHON" -m venv .venv 2>/dev/null || { apt_install python3-venv && "$PYTHON" -m venv .venv; }
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PYTHON" -m venv "$VENV" 2>/dev/null || { apt_install python3-venv && "$PYTHON" -m venv "$VENV"; }
 fi
-STAMP=".venv/.installed-$(cat pyproject.toml "$REQS" | sha1sum | cut -c1-12)"
+STAMP="$VENV/.installed-$(cat pyproject.toml "$REQS" | sha1sum | cut -c1-12)"
 if [ ! -e "$STAMP" ]; then
-  .venv/bin/python -m pip install -q --require-hashes -r "$REQS"
-  .venv/bin/python -m pip install -q --no-deps -e .
+  "$VENV/bin/python" -m pip install -q --require-hashes -r "$REQS"
+  "$VENV/bin/python" -m pip install -q --no-deps -e .
   touch "$STAMP"
 fi
 # Playwright cannot download its own browsers here: use the distribution's Chromium.

