@@ -746,6 +746,42 @@ def test_intervals_carry_a_safety_margin(node, clock):
     assert len(a.take(5)) == 1
 
 
+def test_a_short_interval_s_margin_is_at_least_its_floor(node, clock):
+    """2 % of 0.3 s is 6 ms, less than a node may take to start a leased
+    entry (the client allows the same margin): the margin is 20 ms at least."""
+    config = polite(delay=0.3, concurrency=5, margin=0.02, margin_min=0.02)
+    assert config.pad(0.3) == 0.02 and config.pad(1.0) == 0.02 and config.pad(2.0) == 0.04
+    assert config.pad(0) == 0 and polite(margin=0.0).pad(1.0) == 0   # 0: off
+    a = node("a", config)
+    add(a, "h1", 5)
+    assert len(a.take(5)) == 1
+    clock.advance(0.315)
+    assert a.take(5) == []
+    clock.advance(0.006)
+    assert len(a.take(5)) == 1
+
+
+def test_the_interval_jitter_is_scrapy_s_but_never_shortens_the_delay(node, clock, redis):
+    """DOWNLOAD_DELAY_JITTER j: Scrapy draws each delay from uniform(1 - j,
+    1 + j) × DOWNLOAD_DELAY (mean: the delay); the frontier draws the same but
+    a draw below 1 is the delay itself: about half the intervals are the
+    delay, the rest up to 1 + j of it, a mean of 1 + j/4."""
+    a = node("a", polite(delay=1.0, concurrency=5, jitter=0.5))
+    n = 400
+    add(a, "h1", n + 1)
+    gaps = []
+    for _ in range(n):
+        (member, _), = a.take(1)
+        ready = int(redis.zscore(a.keys.ready, "h1"))
+        gaps.append(ready - clock.ms)
+        a.ack(member)
+        clock.ms = ready
+    assert min(gaps) >= 1000 and max(gaps) <= 1500
+    at_delay = sum(1 for g in gaps if g == 1000) / n
+    assert 0.4 <= at_delay <= 0.6, at_delay     # stretch-only jitter: ~0
+    assert 1085 <= sum(gaps) / n <= 1165, sum(gaps) / n   # stretch-only: ~1250
+
+
 def inflight(frontier, key="h1"):
     return frontier.key_states([key])[key]["inflight"]
 

@@ -203,6 +203,29 @@ def test_rules_decide_what_renders_and_a_page_missing_its_selector_comes_back_ma
     asyncio.run(scenario())
 
 
+def test_a_rendered_request_carries_no_validators_a_static_one_keeps_them():
+    """A browser cannot show a 304 (the navigation aborts with ERR_ABORTED): a
+    revisit's If-None-Match / If-Modified-Since, set by the recrawl middleware
+    before this one, are dropped from a request rendered by rule or by meta."""
+    mw = middleware(RENDER_URL_PATTERNS=[r"/js/"])
+    validators = {"If-None-Match": '"v1"', "If-Modified-Since": "Sat, 05 Dec 2026 10:00:00 GMT"}
+
+    async def scenario():
+        by_rule = Request("http://h/js/1", headers=validators)
+        by_meta = Request("http://h/page", headers=validators, meta={"render": True})
+        static = Request("http://h/page", headers=validators)
+        for request in (by_rule, by_meta, static):
+            await mw.process_request(request)
+        for request in (by_rule, by_meta):
+            assert request.meta["playwright"] is True
+            assert b"If-None-Match" not in request.headers
+            assert b"If-Modified-Since" not in request.headers
+        assert static.headers[b"If-None-Match"] == b'"v1"'
+
+    asyncio.run(scenario())
+
+
+
 @pytest.mark.parametrize("settings, message", [
     ({"RENDER_URL_PATTERNS": ["(unclosed"]}, "RENDER_URL_PATTERNS"),
     ({"RENDER_IF_MISSING": {"/x": "div[[["}}, "RENDER_IF_MISSING"),

@@ -92,11 +92,6 @@ class Rejected(Exception):
     """Raised by ``accept``: the payload is not a request this node may run."""
 
 
-#: The least time a leased entry of a key with an interval may take to start
-#: (s): with short intervals 5 % is a few ms, less than one turn of a busy
-#: event loop, and every entry would go back (a stall, not politeness).
-SEND_LAG_FLOOR = 0.02
-
 
 @dataclass
 class Entry:
@@ -112,12 +107,12 @@ class Entry:
     ended: bool = False
     #: its key has an interval: counted as started when leased, it must not wait
     polite: bool = False
-    #: when the call that leased it was sent (``time.monotonic()``)
+    #: when the lease reached this node (``time.monotonic()``)
     leased_at: float = 0.0
-    #: how long after ``leased_at`` a polite entry may still start (margin x
-    #: its key's interval, at least SEND_LAG_FLOOR): later, the site could see
-    #: it closer than the interval to the key's next request, leased by any
-    #: node on time
+    #: how long after ``leased_at`` a polite entry may still start (the safety
+    #: margin the frontier added to its key's interval, ``PolitenessConfig.pad``):
+    #: later, the site could see it closer than the interval to the key's next
+    #: request, leased by any node on time
     lag_allowed: float = float("inf")
 
 
@@ -1103,8 +1098,9 @@ class FrontierClient:
         interval = (polite or {}).get(entry.key)
         if interval is not None:
             entry.polite, entry.leased_at = True, leased_at
-            if self.politeness.margin > 0:
-                entry.lag_allowed = max(self.politeness.margin * interval, SEND_LAG_FLOOR)
+            pad = self.politeness.pad(interval)
+            if pad > 0:  # (no margin: the operator chose limits held at lease only)
+                entry.lag_allowed = pad
         buffer = self.buffer
         if not buffer or buffer[-1].priority >= entry.priority:
             buffer.append(entry)  # the common case: FIFO among equal priorities

@@ -179,6 +179,18 @@ class PolitenessConfig:
     #: intervals are this much longer than asked (node-side latency between the
     #: lease and the request leaving must never shorten what the site sees)
     margin: float = defaults.FRONTIER_DELAY_MARGIN
+    #: ... and at least this many seconds (a node's scheduling latency does not
+    #: shrink with the interval)
+    margin_min: float = defaults.FRONTIER_DELAY_MARGIN_MIN
+
+    def pad(self, interval: float) -> float:
+        """The safety margin (s) added to an interval of *interval* s; the same
+        sum as the frontier's script makes. A polite entry the node could not
+        start within it of its lease goes back unstarted. A ``margin`` of 0
+        turns it off (limits held at lease only)."""
+        if interval <= 0 or self.margin <= 0:
+            return 0.0
+        return max(self.margin * interval, self.margin_min)
 
     def partition(self, key: str) -> int:
         return partition_of(key, self.partitions)

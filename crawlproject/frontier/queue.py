@@ -282,7 +282,8 @@ class Frontier:
         for key, count in batch.reserve:
             args += [key, count]
         # After the sections, where a script that does not read them ignores them.
-        args += [int(round(pol.backoff_tolerance * 1_000_000)),
+        args += [int(round(pol.margin_min * 1000)),
+                 int(round(pol.backoff_tolerance * 1_000_000)),
                  max(1, int(round(1_000_000 / pol.backoff_window))),
                  int(round(pol.backoff_base * 1000)), pol.default.budget,
                  -(-pol.crawl_budget // max(1, pol.partitions))]

@@ -98,8 +98,8 @@ class RecrawlMiddleware:
 
     def process_request(self, request: Request):
         state = checked_state(request.meta.get(STATE_META))
-        if state is None or request.meta.get("playwright"):
-            return None
+        if state is None or request.meta.get("playwright") or request.meta.get("render") is True:
+            return None  # rendered: the browser cannot show a 304 (see the rendering middleware)
         headers = state.validators()
         for name, value in headers.items():
             request.headers.setdefault(name, value)

@@ -56,6 +56,8 @@ logger = logging.getLogger(__name__)
 
 RENDER = "render"
 RENDER_WAIT_FOR = "render_wait_for"
+#: request headers a rendered navigation never carries
+CONDITIONAL_HEADERS = (b"If-None-Match", b"If-Modified-Since")
 #: The context this download holds in the pool (transient: never stored).
 HELD_CONTEXT = "_crawlproject_render_context"
 DEFAULT_CONTEXT = "default"
@@ -186,6 +188,12 @@ class RenderingMiddleware:
         if reason is None:
             return None
         request.meta["playwright"] = True
+        # A browser cannot show a 304: a conditional navigation (a revisit's
+        # validators, set by the recrawl middleware before this one when the
+        # page is rendered by rule) aborts with ERR_ABORTED. The rendered body
+        # tells the recrawl whether the page changed.
+        for name in CONDITIONAL_HEADERS:
+            request.headers.pop(name, None)
         self.stats.inc_value(f"rendering/requests/{reason}")
         self._add_wait(request)
         name = self._set_context(request)

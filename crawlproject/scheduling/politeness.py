@@ -115,6 +115,7 @@ class SitePoliteness(PolitenessConfig):
             crawl_budget=crawl_budget,
             partitions=partitions,
             margin=max(0.0, setting(settings, "FRONTIER_DELAY_MARGIN")),
+            margin_min=max(0.0, setting(settings, "FRONTIER_DELAY_MARGIN_MIN")),
         )
 
     def key(self, request) -> str:
@@ -142,8 +143,9 @@ def delay_jitter(settings) -> float:
     """The magnitude of the random part of an interval, read as Scrapy's
     downloader reads it: ``DOWNLOAD_DELAY_JITTER`` (Scrapy 2.19; 0.5 by
     default), or the deprecated ``RANDOMIZE_DOWNLOAD_DELAY`` (0.5 or 0) where
-    that is set at a higher priority. The frontier only ever lengthens an
-    interval, by 0 to this fraction (Scrapy's ±): a site never sees two starts
+    that is set at a higher priority. The frontier draws as Scrapy does
+    (× uniform(1 − j, 1 + j)) but never shortens an interval: a draw below 1
+    is the delay itself (a mean of 1 + j/4), so a site never sees two starts
     closer than its delay. Above 1: 1, said."""
     randomize = settings.getpriority("RANDOMIZE_DOWNLOAD_DELAY") or 0
     if randomize > max(settings.getpriority("DOWNLOAD_DELAY_JITTER") or 0,

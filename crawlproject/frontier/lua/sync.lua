@@ -47,10 +47,12 @@
 -- ARGV[18] random seed (the interval jitter)
 -- ARGV[19] most entries to take from keys with an interval (what the node can
 --          start at once: an entry of a polite key must not wait in a buffer)
--- ARGV[20] safety margin on intervals (0.05: 5 % longer, so that the time a
+-- ARGV[20] safety margin on intervals (0.02: 2 % longer, so that the time a
 --          node takes from lease to sending never shortens what the site sees)
--- ARGV[#ARGV - 4 .. #ARGV], after the nine sections below (where a script of
+-- ARGV[#ARGV - 5 .. #ARGV], after the nine sections below (where a script of
 -- before them ignores them):
+--   least safety margin ms on an interval (ARGV[20]'s share, but at least this:
+--     the node's own scheduling latency does not shrink with the interval)
 --   backoff tolerance: the share of a key's recent answers (millionths) that
 --     may be slow-down answers before the key is slowed down
 --   weight of one answer in that share (millionths: 1 / the answers it is
@@ -130,7 +132,7 @@ local promote = maintenance or string.find(ARGV[5], 'd', 1, true) ~= nil
 local dead_max, invalid_max = tonumber(ARGV[11]), tonumber(ARGV[12])
 local def_delay, def_conc, jitter = tonumber(ARGV[13]), tonumber(ARGV[14]), tonumber(ARGV[15])
 local backoff_max, block_max = tonumber(ARGV[16]), tonumber(ARGV[17])
-local margin = tonumber(ARGV[20])
+local margin, margin_min = tonumber(ARGV[20]), tonumber(ARGV[#ARGV - 5])
 local tolerance, err_weight, backoff_base = tonumber(ARGV[#ARGV - 4]), tonumber(ARGV[#ARGV - 3]),
                                             tonumber(ARGV[#ARGV - 2])
 local def_budget, crawl_budget = tonumber(ARGV[#ARGV - 1]), tonumber(ARGV[#ARGV])
@@ -299,18 +301,30 @@ end
 local function interval(k)
   return math.max(LIM[k].delay, ST[k].cd, ST[k].bo)
 end
+local function pad(iv)
+  -- The safety margin added to an interval of IV ms: the node gives back an
+  -- entry it could not start within it of the lease (the client's lag_allowed).
+  -- A share of 0 turns it off (limits held at lease only).
+  if iv <= 0 or margin <= 0 then return 0 end
+  return math.max(iv * margin, margin_min)
+end
 local function next_start(k)
   -- The earliest start of K's next request: its interval after the last
-  -- start (stretched by up to JITTER, never shortened), and not before a block.
+  -- start, jittered as Scrapy jitters DOWNLOAD_DELAY (x uniform(1 - JITTER,
+  -- 1 + JITTER)) but never shortened (a draw below 1 is the interval itself:
+  -- half the intervals, so the mean is 1 + JITTER / 4 of it), plus the margin;
+  -- and not before a block.
   local s = ST[k]
-  local gap = interval(k) * (1 + margin)
-  if gap > 0 and jitter > 0 then gap = gap * (1 + jitter * math.random()) end
-  return math.max(s.last + gap, s.block)
+  local iv = interval(k)
+  local gap = iv
+  if iv > 0 and jitter > 0 then gap = iv * math.max(1, 1 + jitter * (2 * math.random() - 1)) end
+  return math.max(s.last + gap + pad(iv), s.block)
 end
 local function earliest(k)
   -- When K may start again at the soonest (no jitter): what the take checks.
   local s = ST[k]
-  return math.max(s.last + interval(k) * (1 + margin), s.block)
+  local iv = interval(k)
+  return math.max(s.last + iv + pad(iv), s.block)
 end
 local function member_key(member)
   -- the politeness key of "<priority>:<seq>@<key>" (nil if it has none)
@@ -794,7 +808,7 @@ if maintenance or ttl == 0 then
     for _, k in ipairs(idle) do
       local s = ST[k]
       if not dirty[k] and s.n == 0 and s.bo == 0 and s.cd == 0 and s.block <= now()
-          and now() - s.last > math.max(IDLE_MS, 2 * (1 + margin) * LIM[k].delay) then
+          and now() - s.last > math.max(IDLE_MS, 2 * (LIM[k].delay + pad(LIM[k].delay))) then
         gone[#gone + 1] = k
       end
     end
