@@ -8,6 +8,12 @@ the retry waits ``RETRY_BACKOFF_BASE * 2^(n-1)`` seconds (with jitter, at most
 memory, so any node may pick it up; when retries are exhausted the request is
 dead-lettered with its reason and attempt count (see
 :mod:`crawlproject.frontier.retrypolicy`).
+
+A slow-down answer (429/503 that the frontier's politeness middleware reported,
+``FRONTIER_BACKOFF_HTTP_CODES``) is retried without that wait: the frontier
+paces the site for every node from its recent rate of such answers (and blocks
+it for a ``Retry-After``), so a per-request wait on top would only hold this
+page back — a listing page's retry would hold up every page it links to.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from __future__ import annotations
 from scrapy import Request
 from scrapy.downloadermiddlewares.retry import RetryMiddleware
 
-from crawlproject.frontier.retrypolicy import RETRY_DELAY_META, RetryPolicy
+from crawlproject.frontier.retrypolicy import RETRY_DELAY_META, SLOW_DOWN_META, RetryPolicy
 
 
 class BackoffRetryMiddleware(RetryMiddleware):
@@ -37,5 +43,6 @@ class BackoffRetryMiddleware(RetryMiddleware):
             text = reason if isinstance(reason, str) else f"{type(reason).__name__}: {reason}"
             mark_failed(request, text, kind="download")
             return None
-        new.meta[RETRY_DELAY_META] = self.policy.delay(new.meta.get("retry_times", 1))
+        new.meta[RETRY_DELAY_META] = (0.0 if request.meta.get(SLOW_DOWN_META)
+                                      else self.policy.delay(new.meta.get("retry_times", 1)))
         return new
