@@ -41,6 +41,7 @@ SCHEDULER_FLUSH_INTERVAL = 0.05             # seconds between frontier calls whi
 SCHEDULER_MIN_SYNC_INTERVAL = 0.02          # calls coalesced to one per interval at most
 SCHEDULER_LOCAL_DEDUPE_SIZE = 20_000        # fingerprints a node remembers having sent
 SCHEDULER_IDLE_POLL = 0.2                   # seconds between polls of an empty frontier
+SCHEDULER_IDLE_POLL_MAX = 1.0               # ... doubling after each empty poll up to this
 SCHEDULER_LOG_INTERVAL = 60.0               # seconds between frontier size log lines
 SCHEDULER_LEASE_TTL = 10.0                  # seconds after the last heartbeat: leases come back
 SCHEDULER_HEARTBEAT_INTERVAL = 2.0          # seconds between lease renewals

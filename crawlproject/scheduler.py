@@ -60,6 +60,7 @@ from scrapy.utils.request import RequestFingerprinter
 from scrapy.utils.request import fingerprint as scrapy_fingerprint
 
 from crawlproject.connection import redact_url, redis_from_settings, redis_url_from_settings
+from crawlproject import defaults
 from crawlproject.defaults import setting
 from crawlproject.frontier.bloom import BloomConfig
 from crawlproject.frontier.client import FrontierClient, Rejected
@@ -123,7 +124,7 @@ class RedisScheduler(BaseScheduler):
                  lease_ttl: float, heartbeat: float, bloom: BloomConfig,
                  retry: RetryPolicy, politeness: SitePoliteness, node_id: str,
                  dead_max: int = DEAD_MAX, invalid_max: int = INVALID_MAX,
-                 start_burst: int = 0):
+                 start_burst: int = 0, idle_poll_max: float = defaults.SCHEDULER_IDLE_POLL_MAX):
         if start_burst < 0:
             raise ValueError(f"SCHEDULER_START_BURST ({start_burst}) must be 0 (no limit) or "
                              "more (requests handed to the engine per event-loop turn)")
@@ -136,6 +137,7 @@ class RedisScheduler(BaseScheduler):
         self.prefetch, self.batch_size = prefetch, batch_size
         self.flush_interval, self.min_sync_interval = flush_interval, min_sync_interval
         self.idle_poll, self.lease_ttl, self.heartbeat = idle_poll, lease_ttl, heartbeat
+        self.idle_poll_max = idle_poll_max
         self.local_dedupe_size = local_dedupe_size
         self._recent: set[int] = set()
         self._recent_old: set[int] = set()
@@ -194,6 +196,7 @@ class RedisScheduler(BaseScheduler):
             min_sync_interval=setting(s, "SCHEDULER_MIN_SYNC_INTERVAL"),
             local_dedupe_size=setting(s, "SCHEDULER_LOCAL_DEDUPE_SIZE"),
             idle_poll=setting(s, "SCHEDULER_IDLE_POLL"),
+            idle_poll_max=setting(s, "SCHEDULER_IDLE_POLL_MAX"),
             lease_ttl=setting(s, "SCHEDULER_LEASE_TTL"),
             heartbeat=setting(s, "SCHEDULER_HEARTBEAT_INTERVAL"),
             bloom=BloomConfig.from_settings(s),
@@ -263,7 +266,8 @@ class RedisScheduler(BaseScheduler):
             prefetch=self.prefetch, batch_size=self.batch_size,
             flush_interval=self.flush_interval, min_sync_interval=self.min_sync_interval,
             idle_poll=self.idle_poll, heartbeat=self.heartbeat, lease_ttl=self.lease_ttl,
-            nudge=self._nudge_engine, free_slots=self._free_slots)
+            nudge=self._nudge_engine, free_slots=self._free_slots,
+            idle_poll_max=self.idle_poll_max)
         self.client.on_first_sync = self._on_first_sync
         # A lease given back unstarted ends for the hooks (a tracing span) too.
         self.client.on_returned = lambda entry: (

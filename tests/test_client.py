@@ -179,6 +179,37 @@ async def until(condition, timeout=10.0):
             await asyncio.sleep(0.01)
 
 
+def test_an_idle_node_looks_less_often_and_still_takes_new_work(redis_url):
+    """An empty frontier is looked at after idle_poll, then ever less often up
+    to idle_poll_max (three idle nodes were calling Redis fifteen times a
+    second); work another node adds is still taken."""
+    from crawlproject.frontier.queue import AsyncFrontier, Batch
+
+    async def main():
+        async with real_client(redis_url, "idle", 2, 0, idle_poll=0.05, idle_poll_max=0.4,
+                               flush_interval=0.05,
+                               min_sync_interval=0.01) as (fc, frontier, client):
+            calls = []
+            sync = frontier.sync
+
+            async def counted(batch):
+                calls.append(time.monotonic())
+                return await sync(batch)
+
+            frontier.sync = counted
+            await until(lambda: len(calls) >= 8, timeout=30)
+            gaps = [b - a for a, b in zip(calls, calls[1:])]
+            assert min(gaps[-3:]) >= 0.35, gaps            # at idle_poll_max by now
+            other = AsyncFrontier(client, "idle", "n2", lease_ttl=120,
+                                  politeness=fc.politeness)
+            work = Batch()
+            work.add('{"url": "http://h/new"}', None, 0, 0, "h")
+            await other.sync(work)
+            await until(lambda: len(fc.buffer) == 1, timeout=10)
+
+    asyncio.run(main())
+
+
 def test_a_download_end_is_reported_at_once_where_a_key_is_at_its_concurrency(redis_url):
     """Real Redis: with a site at its concurrency, the slot a finished download
     frees is used for the next request at once, not when the request is acked

@@ -11,9 +11,10 @@ to say or ready work (calls to several partitions run concurrently):
 * **bounded calls** — at most ``max_call_adds`` new requests per call; the
   acknowledgements of a batch go with its last chunk, so a request is never
   acknowledged before all the requests it produced are stored;
-* **heartbeat** — every ``heartbeat`` seconds (every ``idle_poll`` while the
-  node holds nothing) each partition is called with maintenance: the lease is
-  renewed there, expired nodes' leases are reclaimed, sizes are reported;
+* **heartbeat** — every ``heartbeat`` seconds (while the node holds nothing:
+  at idle pace, ``idle_poll`` doubling after each look that found nothing, up
+  to ``idle_poll_max``) each partition is called with maintenance: the lease
+  is renewed there, expired nodes' leases are reclaimed, sizes are reported;
 * **priority** — the buffer hands out its entries highest priority first; a
   new request that outranks what the buffer holds (the next listing page
   behind a page of products) goes with a take for it in the next call,
@@ -65,7 +66,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from crawlproject.backoff import backoff_delay
-from crawlproject import acl
+from crawlproject import acl, defaults
 from crawlproject.connection import REDIS_FAILURES
 from crawlproject.frontier.politeness import PolitenessConfig
 from crawlproject.frontier.queue import (AsyncFrontier, Batch, SyncResult, clamp_priority,
@@ -138,6 +139,8 @@ class _Remote:
     server_ms: int = -1
     at: float = 0.0
     last_poll: float = 0.0
+    #: looks in a row that found nothing to take (the idle pace slows down)
+    misses: int = 0
 
     def ready_now(self, now: float) -> bool:
         if self.next_ready_ms is None or self.next_ready_ms == -2:
@@ -156,7 +159,8 @@ class FrontierClient:
                  prefetch: int, batch_size: int, flush_interval: float,
                  min_sync_interval: float, idle_poll: float, heartbeat: float,
                  lease_ttl: float, nudge: Callable[[], None] = lambda: None,
-                 free_slots: Callable[[], int] | None = None):
+                 free_slots: Callable[[], int] | None = None,
+                 idle_poll_max: float = defaults.SCHEDULER_IDLE_POLL_MAX):
         self.partitions = partitions
         self.politeness = politeness
         self.accept, self.before_tick, self.count = accept, before_tick, count
@@ -165,6 +169,7 @@ class FrontierClient:
         self.prefetch, self.batch_size = prefetch, batch_size
         self.flush_interval, self.min_sync_interval = flush_interval, min_sync_interval
         self.idle_poll, self.heartbeat, self.lease_ttl = idle_poll, heartbeat, lease_ttl
+        self.idle_poll_max = idle_poll_max
         #: how many more requests the node could start right now (None: no limit)
         self.free_slots = free_slots
         self.node_base = partitions[0].node
@@ -718,8 +723,9 @@ class FrontierClient:
         # Maintenance every heartbeat; an idle node (nothing held) also wants its
         # sizes and the reclaims fresh, at the idle poll's pace (not at every
         # turn of the loop: that was a call per flush interval per partition).
-        every = self.idle_poll if not (self.held or self.buffer) else self.heartbeat
-        due = {p for p in ready if now - self._maintained[p] >= every}
+        idle_node = not (self.held or self.buffer)
+        due = {p for p in ready if now - self._maintained[p]
+               >= (self._idle_gap(p) if idle_node else self.heartbeat)}
         # A site's word (a block, a backoff) goes at once: every call another
         # node makes before it lands may start that site's requests. So does a
         # request that outranks the buffer (a free slot waits for it), at most
@@ -919,12 +925,20 @@ class FrontierClient:
         if not chosen:
             # Nothing ready that we know of: look at idle pace, in turn (new work
             # from other nodes, or a key whose time came).
-            idle = [p for p in candidates if now - self.remote[p].last_poll >= self.idle_poll]
+            idle = [p for p in candidates if now - self.remote[p].last_poll >= self._idle_gap(p)]
             if not idle:
                 return {}
             chosen = [min(idle, key=lambda p: self.remote[p].last_poll)]
         share = -(-want // len(chosen))
         return {p: share for p in chosen}
+
+    def _idle_gap(self, p: int) -> float:
+        """Seconds between idle looks at partition *p*: ``idle_poll``, doubled
+        after each look in a row that found nothing, up to ``idle_poll_max``
+        (a node with nothing to do costs Redis a call a second, not five; a
+        time the frontier named is not waited for: see ``_Remote.ready_now``)."""
+        return min(self.idle_poll * (1 << min(self.remote[p].misses, 16)),
+                   max(self.idle_poll, self.idle_poll_max))
 
     def _next_batch(self, p: int) -> Batch:
         """Partition *p*'s outbox, or its first ``MAX_CALL_ADDS`` new requests
@@ -1055,6 +1069,11 @@ class FrontierClient:
         leased_at = time.monotonic()
         for member, payload in result.taken:
             self._take(p, member, payload, result.polite_keys, leased_at)
+        if result.taken or result.added or (batch is not None and batch.adds):
+            remote.misses = 0
+        elif asked or (batch is not None and batch.maintenance
+                       and not (self.held or self.buffer)):
+            remote.misses += 1   # looked, nothing for us: look less often
         if result.taken:
             self.nudge()
         self._apply_reserve(p, result)
