@@ -1073,7 +1073,12 @@ class FrontierClient:
             remote.misses = 0
         elif asked or (batch is not None and batch.maintenance
                        and not (self.held or self.buffer)):
-            remote.misses += 1   # looked, nothing for us: look less often
+            if result.queued == 0 or result.next_ready_ms >= 0:
+                remote.misses += 1   # nothing queued, or a ready time named: look less often
+            else:
+                # Entries wait for slots other nodes hold: this node is wanting
+                # (it gets its share only while it keeps asking, SHARE_WINDOW).
+                remote.misses = 0
         if result.taken:
             self.nudge()
         self._apply_reserve(p, result)
