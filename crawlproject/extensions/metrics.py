@@ -167,7 +167,7 @@ class PrometheusMetrics:
     def from_crawler(cls, crawler):
         s = crawler.settings
         if not setting(s, "METRICS_ENABLED"):
-            raise NotConfigured("METRICS_ENABLED is off")
+            raise NotConfigured  # off by choice: bare, as Scrapy's own (no WARNING each start)
         ext = cls(crawler, setting(s, "METRICS_HOST"), setting(s, "METRICS_PORT"))
         crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)

@@ -86,7 +86,7 @@ class _SessionCookies:
     @classmethod
     def from_crawler(cls, crawler):
         if not _enabled(crawler.settings):
-            raise NotConfigured("session cookies off")
+            raise NotConfigured  # off by choice: bare, as Scrapy's own (no WARNING each start)
         return cls(crawler)
 
     def _jars(self):

@@ -100,7 +100,7 @@ class IdentityMiddleware:
     def from_crawler(cls, crawler):
         s = crawler.settings
         if not setting(s, "IDENTITY_ENABLED"):
-            raise NotConfigured("IDENTITY_ENABLED is off")
+            raise NotConfigured  # off by choice: bare, as Scrapy's own (no WARNING each start)
         flt = PoolFilter(tuple(setting(s, "IDENTITY_BROWSERS")),
                          tuple(setting(s, "IDENTITY_OS")),
                          tuple(setting(s, "IDENTITY_PLATFORMS")),

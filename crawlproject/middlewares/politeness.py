@@ -57,7 +57,7 @@ class FrontierPolitenessMiddleware:
     def from_crawler(cls, crawler):
         config = SitePoliteness.from_settings(crawler.settings)
         if not config.enabled:
-            raise NotConfigured("FRONTIER_POLITENESS is off")
+            raise NotConfigured  # off by choice: bare, as Scrapy's own (no WARNING each start)
         return cls(crawler, config.backoff_codes)
 
     def process_response(self, request, response, spider=None):

@@ -71,7 +71,7 @@ class ValidationPipeline:
         """Build the pipeline from settings (``NotConfigured`` when disabled)."""
         s = crawler.settings
         if not setting(s, "VALIDATION_ENABLED"):
-            raise NotConfigured("VALIDATION_ENABLED is off")
+            raise NotConfigured  # off by choice: bare, as Scrapy's own (no WARNING each start)
         return cls(crawler,
                    invalid_collection=setting(s, "VALIDATION_INVALID_COLLECTION"),
                    uri=mongo_uri_from_settings(s),

@@ -120,7 +120,7 @@ class ProxyPoolMiddleware:
     def from_crawler(cls, crawler):
         s = crawler.settings
         if not setting(s, "PROXY_POOL_ENABLED"):
-            raise NotConfigured("PROXY_POOL_ENABLED is off")
+            raise NotConfigured  # off by choice: bare, as Scrapy's own (no WARNING each start)
         mw = cls(crawler, static=_static_pool(s, crawler.stats), rules=BanRules.from_settings(s),
                  max_tries=max(1, setting(s, "PROXY_BAN_MAX_TRIES")),
                  ban_base=setting(s, "PROXY_BAN_BACKOFF_BASE"),

@@ -101,7 +101,7 @@ class RecrawlFeeder:
     def from_crawler(cls, crawler):
         s = crawler.settings
         if not setting(s, "RECRAWL_ENABLED"):
-            raise NotConfigured("RECRAWL_ENABLED is off")
+            raise NotConfigured  # off by choice: bare, as Scrapy's own (no WARNING each start)
         policy = RecrawlPolicy.from_settings(s, crawler.spidercls)
         if not policy:
             raise NotConfigured("no revisit rule")

@@ -68,7 +68,7 @@ def record_url(request: Request) -> str:
 def _enabled(crawler) -> RecrawlPolicy:
     s = crawler.settings
     if not setting(s, "RECRAWL_ENABLED"):
-        raise NotConfigured("RECRAWL_ENABLED is off")
+        raise NotConfigured  # off by choice: bare, as Scrapy's own (no WARNING each start)
     policy = RecrawlPolicy.from_settings(s, crawler.spidercls)
     if not policy:
         raise NotConfigured("RECRAWL_ENABLED is on but no revisit rule: set RECRAWL_INTERVAL, "

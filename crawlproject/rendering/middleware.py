@@ -160,7 +160,7 @@ class RenderingMiddleware:
     def from_crawler(cls, crawler):
         s = crawler.settings
         if not rendering_enabled(s):
-            raise NotConfigured("RENDERING_ENABLED is off")
+            raise NotConfigured  # off by choice: bare, as Scrapy's own (no WARNING each start)
         _check_handler(s)
         max_contexts = setting(s, "RENDER_MAX_CONTEXTS")
         if max_contexts < 1:
@@ -296,7 +296,7 @@ class RenderIfMissingMiddleware:
     def from_crawler(cls, crawler):
         s = crawler.settings
         if not rendering_enabled(s):
-            raise NotConfigured("RENDERING_ENABLED is off")
+            raise NotConfigured  # off by choice: bare, as Scrapy's own (no WARNING each start)
         mw = cls(crawler, RenderRules.from_settings(s))
         crawler.signals.connect(mw.spider_opened, signals.spider_opened)
         return mw
