@@ -61,10 +61,14 @@ def test_one_span_per_fetched_page_from_lease_to_ack(redis, redis_url, mongo_uri
     # One span per page the site served (every fetch went through a lease),
     # and one for the seed's first lease: it went back to the frontier,
     # unfetched, to wait for its site's robots.txt (fetched once for the
-    # cluster: crawlproject.robots), a retry with no status.
+    # cluster: crawlproject.robots), a retry with no status. A lease given back
+    # unstarted (a reserve sent back when a slow-down answer backed the site
+    # off, which timing decides) ends as released, with no status either.
     waits = [s for s in spans if "http.response.status_code" not in s["attributes"]]
-    assert [urlsplit(s["attributes"]["url.full"]).path for s in waits] == ["/"]
-    assert waits[0]["attributes"]["crawl.outcome"] == "retry"
+    seed_waits = [s for s in waits if urlsplit(s["attributes"]["url.full"]).path == "/"]
+    assert [s["attributes"]["crawl.outcome"] for s in seed_waits] == ["retry"]
+    assert all(s["attributes"]["crawl.outcome"] == "released"
+               for s in waits if s not in seed_waits), waits
     spans = [s for s in spans if s not in waits]
     fetched = Counter(served)   # robots.txt too: leased from the frontier like any page
     assert Counter(urlsplit(s["attributes"]["url.full"]).path for s in spans) == fetched
