@@ -721,8 +721,8 @@ class FrontierClient:
             if outranking[p] and room > 0 and not self.paused:
                 takes[p] = max(takes.get(p, 0), min(outranking[p], room))
         # Maintenance every heartbeat; an idle node (nothing held) also wants its
-        # sizes and the reclaims fresh, at the idle poll's pace (not at every
-        # turn of the loop: that was a call per flush interval per partition).
+        # sizes and the reclaims fresh, at its idle pace (``_idle_gap``; not at
+        # every turn of the loop: that was a call per flush interval per partition).
         idle_node = not (self.held or self.buffer)
         due = {p for p in ready if now - self._maintained[p]
                >= (self._idle_gap(p) if idle_node else self.heartbeat)}
