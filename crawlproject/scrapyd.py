@@ -86,9 +86,9 @@ class Target:
             if user_from == password_from:
                 return f"user {user!r} and password from {user_from}"
             return f"user {user!r} from {user_from}, password from {password_from}"
-        half = (f" ({user_from if user else password_from} is set, "
-                f"{password_from if user else user_from} is not: not used)"
-                if user or password else "")
+        half = (f" (user {user!r} from {user_from} without a password: not used)" if user
+                else f" (a password from {password_from} without a user name: not used)"
+                if password else "")
         netrc = os.environ.get("NETRC") or "~/.netrc"
         found = get_netrc_auth(self.url)
         if found:
@@ -218,14 +218,14 @@ def _egg_from_installed(dist, files) -> Path:
 
 
 def _requires_txt(requires) -> str:
-    """Requires-Dist lines as setuptools' requires.txt: the base, then ``[extra]``."""
+    """Requires-Dist lines as setuptools' requires.txt: the base, then ``[extra]``s."""
     sections: dict[str, list[str]] = {"": []}
     for line in requires:
         requirement, _, marker = line.partition(";")
         extra = re.search(r"""extra\s*==\s*["']([^"']+)["']""", marker)
         sections.setdefault(extra.group(1) if extra else "", []).append(requirement.strip())
-    return "".join(f"[{name}]\n" * bool(name) + "\n".join(reqs) + "\n\n"
-                   for name, reqs in sections.items())
+    return "\n".join(f"[{name}]\n" * bool(name) + "".join(f"{r}\n" for r in sections[name])
+                     for name in sorted(sections))
 
 
 def _call(target: Target, method: str, action: str, **kwargs) -> dict:

@@ -388,3 +388,36 @@ def test_deploy_from_the_installed_package_to_a_real_scrapyd(installed, tmp_path
                       "~/.netrc"):
             assert where in answer.stderr, answer.stderr
         assert wrong not in answer.stdout + answer.stderr and PASSWORD not in answer.stderr
+
+
+def test_a_refusal_names_the_credentials_sent_and_where_they_are_read(tmp_path, monkeypatch):
+    from crawlproject.scrapyd import targets_from_cfg, targets_from_file
+
+    for name in ("SCRAPYD_USERNAME", "SCRAPYD_PASSWORD", "NETRC"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = tmp_path / "scrapy.cfg"
+    cfg.write_text("[deploy:a]\nurl = http://127.0.0.2:6800/\nusername = cfg-user\n"
+                   "password = cfg-secret\n[deploy:b]\nurl = http://127.0.0.3:6800/\n"
+                   "username = cfg-user\n")
+    (tmp_path / "nodes.txt").write_text("c http://127.0.0.4:6800/\n")
+    a, b = targets_from_cfg(cfg).values()
+    c = targets_from_file(tmp_path / "nodes.txt")["c"]
+    assert a.credentials_sent() == f"user 'cfg-user' and password from [deploy:a] of {cfg}"
+    assert c.credentials_sent() == "none: no entry for 127.0.0.4 in ~/.netrc"
+    assert b.credentials_sent() == (f"none (user 'cfg-user' from [deploy:b] of {cfg} without "
+                                    "a password: not used): no entry for 127.0.0.3 in ~/.netrc")
+    monkeypatch.setenv("SCRAPYD_PASSWORD", "env-secret")
+    assert b.credentials_sent() == f"user 'cfg-user' from [deploy:b] of {cfg}, password from " \
+                                   "SCRAPYD_PASSWORD"
+    monkeypatch.setenv("SCRAPYD_USERNAME", "env-user")
+    assert c.credentials_sent() == "user 'env-user' from SCRAPYD_USERNAME, password from " \
+                                   "SCRAPYD_PASSWORD"
+    monkeypatch.delenv("SCRAPYD_USERNAME")
+    netrc = tmp_path / ".netrc"
+    netrc.write_text("machine 127.0.0.4 login netrc-user password netrc-secret\n")
+    netrc.chmod(0o600)
+    assert c.credentials_sent() == ("user 'netrc-user' and password from ~/.netrc (a password "
+                                    "from SCRAPYD_PASSWORD without a user name: not used)")
+    said = " ".join(t.credentials_sent() for t in (a, b, c))
+    assert not [s for s in ("cfg-secret", "env-secret", "netrc-secret") if s in said], said
