@@ -20,7 +20,12 @@
 ``crawlctl`` (the package's console script) is the same program. The scrapyd
 commands read targets from scrapy.cfg (``[deploy:NAME]``) or ``--targets-file``
 and credentials from ``SCRAPYD_USERNAME``/``SCRAPYD_PASSWORD`` or ``~/.netrc``
-(see crawlproject/scrapyd.py); they exit 1 naming every target that failed.
+(see crawlproject/scrapyd.py); they exit 1 naming every target that failed, and a
+refusal names the credentials sent and where they are read.
+
+The project is the one around the command (scrapy.cfg, ``SCRAPY_SETTINGS_MODULE``),
+else the installed package's settings, said in one INFO line on stderr
+(:mod:`crawlproject.project`): the installed package works from any directory.
 
 Connects to ``--redis-url`` (default: ``$REDIS_URL``, then the local default);
 add ``--cluster`` for Redis Cluster. Passwords are never printed. Seeds are
