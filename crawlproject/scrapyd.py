@@ -12,8 +12,9 @@ Unlike ``scrapyd-deploy`` (which exits 0 when an upload is refused with
 ``{"status": "error"}``, and with ``-a`` whatever happens), every call here checks
 both the HTTP status and scrapyd's JSON ``status``: a target that refuses is named
 with scrapyd's message and the command exits non-zero after trying the others.
-The egg is built once (``python setup.py bdist_egg``: the runtime package only, see
-setup.py) and uploaded to every target.
+The egg is built once and uploaded to every target: ``python setup.py bdist_egg``
+in a checkout (the runtime package only, see setup.py), else the same egg made from
+the installed package's files (``pip install`` of the wheel: no setup.py there).
 """
 
 from __future__ import annotations
@@ -21,18 +22,27 @@ from __future__ import annotations
 import configparser
 import glob
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
 import requests
 from requests.auth import HTTPBasicAuth
+from requests.utils import get_netrc_auth
 
 TIMEOUT = 30.0
+
+
+CREDENTIALS_HELP = ("crawlctl reads a target's credentials from its username/password in "
+                    "scrapy.cfg [deploy:NAME], else SCRAPYD_USERNAME and SCRAPYD_PASSWORD in "
+                    "the environment, else ~/.netrc (machine <host> login <user> password "
+                    "<password>)")
 
 
 class ScrapydError(Exception):
@@ -49,14 +59,41 @@ class Target:
     username: str | None = field(default=None, repr=False)
     password: str | None = field(default=None, repr=False)
 
+    #: where username/password came from ("[deploy:NAME] of scrapy.cfg"); None: a targets file
+    origin: str | None = field(default=None, repr=False)
+
+    def _credentials(self) -> tuple[str | None, str | None, str, str]:
+        """(user, password, where each came from): the target's, else the environment's."""
+        user, user_from = ((self.username, self.origin) if self.username
+                           else (os.environ.get("SCRAPYD_USERNAME"), "SCRAPYD_USERNAME"))
+        password, password_from = ((self.password, self.origin) if self.password
+                                   else (os.environ.get("SCRAPYD_PASSWORD"), "SCRAPYD_PASSWORD"))
+        return user, password, user_from, password_from
+
     def auth(self) -> HTTPBasicAuth | None:
         """Basic auth from the target, else the environment; None lets requests
         use ``~/.netrc``."""
-        user = self.username or os.environ.get("SCRAPYD_USERNAME")
-        password = self.password or os.environ.get("SCRAPYD_PASSWORD")
+        user, password, _, _ = self._credentials()
         if user and password:
             return HTTPBasicAuth(user, password)
         return None
+
+    def credentials_sent(self) -> str:
+        """Which credentials a request to this target carries and where they come
+        from, without the password."""
+        user, password, user_from, password_from = self._credentials()
+        if user and password:
+            if user_from == password_from:
+                return f"user {user!r} and password from {user_from}"
+            return f"user {user!r} from {user_from}, password from {password_from}"
+        half = (f" (user {user!r} from {user_from} without a password: not used)" if user
+                else f" (a password from {password_from} without a user name: not used)"
+                if password else "")
+        netrc = os.environ.get("NETRC") or "~/.netrc"
+        found = get_netrc_auth(self.url)
+        if found:
+            return f"user {found[0]!r} and password from {netrc}{half}"
+        return f"none{half}: no entry for {urlsplit(self.url).hostname} in {netrc}"
 
     @property
     def where(self) -> str:
@@ -80,7 +117,8 @@ def targets_from_cfg(path: str | Path = "scrapy.cfg") -> dict[str, Target]:
             if "url" not in sec:
                 raise ScrapydError(f"{path}: [{section}] has no url")
             out[name] = Target(name, sec["url"], sec.get("project", "crawlproject"),
-                               sec.get("username"), sec.get("password"))
+                               sec.get("username"), sec.get("password"),
+                               origin=f"[{section}] of {Path(path).resolve()}")
     return out
 
 
@@ -102,7 +140,29 @@ def targets_from_file(path: str | Path, project: str = "crawlproject") -> dict[s
 
 
 def build_egg(project_dir: str | Path = ".") -> Path:
-    """Build the project egg (runtime package only) into a temporary directory."""
+    """Build the project egg (runtime package only) into a temporary directory:
+    with *project_dir*'s setup.py (a checkout), else from the installed package."""
+    project_dir = Path(project_dir)
+    if (project_dir / "setup.py").is_file():
+        return _setuptools_egg(project_dir)
+    from crawlproject.project import PACKAGE_SETTINGS, settings_module
+
+    module = settings_module()
+    if module is not None and module.split(".")[0] != PACKAGE_SETTINGS.split(".")[0]:
+        raise ScrapydError(f"no setup.py in {project_dir.resolve()} to build the egg of the "
+                           f"project of {module} (scrapyd-deploy writes one), or pass --egg")
+    installed = _installed_package()
+    if installed is not None:
+        return _egg_from_installed(*installed)
+    # This package on sys.path from a checkout (or installed editable): build there.
+    source = Path(__file__).resolve().parent.parent
+    if (source / "setup.py").is_file():
+        return _setuptools_egg(source)
+    raise ScrapydError(f"no setup.py in {project_dir.resolve()} and no installed crawlproject "
+                       "package to build the egg from (pass --egg)")
+
+
+def _setuptools_egg(project_dir: Path) -> Path:
     out = Path(tempfile.mkdtemp(prefix="crawlctl-egg-"))
     # A build directory of its own: setuptools packs everything under build/lib,
     # so a checkout's old build/ would ship modules since moved or deleted.
@@ -116,6 +176,58 @@ def build_egg(project_dir: str | Path = ".") -> Path:
     return Path(eggs[0])
 
 
+def _installed_package():
+    """(distribution, its files in the package) of the crawlproject imported here,
+    if pip installed it (an editable install or a checkout has no such files)."""
+    from importlib import metadata
+
+    package = Path(__file__).resolve().parent
+    try:
+        dist = metadata.distribution("crawlproject")
+    except metadata.PackageNotFoundError:
+        return None
+    files = [f for f in dist.files or () if f.parts[0] == package.name
+             and "__pycache__" not in f.parts and f.suffix != ".pyc"]
+    init = next((f for f in files if f.parts == (package.name, "__init__.py")), None)
+    if init is None or Path(dist.locate_file(init)).resolve() != package / "__init__.py":
+        return None
+    return dist, files
+
+
+def _egg_from_installed(dist, files) -> Path:
+    """The egg ``bdist_egg`` makes, from the installed files (pip's RECORD): the
+    package, and the ``EGG-INFO`` scrapyd reads (``PKG-INFO`` to find the egg,
+    ``entry_points.txt`` for ``[scrapy] settings``)."""
+    version = sys.version_info
+    out = Path(tempfile.mkdtemp(prefix="crawlctl-egg-"))
+    egg = out / f"crawlproject-{dist.version}-py{version.major}.{version.minor}.egg"
+    info = {"PKG-INFO": dist.read_text("METADATA"),
+            "entry_points.txt": dist.read_text("entry_points.txt"),
+            "requires.txt": _requires_txt(dist.requires or ()),
+            "top_level.txt": "crawlproject\n", "dependency_links.txt": "\n",
+            "zip-safe": "\n"}
+    with zipfile.ZipFile(egg, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, text in info.items():
+            if text is None:
+                raise ScrapydError(f"the installed crawlproject has no {name} "
+                                   f"({dist.locate_file('')})")
+            z.writestr(f"EGG-INFO/{name}", text)
+        for f in sorted(files, key=str):
+            z.write(dist.locate_file(f), f.as_posix())
+    return egg
+
+
+def _requires_txt(requires) -> str:
+    """Requires-Dist lines as setuptools' requires.txt: the base, then ``[extra]``s."""
+    sections: dict[str, list[str]] = {"": []}
+    for line in requires:
+        requirement, _, marker = line.partition(";")
+        extra = re.search(r"""extra\s*==\s*["']([^"']+)["']""", marker)
+        sections.setdefault(extra.group(1) if extra else "", []).append(requirement.strip())
+    return "\n".join(f"[{name}]\n" * bool(name) + "".join(f"{r}\n" for r in sections[name])
+                     for name in sorted(sections))
+
+
 def _call(target: Target, method: str, action: str, **kwargs) -> dict:
     url = urljoin(target.url if target.url.endswith("/") else target.url + "/", action)
     try:
@@ -126,6 +238,9 @@ def _call(target: Target, method: str, action: str, **kwargs) -> dict:
         data = response.json()
     except ValueError:
         data = None
+    if response.status_code == 401:
+        raise ScrapydError(f"{target.where}: HTTP 401: {response.reason or 'Unauthorized'}: "
+                           f"credentials sent: {target.credentials_sent()}. {CREDENTIALS_HELP}")
     if response.status_code != 200 or not isinstance(data, dict) or data.get("status") != "ok":
         message = (data or {}).get("message") if isinstance(data, dict) else None
         text = message or response.text.strip()[:500] or response.reason

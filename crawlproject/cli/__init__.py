@@ -20,7 +20,12 @@
 ``crawlctl`` (the package's console script) is the same program. The scrapyd
 commands read targets from scrapy.cfg (``[deploy:NAME]``) or ``--targets-file``
 and credentials from ``SCRAPYD_USERNAME``/``SCRAPYD_PASSWORD`` or ``~/.netrc``
-(see crawlproject/scrapyd.py); they exit 1 naming every target that failed.
+(see crawlproject/scrapyd.py); they exit 1 naming every target that failed, and a
+refusal names the credentials sent and where they are read.
+
+The project is the one around the command (scrapy.cfg, ``SCRAPY_SETTINGS_MODULE``),
+else the installed package's settings, said in one INFO line on stderr
+(:mod:`crawlproject.project`): the installed package works from any directory.
 
 Connects to ``--redis-url`` (default: ``$REDIS_URL``, then the local default);
 add ``--cluster`` for Redis Cluster. Passwords are never printed. Seeds are
@@ -37,6 +42,8 @@ dashboard. This module holds the parser and :func:`main`.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import sys
 
 from crawlproject.cli.common import _spider_name
@@ -189,6 +196,23 @@ def build_parser() -> argparse.ArgumentParser:
 OPS_PACKAGES = frozenset({"rich", "requests", "aiohttp"})
 
 
+@contextlib.contextmanager
+def _project_notice():
+    """Show the INFO line of :mod:`crawlproject.project` (a command that needs a
+    project and finds none uses the installed package's) on this call's stderr."""
+    logger = logging.getLogger("crawlproject.project")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 def main(argv: list[str] | None = None) -> int:
     from redis.exceptions import RedisClusterException, RedisError
 
@@ -202,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     where = redact_url(args.redis_url)
     try:
-        return args.func(args)
+        with _project_notice():
+            return args.func(args)
     except ModuleNotFoundError as exc:
         if exc.name not in OPS_PACKAGES:
             raise

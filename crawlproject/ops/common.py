@@ -35,10 +35,14 @@ def frontier_partitions(client, spider: str) -> list[Frontier]:
 
 
 def current_project():
-    """(settings, spider loader) of the Scrapy project around us, if any."""
+    """(settings, spider loader) of the Scrapy project around us, else of the
+    installed package (:func:`crawlproject.project.use_package_settings`)."""
     from scrapy.spiderloader import get_spider_loader
     from scrapy.utils.project import get_project_settings
 
+    from crawlproject.project import use_package_settings
+
+    use_package_settings()
     settings = get_project_settings()
     try:
         return settings, get_spider_loader(settings)
