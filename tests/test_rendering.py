@@ -12,6 +12,7 @@ import asyncio
 import base64
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -582,3 +583,116 @@ def test_a_rendered_request_survives_a_node_kill(redis, redis_url, mongo_uri, da
     assert hits["/hang/1"] == 2                       # the victim's try, the survivor's
     assert survivor.stat("scheduler/reclaimed") >= 1
     assert survivor.stat("mongo/modified") == 0        # nothing stored twice with changes
+
+
+# -- a user's own project made by `scrapy startproject`, with the README's settings ---------
+
+USER_SPIDER = '''
+from crawlproject.spiders import RedisSpider
+
+
+class Shop(RedisSpider):
+    name = "shop"
+
+    def parse(self, response):
+        yield {"url": response.url, "title": response.css(".title::text").get(),
+               "price": response.css(".price::text").get()}
+'''
+
+
+def readme_settings_block() -> str:
+    """The settings block of README.md's "Use it in your own Scrapy project", as
+    written there (the test breaks when the README changes it)."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Use it in your own Scrapy project", 1)[1]
+    block = section.split("```python\n", 1)[1].split("\n```", 1)[0]
+    assert "crawlproject.rendering.RenderingAddon" in block, block
+    return block
+
+
+def user_project(tmp_path, redis_url, mongo_uri, database) -> tuple:
+    """``scrapy startproject shop``; its settings.py gets the README's block and
+    where the local Redis and MongoDB are; a spider as a user writes one."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("SCRAPY_SETTINGS_MODULE", None)
+    subprocess.run([sys.executable, "-m", "scrapy", "startproject", "shop"], cwd=tmp_path,
+                   env=env, check=True, capture_output=True, timeout=60)
+    project = tmp_path / "shop"
+    settings = project / "shop" / "settings.py"
+    settings.write_text(settings.read_text() + "\n" + readme_settings_block() + "\n"
+                        f"REDIS_URL = {redis_url!r}\nMONGO_URI = {mongo_uri!r}\n"
+                        f"MONGO_DATABASE = {database.name!r}\n")
+    (project / "shop" / "spiders" / "shop.py").write_text(USER_SPIDER)
+    env["PYTHONPATH"] = os.pathsep.join([str(project), str(ROOT)])
+    return project, env
+
+
+def crawl_user_project(project, env, name, *settings, timeout=240):
+    """``scrapy crawl shop`` in the project until it is idle; its log text."""
+    log = project / f"{name}.log"
+    cmd = [sys.executable, "-m", "scrapy", "crawl", "shop", "-s", f"LOG_FILE={log}",
+           "-s", "LOG_LEVEL=INFO", "-s", "MAX_IDLE_TIME_BEFORE_CLOSE=3"]
+    for value in settings:
+        cmd += ["-s", value]
+    done = subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    text = log.read_text(errors="replace") if log.exists() else ""
+    assert done.returncode == 0, done.stderr[-3000:] + text[-3000:]
+    return text
+
+
+def log_stat(text: str, name: str) -> int:
+    match = re.search(rf"'{re.escape(name)}': (\d+)", text)
+    return int(match.group(1)) if match else 0
+
+
+def warnings_naming(text: str, *words: str) -> list[str]:
+    return [line for line in text.splitlines()
+            if "] WARNING:" in line and all(w in line for w in words)]
+
+
+@pytest.mark.slow
+def test_the_readme_recipe_renders_a_product_page_written_after_load_and_reports_one_without(
+        redis, redis_url, mongo_uri, database, tmp_path):
+    """The issue as a user found it: a fresh ``scrapy startproject`` with the
+    README's block pasted; a product page whose title and price a script writes
+    50 ms after load is stored with them; a product page that never gets its
+    price is reported (stat, one WARNING naming it and the selector), retried,
+    dead-lettered, and not stored empty."""
+    project, env = user_project(tmp_path, redis_url, mongo_uri, database)
+    with RenderSite() as site:
+        good, gone = f"{site.url}product/1", f"{site.url}product/gone-1"
+        redis.lpush(start_urls_key("shop"), good, gone)
+        log = crawl_user_project(project, env, "readme", "RENDER_WAIT_TIMEOUT=2",
+                                 "RETRY_TIMES=1")
+        hits = site.hits("/product/")
+    items = {d["url"]: d for d in database["shop"].find({}, {"_id": 0})}
+    assert set(items) == {good}, log[-4000:]
+    assert (items[good]["title"], items[good]["price"]) == ("Product 1", "19.99")
+    assert hits == {"/product/1": 2, "/product/gone-1": 3}   # static, then rendered (gone: twice)
+    assert log_stat(log, "rendering/missing_content") == 2, log[-4000:]
+    assert len(warnings_naming(log, gone, ".price")) == 1, log[-4000:]
+    (dead,) = [json.loads(d) for d in redis.lrange(FrontierKeys("shop").dead, 0, -1)]
+    assert gone in json.dumps(dead) and ".price" in json.dumps(dead), dead
+
+
+@pytest.mark.slow
+def test_a_page_rendered_by_url_rule_alone_is_read_after_its_script_and_an_empty_one_reported(
+        redis, redis_url, mongo_uri, database, tmp_path):
+    """The issue's second case: no selector at all, only ``RENDER_URL_PATTERNS``.
+    The page is read once its network is idle (the script's write 50 ms after
+    load included); a rendered page whose item has no data is reported."""
+    project, env = user_project(tmp_path, redis_url, mongo_uri, database)
+    with RenderSite() as site:
+        good, gone = f"{site.url}product/2", f"{site.url}product/gone-2"
+        redis.lpush(start_urls_key("shop"), good, gone)
+        log = crawl_user_project(project, env, "rule", "RENDER_IF_MISSING={}",
+                                 "RENDER_URL_PATTERNS=/product/")
+        hits = site.hits("/product/")
+    items = {d["url"]: d for d in database["shop"].find({}, {"_id": 0})}
+    assert (items[good]["title"], items[good]["price"]) == ("Product 2", "29.99"), log[-4000:]
+    assert (items[gone]["title"], items[gone]["price"]) == (None, None)
+    assert hits == {"/product/2": 1, "/product/gone-2": 1}   # rendered only
+    assert log_stat(log, "rendering/missing_content/empty_item") == 1, log[-4000:]
+    assert len(warnings_naming(log, gone)) == 1, log[-4000:]
+    assert not warnings_naming(log, good)
