@@ -71,7 +71,8 @@ def run(code: Path, pages: int) -> list[dict]:
             where = Path(tmp) / f"run{n}"
             where.mkdir()
             path = project(where, rs.url, ms.uri, f"wait{n}")
-            client.lpush("shop:start_urls", *[f"{site.url}product/{i}" for i in range(1, pages + 1)])
+            client.lpush("shop:start_urls",
+                         *[f"{site.url}product/{i}" for i in range(1, pages + 1)])
             cmd = [sys.executable, "-m", "scrapy", "crawl", "shop", "-s", "LOG_LEVEL=WARNING",
                    "-s", "MAX_IDLE_TIME_BEFORE_CLOSE=3", "-s", "DOWNLOAD_DELAY=0",
                    "-s", "CONCURRENT_REQUESTS_PER_DOMAIN=1", "-s", "RENDER_IF_MISSING={}",

@@ -138,9 +138,9 @@ def page(path: str) -> tuple[int, str, bytes]:
         html = _PAGE.format(name=bare, key=key, body="",
                             script=_SCRIPT.format(title=f"Rendered {key}"))
     elif kind == "product" and key:
+        found = f'<h1 class="title">Product {key}</h1><p class="price">{key}9.99</p>'
         html = _PRODUCT.format(html='<p class="note">No longer available</p>'
-                               if key.startswith("gone-") else
-                               f'<h1 class="title">Product {key}</h1><p class="price">{key}9.99</p>')
+                               if key.startswith("gone-") else found)
     elif kind == "app.js":
         return 200, "application/javascript", b"window.appLoaded = true;"
     elif kind in ("img", "font", "media"):
