@@ -180,6 +180,7 @@ RENDER_URL_PATTERNS: list = []              # regexes of URLs always rendered
 RENDER_IF_MISSING: dict = {}                # {url-regex: css}: static page without it -> render
 RENDER_WAIT_FOR_SELECTOR = None             # css, or {url-regex: css}
 RENDER_WAIT_TIMEOUT = 15.0                  # seconds a rendered page waits for its selector
+RENDER_WAIT_IDLE = 2.0                      # no selector: seconds it waits for network idle
 RENDER_BLOCK_RESOURCES = ["image", "font", "media"]  # never fetched by the browser
 RENDER_MAX_CONTEXTS = 8                     # browser contexts open at most
 RENDER_PROXY_BYPASS = None                  # hosts a proxied browser context reaches directly

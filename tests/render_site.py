@@ -6,6 +6,10 @@
 ``/hang/N``    like ``/js/N``, but the first request of each path is held
                until :meth:`RenderSite.release` (so a test can act while a page
                is rendering);
+``/product/N`` a product page whose title (``.title``) and price (``.price``)
+               a script writes 50 ms after the page's load event;
+``/product/gone-N``  the same page whose script writes only "no longer
+               available": no title, no price, ever;
 ``/img/…``, ``/font/…``, ``/media/…``, ``/app.js``  resources.
 
 HTML is gzipped for clients that accept it. Every request is logged (:meth:`RenderSite.hits`) with its User-Agent.
@@ -31,6 +35,12 @@ setTimeout(function () {{
   document.getElementById("ua").textContent = navigator.userAgent;
 }}, 30);
 </script>"""
+_PRODUCT = """<!DOCTYPE html><html><head><meta charset="utf-8"><title>Shop</title></head>
+<body><div id="product">Loading...</div><script src="/app.js"></script><script>
+window.addEventListener("load", function () {{
+  setTimeout(function () {{ document.getElementById("product").innerHTML = '{html}'; }}, 50);
+}});
+</script></body></html>"""
 
 
 class RenderSite:
@@ -127,6 +137,10 @@ def page(path: str) -> tuple[int, str, bytes]:
     elif kind in ("js", "hang") and key:
         html = _PAGE.format(name=bare, key=key, body="",
                             script=_SCRIPT.format(title=f"Rendered {key}"))
+    elif kind == "product" and key:
+        found = f'<h1 class="title">Product {key}</h1><p class="price">{key}9.99</p>'
+        html = _PRODUCT.format(html='<p class="note">No longer available</p>'
+                               if key.startswith("gone-") else found)
     elif kind == "app.js":
         return 200, "application/javascript", b"window.appLoaded = true;"
     elif kind in ("img", "font", "media"):

@@ -12,6 +12,7 @@ import asyncio
 import base64
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -20,6 +21,7 @@ from collections import Counter
 import psutil
 import pytest
 from scrapy import Request, Spider
+from scrapy.exceptions import NotConfigured
 from scrapy.http import HtmlResponse
 from scrapy.settings import Settings
 from scrapy.utils.test import get_crawler
@@ -27,6 +29,8 @@ from scrapy.utils.test import get_crawler
 from devtools.demo.proxy import ForwardProxy
 from devtools.demo.site import JS_PRODUCT_ID, DemoSite
 from crawlproject.keys import FrontierKeys, start_urls_key
+from crawlproject.rendering.content import (EmptyItemsMiddleware, MissingContent, WarningLimiter,
+                                            empty_fields, wait_for_content, wait_for_idle)
 from crawlproject.rendering.middleware import RenderIfMissingMiddleware, RenderingMiddleware
 from crawlproject.identity.session import IDENTITY, PROXY_CONTEXT, PROXY_ID
 from crawlproject.policy import InputPolicy, Refused
@@ -168,16 +172,18 @@ def test_rules_decide_what_renders_and_a_page_missing_its_selector_comes_back_ma
             await mw.process_request(request)
             decided[(url, str(meta))] = request.meta.get("playwright", False)
         assert list(decided.values()) == [True, True, False, True, False]
-        # The wait selector is a page method, once (a retry does not add another),
-        # and the request still passes the payload policy.
+        # The wait for the selector is a page method of the download only: once
+        # (a retry does not add another), never stored with the request.
         request = Request("http://h/always/3")
         await mw.process_request(request)
         await mw.process_response(request, HtmlResponse(request.url, body=b"", request=request,
                                                         flags=["playwright"]))
+        assert "playwright_page_methods" not in request.meta
         await mw.process_request(request)
         (wait,) = request.meta["playwright_page_methods"]
-        assert (wait.method, wait.args) == ("wait_for_selector", ("#app",))
-        request_from_json(request_to_json(request, None), None)
+        assert (wait.method, wait.args) == (wait_for_content, ("#app", 15.0))
+        assert "playwright_page_methods" not in request_from_json(
+            request_to_json(request, None), None).meta
 
         static = Request("http://h/item/1")
         await mw.process_request(static)
@@ -226,10 +232,158 @@ def test_a_rendered_request_carries_no_validators_a_static_one_keeps_them():
 
 
 
+def test_a_rendered_page_waits_for_its_selector_else_for_network_idle_for_the_download_only():
+    """What a rendered page waits for before it is read (crawlproject.rendering.content)."""
+    from scrapy_playwright.page import PageMethod
+
+    rules = {"RENDER_URL_PATTERNS": [r"/r/"], "RENDER_WAIT_FOR_SELECTOR": {r"/r/sel": "#sel"},
+             "RENDER_IF_MISSING": {r"/r/item": ".price"}, "RENDER_WAIT_TIMEOUT": 3}
+    mw = middleware(**rules)
+
+    def described(meta):
+        return [(pm.method if isinstance(pm.method, str) else pm.method.__name__, pm.args[:1])
+                for pm in meta.get("playwright_page_methods") or []]
+
+    async def waits(url, **meta):
+        request = Request(url, meta=meta)
+        await mw.process_request(request)
+        methods = described(request.meta)
+        stored = request_from_json(request_to_json(request, None), None).meta
+        await mw.process_response(request, HtmlResponse(url, body=b"", request=request,
+                                                        flags=["playwright"]))
+        # never stored, and back as they were once the download is over
+        assert described(stored) == described(request.meta) == described(meta)
+        return methods
+
+    async def scenario():
+        assert await waits("http://h/r/plain") == [("wait_for_idle", (2.0,))]
+        assert await waits("http://h/r/sel") == [("wait_for_content", ("#sel",))]
+        assert await waits("http://h/r/item/1") == [("wait_for_content", (".price",))]
+        assert await waits("http://h/r/plain", render_wait_for="h1") == [
+            ("wait_for_content", ("h1",))]
+        # The request's own page methods or wait_until say how it waits...
+        own = [PageMethod("wait_for_timeout", 100)]
+        assert await waits("http://h/r/plain", playwright_page_methods=own) == [
+            ("wait_for_timeout", (100,))]
+        assert await waits("http://h/r/plain",
+                           playwright_page_goto_kwargs={"wait_until": "networkidle"}) == []
+        # ... a selector wait comes after them; one stored as data before is replaced.
+        old = [PageMethod("click", "#more"), PageMethod("wait_for_selector", "h1")]
+        assert await waits("http://h/r/plain", render_wait_for="h1",
+                           playwright_page_methods=old) == [("click", ("#more",)),
+                                                            ("wait_for_content", ("h1",))]
+        assert await waits("http://h/static") == []        # not rendered at all
+        assert mw.stats.get_value("rendering/waits/idle") == 1
+        assert mw.stats.get_value("rendering/waits/selector") == 4
+        off = middleware(RENDER_URL_PATTERNS=[r"/r/"], RENDER_WAIT_IDLE=0)
+        request = Request("http://h/r/plain")
+        await off.process_request(request)
+        assert "playwright_page_methods" not in request.meta
+
+    asyncio.run(scenario())
+
+
+class _Page:
+    """Stands in for a Playwright page whose waits time out (Chromium's timing
+    is the crawl tests' business)."""
+
+    def __init__(self):
+        self.calls = []
+
+    async def wait_for_selector(self, selector, **kwargs):
+        from playwright.async_api import TimeoutError as PlaywrightTimeout
+
+        self.calls.append(("wait_for_selector", selector, kwargs))
+        raise PlaywrightTimeout("Timeout exceeded")
+
+    async def wait_for_load_state(self, state, **kwargs):
+        from playwright.async_api import TimeoutError as PlaywrightTimeout
+
+        self.calls.append(("wait_for_load_state", state, kwargs))
+        raise PlaywrightTimeout("Timeout exceeded")
+
+
+def test_a_selector_that_never_comes_is_missing_content_and_a_busy_network_is_not_an_error():
+    page, stats = _Page(), get_crawler(Spider).stats
+
+    async def scenario():
+        with pytest.raises(MissingContent, match=r"no '\.price' after 2s"):
+            await wait_for_content(page, ".price", 2.0)
+        await wait_for_idle(page, 1.5, stats)               # read as it is
+        assert page.calls == [("wait_for_selector", ".price",
+                               {"state": "attached", "timeout": 2000.0}),
+                              ("wait_for_load_state", "networkidle", {"timeout": 1500.0})]
+        assert stats.get_value("rendering/idle_timeout") == 1
+
+    asyncio.run(scenario())
+
+
+def test_missing_content_is_counted_and_warned_once_a_minute(caplog):
+    now = [100.0]
+    mw = middleware(RENDER_URL_PATTERNS=[r"/r/"])
+    mw.limiter = WarningLimiter(mw.limiter.log, clock=lambda: now[0])
+
+    async def fail(url):
+        request = Request(url)
+        await mw.process_request(request)
+        assert await mw.process_exception(request, MissingContent(".price", 15.0)) is None
+        assert "playwright_page_methods" not in request.meta    # the retry copy is clean
+
+    async def scenario():
+        with caplog.at_level("DEBUG", logger="crawlproject.rendering.middleware"):
+            for n in range(3):
+                await fail(f"http://h/r/{n}")
+            now[0] += 61
+            await fail("http://h/r/3")
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warnings) == 2, warnings
+        assert "http://h/r/0" in warnings[0] and "'.price'" in warnings[0]
+        assert "http://h/r/3" in warnings[1] and "2 more like it" in warnings[1]
+        assert mw.stats.get_value("rendering/missing_content") == 4
+        assert mw.stats.get_value("rendering/missing_content/selector") == 4
+        assert not mw.stats.get_value("rendering/errors/MissingContent")
+
+    asyncio.run(scenario())
+
+
+def test_empty_items_are_reported_rendered_as_missing_content_static_as_a_hint(caplog):
+    from scrapy import Field, Item
+
+    class Product(Item):
+        url, title, price, rendered = Field(), Field(), Field(), Field()
+
+    url = "http://h/product/1"
+    static = HtmlResponse(url, body=b"", request=Request(url))
+    rendered = HtmlResponse(url, body=b"", request=Request(url), flags=["playwright"])
+    assert empty_fields({"url": url, "title": None, "price": " "}, static) == ["title", "price"]
+    assert empty_fields(Product(url=url, rendered=True), static) == ["title", "price"]
+    assert empty_fields({"link": url, "tags": ["", None], "n": None}, static) == ["tags", "n"]
+    assert empty_fields({"url": url, "title": "T", "price": None}, static) == []
+    assert empty_fields({"url": url, "price": 0}, static) == []          # 0 is data
+    assert empty_fields({"url": url}, static) == []                       # nothing to miss
+    crawler = get_crawler(Spider, MW_SETTINGS)
+    mw = EmptyItemsMiddleware.from_crawler(crawler)
+    items = [{"url": url, "title": None}, Request(url), {"url": url, "title": "T"}]
+    with caplog.at_level("WARNING", logger="crawlproject.rendering.content"):
+        assert list(mw.process_spider_output(rendered, items)) == items
+        assert list(mw.process_spider_output(rendered, items)) == items
+        assert list(mw.process_spider_output(static, items)) == items
+    stats = crawler.stats
+    assert stats.get_value("rendering/missing_content/empty_item") == 2
+    assert stats.get_value("rendering/missing_content") == 2
+    assert stats.get_value("rendering/static_empty_items") == 1
+    first, hint = [r.getMessage() for r in caplog.records]          # rate-limited per kind
+    assert first.startswith(f"Rendered page {url} gave an item with no data (title empty)")
+    assert hint.startswith(f"Page {url} (not rendered)") and "RENDER_IF_MISSING" in hint
+    with pytest.raises(NotConfigured):
+        EmptyItemsMiddleware.from_crawler(get_crawler(Spider, {"RENDERING_ENABLED": False}))
+
+
 @pytest.mark.parametrize("settings, message", [
     ({"RENDER_URL_PATTERNS": ["(unclosed"]}, "RENDER_URL_PATTERNS"),
     ({"RENDER_IF_MISSING": {"/x": "div[[["}}, "RENDER_IF_MISSING"),
     ({"RENDER_MAX_CONTEXTS": 0}, "RENDER_MAX_CONTEXTS"),
+    ({"RENDER_WAIT_IDLE": -1}, "RENDER_WAIT_IDLE"),
     ({"PLAYWRIGHT_MAX_CONTEXTS": 2, "RENDER_MAX_CONTEXTS": 8}, "PLAYWRIGHT_MAX_CONTEXTS"),
 ])
 def test_bad_settings_are_clear_errors(settings, message):
@@ -244,6 +398,9 @@ def test_addon_settings_and_their_errors(tmp_path, monkeypatch):
     assert settings.getwithbase("DOWNLOAD_HANDLERS")["https"] == HANDLER
     assert settings["PLAYWRIGHT_LAUNCH_OPTIONS"]["executable_path"] == chromium_path()
     assert "playwright.async_api.Error" in settings.getlist("RETRY_EXCEPTIONS")
+    assert "crawlproject.rendering.content.MissingContent" in settings.getlist("RETRY_EXCEPTIONS")
+    spider_middlewares = settings.getwithbase("SPIDER_MIDDLEWARES")
+    assert spider_middlewares["crawlproject.rendering.content.EmptyItemsMiddleware"] == 800
     middlewares = settings.getwithbase("DOWNLOADER_MIDDLEWARES")
     assert middlewares["crawlproject.rendering.middleware.RenderingMiddleware"] == 620
     assert middlewares["crawlproject.rendering.middleware.RenderIfMissingMiddleware"] == 585
@@ -582,3 +739,116 @@ def test_a_rendered_request_survives_a_node_kill(redis, redis_url, mongo_uri, da
     assert hits["/hang/1"] == 2                       # the victim's try, the survivor's
     assert survivor.stat("scheduler/reclaimed") >= 1
     assert survivor.stat("mongo/modified") == 0        # nothing stored twice with changes
+
+
+# -- a user's own project made by `scrapy startproject`, with the README's settings ---------
+
+USER_SPIDER = '''
+from crawlproject.spiders import RedisSpider
+
+
+class Shop(RedisSpider):
+    name = "shop"
+
+    def parse(self, response):
+        yield {"url": response.url, "title": response.css(".title::text").get(),
+               "price": response.css(".price::text").get()}
+'''
+
+
+def readme_settings_block() -> str:
+    """The settings block of README.md's "Use it in your own Scrapy project", as
+    written there (the test breaks when the README changes it)."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Use it in your own Scrapy project", 1)[1]
+    block = section.split("```python\n", 1)[1].split("\n```", 1)[0]
+    assert "crawlproject.rendering.RenderingAddon" in block, block
+    return block
+
+
+def user_project(tmp_path, redis_url, mongo_uri, database) -> tuple:
+    """``scrapy startproject shop``; its settings.py gets the README's block and
+    where the local Redis and MongoDB are; a spider as a user writes one."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("SCRAPY_SETTINGS_MODULE", None)
+    subprocess.run([sys.executable, "-m", "scrapy", "startproject", "shop"], cwd=tmp_path,
+                   env=env, check=True, capture_output=True, timeout=60)
+    project = tmp_path / "shop"
+    settings = project / "shop" / "settings.py"
+    settings.write_text(settings.read_text() + "\n" + readme_settings_block() + "\n"
+                        f"REDIS_URL = {redis_url!r}\nMONGO_URI = {mongo_uri!r}\n"
+                        f"MONGO_DATABASE = {database.name!r}\n")
+    (project / "shop" / "spiders" / "shop.py").write_text(USER_SPIDER)
+    env["PYTHONPATH"] = os.pathsep.join([str(project), str(ROOT)])
+    return project, env
+
+
+def crawl_user_project(project, env, name, *settings, timeout=240):
+    """``scrapy crawl shop`` in the project until it is idle; its log text."""
+    log = project / f"{name}.log"
+    cmd = [sys.executable, "-m", "scrapy", "crawl", "shop", "-s", f"LOG_FILE={log}",
+           "-s", "LOG_LEVEL=INFO", "-s", "MAX_IDLE_TIME_BEFORE_CLOSE=3"]
+    for value in settings:
+        cmd += ["-s", value]
+    done = subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    text = log.read_text(errors="replace") if log.exists() else ""
+    assert done.returncode == 0, done.stderr[-3000:] + text[-3000:]
+    return text
+
+
+def log_stat(text: str, name: str) -> int:
+    match = re.search(rf"'{re.escape(name)}': (\d+)", text)
+    return int(match.group(1)) if match else 0
+
+
+def warnings_naming(text: str, *words: str) -> list[str]:
+    return [line for line in text.splitlines()
+            if "] WARNING:" in line and all(w in line for w in words)]
+
+
+@pytest.mark.slow
+def test_the_readme_recipe_renders_a_product_page_written_after_load_and_reports_one_without(
+        redis, redis_url, mongo_uri, database, tmp_path):
+    """The issue as a user found it: a fresh ``scrapy startproject`` with the
+    README's block pasted; a product page whose title and price a script writes
+    50 ms after load is stored with them; a product page that never gets its
+    price is reported (stat, one WARNING naming it and the selector), retried,
+    dead-lettered, and not stored empty."""
+    project, env = user_project(tmp_path, redis_url, mongo_uri, database)
+    with RenderSite() as site:
+        good, gone = f"{site.url}product/1", f"{site.url}product/gone-1"
+        redis.lpush(start_urls_key("shop"), good, gone)
+        log = crawl_user_project(project, env, "readme", "RENDER_WAIT_TIMEOUT=2",
+                                 "RETRY_TIMES=1")
+        hits = site.hits("/product/")
+    items = {d["url"]: d for d in database["shop"].find({}, {"_id": 0})}
+    assert set(items) == {good}, log[-4000:]
+    assert (items[good]["title"], items[good]["price"]) == ("Product 1", "19.99")
+    assert hits == {"/product/1": 2, "/product/gone-1": 3}   # static, then rendered (gone: twice)
+    assert log_stat(log, "rendering/missing_content") == 2, log[-4000:]
+    assert len(warnings_naming(log, gone, ".price")) == 1, log[-4000:]
+    (dead,) = [json.loads(d) for d in redis.lrange(FrontierKeys("shop").dead, 0, -1)]
+    assert gone in json.dumps(dead) and ".price" in json.dumps(dead), dead
+
+
+@pytest.mark.slow
+def test_a_page_rendered_by_url_rule_alone_is_read_after_its_script_and_an_empty_one_reported(
+        redis, redis_url, mongo_uri, database, tmp_path):
+    """The issue's second case: no selector at all, only ``RENDER_URL_PATTERNS``.
+    The page is read once its network is idle (the script's write 50 ms after
+    load included); a rendered page whose item has no data is reported."""
+    project, env = user_project(tmp_path, redis_url, mongo_uri, database)
+    with RenderSite() as site:
+        good, gone = f"{site.url}product/2", f"{site.url}product/gone-2"
+        redis.lpush(start_urls_key("shop"), good, gone)
+        log = crawl_user_project(project, env, "rule", "RENDER_IF_MISSING={}",
+                                 "RENDER_URL_PATTERNS=/product/")
+        hits = site.hits("/product/")
+    items = {d["url"]: d for d in database["shop"].find({}, {"_id": 0})}
+    assert (items[good]["title"], items[good]["price"]) == ("Product 2", "29.99"), log[-4000:]
+    assert (items[gone]["title"], items[gone]["price"]) == (None, None)
+    assert hits == {"/product/2": 1, "/product/gone-2": 1}   # rendered only
+    assert log_stat(log, "rendering/missing_content/empty_item") == 1, log[-4000:]
+    assert len(warnings_naming(log, gone)) == 1, log[-4000:]
+    assert not warnings_naming(log, good)

@@ -5,6 +5,9 @@ project or any Scrapy project: ``ADDONS = {"crawlproject.rendering.RenderingAddo
   browser context pool, Chromium's path and flags;
 * :mod:`~crawlproject.rendering.middleware`: ``RenderingMiddleware`` (620) and
   ``RenderIfMissingMiddleware`` (585), which decide what is rendered and how;
+* :mod:`~crawlproject.rendering.content`: what a rendered page waits for before
+  it is read (its required selector, else network idle), and the report of a
+  page that lacks its content (``MissingContent``, ``EmptyItemsMiddleware``);
 * :mod:`~crawlproject.rendering.settings`: the settings both read, with no
   Playwright import.
 

@@ -15,8 +15,11 @@ The add-on (:class:`RenderingAddon`) sets, unless the project set them itself:
   :func:`chromium_path`: the ``CHROMIUM_PATH`` setting, else the
   ``CHROMIUM_PATH`` environment variable, else the Debian/Ubuntu paths;
 * ``DOWNLOADER_MIDDLEWARES``: the rendering middlewares at 620 and 585;
+* ``SPIDER_MIDDLEWARES``: ``EmptyItemsMiddleware`` at 800 (items with no data
+  are reported, :mod:`crawlproject.rendering.content`);
 * ``RETRY_EXCEPTIONS``: plus Playwright's errors, so a page lost to a browser
-  crash is retried through the retry middleware like any download error;
+  crash is retried through the retry middleware like any download error, and
+  ``MissingContent`` (a rendered page without its required selector);
 * ``PLAYWRIGHT_ABORT_REQUEST``: images, fonts and media (``RENDER_BLOCK_RESOURCES``)
   are never fetched by the browser;
 * ``PLAYWRIGHT_PROCESS_REQUEST_HEADERS``: :func:`browser_headers`;
@@ -53,6 +56,8 @@ PLAYWRIGHT_HANDLER = "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler"
 #: The rendering middlewares and their places (see crawlproject.rendering.middleware).
 MIDDLEWARES = {"crawlproject.rendering.middleware.RenderingMiddleware": 620,
                "crawlproject.rendering.middleware.RenderIfMissingMiddleware": 585}
+#: The spider middleware that reports items with no data (crawlproject.rendering.content).
+SPIDER_MIDDLEWARES = {"crawlproject.rendering.content.EmptyItemsMiddleware": 800}
 #: Where Debian and Ubuntu install Chromium (the binary first: it starts faster
 #: than the /usr/bin wrapper script).
 CHROMIUM_CANDIDATES = ("/usr/lib/chromium/chromium", "/usr/bin/chromium",
@@ -64,8 +69,9 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--
 RESOURCE_TYPES = frozenset({"stylesheet", "image", "media", "font", "script", "texttrack",
                             "xhr", "fetch", "eventsource", "websocket", "manifest", "other"})
 DEFAULT_BLOCKED = tuple(RENDER_BLOCK_RESOURCES)
-#: Playwright's errors: a crashed or disconnected browser, a page that timed out.
-RETRY_ERRORS = ("playwright.async_api.Error",)
+#: Playwright's errors (a crashed or disconnected browser, a page that timed out)
+#: and a rendered page that never had its required selector.
+RETRY_ERRORS = ("playwright.async_api.Error", "crawlproject.rendering.content.MissingContent")
 
 _HANDLERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
@@ -281,6 +287,8 @@ class RenderingAddon:
             if load_object(path) not in named:
                 settings.setdefault_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", path,
                                                                priority)
+        for path, priority in SPIDER_MIDDLEWARES.items():
+            settings.setdefault_in_component_priority_dict("SPIDER_MIDDLEWARES", path, priority)
         retry = settings.getlist("RETRY_EXCEPTIONS")
         _extend(settings, "RETRY_EXCEPTIONS", retry + [e for e in RETRY_ERRORS if e not in retry])
         blocked = blocked_resource_types(settings)

@@ -13,10 +13,12 @@ A request is rendered (scrapy-playwright, ``meta["playwright"] = True``) when:
   ``render: True`` (``dont_filter``), through the frontier like any new
   request, and is counted in ``rendering/missing_selector``.
 
-A rendered page waits for ``meta["render_wait_for"]`` (a CSS selector), else
-for the selector ``RENDER_WAIT_FOR_SELECTOR`` gives (one selector, or
-``{url-pattern: selector}``), else for the selector it was found missing: a
-``wait_for_selector`` page method, at most ``RENDER_WAIT_TIMEOUT`` seconds.
+A rendered page is read once it has its required selector
+(``meta["render_wait_for"]``, else ``RENDER_WAIT_FOR_SELECTOR``, one selector or
+``{url-pattern: selector}``, else the ``RENDER_IF_MISSING`` selector of its URL;
+at most ``RENDER_WAIT_TIMEOUT`` seconds, refused and reported without it), or,
+with none, once its network is idle (at most ``RENDER_WAIT_IDLE`` seconds):
+:mod:`crawlproject.rendering.content`.
 
 **Browser contexts.** A rendered request whose proxy middleware (600) and
 identity middleware (610) chose a proxy and an identity gets the browser
@@ -48,6 +50,8 @@ from scrapy.http import TextResponse
 from scrapy.utils.misc import load_object
 
 from crawlproject.defaults import setting
+from crawlproject.rendering.content import (MissingContent, WarningLimiter, quiet_playwright_log,
+                                            required_selector, wait_for_content, wait_for_idle)
 from crawlproject.rendering.settings import rendering_enabled
 from crawlproject.identity.session import IDENTITY, PROXY_CONTEXT, PROXY_ID
 from crawlproject.serialization import replace_meta, restore_meta
@@ -137,12 +141,15 @@ class RenderingMiddleware:
     """Render the requests that ask for it or match a rule (see the module docstring)."""
 
     def __init__(self, crawler, rules: RenderRules, max_contexts: int, wait_timeout: float,
-                 proxy_bypass: str | None = None):
+                 proxy_bypass: str | None = None, idle_timeout: float = 0.0,
+                 limiter: WarningLimiter | None = None):
         self.crawler = crawler
         self.proxy_bypass = proxy_bypass
         self.stats = crawler.stats
         self.rules = rules
-        self.wait_timeout_ms = int(wait_timeout * 1000)
+        self.wait_timeout = wait_timeout
+        self.idle_timeout = idle_timeout
+        self.limiter = limiter or WarningLimiter(logger)
         # Imported here, not at the top: Playwright's modules are objects that
         # every full garbage collection walks, on a node that renders nothing
         # (RENDERING_ENABLED off, but the middleware in DOWNLOADER_MIDDLEWARES).
@@ -171,9 +178,14 @@ class RenderingMiddleware:
                 f"PLAYWRIGHT_MAX_CONTEXTS ({limit}) is below RENDER_MAX_CONTEXTS ({max_contexts}): "
                 "scrapy-playwright would wait forever for a context to close; set only "
                 "RENDER_MAX_CONTEXTS")
+        idle = setting(s, "RENDER_WAIT_IDLE")
+        if idle < 0:
+            raise ValueError(f"RENDER_WAIT_IDLE must be 0 (off) or more seconds, got {idle}")
         mw = cls(crawler, RenderRules.from_settings(s), max_contexts,
-                 setting(s, "RENDER_WAIT_TIMEOUT"), setting(s, "RENDER_PROXY_BYPASS") or None)
+                 setting(s, "RENDER_WAIT_TIMEOUT"), setting(s, "RENDER_PROXY_BYPASS") or None,
+                 idle)
         crawler.signals.connect(mw.spider_opened, signals.spider_opened)
+        quiet_playwright_log()
         return mw
 
     def spider_opened(self, spider) -> None:
@@ -209,8 +221,11 @@ class RenderingMiddleware:
 
     async def process_exception(self, request, exception):
         """Free the context; the retry middleware retries the request
-        (browser errors are in ``RETRY_EXCEPTIONS``)."""
+        (browser errors and :class:`MissingContent` are in ``RETRY_EXCEPTIONS``)."""
         if await self._finish(request):
+            if isinstance(exception, MissingContent):
+                self._missing_content(request, exception)
+                return None
             name = type(exception).__name__
             self.stats.inc_value(f"rendering/errors/{name}")
             logger.info("Rendering %s failed (%s: %s)", request, name, _first_line(exception),
@@ -230,22 +245,35 @@ class RenderingMiddleware:
         return "rule" if self.rules.wants(request.url) else None
 
     def _add_wait(self, request) -> None:
-        selector = request.meta.get(RENDER_WAIT_FOR)
-        if not (isinstance(selector, str) and 0 < len(selector) <= MAX_SELECTOR):
-            selector = self.rules.wait_selector(request.url)
-        if selector is None:
-            return
+        """The page method the page waits with before it is read, for this download
+        only (see crawlproject.rendering.content)."""
         from scrapy_playwright.page import PageMethod
 
-        methods = request.meta.get("playwright_page_methods") or []
+        meta = request.meta
+        methods = meta.get("playwright_page_methods") or []
         if isinstance(methods, dict):
             methods = list(methods.values())
-        if any(getattr(pm, "method", None) == "wait_for_selector" and pm.args[:1] == (selector,)
-               for pm in methods):
-            return  # a retry of a request that already waits for it
-        wait = PageMethod("wait_for_selector", selector, state="attached",
-                          timeout=self.wait_timeout_ms)
-        request.meta["playwright_page_methods"] = [*methods, wait]
+        selector = required_selector(request, self.rules, MAX_SELECTOR)
+        if selector is not None:
+            # A request stored before kept its wait as data: this one replaces it.
+            methods = [pm for pm in methods if not (
+                getattr(pm, "method", None) == "wait_for_selector" and pm.args[:1] == (selector,))]
+            wait = PageMethod(wait_for_content, selector, self.wait_timeout)
+            self.stats.inc_value("rendering/waits/selector")
+        elif methods or _own_wait_until(meta) or not self.idle_timeout:
+            return  # the request's own page methods or goto say how it waits
+        else:
+            wait = PageMethod(wait_for_idle, self.idle_timeout, self.stats)
+            self.stats.inc_value("rendering/waits/idle")
+        replace_meta(meta, "playwright_page_methods", [*methods, wait])
+
+    def _missing_content(self, request, exception: MissingContent) -> None:
+        self.stats.inc_value("rendering/missing_content")
+        self.stats.inc_value("rendering/missing_content/selector")
+        self.limiter.warn("selector", "Rendered page %s has no %r after %gs "
+                          "(RENDER_WAIT_TIMEOUT): not passed on; retried, then dead-lettered",
+                          request.url, exception.selector, exception.timeout,
+                          extra={"spider": self.crawler.spider})
 
     def _set_context(self, request) -> str:
         meta = request.meta
@@ -355,6 +383,11 @@ def _text(value) -> str | None:
 def _label(value) -> str:
     text = re.sub(r"[^A-Za-z0-9_.:-]", "_", value) if isinstance(value, str) else ""
     return text[:24] or "-"
+
+
+def _own_wait_until(meta) -> bool:
+    goto = meta.get("playwright_page_goto_kwargs")
+    return isinstance(goto, dict) and bool(goto.get("wait_until"))
 
 
 def _first_line(exception) -> str:
