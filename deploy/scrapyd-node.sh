@@ -101,11 +101,14 @@ if [ ! -e "$ENV_FILE" ]; then
   # (SCRAPYD_PASSWORD, or ~/.netrc on the operator's machine).
   PASSWORD="$("$VENV/bin/python" -c 'import secrets; print(secrets.token_urlsafe(24))')"
   install -m 600 /dev/null "$ENV_FILE"
-  { echo "SCRAPYD_USERNAME=crawl"; echo "SCRAPYD_PASSWORD=$PASSWORD"; cat <<'ENV'; } > "$ENV_FILE"
+  {
+    printf 'SCRAPYD_USERNAME=crawl\nSCRAPYD_PASSWORD=%s\n' "$PASSWORD"
+    cat <<'ENV'
 REDIS_URL=redis://redis.internal:6379/0
 MONGO_URI=mongodb://mongo.internal:27017/
 MONGO_DATABASE=crawl
 ENV
+  } > "$ENV_FILE"
   echo "Generated scrapyd's credentials (user crawl, a random password) in $ENV_FILE (mode 600)"
   echo "Fill in REDIS_URL, MONGO_URI and MONGO_DATABASE in $ENV_FILE, then start scrapyd"
 fi
