@@ -111,6 +111,9 @@ ENV
   } > "$ENV_FILE"
   echo "Generated scrapyd's credentials (user crawl, a random password) in $ENV_FILE (mode 600)"
   echo "Fill in REDIS_URL, MONGO_URI and MONGO_DATABASE in $ENV_FILE, then start scrapyd"
+elif ! grep -Eq '^SCRAPYD_PASSWORD=.+' "$ENV_FILE"; then  # kept from an older run
+  echo "WARNING: no SCRAPYD_PASSWORD in $ENV_FILE: scrapyd refuses to start on an address" \
+       "other than loopback without it (set one, e.g. openssl rand -base64 24)" >&2
 fi
 if [ "$UNIT" = 1 ]; then
   install -m 644 deploy/scrapyd.service /etc/systemd/system/scrapyd.service
