@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# Prepare one crawler node for scrapyd deployment (from a checkout or a copy of
-# this repository's requirements files and deploy/).
+# Prepare one crawler node for scrapyd deployment (from a checkout, or a copy of
+# this repository's requirements files, deploy/ and crawlproject/scrapyd_launcher.py).
 #
 #   sudo bash deploy/scrapyd-node.sh                      # production: as root, systemd
 #   bash deploy/scrapyd-node.sh --prefix DIR --no-systemd [--bind ADDR] [--port N]
 #
 # Production (no options): a 'scrapyd' system user; /opt/crawlproject/venv with
-# scrapyd and the project's hashed runtime lock (an egg installs no
-# dependencies: they must be in scrapyd's virtualenv); the system Chromium;
-# /etc/scrapyd/scrapyd.conf; /etc/crawlproject/scrapyd.env (mode 600, filled in
-# by you: credentials and the Redis/MongoDB addresses, never in the repository);
-# the systemd unit. Re-running it upgrades the requirements and keeps an
-# existing env file.
+# scrapyd, the project's hashed runtime lock (an egg installs no dependencies:
+# they must be in scrapyd's virtualenv) and scrapyd's launcher for the project
+# (stopping scrapyd closes its jobs; no start on a non-loopback address without
+# credentials); the system Chromium; /etc/scrapyd/scrapyd.conf;
+# /etc/crawlproject/scrapyd.env (mode 600: SCRAPYD_USERNAME and a generated
+# SCRAPYD_PASSWORD, and the Redis/MongoDB addresses you fill in; never in the
+# repository); the systemd unit. Re-running it upgrades the requirements and
+# the launcher and keeps an existing env file.
 #
 # Options:
 #   --prefix DIR   everything in DIR instead of /opt, /etc and /var: DIR/venv,
@@ -23,30 +25,35 @@
 #                  alone, /opt/crawlproject/run-scrapyd starts scrapyd
 #   --bind ADDR    scrapyd's bind_address (default: deploy/scrapyd.conf's, 0.0.0.0)
 #   --port N       scrapyd's http_port (default: 6800)
+#   -h, --help     this text
 set -euo pipefail
-cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 VENV=/opt/crawlproject/venv
 PREFIX=""
 SYSTEMD=1
 BIND=""
 PORT=""
-usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+# The comment block above, without its "# ".
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
+fail() { echo "scrapyd-node.sh: $1" >&2; usage >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
-    --prefix) [ $# -ge 2 ] || usage; PREFIX="$2"; shift 2 ;;
+    --prefix) [ $# -ge 2 ] || fail "--prefix needs a directory"; PREFIX="$2"; shift 2 ;;
     --no-systemd) SYSTEMD=0; shift ;;
-    --bind) [ $# -ge 2 ] || usage; BIND="$2"; shift 2 ;;
-    --port) [ $# -ge 2 ] || usage; PORT="$2"; shift 2 ;;
-    -h|--help) usage ;;
-    *) echo "scrapyd-node.sh: unknown option $1" >&2; usage ;;
+    --bind) [ $# -ge 2 ] || fail "--bind needs an address"; BIND="$2"; shift 2 ;;
+    --port) [ $# -ge 2 ] || fail "--port needs a number"; PORT="$2"; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) fail "unknown option $1" ;;
   esac
 done
+if [ -n "$PREFIX" ]; then  # relative to where the script was run from
+  mkdir -p "$PREFIX"
+  PREFIX="$(cd "$PREFIX" && pwd)"
+fi
+cd "$(dirname "$0")/.."
 SCRAPYD_VERSION="$(sed -nE 's/^scrapyd==([^ ]+).*/\1/p' requirements-dev.txt)"
 
 if [ -n "$PREFIX" ]; then
-  mkdir -p "$PREFIX"
-  PREFIX="$(cd "$PREFIX" && pwd)"
   VENV="$PREFIX/venv"
   CONF="$PREFIX/scrapyd.conf"
   ENV_FILE="$PREFIX/scrapyd.env"
@@ -76,6 +83,10 @@ fi
 "$VENV/bin/python" -m pip install -q --require-hashes -r requirements.txt
 "$VENV/bin/python" -m pip install -q --no-deps "scrapyd==$SCRAPYD_VERSION"
 "$VENV/bin/python" -m pip check >/dev/null
+# scrapyd's launcher (deploy/scrapyd.conf names it): a module of its own in
+# scrapyd's virtualenv, not the package (the jobs take crawlproject from the egg).
+SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+install -m 644 crawlproject/scrapyd_launcher.py "$SITE/crawlproject_scrapyd_launcher.py"
 
 if [ -z "$PREFIX" ]; then
   install -m 644 deploy/scrapyd.conf /etc/scrapyd/scrapyd.conf
@@ -86,15 +97,23 @@ fi
 [ -z "$BIND" ] || sed -i "s#^bind_address .*#bind_address = $BIND#" "$CONF"
 [ -z "$PORT" ] || sed -i "s#^http_port .*#http_port    = $PORT#" "$CONF"
 if [ ! -e "$ENV_FILE" ]; then
+  # A password of its own for this node (never printed): give it to crawlctl
+  # (SCRAPYD_PASSWORD, or ~/.netrc on the operator's machine).
+  PASSWORD="$("$VENV/bin/python" -c 'import secrets; print(secrets.token_urlsafe(24))')"
   install -m 600 /dev/null "$ENV_FILE"
-  cat > "$ENV_FILE" <<'ENV'
-SCRAPYD_USERNAME=crawl
-SCRAPYD_PASSWORD=
+  {
+    printf 'SCRAPYD_USERNAME=crawl\nSCRAPYD_PASSWORD=%s\n' "$PASSWORD"
+    cat <<'ENV'
 REDIS_URL=redis://redis.internal:6379/0
 MONGO_URI=mongodb://mongo.internal:27017/
 MONGO_DATABASE=crawl
 ENV
-  echo "Fill in $ENV_FILE (SCRAPYD_PASSWORD is empty), then start scrapyd"
+  } > "$ENV_FILE"
+  echo "Generated scrapyd's credentials (user crawl, a random password) in $ENV_FILE (mode 600)"
+  echo "Fill in REDIS_URL, MONGO_URI and MONGO_DATABASE in $ENV_FILE, then start scrapyd"
+elif ! grep -Eq '^SCRAPYD_PASSWORD=.+' "$ENV_FILE"; then  # kept from an older run
+  echo "WARNING: no SCRAPYD_PASSWORD in $ENV_FILE: scrapyd refuses to start on an address" \
+       "other than loopback without it (set one, e.g. openssl rand -base64 24)" >&2
 fi
 if [ "$UNIT" = 1 ]; then
   install -m 644 deploy/scrapyd.service /etc/systemd/system/scrapyd.service

@@ -11,8 +11,11 @@ build is bounded."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -53,18 +56,24 @@ def clean_env(**extra) -> dict:
 
 class Scrapyd:
     """A real scrapyd on 127.0.0.1 with basic auth, set up by deploy/scrapyd-node.sh
-    in its own directory (virtualenv, conf, env file) and started by its launcher."""
+    in its own directory (virtualenv, conf, env file) and started by its launcher.
 
-    def __init__(self, prefix: Path, env: dict):
+    The env file is written before the script runs (which keeps it), or, with
+    ``generated=True``, the script writes it with credentials of its own and
+    :meth:`start` fills in *env* as an operator does."""
+
+    def __init__(self, prefix: Path, env: dict, generated: bool = False):
         self.dir = prefix
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.dir.mkdir()
-        # The operator fills in the env file before starting (the script keeps it).
+        self.env, self.generated = env, generated
+        self.user, self.password = USER, PASSWORD
         env_file = self.dir / "scrapyd.env"
-        env_file.write_text("".join(f"{k}={v}\n" for k, v in {
-            "SCRAPYD_USERNAME": USER, "SCRAPYD_PASSWORD": PASSWORD, **env}.items()))
-        env_file.chmod(0o600)
+        if not generated:
+            env_file.write_text("".join(f"{k}={v}\n" for k, v in {
+                "SCRAPYD_USERNAME": USER, "SCRAPYD_PASSWORD": PASSWORD, **env}.items()))
+            env_file.chmod(0o600)
         self.setup_log = self.dir / "setup.out"
         with open(self.setup_log, "w") as out:
             self.setup = subprocess.Popen(
@@ -83,19 +92,34 @@ class Scrapyd:
             raise AssertionError(f"scrapyd-node.sh took over {VENV_TIMEOUT}s") from None
         assert code == 0, self.setup_log.read_text()[-3000:]
         launcher = self.dir / "run-scrapyd"
-        assert f"Start with: {launcher}" in self.setup_log.read_text()
-        assert (self.dir / "scrapyd.env").read_text().count(PASSWORD) == 1  # kept as filled in
+        output = self.setup_log.read_text()
+        assert f"Start with: {launcher}" in output
+        env_file = self.dir / "scrapyd.env"
+        if self.generated:
+            self.fill_in(env_file, output)
+        assert env_file.read_text().count(self.password) == 1  # kept as filled in
         assert not list((self.dir / "venv" / "lib").glob("python*/site-packages/crawlproject"))
         self.log = open(self.dir / "scrapyd.out", "w")
         self.proc = subprocess.Popen([str(launcher)], cwd="/", env=clean_env(),
                                      stdout=self.log, stderr=subprocess.STDOUT)
+
+    def fill_in(self, env_file: Path, output: str) -> None:
+        """The env file the script generated: its own credentials (mode 600, the
+        password never printed); the operator adds the Redis and MongoDB addresses."""
+        assert env_file.stat().st_mode & 0o777 == 0o600
+        values = dict(line.split("=", 1) for line in env_file.read_text().splitlines())
+        self.user, self.password = values["SCRAPYD_USERNAME"], values["SCRAPYD_PASSWORD"]
+        assert len(self.password) >= 24 and self.password not in output
+        assert f"Generated scrapyd's credentials (user crawl, a random password) in {env_file} " \
+               "(mode 600)" in output, output
+        env_file.write_text("".join(f"{k}={v}\n" for k, v in {**values, **self.env}.items()))
 
     def wait_ready(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, (self.dir / "scrapyd.out").read_text()
             try:
-                if requests.get(self.url + "daemonstatus.json", auth=(USER, PASSWORD),
+                if requests.get(self.url + "daemonstatus.json", auth=(self.user, self.password),
                                 timeout=5).status_code == 200:
                     return
             except requests.ConnectionError:
@@ -113,23 +137,23 @@ class Scrapyd:
             self.setup.wait()
         if self.proc is None:
             return
-        self.proc.terminate()
+        self.proc.terminate()  # a job still running closes first (the launcher)
         try:
-            self.proc.wait(20)
+            self.proc.wait(60)
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self.log.close()
 
 
-def crawlctl(*args, password: str | None = PASSWORD, cwd=ROOT,
-             home: Path | None = None) -> subprocess.CompletedProcess:
+def crawlctl(*args, password: str | None = PASSWORD, cwd=ROOT, home: Path | None = None,
+             user: str = USER) -> subprocess.CompletedProcess:
     """crawlctl with SCRAPYD_USERNAME/PASSWORD (*password*) or, with
     ``password=None``, the credentials of ``~/.netrc`` in *home*."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCRAPYD_")}
     env["PYTHONPATH"] = str(ROOT)
     env["HOME"] = str(home or Path(cwd))  # never the machine's own ~/.netrc
     if password is not None:
-        env.update(SCRAPYD_USERNAME=USER, SCRAPYD_PASSWORD=password)
+        env.update(SCRAPYD_USERNAME=user, SCRAPYD_PASSWORD=password)
     return subprocess.run([sys.executable, "-m", "crawlproject.cli", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
 
@@ -235,3 +259,84 @@ def test_deploy_fails_loudly_then_crawls_on_every_node(redis, redis_url, mongo_u
         assert "Shared frontier for 'products'" in log, log[-3000:]
         assert "Traceback" not in log, log[-3000:]
         assert PASSWORD not in log
+
+
+def frontier_leases(client) -> tuple[int, int]:
+    """Leases held in the frontier, every partition: (``T:inflight`` entries,
+    ``T:held:<node>`` members)."""
+    inflight = sum(client.hlen(key) for key in client.scan_iter(match="*}:inflight"))
+    held = sum(client.scard(key) for key in client.scan_iter(match="*}:held:*"))
+    return inflight, held
+
+
+def processes_naming(text: str) -> list[int]:
+    """PIDs of the processes whose command line holds *text*."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if text.encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+        except OSError:  # ended meanwhile
+            pass
+    return found
+
+
+def test_stopping_scrapyd_closes_its_running_job(redis, redis_url, mongo_uri, database,
+                                                 tmp_path):
+    """Issue 39: SIGTERM to scrapyd (what systemd, compose and Kubernetes send) with
+    a crawl running: the job closes as a node does (finish reason "shutdown", what
+    it fetched stored, its leases handed back) and scrapyd waits for it."""
+    env = {"REDIS_URL": redis_url, "MONGO_URI": mongo_uri, "MONGO_DATABASE": database.name}
+    node = Scrapyd(tmp_path / "a", env, generated=True)
+    targets = tmp_path / "targets"
+    targets.write_text(f"node-a {node.url}\n")
+    products = 3000  # far more than the job gets through before the stop
+    job_pids: list[int] = []
+    try:
+        node.start()
+        node.wait_ready()
+        deployed = crawlctl("deploy", "--targets-file", str(targets),
+                            user=node.user, password=node.password)
+        assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+        with DemoSite(products=products, per_page=10, latency_ms=50, faults=False) as site:
+            started = crawlctl("schedule", "products", "--targets-file", str(targets),
+                               "-s", "MAX_IDLE_TIME_BEFORE_CLOSE=0", "-s", "ROBOTSTXT_OBEY=False",
+                               "-s", "RENDERING_ENABLED=False", user=node.user,
+                            password=node.password)
+            assert started.returncode == 0, started.stdout + started.stderr
+            redis.lpush(start_urls_key("products"), site.url)
+            deadline = time.monotonic() + 180
+            while True:  # until the job stores items and holds leases
+                running = requests.get(node.url + "listjobs.json", auth=(node.user, node.password),
+                                       timeout=10).json()["running"]
+                job_pids[:] = [job["pid"] for job in running]
+                if (running and database["products"].estimated_document_count() >= 30
+                        and frontier_leases(redis)[0]):
+                    break
+                assert time.monotonic() < deadline, node.job_log()[-3000:]
+                time.sleep(0.1)
+            (job,) = running
+            stopped = time.monotonic()
+            node.proc.send_signal(signal.SIGTERM)
+            code = node.proc.wait(120)
+            waited = time.monotonic() - stopped
+            orphans = processes_naming(job["id"])
+        log, out = node.job_log(), (node.dir / "scrapyd.out").read_text()
+    finally:
+        node.stop()
+        for pid in job_pids:  # scrapyd's own launcher leaves the job crawling
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert code == -signal.SIGTERM, out[-3000:]  # twistd's clean stop by that signal
+    assert not orphans, (orphans, out[-3000:])
+    assert f"Stopping: SIGTERM to 1 running job(s) (products {job['id']} pid {job['pid']})" in out
+    assert "Every job closed in" in out and "SIGKILL" not in out, out[-3000:]
+    assert "Process finished:" in out
+    assert "'finish_reason': 'shutdown'" in log, log[-3000:]
+    scraped = int(re.search(r"'item_scraped_count': (\d+)", log).group(1))
+    upserted = int(re.search(r"'mongo/upserted': (\d+)", log).group(1))
+    stored = database["products"].count_documents({})
+    assert 30 <= stored == scraped == upserted < products, (stored, scraped, upserted)
+    assert frontier_leases(redis) == (0, 0)
+    assert waited < 60 and "Traceback" not in log
+    assert node.password not in log + out
