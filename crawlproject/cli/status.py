@@ -86,7 +86,12 @@ def _status_table(args, data: dict):
     table = Table(title=f"{args.spider} on {redact_url(args.redis_url)}")
     table.add_column("what")
     table.add_column("value", justify="right")
-    table.add_row("operator control", _control_text(data["control"]))
+    control = data["control"]
+    table.add_row("operator control", _control_text(control))
+    if control.get("then_clear"):
+        table.add_row("when the drain is complete", "back to run by itself")
+    if control.get("resume"):
+        table.add_row("to crawl again (nodes started now wait)", terminal_text(control["resume"]))
     for name, value in data["frontier"].items():
         table.add_row(name, str(value))
     for name, value in data["seeds"].items():
@@ -140,18 +145,13 @@ def _status_table(args, data: dict):
 
 
 def _control_text(control: dict) -> str:
-    """The state, who set it and when, and the way back to run (every value
-    from Redis through terminal_text)."""
+    """The state, who set it and when (every value from Redis through terminal_text)."""
     if control.get("error"):
         return f"{terminal_text(control['state'])} (ERROR: {terminal_text(control['error'], 500)})"
     text = terminal_text(control["state"])
     if control.get("since") or control.get("by"):
         text += (f" (since {_ago(control['since']) if control.get('since') else '?'}, by "
                  f"{terminal_text(control.get('by') or 'unknown')})")
-    if control.get("then_clear"):
-        text += "; back to run by itself once complete"
-    if control.get("resume"):
-        text += f"; to crawl again: {terminal_text(control['resume'])}"
     return text
 
 

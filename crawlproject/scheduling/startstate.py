@@ -71,9 +71,8 @@ class StartState:
             ("drain", "exit"): "this node closes now, exit code 1 (CONTROL_ON_START = 'exit')",
             ("pause", "follow"): "this node takes nothing until it is resumed",
         }[state, action]
-        then = (" The drain sets the state back to run by itself once it is complete "
-                "(crawlctl drain --then-clear); or" if state == "drain" and info.get("then_clear")
-                else "")
+        then = (" It goes back to run by itself once the drain is complete (drain "
+                "--then-clear)." if state == "drain" and info.get("then_clear") else "")
         logger.warning("The crawl of %r is in state %r, %s: %s.%s To crawl again: %s",
                        self.spider, state, who_and_when(info), does, then,
                        resume_command(self.spider), extra=log_extra or {})
