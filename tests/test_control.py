@@ -648,3 +648,40 @@ def test_a_drain_is_complete_only_when_nothing_is_left_and_ends_only_that_drain(
     assert ends == [False, False, True, False]
     state = read_state(redis, "products")
     assert (state["state"], state["by"], state["then_clear"]) == ("run", "node x", False)
+
+
+def test_a_readme_project_node_started_into_a_stop_exits_1_with_exit(
+        redis, redis_url, mongo_uri, database, tmp_path):
+    """`scrapy crawl` in a new project with the README block (COMMANDS_MODULE
+    included) says so by its exit code when CONTROL_ON_START = exit finds the
+    crawl stopped: Scrapy's own command exits 0 whatever the finish reason."""
+    from tests.test_startup_log import readme_project
+
+    project = readme_project(tmp_path)
+    crawlctl(redis_url, "stop", "shop")
+    log = tmp_path / "shop.log"
+    out = subprocess.run(
+        [sys.executable, "-m", "scrapy", "crawl", "shop", "-s", f"LOG_FILE={log}",
+         "-s", f"REDIS_URL={redis_url}", "-s", f"MONGO_URI={mongo_uri}",
+         "-s", f"MONGO_DATABASE={database.name}", "-s", "CONTROL_ON_START=exit"],
+        cwd=project, env={**node_env(redis_url, mongo_uri, database.name)},
+        capture_output=True, text=True, timeout=120)
+    text = log.read_text()
+    assert out.returncode == 1, text[-3000:] + out.stderr[-2000:]
+    assert "The crawl of 'shop' is in state 'stop', set by " in text
+    assert "To crawl again: crawlctl resume shop" in text
+    assert "finish reason 'control_stop_at_start': exit code 1" in text
+
+
+def test_the_dashboard_shows_who_when_and_how_to_resume(redis, redis_url):
+    from crawlproject.dashboard import render
+
+    crawlctl(redis_url, "drain", "products", "--then-clear")
+    redis.hset("{products}:node_reports", "n1", json.dumps(
+        {"state": "drain", "waiting": 1, "at": int(time.time() * 1000)}))
+    data = _status(redis_url)
+    control = render.control_fragment(data)
+    assert re.search(r"since <time[^>]*>[^<]* UTC</time> by \S+@\S+; back to run by itself "
+                     r"once complete</p>", control), control
+    assert "<code>crawlctl resume products</code>" in control
+    assert "drain (waiting: found at start)" in render.nodes_fragment(data)
