@@ -256,6 +256,17 @@ def read_state(client, spider: str) -> dict:
     return control_info(dict(zip(("state", "since", "by", "then_clear"), raw)))
 
 
+async def read_control(redis, spider: str) -> dict:
+    """:func:`read_state` with an asyncio client (a key of another type: ``pause``)."""
+    try:
+        raw = await redis.hmget(control_key(spider), ["state", "since", "by", "then_clear"])
+    except ResponseError as exc:
+        if not _wrong_type(exc):
+            raise
+        return {**control_info({}), "state": BROKEN_STATE}
+    return control_info(dict(zip(("state", "since", "by", "then_clear"), raw)))
+
+
 async def drain_complete(redis, spider: str, partitions: int, node: str,
                          registered_max: int = 1000) -> bool:
     """Whether a drain is over (async client): nothing queued, delayed or

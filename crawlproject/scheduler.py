@@ -70,7 +70,8 @@ from crawlproject.scheduling.burst import StartBurst, default_prefetch
 from crawlproject.scheduling.errback import LeaseErrback
 from crawlproject.scheduling.politeness import SitePoliteness
 from crawlproject.scheduling.startstate import StartState
-from crawlproject.control import ControlWatcher, clear_finished_drain, drain_complete
+from crawlproject.control import (ControlWatcher, clear_finished_drain, drain_complete,
+                                  read_control)
 from crawlproject.hooks import ACK, DEAD, RELEASED, RETRY, request_hooks
 from crawlproject.frontier.queue import (
     DEAD_MAX,
@@ -788,9 +789,8 @@ class RedisScheduler(BaseScheduler):
         """Each control poll: a node held by a drain set with --then-clear
         looks (every few seconds, while it has nothing to do) whether the
         drain is complete, and if so ends it."""
-        info = self.control.info
-        if (self.start_state.held != "drain" or info["state"] != "drain"
-                or not info.get("then_clear") or self.client.has_pending()
+        if (self.start_state.held != "drain" or self.control.state != "drain"
+                or self.client.has_pending()
                 or time.monotonic() - self._drain_checked < DRAIN_CHECK_INTERVAL):
             return
         self._drain_checked = time.monotonic()
@@ -800,11 +800,11 @@ class RedisScheduler(BaseScheduler):
         """Set the state back to run if this drain (with --then-clear) is
         complete: called by a node closing in a drain, after it left the
         frontier, and by nodes held by it (see crawlproject.control)."""
-        info = self.control.info
-        if info["state"] != "drain" or not info.get("then_clear"):
-            return
         redis = self.client.partitions[0].client
         spider = self.spider.name
+        info = await read_control(redis, spider)   # now: a drain given again since changes it
+        if info["state"] != "drain" or not info["then_clear"]:
+            return
         if await drain_complete(redis, spider, self.politeness.partitions, self.node) \
                 and await clear_finished_drain(redis, spider, info.get("since"),
                                                f"node {self.node} (drain complete)"):
