@@ -14,8 +14,34 @@ call per request:
 ``drain``  nodes take no seed; they finish the frontier, then close once the
            whole cluster has nothing left (even with ``MAX_IDLE_TIME_BEFORE_CLOSE = 0``).
 ``stop``   nodes close now (finish reason ``operator_stop``); leases they hold go
-           back to the queue. The state stays ``stop`` (a node started later
-           closes at once) until ``crawlctl resume``.
+           back to the queue. The state stays ``stop`` until ``crawlctl resume``.
+
+The state outlives the crawl: it stays in Redis until an operator changes it. A
+node that starts while it is ``stop`` or ``drain`` (yesterday's) logs one
+WARNING saying so, who set it and when, and the command that resumes the
+crawl; then, as ``CONTROL_ON_START`` says, it waits (``"wait"``, the default:
+it takes nothing, or in a drain helps finish the frontier, and does not close
+because of that state; it goes on when the state changes, polling at
+``CONTROL_POLL_INTERVAL``) or closes at once with finish reason
+``control_stop_at_start`` / ``control_drain_at_start`` (``"exit"``: exit code 1
+with ``COMMANDS_MODULE = "crawlproject.commands"``). A node that starts while
+it is ``pause`` says so too, and waits as every paused node does. Under a
+supervisor that restarts whatever exits (compose ``restart: unless-stopped``, a
+Kubernetes Deployment), ``"wait"`` is the one that does not restart in a loop.
+
+``crawlctl drain SPIDER --then-clear`` (field ``then_clear``) ends the drain
+by itself: once it is complete (nothing queued, delayed or leased in any
+partition, and no live node registered but those waiting at start) the last
+node to close, or a node waiting at start, sets the state back to ``run``
+(``by`` = ``node <id> (drain complete)``), atomically and only if the state is
+still that same drain.
+
+``since`` (unix ms) and ``by`` (``user@host`` of ``crawlctl``,
+``dashboard:user@host``, or a node) are written with every state; a hash
+without them (an older or hand-written value) reads as "set by an unknown
+writer at an unknown time". Every field is untrusted: the state is
+allow-listed, ``since`` must be a plausible time, ``by`` is cut to 100
+printable characters (others escaped) before anyone logs or shows it.
 
 The value is read from Redis, which is untrusted: only these four states are
 accepted; anything else counts as ``run`` and is logged once.
@@ -39,11 +65,12 @@ import asyncio
 import json
 import logging
 import time
-from typing import Callable
+from typing import Awaitable, Callable
 
 from redis.exceptions import ResponseError
 
 from crawlproject.connection import REDIS_FAILURES
+from crawlproject.keys import FrontierKeys
 
 logger = logging.getLogger(__name__)
 
@@ -114,16 +141,81 @@ def broken_key_message(key: str, type_name: str, spider: str) -> str:
             f"it is replaced (crawlctl resume {spider} --force, or pause/drain/stop --force)")
 
 
-def set_state(client, spider: str, state: str, by: str = "", force: bool = False) -> str:
-    """Write *state* (a sync redis client); returns the previous state.
-    A control key of another type raises :class:`ControlKeyError` unless
-    *force*, which replaces it (the previous state is then ``broken (<type>)``)."""
+BY_MAX = 100           # characters of `by` kept (written and read)
+SINCE_MAX_MS = 253_402_300_799_000   # 9999-12-31: a `since` beyond (or < 1) is no time
+
+
+def printable(value, limit: int = BY_MAX) -> str:
+    """*value* read from Redis as printable text: control characters escaped
+    (``\\n``, ``\\x1b``), at most *limit* characters."""
+    text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
+    return text[:limit]
+
+
+def control_info(raw: dict) -> dict:
+    """The control hash's fields (as read from Redis: untrusted), checked:
+    ``state`` (one of :data:`STATES`, else ``run``), ``since`` (ms, or None
+    when absent or implausible), ``by`` (printable text, or ``""``),
+    ``then_clear`` (bool)."""
+    def text(name):
+        value = raw.get(name, raw.get(name.encode()))
+        return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+    state = text("state")
+    try:
+        since = int(text("since") or "")
+    except ValueError:
+        since = None
+    return {"state": state if state in STATES else "run",
+            "since": since if since is not None and 0 < since < SINCE_MAX_MS else None,
+            "by": printable(text("by") or ""),
+            "then_clear": text("then_clear") == "1"}
+
+
+def who_and_when(info: dict, now_ms: int | None = None) -> str:
+    """``set by alice@ops1 at 2026-12-05 21:00:03 UTC (3h 10m ago)``, from
+    :func:`control_info`'s fields; unknown parts are said to be unknown."""
+    by = info.get("by") or "an unknown writer"
+    since = info.get("since")
+    if not since:
+        return f"set by {by} at an unknown time"
+    now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(since / 1000))
+    return f"set by {by} at {stamp} ({_age(max(0, now_ms - since) // 1000)} ago)"
+
+
+def _age(seconds: int) -> str:
+    if seconds < 120:
+        return f"{seconds}s"
+    minutes = seconds // 60
+    if minutes < 120:
+        return f"{minutes}m"
+    hours = minutes // 60
+    return f"{hours}h {minutes % 60}m" if hours < 48 else f"{hours // 24}d {hours % 24}h"
+
+
+def resume_command(spider: str) -> str:
+    return f"crawlctl resume {spider}"
+
+
+def set_state(client, spider: str, state: str, by: str = "", force: bool = False,
+              then_clear: bool = False) -> str:
+    """Write *state* (a sync redis client) with ``since`` (now, ms) and ``by``;
+    returns the previous state. *then_clear* (a drain only): the drain sets
+    the state back to ``run`` once it is complete. A control key of another
+    type raises :class:`ControlKeyError` unless *force*, which replaces it (the
+    previous state is then ``broken (<type>)``)."""
     if state not in STATES:
         raise ValueError(f"unknown state {state!r} (one of {', '.join(STATES)})")
+    if then_clear and state != "drain":
+        raise ValueError("then_clear is for a drain only")
     key = control_key(spider)
-    value = {"state": state, "since": int(time.time() * 1000), "by": by[:100]}
+    value = {"state": state, "since": int(time.time() * 1000), "by": printable(by)}
+    if then_clear:
+        value["then_clear"] = "1"
     try:
-        previous = client.hget(key, "state")
+        raw = client.hget(key, "state")
     except ResponseError as exc:
         if not _wrong_type(exc):
             raise
@@ -132,14 +224,17 @@ def set_state(client, spider: str, state: str, by: str = "", force: bool = False
             raise ControlKeyError(f"{key} is a {type_name}, not a hash: nodes count it as "
                                   f"{BROKEN_STATE!r}. Replace it with: crawlctl {_command(state)} "
                                   f"{spider} --force") from None
-        pipe = client.pipeline(transaction=True)   # one slot: fine on a cluster too
-        pipe.delete(key)
-        pipe.hset(key, mapping=value)
-        pipe.execute()
-        return f"broken ({type_name}, replaced)"
-    client.hset(key, mapping=value)
-    previous = previous.decode() if isinstance(previous, bytes) else previous
-    return previous if previous in STATES else "run"
+        previous = f"broken ({type_name}, replaced)"
+    else:
+        raw = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+        previous = raw if raw in STATES else "run"
+    # One key, one slot: a transaction is fine on a cluster too. The whole hash
+    # is written anew: no field of an older state (then_clear) outlives it.
+    pipe = client.pipeline(transaction=True)
+    pipe.delete(key)
+    pipe.hset(key, mapping=value)
+    pipe.execute()
+    return previous
 
 
 def _command(state: str) -> str:
@@ -147,21 +242,89 @@ def _command(state: str) -> str:
 
 
 def read_state(client, spider: str) -> dict:
-    """The control hash as text (sync client): state, since (ms), by; for a
-    key of another type, state ``pause`` (what nodes assume) and ``error``."""
+    """The control hash, checked (:func:`control_info`; sync client): state,
+    since (ms or None), by, then_clear; for a key of another type, state
+    ``pause`` (what nodes assume) and ``error``."""
     key = control_key(spider)
     try:
-        raw = client.hgetall(key)
+        raw = client.hmget(key, ["state", "since", "by", "then_clear"])
     except ResponseError as exc:
         if not _wrong_type(exc):
             raise
-        return {"state": BROKEN_STATE,
+        return {"state": BROKEN_STATE, "since": None, "by": "", "then_clear": False,
                 "error": broken_key_message(key, _type_name(client.type(key)), spider)}
-    data = {(k.decode() if isinstance(k, bytes) else k): (v.decode(errors="replace")
-            if isinstance(v, bytes) else v) for k, v in raw.items()}
-    if data.get("state") not in STATES:
-        data["state"] = "run"
-    return data
+    return control_info(dict(zip(("state", "since", "by", "then_clear"), raw)))
+
+
+async def read_control(redis, spider: str) -> dict:
+    """:func:`read_state` with an asyncio client (a key of another type: ``pause``)."""
+    try:
+        raw = await redis.hmget(control_key(spider), ["state", "since", "by", "then_clear"])
+    except ResponseError as exc:
+        if not _wrong_type(exc):
+            raise
+        return {**control_info({}), "state": BROKEN_STATE}
+    return control_info(dict(zip(("state", "since", "by", "then_clear"), raw)))
+
+
+async def drain_complete(redis, spider: str, partitions: int, node: str,
+                         registered_max: int = 1000) -> bool:
+    """Whether a drain is over (async client): nothing queued, delayed or
+    leased in any partition, and every live node registered in the frontier
+    is *node* or reports that it waits at start. A node whose lease deadline
+    has passed is dead, not live (its leases would still count)."""
+    seconds, micros = await redis.time()
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    live: set[str] = set()
+    for p in range(partitions):
+        keys = FrontierKeys(spider, p, partitions)
+        queued = await redis.hget(keys.kstate, "||qlen")
+        if queued is None:   # a crawl begun by an older version keeps it in the qlen key
+            try:
+                queued = await redis.get(keys.qlen)
+            except ResponseError:
+                return False
+        try:
+            if int(queued or 0) > 0:
+                return False
+        except ValueError:
+            return False
+        if await redis.zcard(keys.delayed) or await redis.hlen(keys.inflight):
+            return False
+        if await redis.zcard(keys.nodes) > registered_max:
+            return False
+        for member, deadline in await redis.zrange(keys.nodes, 0, -1, withscores=True):
+            if deadline > now_ms:
+                live.add(member.decode(errors="replace") if isinstance(member, bytes)
+                         else str(member))
+    live.discard(node)
+    if not live:
+        return True
+    others = sorted(live)
+    for name, raw in zip(others, await redis.hmget(node_reports_key(spider), others)):
+        try:
+            report = json.loads(raw) if raw is not None else None
+        except (ValueError, TypeError, RecursionError):
+            report = None
+        if not isinstance(report, dict) or report.get("waiting") != 1 \
+                or not isinstance(report.get("at"), int) \
+                or now_ms - report["at"] > WAITING_REPORT_FRESH_S * 1000:
+            return False
+    return True
+
+
+WAITING_REPORT_FRESH_S = 15   # a node's "waiting" report counts this long (sent every 5 s)
+
+
+async def clear_finished_drain(redis, spider: str, since: int | None, by: str) -> bool:
+    """Set the state back to ``run`` if it is still the drain of *since* with
+    ``then_clear`` (atomic: :data:`crawlproject.frontier.scripts.CLEAR_DRAIN`)."""
+    from crawlproject.frontier.scripts import CLEAR_DRAIN
+
+    done = await redis.eval(CLEAR_DRAIN, 1, control_key(spider),
+                            "" if since is None else str(since),
+                            str(int(time.time() * 1000)), printable(by))
+    return bool(done)
 
 
 class ControlWatcher:
@@ -171,7 +334,8 @@ class ControlWatcher:
                  interval: float = 1.0, log_extra: dict | None = None,
                  on_ready: Callable[[str], None] | None = None,
                  report: Callable[[], dict] | None = None, node: str = "",
-                 report_interval: float = 5.0):
+                 report_interval: float = 5.0,
+                 on_tick: Callable[[], Awaitable[None]] | None = None):
         self.redis = redis
         self.spider = spider
         self.key = control_key(spider)
@@ -182,9 +346,14 @@ class ControlWatcher:
         self.on_change = on_change
         #: called once with the first state read (before it, a node takes nothing)
         self.on_ready = on_ready
+        #: awaited after each read of the state (a waiting node's own checks)
+        self.on_tick = on_tick
         self.interval = interval
         self.log_extra = log_extra or {}
         self.state = "run"
+        #: the state with who set it and when (:func:`control_info`), read
+        #: before on_ready and each on_change are called
+        self.info: dict = control_info({})
         self._task: asyncio.Task | None = None
         self._stopping = False
         self._refused: set[str] = set()
@@ -211,6 +380,7 @@ class ControlWatcher:
         except REDIS_FAILURES:
             return self.state  # the frontier loop reports outages
         if new != self.state:
+            await self._read_info(new)
             old, self.state = self.state, new
             self.on_change(old, new)
             self._last_report = 0.0  # `crawlctl status` shows the new state within a second
@@ -228,12 +398,15 @@ class ControlWatcher:
                     # failing on_ready is tried again, never skipped (skipped,
                     # the node stayed paused for good).
                     state = await self._fetch()
+                    await self._read_info(state)
                     self.state = state
                     self.on_ready(state)
                     ready = True
                 else:
                     await self.poll()
                 await self._send_report()
+                if self.on_tick is not None:
+                    await self.on_tick()
             except REDIS_FAILURES:
                 pass  # the frontier loop reports outages; try again next interval
             except Exception:  # a bug in a handler must not end the watcher
@@ -253,6 +426,20 @@ class ControlWatcher:
                     {**self.report(), "at": int(time.time() * 1000)}))
         except REDIS_FAILURES:
             pass  # the frontier loop reports outages
+
+    async def _read_info(self, state: str) -> None:
+        """Who set *state* and when (one more read, only when the state is
+        new); the state itself is the one :meth:`_fetch` returned."""
+        info = control_info({})
+        if state != "run" and self._broken is None:
+            try:
+                raw = await self.redis.hmget(self.key, ["since", "by", "then_clear"])
+            except ResponseError as exc:   # replaced by another type meanwhile
+                if not _wrong_type(exc):
+                    raise
+            else:
+                info = control_info(dict(zip(("since", "by", "then_clear"), raw)))
+        self.info = {**info, "state": state, "broken": self._broken is not None}
 
     async def _fetch(self) -> str:
         """The state in Redis: ``run`` when none or not a known state (the

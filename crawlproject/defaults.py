@@ -48,6 +48,7 @@ SCHEDULER_HEARTBEAT_INTERVAL = 2.0          # seconds between lease renewals
 SCHEDULER_DEAD_MAX = 100_000                # records kept in {spider}:dead
 SCHEDULER_INVALID_MAX = 10_000              # records kept in {spider}:invalid
 CONTROL_POLL_INTERVAL = 1.0                 # seconds between reads of pause / drain / stop
+CONTROL_ON_START = "wait"                   # started into a stop/drain: wait, or exit (code 1)
 CALLBACK_RETRY_TIMES = 2                    # retries of a page whose callback raised
 RETRY_BACKOFF_BASE = 1.0                    # seconds: retry n waits ~base * 2**(n-1)
 RETRY_BACKOFF_MAX = 60.0                    # longest retry wait (s)
@@ -199,7 +200,8 @@ GC_THRESHOLD = None                         # e.g. [10000, 10, 10]; None: CPytho
 #: Settings that fall back to the environment variable of the same name.
 ENVIRONMENT = frozenset({"REDIS_URL", "REDIS_CLUSTER", "REDIS_HOST", "REDIS_PORT",
                          "MONGO_URI", "MONGO_DATABASE", "MONGO_SPOOL_DIR",
-                         "MAX_IDLE_TIME_BEFORE_CLOSE", "NODE_ID", "CHROMIUM_PATH"})
+                         "MAX_IDLE_TIME_BEFORE_CLOSE", "NODE_ID", "CHROMIUM_PATH",
+                         "CONTROL_ON_START"})
 
 #: Settings of scrapy-playwright that crawlproject reads or its add-on sets;
 #: their defaults are scrapy-playwright's (read with ``settings.get``).

@@ -26,8 +26,10 @@ key                                type    contents / written by
                                            was started with (a node with another count
                                            refuses to start)
 ``{<spider>}:control``             hash    ``state`` (run, pause, drain, stop), ``since``
-                                           (ms), ``by``; ``crawlctl pause|resume|drain|
-                                           stop`` writes, every node polls it each second
+                                           (ms), ``by``, ``then_clear`` (a drain that
+                                           ends itself: ``1``); ``crawlctl pause|resume|
+                                           drain|stop`` writes, every node polls it each
+                                           second, CLEAR_DRAIN ends a finished drain
                                            (:mod:`crawlproject.control`)
 ``{<spider>}:stats``               hash    cluster-wide counters (enqueued, duplicates,
                                            acked, dead, reclaimed, ...) that nodes add

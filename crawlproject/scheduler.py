@@ -54,12 +54,14 @@ from collections import deque
 import scrapy
 from scrapy import Request, signals
 from scrapy.core.scheduler import BaseScheduler
+from scrapy.exceptions import DontCloseSpider
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.request import RequestFingerprinter
 from scrapy.utils.request import fingerprint as scrapy_fingerprint
 
-from crawlproject.connection import redact_url, redis_from_settings, redis_url_from_settings
+from crawlproject.connection import (REDIS_FAILURES, redact_url, redis_from_settings,
+                                     redis_url_from_settings)
 from crawlproject import defaults
 from crawlproject.defaults import setting
 from crawlproject.frontier.bloom import BloomConfig
@@ -67,7 +69,9 @@ from crawlproject.frontier.client import FrontierClient, Rejected
 from crawlproject.scheduling.burst import StartBurst, default_prefetch
 from crawlproject.scheduling.errback import LeaseErrback
 from crawlproject.scheduling.politeness import SitePoliteness
-from crawlproject.control import ControlWatcher
+from crawlproject.scheduling.startstate import StartState
+from crawlproject.control import (ControlWatcher, clear_finished_drain, drain_complete,
+                                  read_control)
 from crawlproject.hooks import ACK, DEAD, RELEASED, RETRY, request_hooks
 from crawlproject.frontier.queue import (
     DEAD_MAX,
@@ -104,6 +108,9 @@ SUPPORTED_SCRAPY = ((2, 13), (2, 19))
 # still in Redis (``crawlctl politeness --clear`` removes one: it comes back).
 HOST_LIMITS_REFRESH = 5.0
 LIMITS_CHUNK = 500   # FRONTIER_HOST_LIMITS entries per SET_LIMITS call
+# Seconds between a held node's checks that a --then-clear drain is complete
+# (a few Redis reads a partition; only while it is held and has nothing to do).
+DRAIN_CHECK_INTERVAL = 5.0
 __all__ = ["RedisScheduler", "LEASE_META", "RETRY_DELAY_META", "CALLBACK_ATTEMPTS_META"]
 
 
@@ -124,7 +131,8 @@ class RedisScheduler(BaseScheduler):
                  lease_ttl: float, heartbeat: float, bloom: BloomConfig,
                  retry: RetryPolicy, politeness: SitePoliteness, node_id: str,
                  dead_max: int = DEAD_MAX, invalid_max: int = INVALID_MAX,
-                 start_burst: int = 0, idle_poll_max: float = defaults.SCHEDULER_IDLE_POLL_MAX):
+                 start_burst: int = 0, idle_poll_max: float = defaults.SCHEDULER_IDLE_POLL_MAX,
+                 control_on_start: str = defaults.CONTROL_ON_START):
         if start_burst < 0:
             raise ValueError(f"SCHEDULER_START_BURST ({start_burst}) must be 0 (no limit) or "
                              "more (requests handed to the engine per event-loop turn)")
@@ -176,6 +184,9 @@ class RedisScheduler(BaseScheduler):
         self.report_interval = setting(crawler.settings, "SCHEDULER_LOG_INTERVAL")
         self.control_interval = setting(crawler.settings, "CONTROL_POLL_INTERVAL")
         self.control: ControlWatcher | None = None
+        #: the operator's state found at start (CONTROL_ON_START: wait or exit)
+        self.start_state = StartState("", control_on_start)
+        self._drain_checked = float("-inf")   # monotonic time of the last drain-complete check
         self._stopping = False
         self._stop_task: asyncio.Future | None = None
         self._spider_opened = False
@@ -208,6 +219,7 @@ class RedisScheduler(BaseScheduler):
             # Off by default: it pays only while the event loop has time to
             # spare (see StartBurst); a node that is CPU-bound loses by it.
             start_burst=setting(s, "SCHEDULER_START_BURST"),
+            control_on_start=setting(s, "CONTROL_ON_START"),
         )
 
     # -- Scrapy scheduler interface ------------------------------------------
@@ -226,6 +238,7 @@ class RedisScheduler(BaseScheduler):
         self.crawler.signals.connect(self._on_spider_error, signal=signals.spider_error)
         self.crawler.signals.connect(self._on_robots, signal=signals.robots_parsed)
         self.crawler.signals.connect(self._on_spider_opened, signal=signals.spider_opened)
+        self.crawler.signals.connect(self._on_spider_idle, signal=signals.spider_idle)
         pol = self.politeness
         logger.info("Shared frontier for %r on %s as node %s (prefetch %d, %s starts a loop "
                     "turn, lease %ss, heartbeat %ss, %d partition(s); politeness per %s %s)",
@@ -272,10 +285,12 @@ class RedisScheduler(BaseScheduler):
         # A lease given back unstarted ends for the hooks (a tracing span) too.
         self.client.on_returned = lambda entry: (
             self._settled(entry.item, entry.member, RELEASED) if self.hooks else None)
+        self.start_state.spider = spider.name
         self.control = ControlWatcher(redis, spider.name, self._on_control,
                                       interval=self.control_interval, log_extra=extra,
                                       on_ready=self._on_control_ready,
-                                      report=self._node_report, node=self.node)
+                                      report=self._node_report, node=self.node,
+                                      on_tick=self._control_tick)
 
     def close(self, reason: str):
         return deferred_from_coro(self._close(reason))
@@ -729,24 +744,76 @@ class RedisScheduler(BaseScheduler):
                 # started and not yet answered: what a paused node still finishes
                 "downloading": self.downloading,
                 # with the lease deadline in {spider}:nodes: when it last renewed
-                "lease_ttl_s": self.lease_ttl, "state": self.control_state}
+                "lease_ttl_s": self.lease_ttl, "state": self.control_state,
+                # held by the state found at start (CONTROL_ON_START = wait)
+                "waiting": int(self.start_state.held is not None)}
 
     @property
     def control_state(self) -> str:
         """The operator's state for this spider (``run``, ``pause``, ``drain``, ``stop``)."""
         return self.control.state if self.control is not None else "run"
 
+    @property
+    def control_holds(self) -> bool:
+        """Held by the stop or drain found at start: the node neither closes
+        because of it nor counts as idle (CONTROL_ON_START = wait)."""
+        return self.start_state.held is not None
+
     def _on_control_ready(self, state: str) -> None:
         if self._stopping:  # refused at the first sync (partition count): stays shut
             return
         self.client.paused = False
-        if state != "run":
+        if state == "run":
+            self.client.wake()
+            self._nudge_engine()
+            return
+        action = self.start_state.arrived(self.control.info, {"spider": self.spider})
+        if action == "follow":   # a pause: as for any node
             self._on_control("run", state)
-        else:
+            return
+        self.stats.inc_value(f"control/{state}")
+        self.stats.set_value("control/state_at_start", state)
+        if action == "exit":
+            self._stop(f"control_{state}_at_start")
+            return
+        self.client.paused = state == "stop"   # a drain: what the frontier holds is done
+        if state == "drain":
             self.client.wake()
             self._nudge_engine()
 
+    def _on_spider_idle(self) -> None:
+        if self.control_holds:
+            raise DontCloseSpider
+
+    async def _control_tick(self) -> None:
+        """Each control poll: a node held by a drain set with --then-clear
+        looks (every few seconds, while it has nothing to do) whether the
+        drain is complete, and if so ends it."""
+        if (self.start_state.held != "drain" or self.control.state != "drain"
+                or self.client.has_pending()
+                or time.monotonic() - self._drain_checked < DRAIN_CHECK_INTERVAL):
+            return
+        self._drain_checked = time.monotonic()
+        await self._clear_finished_drain()
+
+    async def _clear_finished_drain(self) -> None:
+        """Set the state back to run if this drain (with --then-clear) is
+        complete: called by a node closing in a drain, after it left the
+        frontier, and by nodes held by it (see crawlproject.control)."""
+        redis = self.client.partitions[0].client
+        spider = self.spider.name
+        info = await read_control(redis, spider)   # now: a drain given again since changes it
+        if info["state"] != "drain" or not info["then_clear"]:
+            return
+        if await drain_complete(redis, spider, self.politeness.partitions, self.node) \
+                and await clear_finished_drain(redis, spider, info.get("since"),
+                                               f"node {self.node} (drain complete)"):
+            logger.info("The drain of %r is complete: state back to run (it was set with "
+                        "--then-clear)", spider, extra={"spider": self.spider})
+            self.stats.set_value("control/drain_cleared", 1)
+
     def _on_control(self, old: str, new: str) -> None:
+        self.start_state.release(new, {"spider": self.spider})
         # The downloads a pause lets finish: counted in the same turn of the
         # loop that sets `paused` below, so none can start in between.
         logger.info("Operator control: %s (was %s)%s", new, old, {
@@ -897,6 +964,12 @@ class RedisScheduler(BaseScheduler):
         await self.control.stop()
         leftovers = await self.client.close()
         self.flush_counts()   # the final calls' (the engine may have asked once more)
+        if self.control.state == "drain":   # the last draining node out ends a --then-clear drain
+            try:
+                await self._clear_finished_drain()
+            except REDIS_FAILURES as exc:   # the drain stays; a node held by it checks again
+                logger.warning("Could not check whether the drain is complete: %s", exc,
+                               extra={"spider": self.spider})
         if self.hooks:  # back in the queue for another node
             for entry in leftovers:
                 self._settled(entry.item, entry.member, RELEASED)

@@ -339,9 +339,10 @@ def test_drain_finishes_the_frontier_and_leaves_seeds_and_stop_hands_leases_back
         stored_at_stop = database["products"].count_documents({})
         assert stored_at_stop < 20
         assert redis.hlen(FrontierKeys("products").inflight) == 0   # handed back at close
-        # A node started while the state is stop closes at once.
-        late = Node("late", tmp_path, env, settings=slow)
-        assert late.wait(60) == 0 and "operator_stop" in late.text(), late.tail()
+        # A node started while the state is stop, with CONTROL_ON_START = exit,
+        # closes at once and says so by its exit code (it crawled nothing).
+        late = Node("late", tmp_path, env, settings={**slow, "CONTROL_ON_START": "exit"})
+        assert late.wait(60) == 1 and "control_stop_at_start" in late.text(), late.tail()
         crawlctl(redis_url, "resume", "products")
         finisher = Node("finisher", tmp_path, env, settings=SETTINGS)
         assert finisher.wait(180) == 0, finisher.tail()
@@ -426,3 +427,261 @@ def test_crawlctl_reports_a_broken_control_key_and_replaces_it_with_force(redis,
     fixed = crawlctl(redis_url, "resume", "shop", "--force")
     assert "replaced" in fixed.stdout and redis.hget(control_key("shop"), "state") == b"run"
     assert "run -> pause" in crawlctl(redis_url, "pause", "shop", "--force").stdout  # sound key
+
+
+# --- state that outlives the crawl (issue 39) ---------------------------------------------
+START_WARNING = re.compile(r"WARNING: The crawl of 'products' is in state '(\w+)', set by "
+                           r"([^\n]+?) at (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC) \([^)\n]* ago\): "
+                           r"([^\n]*) To crawl again: crawlctl resume products")
+
+
+def _status(redis_url: str) -> dict:
+    return json.loads(crawlctl(redis_url, "status", "products", "--json").stdout)
+
+
+@pytest.mark.slow
+def test_a_node_started_into_a_stopped_crawl_says_who_and_when_then_waits_until_resume(
+        redis, redis_url, mongo_uri, database, tmp_path):
+    """Yesterday's `crawlctl stop` is still in Redis: a node started today exited
+    in under a second with code 0 and crawled nothing (under compose or a
+    Deployment: a restart loop). Now it logs one WARNING with the state, who set
+    it, when, and the command that resumes; it waits (never idle-closing) and
+    crawls once resumed. Seeding meanwhile warns; status shows who/when."""
+    env = node_env(redis_url, mongo_uri, database.name)
+    products = 20
+    with DemoSite(products=products, latency_ms=20, faults=False) as site:
+        out = crawlctl(redis_url, "stop", "products")
+        assert "nodes started later wait" in out.stdout, out.stdout
+        seeded = crawlctl(redis_url, "seed", "products", site.url)
+        assert "pushed 1 seed" in seeded.stdout
+        assert re.search(r"warning: the crawl of 'products' is in state 'stop' \(set by \S+@\S+ "
+                         r"at .* UTC .*\): nodes take no seed until crawlctl resume products",
+                         seeded.stderr), seeded.stderr
+        node = Node("held", tmp_path, env, settings=SETTINGS)   # idle close after 3 s
+        try:
+            node.wait_for_log(START_WARNING.pattern, timeout=60)
+            warning = START_WARNING.search(node.text())
+            assert warning.group(1) == "stop" and "@" in warning.group(2), warning.group(0)
+            assert "waits (CONTROL_ON_START = 'wait')" in warning.group(4), warning.group(0)
+            wait_until(lambda: [r.get("waiting") for r in node_reports(redis, "products")] == [1],
+                       30, "the node's report: waiting")
+            time.sleep(2 * SETTINGS["MAX_IDLE_TIME_BEFORE_CLOSE"])  # no idle close may come
+            assert node.proc.poll() is None, node.tail()
+            assert hits(site) == 0
+            status = _status(redis_url)
+            control = status["control"]
+            assert control["state"] == "stop" and control["by"] == warning.group(2)
+            assert control["since"] <= time.time() * 1000 and control["then_clear"] is False
+            assert control["resume"] == "crawlctl resume products"
+            assert [(r["state"], r["waiting"]) for r in status["nodes"]] == [("stop", 1)]
+            table = crawlctl(redis_url, "status", "products").stdout
+            assert "stop (since" in table, table
+            assert re.search(r"to crawl again[^│]*│ +crawlctl resume products │", table), table
+            assert "waiting: found at start" in table, table
+            crawlctl(redis_url, "resume", "products")
+            assert node.wait(180) == 0, node.tail()
+        finally:
+            node.stop()
+        assert len(START_WARNING.findall(node.text())) == 1
+    assert_matches_catalog(stored_products(database["products"]),
+                           expected_items(site.url, products))
+
+
+def test_a_node_started_into_a_drain_exits_1_with_control_on_start_exit(
+        redis, redis_url, mongo_uri, database, tmp_path):
+    """With nothing left to drain, a node started into yesterday's drain closed at
+    once as "finished", exit 0. With CONTROL_ON_START = exit (here from the
+    environment, as a container sets it) it exits 1, saying why."""
+    crawlctl(redis_url, "drain", "products")
+    redis.hset(control_key("products"), "by", "eve\x1b[31m@ops\nFAKE LINE")   # untrusted
+    env = {**node_env(redis_url, mongo_uri, database.name), "CONTROL_ON_START": "exit"}
+    started = time.monotonic()
+    node = Node("exiter", tmp_path, env, settings=SETTINGS)
+    assert node.wait(60) == 1, node.tail()
+    assert time.monotonic() - started < 60
+    text = node.text()
+    assert "'finish_reason': 'control_drain_at_start'" in text, node.tail()
+    warning = START_WARNING.search(text)
+    assert warning.group(1) == "drain", text
+    assert "closes now, exit code 1 (CONTROL_ON_START = 'exit')" in warning.group(4)
+    assert warning.group(2) == "eve\\x1b[31m@ops\\nFAKE LINE"   # escaped: one line, no ESC
+    assert "\nFAKE LINE" not in text and "\x1b" not in text
+
+
+def test_seed_warns_while_draining_and_status_shows_who_when_and_then_clear(
+        redis, redis_url):
+    """`crawlctl seed` said nothing while the crawl was draining (the seeds then
+    waited unread). It warns on stderr and still pushes; `status` shows the
+    drain with who/when, whether it ends by itself, and how to resume; an
+    old hand-written value (a state alone) reads as unknown writer/time."""
+    out = crawlctl(redis_url, "drain", "products", "--then-clear")
+    assert "back to run by itself" in out.stdout
+    seeded = crawlctl(redis_url, "seed", "products", "http://127.0.0.1:9/")
+    assert "state 'drain'" in seeded.stderr and "until the drain ends by itself" in seeded.stderr
+    assert "crawlctl resume products" in seeded.stderr and "pushed 1 seed" in seeded.stdout
+    assert redis.llen(start_urls_key("products")) == 1
+    control = _status(redis_url)["control"]
+    assert control["state"] == "drain" and control["then_clear"] is True
+    assert re.fullmatch(r"\S+@\S+", control["by"]) and control["since"] > 0
+    assert control["resume"] == "crawlctl resume products"
+    table = crawlctl(redis_url, "status", "products").stdout
+    assert re.search(r"when the drain is complete +│ +back to run by itself", table), table
+    crawlctl(redis_url, "resume", "products")
+    resumed = _status(redis_url)["control"]
+    assert (resumed["state"], resumed["by"], resumed["then_clear"], resumed["resume"]) == (
+        "run", control["by"], False, None) and resumed["since"] >= control["since"]
+    assert "warning" not in crawlctl(redis_url, "seed", "products", "http://127.0.0.1:9/").stderr
+    redis.delete(control_key("products"))
+    redis.hset(control_key("products"), mapping={"state": "stop", "since": "junk"})
+    control = _status(redis_url)["control"]
+    assert (control["state"], control["since"], control["by"]) == ("stop", None, "")
+    assert "set by an unknown writer at an unknown time" in crawlctl(
+        redis_url, "seed", "products", "http://127.0.0.1:9/").stderr
+
+
+@pytest.mark.slow
+def test_a_drain_with_then_clear_goes_back_to_run_once_complete(
+        redis, redis_url, mongo_uri, database, tmp_path):
+    """`crawlctl drain --then-clear`: once the frontier is done and the draining
+    nodes have closed, the state is run again, so tomorrow's nodes crawl. A node
+    started during the drain helps finish it and waits (it does not close, nor
+    block the clearing), then crawls the seed pushed during the drain."""
+    env = node_env(redis_url, mongo_uri, database.name)
+    # The first site is slow (1 s a page, one at a time: ~20 s of drain) so that
+    # the helper, started after the drain, finds it under way.
+    with DemoSite(products=20, latency_ms=1000, faults=False) as first, \
+            DemoSite(products=10, latency_ms=20, faults=False) as second:
+        drainer = Node("drainer", tmp_path, env, settings={
+            **SETTINGS, "MAX_IDLE_TIME_BEFORE_CLOSE": 0, "CONCURRENT_REQUESTS": 1})
+        helper = None
+        try:
+            drainer.wait_for_log("Reading seeds from")
+            redis.lpush(start_urls_key("products"), first.url)
+            wait_until(lambda: database["products"].count_documents({}) >= 3, 120, "3 items")
+            crawlctl(redis_url, "drain", "products", "--then-clear")
+            drainer.wait_for_log("Operator control: drain", timeout=30)
+            crawlctl(redis_url, "seed", "products", second.url)    # waits for the run
+            helper = Node("helper", tmp_path, env, settings=SETTINGS)
+            helper.wait_for_log(START_WARNING.pattern, timeout=60)
+            assert "back to run by itself once the drain is complete" in helper.text()
+            assert drainer.proc.poll() is None, "the drain ended before the helper started"
+            assert drainer.wait(180) == 0, drainer.tail()   # drained: closes, exit 0
+            wait_until(lambda: redis.hget(control_key("products"), "state") == b"run", 60,
+                       "the drain to end by itself")
+            by = redis.hget(control_key("products"), "by").decode()
+            assert re.fullmatch(r"node (drainer|helper)-\S+ \(drain complete\)", by), by
+            assert redis.hget(control_key("products"), "then_clear") is None
+            assert helper.wait(180) == 0, helper.tail()     # crawled the second site, idle
+        finally:
+            drainer.stop()
+            if helper is not None:
+                helper.stop()
+        assert "Drained" in drainer.text() and "Drained" not in helper.text()
+        assert helper.stat("item_scraped_count") >= 10   # the second site, and its share of the first
+        assert database["products"].count_documents({}) == 30
+        assert sum(second.stats().values()) > 0 and redis.llen(start_urls_key("products")) == 0
+
+
+def test_a_node_started_into_a_finished_then_clear_drain_ends_it_and_crawls(
+        redis, redis_url, mongo_uri, database, tmp_path):
+    """The last draining node died before it could end its --then-clear drain:
+    the next node, held by it, finds it complete and ends it itself."""
+    crawlctl(redis_url, "drain", "products", "--then-clear")
+    env = node_env(redis_url, mongo_uri, database.name)
+    node = Node("next", tmp_path, env, settings=SETTINGS)
+    assert node.wait(120) == 0, node.tail()     # idle-closes once it runs again
+    assert redis.hget(control_key("products"), "state") == b"run"
+    assert re.fullmatch(rb"node next-\S+ \(drain complete\)",
+                        redis.hget(control_key("products"), "by"))
+    text = node.text()
+    assert START_WARNING.search(text).group(1) == "drain"
+    assert "Operator control: run after drain" in text and "Drained" not in text
+
+
+def test_a_drain_is_complete_only_when_nothing_is_left_and_ends_only_that_drain(
+        redis, redis_url):
+    """drain_complete: nothing queued, delayed or leased, and no live node but
+    this one and those that report they wait; clear_finished_drain: only the
+    drain it read, set with --then-clear."""
+    import asyncio
+
+    from redis import asyncio as aioredis
+
+    from crawlproject.control import (clear_finished_drain, drain_complete,
+                                      node_reports_key, read_state, set_state)
+
+    keys = FrontierKeys("products")
+    now_ms = int(time.time() * 1000)
+
+    async def scenario():
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            checks = [await drain_complete(client, "products", 1, "me")]
+            redis.zadd(keys.nodes, {"me": now_ms + 60_000, "dead": now_ms - 1,
+                                    "busy": now_ms + 60_000})
+            checks.append(await drain_complete(client, "products", 1, "me"))   # busy is live
+            redis.hset(node_reports_key("products"), "busy",
+                       json.dumps({"waiting": 1, "at": now_ms}))
+            checks.append(await drain_complete(client, "products", 1, "me"))   # it waits
+            redis.hset(keys.inflight, "m1", "busy")
+            checks.append(await drain_complete(client, "products", 1, "me"))   # a lease
+            redis.delete(keys.inflight)
+            redis.hset(keys.kstate, "||qlen", "2")
+            checks.append(await drain_complete(client, "products", 1, "me"))   # queued
+            redis.hset(keys.kstate, "||qlen", "0")
+            redis.zadd(keys.delayed, {"m2": now_ms})
+            checks.append(await drain_complete(client, "products", 1, "me"))   # a retry
+            set_state(redis, "products", "drain", by="a@b")
+            since = read_state(redis, "products")["since"]
+            ends = [await clear_finished_drain(client, "products", since, "node x")]  # no flag
+            set_state(redis, "products", "drain", by="a@b", then_clear=True)
+            since = read_state(redis, "products")["since"]
+            ends.append(await clear_finished_drain(client, "products", since - 1, "node x"))
+            ends.append(await clear_finished_drain(client, "products", since, "node x"))
+            ends.append(await clear_finished_drain(client, "products", since, "node x"))
+            return checks, ends
+        finally:
+            await client.aclose()
+
+    checks, ends = asyncio.run(scenario())
+    assert checks == [True, False, True, False, False, False]
+    assert ends == [False, False, True, False]
+    state = read_state(redis, "products")
+    assert (state["state"], state["by"], state["then_clear"]) == ("run", "node x", False)
+
+
+def test_a_readme_project_node_started_into_a_stop_exits_1_with_exit(
+        redis, redis_url, mongo_uri, database, tmp_path):
+    """`scrapy crawl` in a new project with the README block (COMMANDS_MODULE
+    included) says so by its exit code when CONTROL_ON_START = exit finds the
+    crawl stopped: Scrapy's own command exits 0 whatever the finish reason."""
+    from tests.test_startup_log import readme_project
+
+    project = readme_project(tmp_path)
+    crawlctl(redis_url, "stop", "shop")
+    log = tmp_path / "shop.log"
+    out = subprocess.run(
+        [sys.executable, "-m", "scrapy", "crawl", "shop", "-s", f"LOG_FILE={log}",
+         "-s", f"REDIS_URL={redis_url}", "-s", f"MONGO_URI={mongo_uri}",
+         "-s", f"MONGO_DATABASE={database.name}", "-s", "CONTROL_ON_START=exit"],
+        cwd=project, env={**node_env(redis_url, mongo_uri, database.name)},
+        capture_output=True, text=True, timeout=120)
+    text = log.read_text()
+    assert out.returncode == 1, text[-3000:] + out.stderr[-2000:]
+    assert "The crawl of 'shop' is in state 'stop', set by " in text
+    assert "To crawl again: crawlctl resume shop" in text
+    assert "finish reason 'control_stop_at_start': exit code 1" in text
+
+
+def test_the_dashboard_shows_who_when_and_how_to_resume(redis, redis_url):
+    from crawlproject.dashboard import render
+
+    crawlctl(redis_url, "drain", "products", "--then-clear")
+    redis.hset("{products}:node_reports", "n1", json.dumps(
+        {"state": "drain", "waiting": 1, "at": int(time.time() * 1000)}))
+    data = _status(redis_url)
+    control = render.control_fragment(data)
+    assert re.search(r"since <time[^>]*>[^<]* UTC</time> by \S+@\S+; back to run by itself "
+                     r"once complete</p>", control), control
+    assert "<code>crawlctl resume products</code>" in control
+    assert "drain (waiting: found at start)" in render.nodes_fragment(data)

@@ -9,6 +9,7 @@
     python -m crawlproject.cli invalid-seeds [list|purge] products    # seeds moved aside
     python -m crawlproject.cli proxies products [--json] [--revive HOST:PORT]
     python -m crawlproject.cli pause|resume|drain|stop products   # every node, within ~1 s
+    python -m crawlproject.cli drain products --then-clear        # ... then back to run
     python -m crawlproject.cli reset products --yes [--keep-seeds] [--drop-proxy-pool]
     python -m crawlproject.cli recrawl products [--pattern REGEX] [--now]   # revisit pages
     python -m crawlproject.cli spool-replay [--mongo-uri URI] [--database DB] [--spool-dir DIR] [--spider products]
@@ -92,8 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
         ("nodes", cmd_nodes, "nodes' last reports: pages/s, items/s, errors, leases, state"),
         ("pause", cmd_control, "every node stops taking requests and seeds (leases kept)"),
         ("resume", cmd_control, "undo pause / drain / stop"),
-        ("drain", cmd_control, "take no more seeds, finish the frontier, then nodes close"),
-        ("stop", cmd_control, "nodes close now (leases back to the queue) until resume"),
+        ("drain", cmd_control, "take no more seeds, finish the frontier, then nodes close "
+                               "(--then-clear: then back to run)"),
+        ("stop", cmd_control, "nodes close now (leases back to the queue); nodes started "
+                              "later wait until resume"),
     ]:
         p = sub.add_parser(name, help=help_)
         if name in ACTIONS:  # `dead [list|requeue|purge] SPIDER`
@@ -138,6 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
         if name in CONTROL_COMMANDS:
             p.add_argument("--force", action="store_true", help="replace a control key of "
                            "the wrong type (nodes treat one as pause)")
+        if name == "drain":
+            p.add_argument("--then-clear", action="store_true",
+                           help="once the drain is complete (nothing queued or leased, the "
+                                "draining nodes closed), the state goes back to run by itself")
         if name == "reset":
             p.add_argument("--yes", action="store_true")
             p.add_argument("--keep-seeds", action="store_true")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
+from crawlproject.control import read_state, resume_command, who_and_when
 from crawlproject.ops.common import UsageError
 from crawlproject.policy import InputPolicy
 from crawlproject.seeds import InvalidSeed, check_seed, parse_seed
@@ -18,6 +19,7 @@ def cmd_seed(args) -> int:
               "without its callbacks", file=sys.stderr)
     policy = InputPolicy.from_settings(settings, spidercls)
     key = _seed_keys(args, settings, spidercls).key
+    _warn_unless_running(_client(args), args.spider)
     if args.file:
         return _seed_file(args, policy, key)
     if not args.seeds:
@@ -30,6 +32,23 @@ def cmd_seed(args) -> int:
     _client(args).lpush(key, *args.seeds)
     print(f"pushed {len(args.seeds)} seed(s) to {key}")
     return 0
+
+
+def _warn_unless_running(client, spider: str) -> None:
+    """Seeds pushed while the crawl is paused, draining or stopped wait in
+    Redis: they are pushed all the same (a seeding job may load tomorrow's
+    seeds before the resume), with a warning on stderr saying so."""
+    info = read_state(client, spider)
+    if info["state"] == "run":
+        return
+    if info.get("error"):
+        print(f"warning: {info['error']}", file=sys.stderr)
+        return
+    until = ("the drain ends by itself (--then-clear) or: " if info["then_clear"]
+             else "")
+    print(f"warning: the crawl of {spider!r} is in state {info['state']!r} "
+          f"({who_and_when(info)}): nodes take no seed until {until}"
+          f"{resume_command(spider)}. The seeds are pushed and wait in Redis.", file=sys.stderr)
 
 
 SEED_CHUNK = 5000

@@ -87,14 +87,11 @@ def _status_table(args, data: dict):
     table.add_column("what")
     table.add_column("value", justify="right")
     control = data["control"]
-    if control.get("error"):
-        shown = f" (ERROR: {terminal_text(control['error'], 500)})"
-    elif control.get("since"):
-        shown = (f" (since {_ago(control.get('since'))}"
-                 f"{', by ' + terminal_text(control['by']) if control.get('by') else ''})")
-    else:
-        shown = ""
-    table.add_row("operator control", terminal_text(control["state"]) + shown)
+    table.add_row("operator control", _control_text(control))
+    if control.get("then_clear"):
+        table.add_row("when the drain is complete", "back to run by itself")
+    if control.get("resume"):
+        table.add_row("to crawl again (nodes started now wait)", terminal_text(control["resume"]))
     for name, value in data["frontier"].items():
         table.add_row(name, str(value))
     for name, value in data["seeds"].items():
@@ -127,8 +124,9 @@ def _status_table(args, data: dict):
                    "errors", "leases", "downloading"):
         nodes.add_column(column, justify="left" if column in ("node", "state") else "right")
     for r in data["nodes"]:
+        state = terminal_text(r.get("state", ""))
         nodes.add_row(terminal_text(r["node"]), f"{r['age_s']:g}",
-                      terminal_text(r.get("state", "")),
+                      state + " (waiting: found at start)" if r.get("waiting") == 1 else state,
                       f"{r.get('pages_per_s', 0):g}", f"{r.get('items_per_s', 0):g}",
                       str(r.get("pages", 0)), str(r.get("items", 0)), str(r.get("errors", 0)),
                       str(r.get("leases", 0)), str(r.get("downloading", "")))
@@ -144,6 +142,17 @@ def _status_table(args, data: dict):
                       f"{row['blocked_for_s']:g}s" if row["blocked_for_s"] else "",
                       f"{row['backoff_s']:g}s" if row["backoff_s"] else "")
     return Group(table, hosts, nodes)
+
+
+def _control_text(control: dict) -> str:
+    """The state, who set it and when (every value from Redis through terminal_text)."""
+    if control.get("error"):
+        return f"{terminal_text(control['state'])} (ERROR: {terminal_text(control['error'], 500)})"
+    text = terminal_text(control["state"])
+    if control.get("since") or control.get("by"):
+        text += (f" (since {_ago(control['since']) if control.get('since') else '?'}, by "
+                 f"{terminal_text(control.get('by') or 'unknown')})")
+    return text
 
 
 def cmd_nodes(args) -> int:

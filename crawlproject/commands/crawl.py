@@ -5,7 +5,9 @@ stopped because of a broken start (``start_error``), or that had to close
 with items it could not store (``mongo_unavailable``), looks like success to
 systemd, scrapyd and scripts. Here the exit code is 0 for ``finished``,
 ``shutdown`` (SIGTERM / Ctrl-C), ``operator_stop`` (``crawlctl stop``) and Scrapy's ``closespider_*`` limits, and 1
-for any other reason, which is also logged.
+for any other reason, which is also logged: among them ``control_stop_at_start``
+and ``control_drain_at_start``, a node that started into a stopped or drained
+crawl with ``CONTROL_ON_START = "exit"`` (it crawled nothing).
 """
 
 from __future__ import annotations

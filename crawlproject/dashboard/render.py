@@ -24,7 +24,7 @@ ACTIONS = {
 }
 STATE_HELP = {"run": "running", "pause": "paused: no node takes work",
               "drain": "draining: no seeds taken, nodes close when the frontier is done",
-              "stop": "stopped: nodes close (resume to start again)"}
+              "stop": "stopped: nodes close, nodes started later wait (resume to start again)"}
 
 
 def e(value) -> str:
@@ -91,8 +91,13 @@ def control_fragment(data: dict) -> str:
     by = f" by {e(control['by'])}" if control.get("by") else ""
     error = (f'<p class="error" role="alert">{e(control["error"])}</p>'
              if control.get("error") else "")   # a control key of the wrong type
+    then = "; back to run by itself once complete" if control.get("then_clear") else ""
+    resume = (f'<p>The state stays in Redis: nodes started now wait. To crawl again: Resume, '
+              f'or <code>{e(control["resume"])}</code></p>'
+              if control.get("resume") and state in ("stop", "drain") else "")
     return (f'<p>State: <strong class="state state-{e(state)}" data-field="control.state">'
-            f'{e(state)}</strong> ({e(STATE_HELP.get(state, state))}){since}{by}</p>{error}')
+            f'{e(state)}</strong> ({e(STATE_HELP.get(state, state))}){since}{by}{e(then)}</p>'
+            f'{resume}{error}')
 
 
 def frontier_fragment(data: dict) -> str:
@@ -124,7 +129,8 @@ def nodes_fragment(data: dict) -> str:
     rows = []
     for r in data["nodes"]:
         heartbeat = r.get("heartbeat_age_s")
-        rows.append([e(r["node"]), e(r.get("state", "")),
+        rows.append([e(r["node"]), e(r.get("state", "")) + (
+                         " (waiting: found at start)" if r.get("waiting") == 1 else ""),
                      n(heartbeat) if heartbeat is not None else "",
                      n(r.get("lease_left_s")) if r.get("registered") else "not registered",
                      n(r["age_s"]), n(r.get("pages_per_s", 0)), n(r.get("items_per_s", 0)),

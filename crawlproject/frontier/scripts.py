@@ -57,3 +57,5 @@ REPLAY_DEAD = _script("lib/clock", "lib/bloom", "lib/key_check", "replay_dead")
 SET_LIMITS = _script("lib/clock", "set_limits")
 CLAIM_SEEDS = _script("lib/clock", "lib/key_check", "claim_seeds")
 RENEW_CLAIMS = _script("lib/clock", "renew_claims")
+#: the operator's control hash (crawlproject/control.py), here with the other scripts
+CLEAR_DRAIN = _lua("clear_drain")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from crawlproject.control import node_reports, read_state
+from crawlproject.control import node_reports, read_state, resume_command
 from crawlproject.frontier.queue import Frontier
 from crawlproject.keys import (
     FrontierKeys,
@@ -41,7 +41,7 @@ def status_data(spider: str, parts: list[Frontier], seeds: SeedKeys) -> dict:
     return {
         "politeness": _politeness_summary(parts, counts["hosts"]),
         "spider": spider, "at": int(time.time() * 1000),
-        "control": read_state(f.client, spider),
+        "control": _control(f.client, spider),
         "frontier": {k: counts[k] for k in ("queued", "delayed", "inflight", "dead", "invalid",
                                             "hosts", "nodes", "partitions")},
         "seeds": {"waiting": seed_count(f.client, seeds.key),
@@ -61,6 +61,15 @@ def status_data(spider: str, parts: list[Frontier], seeds: SeedKeys) -> dict:
         "recrawl": _recrawl_summary(f.client, spider),
         "proxy_pool": _proxy_pool_summary(f.client, spider, now_ms),
     }
+
+
+def _control(client, spider: str) -> dict:
+    """The operator's state with who set it and when (``since`` ms or None,
+    ``by``), ``then_clear`` (a drain that ends by itself), and ``resume``: the
+    command that resumes the crawl (None while it runs)."""
+    control = read_state(client, spider)
+    control["resume"] = resume_command(spider) if control["state"] != "run" else None
+    return control
 
 
 def _proxy_pool_summary(client, spider: str, now_ms: int) -> dict:

@@ -104,8 +104,9 @@ class RedisSpider(Spider):
                 await asyncio.sleep(self.seed_poll_interval)
                 continue
             if control == "drain":
-                # No more seeds: close once the cluster's frontier is done.
-                if self._node_is_idle():
+                # No more seeds: close once the cluster's frontier is done (a
+                # node held by the drain it started into waits instead).
+                if self._node_is_idle() and not self._control_holds():
                     logger.info("Drained: no seeds taken, nothing left to do: closing",
                                 extra={"spider": self})
                     return
@@ -264,6 +265,10 @@ class RedisSpider(Spider):
     def _control_state(self) -> str:
         scheduler = getattr(self.crawler.engine, "scheduler", None)
         return getattr(scheduler, "control_state", "run")
+
+    def _control_holds(self) -> bool:
+        scheduler = getattr(self.crawler.engine, "scheduler", None)
+        return getattr(scheduler, "control_holds", False)
 
     def _node_is_idle(self) -> bool:
         if self._redis_outage.down:
