@@ -22,7 +22,7 @@ import redis
 from crawlproject import settings as project
 from crawlproject.connection import mongo_client
 from devtools.demo.site import DemoSite
-from crawlproject.keys import reset_spider, start_urls_key
+from crawlproject.keys import FrontierKeys, reset_spider, start_urls_key
 from devtools.services import MongoServer, RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,6 +59,19 @@ def wait_nodes(nodes: list[subprocess.Popen], timeout: float) -> None:
             node.wait(30)
 
 
+def wait_joined(client: redis.Redis, nodes: list[subprocess.Popen], count: int,
+                timeout: float) -> int:
+    """Wait (bounded) until *count* nodes are registered in the frontier, or one exited."""
+    key = FrontierKeys("products").nodes
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        joined = client.zcard(key)
+        if joined >= count or any(node.poll() is not None for node in nodes):
+            return joined
+        time.sleep(0.2)  # a plain script, not a reactor
+    return client.zcard(key)
+
+
 def node_stat(log: Path, name: str) -> int:
     match = re.search(rf"'{re.escape(name)}': (\d+)", log.read_text(errors="replace"))
     return int(match.group(1)) if match else 0
@@ -82,13 +95,18 @@ def run(args: argparse.Namespace) -> int:
         mongo = mongo_client(mongo_server.uri, asyncio=False)
         collection = mongo[args.database]["products"]
         collection.delete_many({})
-        client.lpush(start_urls_key("products"), site.url)
-        print(f"LPUSH products:start_urls {site.url}")
         env = dict(os.environ, REDIS_URL=redis_server.url, MONGO_URI=mongo_server.uri,
                    MONGO_DATABASE=args.database)
-        began = time.monotonic()
         nodes = start_nodes(args.nodes, env, logs, args.idle_close, args.node_concurrency)
-        print(f"Started {args.nodes} nodes (scrapy crawl products); waiting for the crawl to finish...")
+        print(f"Started {args.nodes} nodes (scrapy crawl products); waiting for them to join...")
+        joined = wait_joined(client, nodes, args.nodes, timeout=120)
+        # The seed goes in once every node is up, as an operator seeds a running
+        # cluster: pushed first, the node that starts a second sooner would take
+        # the whole small demo site before the other one asks for work.
+        began = time.monotonic()
+        client.lpush(start_urls_key("products"), site.url)
+        print(f"{joined} nodes in the frontier; LPUSH products:start_urls {site.url}; "
+              "waiting for the crawl to finish...")
         wait_nodes(nodes, args.timeout)
         elapsed = time.monotonic() - began - args.idle_close
         print_summary(args, site, collection, logs, elapsed, mongo_server, work)
@@ -129,8 +147,9 @@ def print_summary(args, site, collection, logs: Path, elapsed: float, mongo_serv
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=2)
-    parser.add_argument("--products", type=int, default=60)
-    parser.add_argument("--latency-ms", type=int, default=20)
+    parser.add_argument("--products", type=int, default=120)
+    parser.add_argument("--latency-ms", type=int, default=150,
+                        help="added to every page: long enough that both nodes get a share")
     parser.add_argument("--idle-close", type=int, default=5)
     parser.add_argument("--node-concurrency", type=int, default=8,
                         help="CONCURRENT_REQUESTS of each node")
