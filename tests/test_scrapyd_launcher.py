@@ -118,6 +118,10 @@ def daemons(tmp_path):
         daemon.stop()
 
 
+def default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -165,7 +169,9 @@ def test_a_job_still_running_after_the_bound_is_killed_and_logged(daemons):
 def test_ctrl_c_in_scrapyds_terminal_gives_each_job_one_signal(daemons):
     # The terminal signals its foreground process group: scrapyd, and not the
     # jobs (own session), which get the launcher's SIGTERM alone.
-    node = daemons(start_new_session=True)
+    # A shell starts background commands with SIGINT ignored, and Python and
+    # Twisted keep an ignored SIGINT ignored: give scrapyd a terminal's default.
+    node = daemons(start_new_session=True, preexec_fn=default_sigint)
     node.wait_ready()
     job, pid = node.start_job("polite")
     assert os.getsid(pid) == pid != os.getpgid(node.proc.pid)
