@@ -156,6 +156,7 @@ def test_hpack_request_examples_of_rfc7541_with_the_dynamic_table():
     assert second[3] == (":authority", "www.example.com")
     assert third[-1] == ("custom-key", "custom-value")
     assert third[1] == (":scheme", "https")
+    assert third[3] == (":authority", "www.example.com")   # index 63: the older entry
 
 
 def test_the_encoder_answers_what_the_decoder_reads():
@@ -198,7 +199,7 @@ def test_curl_told_an_exact_ja3_and_http2_fingerprint_is_seen_with_them(curl_cff
     # extensions curl_cffi can send from a bare JA3 string (no extra_fp needed)
     ja3 = ("771,4865-4866-4867-49195-49199-49196-49200-52393-52392-49171-49172-156-157-47-53,"
            "0-23-65281-10-11-35-16-13-51-45-43,29-23-24,0")
-    akamai = "1:65536;2:0;4:6291456;6:262144|15663105|0|m,a,s,p"
+    akamai = "4:6291456;1:65536;3:1000|15663105|0|m,s,p,a"   # orders no client uses
     printable = "".join(chr(c) for c in range(33, 127)).replace(":", "")
 
     async def fetch(url):
