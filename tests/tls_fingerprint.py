@@ -25,7 +25,7 @@ import struct
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -33,6 +33,8 @@ from typing import Callable
 
 EXT_SNI, EXT_GROUPS, EXT_POINT_FORMATS, EXT_SIG_ALGS, EXT_ALPN = 0x0000, 0x000a, 0x000b, 0x000d, 0x0010
 EXT_SUPPORTED_VERSIONS = 0x002b
+#: pre_shared_key and early_data: present only when the client resumes a TLS session
+EXT_RESUMPTION = (0x0029, 0x002a)
 _JA4_VERSIONS = {0x0304: "13", 0x0303: "12", 0x0302: "11", 0x0301: "10", 0x0300: "s3",
                  0x0002: "s2", 0xfeff: "d1", 0xfefd: "d2", 0xfefc: "d3"}
 
@@ -66,6 +68,16 @@ class ClientHello:
             extensions = sorted(extensions)
         return ",".join([str(self.version), _dec(_no_grease(self.ciphers)), _dec(extensions),
                          _dec(_no_grease(self.groups)), _dec(self.point_formats)])
+
+    @property
+    def resumed(self) -> bool:
+        return any(e in self.extensions for e in EXT_RESUMPTION)
+
+    def fresh(self) -> "ClientHello":
+        """This hello as the client sends it without a session to resume (a
+        browser's second connection to a site resumes: one more extension)."""
+        return replace(self, extensions=tuple(e for e in self.extensions
+                                              if e not in EXT_RESUMPTION))
 
     @property
     def ja3(self) -> str:
@@ -465,9 +477,10 @@ class Seen:
 
     @property
     def fingerprint(self) -> dict:
-        """What a bot defence compares: JA4 (stable under extension permutation),
-        JA3N, the HTTP/2 fingerprint, the header order."""
-        hello = self.connection.hello
+        """What a bot defence compares: JA4 (stable under extension permutation) and
+        JA3N of the hello as a fresh handshake shows it, the HTTP/2 fingerprint, the
+        header order."""
+        hello = self.connection.hello.fresh() if self.connection.hello else None
         return {"ja4": hello.ja4 if hello else None, "ja3n": hello.ja3n if hello else None,
                 "akamai": self.akamai, "protocol": self.protocol,
                 "header_order": tuple(self.header_names)}

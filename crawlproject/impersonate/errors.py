@@ -52,7 +52,7 @@ class ImpersonateTunnelError(TunnelError):
     fallback = False
 
 
-class ImpersonateNetworkError:
+class ImpersonateNetworkError(Exception):
     """Mixed into Scrapy's exception: a network failure, not impersonation's (no fallback)."""
 
     reason = "network"

@@ -394,7 +394,7 @@ def translate(exc: Exception, request, proxy: str | None, opened: bool = True) -
         return errors.ImpersonateHTTP2Error(text)
     if code == 28:
         return errors.DownloadTimeout(text)
-    if proxy and (code in (5, 97) or (code == 56 and "CONNECT" in str(exc))):
+    if proxy and (code in (5, 97) or (code in (7, 56) and "CONNECT tunnel" in str(exc))):
         return errors.ImpersonateTunnelError(text)
     if code == 6:
         return errors.CannotResolve(text)
