@@ -330,7 +330,10 @@ def test_scrapys_limits_and_decoding_stay_scrapys():
 
 
 def test_explicit_sessions_get_their_own_connections_and_reuse_them():
-    with FingerprintServer() as server:
+    def route(seen):  # a cookie is Scrapy's business: libcurl must not keep and resend it
+        return 200, [("content-type", "text/html"), ("set-cookie", "kept=by-curl; Path=/")], b"ok"
+
+    with FingerprintServer(route=route) as server:
         async def fetch(handler, crawler):
             for n in range(3):
                 for who in ("alice", "bob"):
@@ -342,6 +345,7 @@ def test_explicit_sessions_get_their_own_connections_and_reuse_them():
         pools = run(fetch)
         by_path = {s.path: s.connection.id for s in server.seen()}
     assert pools == 3
+    assert not any(s.header("cookie") for s in server.seen())
     for who in ("alice", "bob", "anon"):
         assert len({by_path[f"/{who}/{n}"] for n in range(3)}) == 1, who
     assert len({by_path["/alice/0"], by_path["/bob/0"], by_path["/anon/0"]}) == 3
