@@ -526,12 +526,13 @@ class FingerprintServer:
     """HTTPS on *host* (port 0: a free one) that records every ClientHello and request.
 
     *alpn*: what the server offers (``("http/1.1",)`` for a site without HTTP/2);
-    *tls_fail*: answer every ClientHello with plain text instead of a ServerHello
-    (a TLS error for the client); *route*: ``Seen -> (status, headers, body)``.
+    *tls_fail*: answer every ClientHello (or those for which it returns True, if a
+    callable) with plain text instead of a ServerHello (a TLS error for the client);
+    *route*: ``Seen -> (status, headers, body)``; *latency*: seconds per answer.
     """
 
     def __init__(self, host: str = "127.0.0.1", alpn: tuple[str, ...] = ("h2", "http/1.1"),
-                 route: Route = default_route, tls_fail: bool = False, latency: float = 0.0):
+                 route: Route = default_route, tls_fail=False, latency: float = 0.0):
         self.host, self.alpn, self.route = host, alpn, route
         self.tls_fail, self.latency = tls_fail, latency
         self.connections: list[Connection] = []
@@ -597,7 +598,7 @@ class FingerprintServer:
             raw.settimeout(10)
             data = self._peek_hello(raw)
             record.hello = parse_client_hello(data)
-            if self.tls_fail:
+            if self.tls_fail is True or (callable(self.tls_fail) and self.tls_fail(record.hello)):
                 raw.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
                 return
             sock = self.context.wrap_socket(raw, server_side=True)
