@@ -349,3 +349,36 @@ def test_explicit_sessions_get_their_own_connections_and_reuse_them():
     for who in ("alice", "bob", "anon"):
         assert len({by_path[f"/{who}/{n}"] for n in range(3)}) == 1, who
     assert len({by_path["/alice/0"], by_path["/bob/0"], by_path["/anon/0"]}) == 3
+
+
+def test_rendered_requests_go_to_the_browser_and_only_they():
+    class Browser:
+        """Stands in for the rendering add-on's Chromium handler (no reactor here)."""
+
+        def __init__(self):
+            self.got = []
+
+        async def download_request(self, request):
+            self.got.append(request.url)
+            return "rendered"
+
+        async def close(self):
+            pass
+
+    rendering = {"DOWNLOADER_MIDDLEWARES": {
+        "crawlproject.rendering.middleware.RenderingMiddleware": 620}}
+    with FingerprintServer() as server:
+        async def fetch(handler, crawler):
+            handler._renderer = browser = Browser()
+            out = [await handler.download_request(impersonated(server.url + "/js",
+                                                               playwright=True)),
+                   (await handler.download_request(impersonated(server.url + "/static"))).status]
+            return handler.renders, browser.got, out
+
+        renders, got, out = run(fetch, rendering)
+        assert renders and got == [server.url + "/js"] and out == ["rendered", 200]
+        assert [s.path for s in server.seen()] == ["/static"]
+        # rendering off: a request marked for the browser is fetched statically, impersonated
+        renders, got, out = run(fetch, {**rendering, "RENDERING_ENABLED": False})
+        assert not renders and not got
+        assert [s.path for s in server.seen()] == ["/static", "/js", "/static"]
