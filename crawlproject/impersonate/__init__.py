@@ -18,14 +18,12 @@ curl_cffi is the ``impersonate`` extra; it is imported only when
 
 __all__ = ["HANDLER", "ImpersonateAddon", "ImpersonateDownloadHandler"]
 
-HANDLER = "crawlproject.impersonate.handler.ImpersonateDownloadHandler"
-
 
 def __getattr__(name: str):
-    if name == "ImpersonateAddon":
-        from crawlproject.impersonate.addon import ImpersonateAddon
+    if name in ("HANDLER", "ImpersonateAddon"):
+        from crawlproject.impersonate import addon
 
-        return ImpersonateAddon
+        return getattr(addon, name)
     if name == "ImpersonateDownloadHandler":
         from crawlproject.impersonate.handler import ImpersonateDownloadHandler
 

@@ -5,7 +5,7 @@ checks at start what would otherwise fail every request later (curl_cffi
 installed, the asyncio reactor, no other handler of the project's own for
 http/https), then sets, unless the project set them itself:
 
-* ``DOWNLOAD_HANDLERS`` http and https: :data:`~crawlproject.impersonate.HANDLER`
+* ``DOWNLOAD_HANDLERS`` http and https: :data:`HANDLER`
   (it replaces Scrapy's, scrapy-playwright's and the rendering add-on's handler,
   and hands rendered requests to the latter itself);
 * ``RETRY_EXCEPTIONS``: plus :class:`~crawlproject.impersonate.errors.ImpersonateError`,
@@ -19,8 +19,10 @@ from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.settings.default_settings import DOWNLOAD_HANDLERS_BASE
 
 from crawlproject.defaults import setting
-from crawlproject.impersonate import HANDLER
 from crawlproject.impersonate.profiles import load_library
+
+#: The download handler the add-on installs for http and https.
+HANDLER = "crawlproject.impersonate.handler.ImpersonateDownloadHandler"
 
 RETRY_ERRORS = ("crawlproject.impersonate.errors.ImpersonateError",)
 ASYNCIO_REACTOR = "twisted.internet.asyncioreactor.AsyncioSelectorReactor"
@@ -50,7 +52,7 @@ class ImpersonateAddon:
             raise NotConfigured  # off by choice: bare, as Scrapy's own (no WARNING each start)
         load_library()
         reactor = settings.get("TWISTED_REACTOR")
-        if settings.getbool("TWISTED_REACTOR_ENABLED", True) and reactor != ASYNCIO_REACTOR:
+        if settings.getbool("TWISTED_REACTOR_ENABLED") and reactor != ASYNCIO_REACTOR:
             raise ValueError(f"IMPERSONATE_ENABLED needs TWISTED_REACTOR = {ASYNCIO_REACTOR!r} "
                              f"(curl_cffi runs on the asyncio loop), not {reactor!r}")
         handlers = settings["DOWNLOAD_HANDLERS"]

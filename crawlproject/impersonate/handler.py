@@ -53,7 +53,7 @@ from scrapy.utils.misc import build_from_crawler, load_object
 from crawlproject.defaults import setting
 from crawlproject.identity.session import IDENTITY, explicit_session
 from crawlproject.identity.useragents import HINT_HEADERS
-from crawlproject.impersonate import errors
+import crawlproject.impersonate.errors as errors
 from crawlproject.impersonate.profiles import available_profiles, load_library, profile_for
 
 logger = logging.getLogger(__name__)
