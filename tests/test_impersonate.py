@@ -382,3 +382,20 @@ def test_rendered_requests_go_to_the_browser_and_only_they():
         renders, got, out = run(fetch, {**rendering, "RENDERING_ENABLED": False})
         assert not renders and not got
         assert [s.path for s in server.seen()] == ["/static", "/js", "/static"]
+
+
+def test_a_recrawls_conditional_request_gets_its_304():
+    def route(seen):
+        if seen.header("if-none-match") == '"v1"':
+            return 304, [("etag", '"v1"')], b""
+        return 200, [("etag", '"v1"'), ("content-type", "text/html")], b"<p>page</p>"
+
+    with FingerprintServer(route=route) as server:
+        async def fetch(handler, crawler):
+            first = await handler.download_request(impersonated(server.url + "/p"))
+            again = impersonated(server.url + "/p")
+            again.headers["If-None-Match"] = first.headers[b"ETag"]
+            return first, await handler.download_request(again)
+
+        first, second = run(fetch)
+    assert (first.status, second.status, second.body) == (200, 304, b"")
