@@ -23,7 +23,7 @@ from crawlproject.identity.middleware import IdentityMiddleware
 from crawlproject.identity.session import IDENTITY, SESSION
 from crawlproject.identity.useragents import PoolFilter, load_pool
 from crawlproject.impersonate import HANDLER, errors
-from crawlproject.impersonate.addon import ImpersonateAddon
+from crawlproject.impersonate.addon import RENDERING_HANDLER, ImpersonateAddon
 from crawlproject.impersonate.handler import ImpersonateDownloadHandler
 from crawlproject.impersonate.profiles import available_profiles, profile_for
 from devtools.demo.proxy import ForwardProxy
@@ -143,11 +143,21 @@ def test_the_addon_is_not_configured_when_off_and_installs_the_handler_when_on()
         ImpersonateAddon().update_settings(addon_settings({}))
     assert not off.value.args                           # bare: no warning at every start
     settings = addon_settings({"IMPERSONATE_ENABLED": True, "DOWNLOAD_HANDLERS": {
-        "https": "crawlproject.rendering.RenderingDownloadHandler"}})
+        "https": "scrapy.core.downloader.handlers.http11.HTTP11DownloadHandler"}})
     ImpersonateAddon().update_settings(settings)
     assert settings.getdict("DOWNLOAD_HANDLERS") == {"http": HANDLER, "https": HANDLER}
     assert "crawlproject.impersonate.errors.ImpersonateError" in settings.getlist(
         "RETRY_EXCEPTIONS")
+    # with the rendering add-on on, the rendering handler that hands the rest to ours
+    for handlers in ({}, {"https": "crawlproject.rendering.RenderingDownloadHandler"}):
+        settings = addon_settings({"IMPERSONATE_ENABLED": True, "DOWNLOAD_HANDLERS": handlers,
+                                   "ADDONS": {"crawlproject.rendering.RenderingAddon": 0}})
+        ImpersonateAddon().update_settings(settings)
+        assert set(settings.getdict("DOWNLOAD_HANDLERS").values()) == {RENDERING_HANDLER}
+        settings.set("RENDERING_ENABLED", False)
+        settings.set("DOWNLOAD_HANDLERS", {})
+        ImpersonateAddon().update_settings(settings)
+        assert set(settings.getdict("DOWNLOAD_HANDLERS").values()) == {HANDLER}
 
 
 def test_the_addon_refuses_what_would_fail_every_request_later():
@@ -349,39 +359,6 @@ def test_explicit_sessions_get_their_own_connections_and_reuse_them():
     for who in ("alice", "bob", "anon"):
         assert len({by_path[f"/{who}/{n}"] for n in range(3)}) == 1, who
     assert len({by_path["/alice/0"], by_path["/bob/0"], by_path["/anon/0"]}) == 3
-
-
-def test_rendered_requests_go_to_the_browser_and_only_they():
-    class Browser:
-        """Stands in for the rendering add-on's Chromium handler (no reactor here)."""
-
-        def __init__(self):
-            self.got = []
-
-        async def download_request(self, request):
-            self.got.append(request.url)
-            return "rendered"
-
-        async def close(self):
-            pass
-
-    rendering = {"DOWNLOADER_MIDDLEWARES": {
-        "crawlproject.rendering.middleware.RenderingMiddleware": 620}}
-    with FingerprintServer() as server:
-        async def fetch(handler, crawler):
-            handler._renderer = browser = Browser()
-            out = [await handler.download_request(impersonated(server.url + "/js",
-                                                               playwright=True)),
-                   (await handler.download_request(impersonated(server.url + "/static"))).status]
-            return handler.renders, browser.got, out
-
-        renders, got, out = run(fetch, rendering)
-        assert renders and got == [server.url + "/js"] and out == ["rendered", 200]
-        assert [s.path for s in server.seen()] == ["/static"]
-        # rendering off: a request marked for the browser is fetched statically, impersonated
-        renders, got, out = run(fetch, {**rendering, "RENDERING_ENABLED": False})
-        assert not renders and not got
-        assert [s.path for s in server.seen()] == ["/static", "/js", "/static"]
 
 
 def test_a_recrawls_conditional_request_gets_its_304():

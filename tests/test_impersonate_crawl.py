@@ -8,6 +8,10 @@ import asyncio
 import json
 import os
 import re
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from scrapy import Request, Spider
@@ -18,7 +22,7 @@ from crawlproject.keys import FrontierKeys, start_urls_key
 from crawlproject.impersonate import HANDLER
 from crawlproject.impersonate.profiles import profile_for
 from devtools.demo.proxy import ForwardProxy
-from tests.crawl_helpers import Node, crawl_until_done, node_env
+from tests.crawl_helpers import ROOT, Node, crawl_until_done, node_env
 from tests.tls_fingerprint import FingerprintServer
 
 pytest.importorskip("curl_cffi")
@@ -28,6 +32,45 @@ pytestmark = pytest.mark.slow
 PAGES = 8
 PASSWORD = "Tls-Pr0xy-Pass"
 BROWSERS = '["Chrome", "Firefox"]'
+USER_SPIDER = '''
+from crawlproject.spiders import RedisSpider
+
+
+class ShopSpider(RedisSpider):
+    name = "shop"
+    seed_meta_allow = ["render"]
+
+    def parse(self, response):
+        yield {"url": response.url, "rendered": "playwright" in response.flags}
+'''
+
+
+class PlainPage:
+    """A plain-http page for the browser (a self-signed certificate would stop Chromium)."""
+
+    def __init__(self):
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                body = b"<html><head><title>js</title></head><body><p>shown</p></body></html>"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/js"
+
+    def __enter__(self):
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
 
 
 def site(seen):
@@ -118,6 +161,7 @@ def test_two_nodes_send_each_sessions_browser_fingerprint_through_a_proxy_tunnel
     assert len(tunnels) >= 2 and proxy.unauthorised == 0
     assert all(n.stat("impersonate/responses") >= 1 for n in nodes)
     assert not [e for n in nodes for e in n.errors()]
+    assert not [n for n in nodes if "Disabled crawlproject.rendering" in n.text()]
 
     # Scrapy's own client (impersonation off): another fingerprint, HTTP/1.1
     database["fingerprints"].drop()
@@ -163,3 +207,45 @@ def test_a_site_refusing_the_browser_hello_is_retried_then_dead_lettered_or_fall
     assert [r.path for r in fetched] == ["/page/y/1"] and fetched[0].protocol == "HTTP/1.1"
     assert allowed.stat("impersonate/fallback/tls_error") == 1
     assert {d["url"] for d in database["fingerprints"].find()} == {f"{server.url}/page/y/1"}
+
+
+def readme_blocks() -> str:
+    """README's settings block for your own project, then its impersonation block."""
+    section = (ROOT / "README.md").read_text().split("## Use it in your own Scrapy project", 1)[1]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert "IMPERSONATE_ENABLED = True" in blocks[1]
+    return blocks[0] + "\n" + blocks[1]
+
+
+def test_the_readme_blocks_give_a_new_project_the_browsers_fingerprint_and_still_render(
+        redis, redis_url, mongo_uri, database, tmp_path):
+    subprocess.run([sys.executable, "-m", "scrapy", "startproject", "userproj"], cwd=tmp_path,
+                   check=True, capture_output=True, timeout=60)
+    project = tmp_path / "userproj"
+    settings = project / "userproj" / "settings.py"
+    settings.write_text(settings.read_text() + "\n" + readme_blocks())
+    (project / "userproj" / "spiders" / "shop.py").write_text(USER_SPIDER)
+    env = env_for(redis_url, mongo_uri, database.name)
+    log = tmp_path / "user.log"
+    with FingerprintServer(route=site) as server, PlainPage() as page:
+        redis.lpush(start_urls_key("shop"), f"{server.url}/start/user",
+                    json.dumps({"url": page.url, "meta": {"render": True}}))
+        out = subprocess.run(
+            [sys.executable, "-m", "scrapy", "crawl", "shop", "-s", f"LOG_FILE={log}",
+             "-s", "MAX_IDLE_TIME_BEFORE_CLOSE=2", "-s", f"REDIS_URL={redis_url}",
+             "-s", f"MONGO_URI={mongo_uri}", "-s", f"MONGO_DATABASE={database.name}",
+             "-s", "ROBOTSTXT_OBEY=False", "-s", "DOWNLOAD_DELAY=0"],
+            cwd=project, env={**os.environ, **env}, capture_output=True, text=True, timeout=180)
+        text = log.read_text(errors="replace")
+        assert out.returncode == 0, text[-3000:] + out.stderr[-2000:]
+        seen = server.seen("/start/user")[0]
+        asyncio.run(library_fetch(server.url + "/library",
+                                  profile_for(seen.header("user-agent"))))
+        reference = server.seen("/library")[0]
+    assert seen.fingerprint["ja4"] == reference.fingerprint["ja4"]
+    assert seen.akamai == reference.akamai
+    # the https page impersonated, the page marked for rendering rendered by Chromium
+    assert "'impersonate/responses': 1" in text and "'rendering/responses': 1" in text
+    assert not [line for line in text.splitlines() if "] WARNING:" in line or "ERROR" in line]
+    assert {d["url"]: d["rendered"] for d in database["shop"].find()} == {
+        f"{server.url}/start/user": False, page.url: True}

@@ -5,9 +5,11 @@ checks at start what would otherwise fail every request later (curl_cffi
 installed, the asyncio reactor, no other handler of the project's own for
 http/https), then sets, unless the project set them itself:
 
-* ``DOWNLOAD_HANDLERS`` http and https: :data:`HANDLER`
-  (it replaces Scrapy's, scrapy-playwright's and the rendering add-on's handler,
-  and hands rendered requests to the latter itself);
+* ``DOWNLOAD_HANDLERS`` http and https: :data:`HANDLER`, or with rendering on
+  (``RENDERING_ENABLED`` and the rendering add-on or its handler in the
+  settings) :data:`RENDERING_HANDLER`, the rendering add-on's handler that
+  sends the requests it does not render to :data:`HANDLER` (it replaces
+  Scrapy's, scrapy-playwright's and the rendering add-on's handler);
 * ``RETRY_EXCEPTIONS``: plus :class:`~crawlproject.impersonate.errors.ImpersonateError`,
   so an impersonation failure is retried and dead-lettered like a download error.
 """
@@ -19,17 +21,24 @@ from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.settings.default_settings import DOWNLOAD_HANDLERS_BASE
 
 from crawlproject.defaults import setting
+from crawlproject.rendering.settings import rendering_enabled
 from crawlproject.impersonate.profiles import load_library
 
-#: The download handler the add-on installs for http and https.
+#: The download handler the add-on installs for http and https...
 HANDLER = "crawlproject.impersonate.handler.ImpersonateDownloadHandler"
+#: ... or, with rendering on, this one (crawlproject.impersonate.rendered).
+RENDERING_HANDLER = "crawlproject.impersonate.rendered.RenderingImpersonateHandler"
+RENDERING_ADDONS = ("crawlproject.rendering.RenderingAddon",
+                    "crawlproject.rendering.addon.RenderingAddon")
 
 RETRY_ERRORS = ("crawlproject.impersonate.errors.ImpersonateError",)
 ASYNCIO_REACTOR = "twisted.internet.asyncioreactor.AsyncioSelectorReactor"
 #: Handlers ours replaces: Scrapy's, scrapy-playwright's, the rendering add-on's.
-REPLACEABLE = (DOWNLOAD_HANDLERS_BASE["https"], "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler",
+REPLACEABLE = (DOWNLOAD_HANDLERS_BASE["https"],
+               "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler",
                "crawlproject.rendering.RenderingDownloadHandler",
-               "crawlproject.rendering.addon.RenderingDownloadHandler", HANDLER)
+               "crawlproject.rendering.addon.RenderingDownloadHandler",
+               HANDLER, RENDERING_HANDLER)
 
 
 def impersonating(settings) -> bool:
@@ -40,7 +49,8 @@ def impersonating(settings) -> bool:
 def handler_installed(settings) -> bool:
     """True when http and https both go through the impersonating handler."""
     handlers = settings.getdict("DOWNLOAD_HANDLERS")
-    return all(_path(handlers.get(scheme)) == HANDLER for scheme in ("http", "https"))
+    return all(_path(handlers.get(scheme)) in (HANDLER, RENDERING_HANDLER)
+               for scheme in ("http", "https"))
 
 
 class ImpersonateAddon:
@@ -56,17 +66,35 @@ class ImpersonateAddon:
             raise ValueError(f"IMPERSONATE_ENABLED needs TWISTED_REACTOR = {ASYNCIO_REACTOR!r} "
                              f"(curl_cffi runs on the asyncio loop), not {reactor!r}")
         handlers = settings["DOWNLOAD_HANDLERS"]
+        ours = RENDERING_HANDLER if _renders(settings) else HANDLER
         for scheme in ("http", "https"):
             current = _path(handlers.get(scheme))
             if current is not None and current not in REPLACEABLE:
                 raise ValueError(f"IMPERSONATE_ENABLED: DOWNLOAD_HANDLERS[{scheme!r}] is the "
                                  f"project's own {current}; impersonation needs {HANDLER}")
             priority = max(handlers.getpriority(scheme) or 0, SETTINGS_PRIORITIES["addon"])
-            handlers.set(scheme, HANDLER, priority)
+            handlers.set(scheme, ours, priority)
         retry = settings.getlist("RETRY_EXCEPTIONS")
         priority = max(settings.getpriority("RETRY_EXCEPTIONS") or 0, SETTINGS_PRIORITIES["addon"])
         settings.set("RETRY_EXCEPTIONS", retry + [e for e in RETRY_ERRORS if e not in retry],
                      priority)
+
+
+def _renders(settings) -> bool:
+    """Will the rendering add-on (and its middleware) be on? Then its handler must stay."""
+    if not rendering_enabled(settings):
+        return False
+    addons = {_path(a) for a, order in settings.getdict("ADDONS").items() if order is not None}
+    handlers = {_path(h) for h in settings.getdict("DOWNLOAD_HANDLERS").values()}
+    if not (addons & set(RENDERING_ADDONS) or handlers & set(REPLACEABLE[1:4])):
+        return False
+    try:  # the render extra: without it the rendering add-on says so and stays off
+        from crawlproject.rendering import load_addon
+
+        load_addon()
+    except NotConfigured:
+        return False
+    return True
 
 
 def _path(value) -> str | None:

@@ -25,8 +25,11 @@ explicit session (``meta["session"]``) or cookie jar (``meta["cookiejar"]``),
 so two visitors never share a connection (at most :data:`MAX_SESSION_POOLS`
 open, the least recently used idle one closed first).
 
-Rendered requests (``meta["playwright"]`` with the rendering middleware on) go
-to the rendering add-on's browser handler. Failures are Scrapy's exceptions
+With rendering on, the add-on installs
+:class:`~crawlproject.impersonate.rendered.RenderingImpersonateHandler` instead,
+which sends rendered requests to the browser and the others here; a request that
+reaches this handler is downloaded by it, ``meta["playwright"]`` or not (as
+Scrapy's own client fetches it with rendering off). Failures are Scrapy's exceptions
 where Scrapy has one, :mod:`crawlproject.impersonate.errors` where impersonation
 itself failed, each counted in ``impersonate/errors/<reason>``; with
 ``IMPERSONATE_FALLBACK`` the latter are downloaded again by Scrapy's own client
@@ -65,8 +68,6 @@ MAX_SESSION_POOLS = 256
 #: the identity sends them only where Chromium would, and a pinned User-Agent
 #: must not be contradicted by the profile's).
 FOLLOW_REQUEST = ("Accept-Encoding", *HINT_HEADERS)
-RENDERING_MIDDLEWARES = ("crawlproject.rendering.middleware.RenderingMiddleware",
-                         "crawlproject.middlewares.rendering.RenderingMiddleware")
 _HANDLERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _HTTP_VERSIONS = {1: "HTTP/1.0", 2: "HTTP/1.1", 3: "HTTP/2", 30: "HTTP/3"}
 _TLS_CODES = frozenset({35, 58, 59, 60, 66, 77, 80, 83, 90, 91, 98, 101})
@@ -101,8 +102,6 @@ class ImpersonateDownloadHandler(BaseStreamingDownloadHandler):
         self.bind_host = self._get_bind_address_host()
         self.pools = SessionPools(self._new_session, MAX_SESSION_POOLS,
                                   self._pool_size_total, self._pool_size_per_host)
-        self.renders = _rendering_configured(s)
-        self._renderer = None
         self._plain = None
         self._told: set[tuple[str, str]] = set()
         self._closing = False
@@ -110,9 +109,7 @@ class ImpersonateDownloadHandler(BaseStreamingDownloadHandler):
     # ---- BaseStreamingDownloadHandler
 
     async def download_request(self, request):
-        """Download *request* under its profile (or hand it to the browser, see above)."""
-        if self.renders and request.meta.get("playwright"):
-            return await self._renderer_handler().download_request(request)
+        """Download *request* under its profile (see the module docstring)."""
         try:
             profile = self._profile(request)
             timeout = request.meta.get("download_timeout", self._DEFAULT_CONNECT_TIMEOUT)
@@ -168,15 +165,14 @@ class ImpersonateDownloadHandler(BaseStreamingDownloadHandler):
         load_library()
 
     async def close(self) -> None:
-        """Close the pools and the handlers this one delegated to (once: Scrapy calls
+        """Close the pools and Scrapy's client if a fallback used it (once: Scrapy calls
         it for each scheme)."""
         if self._closing:
             return
         self._closing = True
         await self.pools.close()
-        for other in (self._renderer, self._plain):
-            if other is not None:
-                await other.close()
+        if self._plain is not None:
+            await self._plain.close()
 
     # ---- the request
 
@@ -286,13 +282,6 @@ class ImpersonateDownloadHandler(BaseStreamingDownloadHandler):
         self._told.add((url.netloc, what))
         logger.log(level, message, f"{url.scheme}://{url.netloc}", *args,
                    extra={"spider": self.crawler.spider})
-
-    def _renderer_handler(self):
-        if self._renderer is None:
-            from crawlproject.rendering import load_addon
-
-            self._renderer = load_addon().RenderingDownloadHandler.from_crawler(self.crawler)
-        return self._renderer
 
 
 class _Pool:
@@ -407,16 +396,6 @@ def translate(exc: Exception, request, proxy: str | None, opened: bool = True) -
     if code in _LIBRARY_CODES or not code:
         return errors.ImpersonateError(text)
     return errors.ConnectionFailed(text)
-
-
-def _rendering_configured(settings) -> bool:
-    from crawlproject.rendering.settings import rendering_enabled
-
-    if not rendering_enabled(settings):
-        return False
-    enabled = {path for path, order in settings.getdict("DOWNLOADER_MIDDLEWARES").items()
-               if order is not None}
-    return any(path in enabled for path in RENDERING_MIDDLEWARES)
 
 
 def _text(value) -> str:
