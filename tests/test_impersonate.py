@@ -21,7 +21,6 @@ from scrapy.utils.test import get_crawler
 
 from crawlproject.identity.middleware import IdentityMiddleware
 from crawlproject.identity.session import IDENTITY, SESSION
-from crawlproject.identity.useragents import PoolFilter, load_pool
 from crawlproject.impersonate import HANDLER, errors
 from crawlproject.impersonate.addon import RENDERING_HANDLER, ImpersonateAddon
 from crawlproject.impersonate.handler import ImpersonateDownloadHandler
@@ -164,6 +163,9 @@ def test_the_addon_refuses_what_would_fail_every_request_later():
     with pytest.raises(ValueError, match="project's own"):
         ImpersonateAddon().update_settings(addon_settings({
             "IMPERSONATE_ENABLED": True, "DOWNLOAD_HANDLERS": {"https": "my.Handler"}}))
+    with pytest.raises(ValueError, match="chrome999"):
+        ImpersonateAddon().update_settings(addon_settings({
+            "IMPERSONATE_ENABLED": True, "IMPERSONATE_DEFAULT_PROFILE": "chrome999"}))
     with pytest.raises(ValueError, match="TWISTED_REACTOR"):
         ImpersonateAddon().update_settings(addon_settings({
             "IMPERSONATE_ENABLED": True,

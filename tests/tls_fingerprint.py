@@ -31,7 +31,8 @@ from typing import Callable
 
 # --------------------------------------------------------------------------- ClientHello
 
-EXT_SNI, EXT_GROUPS, EXT_POINT_FORMATS, EXT_SIG_ALGS, EXT_ALPN = 0x0000, 0x000a, 0x000b, 0x000d, 0x0010
+EXT_SNI, EXT_GROUPS, EXT_POINT_FORMATS = 0x0000, 0x000a, 0x000b
+EXT_SIG_ALGS, EXT_ALPN = 0x000d, 0x0010
 EXT_SUPPORTED_VERSIONS = 0x002b
 #: pre_shared_key and early_data: present only when the client resumes a TLS session
 EXT_RESUMPTION = (0x0029, 0x002a)
@@ -455,7 +456,7 @@ class Seen:
     protocol: str                           # "HTTP/2" or "HTTP/1.1"
     method: str
     path: str
-    headers: list[tuple[str, str]]          # regular headers in the order sent (names lower case for h2)
+    headers: list[tuple[str, str]]          # regular headers in the order sent (h2: lower case)
     pseudo: list[str] = field(default_factory=list)      # h2 pseudo-headers in order
     stream_priority: str = ""               # the HEADERS frame's priority (exclusive:dep:weight)
     body: bytes = b""

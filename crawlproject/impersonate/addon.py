@@ -2,8 +2,8 @@
 
 With ``IMPERSONATE_ENABLED`` off it does nothing (``NotConfigured``). On, it
 checks at start what would otherwise fail every request later (curl_cffi
-installed, the asyncio reactor, no other handler of the project's own for
-http/https), then sets, unless the project set them itself:
+installed, ``IMPERSONATE_DEFAULT_PROFILE`` one of its profiles, the asyncio
+reactor, no handler of the project's own for http/https), then sets:
 
 * ``DOWNLOAD_HANDLERS`` http and https: :data:`HANDLER`, or with rendering on
   (``RENDERING_ENABLED`` and the rendering add-on or its handler in the
@@ -22,7 +22,7 @@ from scrapy.settings.default_settings import DOWNLOAD_HANDLERS_BASE
 
 from crawlproject.defaults import setting
 from crawlproject.rendering.settings import rendering_enabled
-from crawlproject.impersonate.profiles import load_library
+from crawlproject.impersonate.profiles import available_profiles, load_library
 
 #: The download handler the add-on installs for http and https...
 HANDLER = "crawlproject.impersonate.handler.ImpersonateDownloadHandler"
@@ -61,6 +61,10 @@ class ImpersonateAddon:
         if not impersonating(settings):
             raise NotConfigured  # off by choice: bare, as Scrapy's own (no WARNING each start)
         load_library()
+        default = setting(settings, "IMPERSONATE_DEFAULT_PROFILE")
+        if default and default not in available_profiles():
+            raise ValueError(f"IMPERSONATE_DEFAULT_PROFILE {default!r} is not a profile of "
+                             f"curl_cffi (known: {', '.join(sorted(available_profiles()))})")
         reactor = settings.get("TWISTED_REACTOR")
         if settings.getbool("TWISTED_REACTOR_ENABLED") and reactor != ASYNCIO_REACTOR:
             raise ValueError(f"IMPERSONATE_ENABLED needs TWISTED_REACTOR = {ASYNCIO_REACTOR!r} "
