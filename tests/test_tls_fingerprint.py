@@ -230,3 +230,12 @@ def test_a_tls_failing_server_records_the_hello_and_fails_the_client(curl_cffi):
         assert server.wait_for(lambda s: s.connections and s.connections[0].hello, 5)
         assert server.connections[0].hello.alpn[0] == b"h2"
         assert not server.seen()
+
+
+def test_a_resumed_hello_compares_as_its_fresh_one():
+    resumed = parse_client_hello(build_hello(CHROME143_CIPHERS, CHROME143_EXTENSIONS + [0x0029],
+                                             sigs=CHROME143_SIGS,
+                                             groups=(GREASE_B, 4588, 29, 23, 24)))
+    fresh = parse_client_hello(chrome143())
+    assert resumed.resumed and not fresh.resumed
+    assert resumed.ja4 != fresh.ja4 and resumed.fresh().ja4 == fresh.ja4
