@@ -378,3 +378,35 @@ def test_a_recrawls_conditional_request_gets_its_304():
 
         first, second = run(fetch)
     assert (first.status, second.status, second.body) == (200, 304, b"")
+
+
+def test_session_pools_close_the_idle_and_the_least_recently_used():
+    from crawlproject.impersonate.handler import SessionPools
+
+    class Session:
+        closed = 0
+
+        async def close(self):
+            Session.closed += 1
+
+    async def main():
+        now = [0.0]
+        pools = SessionPools(lambda connections: Session(), limit=3, idle=60, clock=lambda: now[0])
+        get = {}
+        for who in ("a", "b", "c"):
+            get[who] = pools.acquire(Request("https://x/", meta={SESSION: who}))
+            now[0] += 1
+        pools.release(get["a"])
+        pools.release(get["c"])
+        pools.acquire(Request("https://x/", meta={SESSION: "d"}))   # over the limit: a goes
+        await asyncio.sleep(0)
+        assert sorted(k[1] for k in pools.by_key) == ["b", "c", "d"] and Session.closed == 1
+        now[0] += 120                                               # c idle; b, d still busy
+        pools.acquire(Request("https://x/"))                        # shared: no sweep
+        pools.acquire(Request("https://x/", meta={SESSION: "b"}))
+        await asyncio.sleep(0)
+        assert sorted(k[1] for k in pools.by_key) == ["b", "d"]    # d: a download under way
+        assert Session.closed == 2
+        await pools.close()
+
+    asyncio.run(main())

@@ -61,8 +61,10 @@ from crawlproject.impersonate.profiles import available_profiles, load_library, 
 
 logger = logging.getLogger(__name__)
 
-#: Connection pools of explicit sessions and cookie jars kept open at most.
+#: Connection pools of explicit sessions and cookie jars kept open at most, and the
+#: seconds one stays open unused (curl_cffi wakes each pool's libcurl 10 times a second).
 MAX_SESSION_POOLS = 256
+IDLE_POOL_SECONDS = 60.0
 #: Headers the request decides: a profile's default is removed when the request has
 #: none (Accept-Encoding: Scrapy must be able to decode the answer; client hints:
 #: the identity sends them only where Chromium would, and a pinned User-Agent
@@ -285,52 +287,59 @@ class ImpersonateDownloadHandler(BaseStreamingDownloadHandler):
 
 
 class _Pool:
-    __slots__ = ("key", "session", "inflight")
+    __slots__ = ("key", "session", "inflight", "used")
 
-    def __init__(self, key, session):
-        self.key, self.session, self.inflight = key, session, 0
+    def __init__(self, key, session, now: float):
+        self.key, self.session, self.inflight, self.used = key, session, 0, now
 
 
 class SessionPools:
     """curl_cffi sessions (each a libcurl connection pool): one shared, one per
-    explicit session or cookie jar, the least recently used idle ones closed
-    beyond *limit*."""
+    explicit session or cookie jar; a session's is closed once unused for
+    *idle* seconds, or, beyond *limit*, the least recently used idle one first."""
 
     def __init__(self, factory, limit: int, shared_connections: int = 0,
-                 session_connections: int = 0):
-        self.factory, self.limit = factory, limit
+                 session_connections: int = 0, idle: float = IDLE_POOL_SECONDS,
+                 clock=time.monotonic):
+        self.factory, self.limit, self.idle, self.clock = factory, limit, idle, clock
         self.shared_connections = shared_connections
         self.session_connections = session_connections
         self.shared: _Pool | None = None
-        self.by_key: OrderedDict[tuple, _Pool] = OrderedDict()
+        self.by_key: OrderedDict[tuple, _Pool] = OrderedDict()   # least recently used first
         self._closing: set = set()
 
     def acquire(self, request) -> _Pool:
-        key = pool_key(request)
+        key, now = pool_key(request), self.clock()
         if key is None:
             if self.shared is None:
-                self.shared = _Pool(None, self.factory(self.shared_connections or 100))
+                self.shared = _Pool(None, self.factory(self.shared_connections or 100), now)
             pool = self.shared
         else:
+            self._evict(now)
             pool = self.by_key.get(key)
             if pool is None:
-                pool = self.by_key[key] = _Pool(key, self.factory(self.session_connections or 6))
-                self._evict()
+                pool = self.by_key[key] = _Pool(
+                    key, self.factory(self.session_connections or 6), now)
             self.by_key.move_to_end(key)
         pool.inflight += 1
+        pool.used = now
         return pool
 
     def release(self, pool: _Pool) -> None:
         pool.inflight -= 1
+        pool.used = self.clock()
 
     def __len__(self) -> int:
         return len(self.by_key) + (self.shared is not None)
 
-    def _evict(self) -> None:
+    def _evict(self, now: float) -> None:
+        # Oldest use first: stop at the first pool that is recent and not over the limit.
         for key in list(self.by_key):
-            if len(self.by_key) <= self.limit:
+            pool = self.by_key[key]
+            over = len(self.by_key) >= self.limit
+            if not over and now - pool.used < self.idle:
                 return
-            if self.by_key[key].inflight == 0:
+            if pool.inflight == 0 and (over or now - pool.used >= self.idle):
                 task = asyncio.ensure_future(self.by_key.pop(key).session.close())
                 self._closing.add(task)
                 task.add_done_callback(self._closing.discard)
