@@ -72,6 +72,7 @@ SECTIONS = (
             "stale (before the per-host frontier)"),
     Section("backoff (issue 38)", "backoff.json", "python -m bench.backoff", "", "–"),
     Section("whole product (issue 38)", "product.json", "python -m bench.product", "", "–"),
+    Section("§15 impersonation", "impersonate.json", "python -m bench.impersonate", "", "–"),
 )
 
 HEADERS = ["benchmark", "figure", "value", "floor", "result", "command", "measured"]

@@ -139,6 +139,11 @@ REFERER_SEED_DEFAULT = "none"               # Referer of seeds: "none", "root" o
 REFERER_SEED_SEARCH_URL = "https://www.google.com/search?q={domain}"  # {domain} {host} {url}
 REFERER_SEED_BY_DOMAIN: dict = {}           # {"example.com": "root"}
 
+# --- Browser TLS and HTTP/2 on the wire (crawlproject/impersonate/) -------------
+IMPERSONATE_ENABLED = False                 # identity's browser TLS/HTTP2 (ImpersonateAddon, extra)
+IMPERSONATE_DEFAULT_PROFILE = ""            # profile of requests with no identity; "": their UA's
+IMPERSONATE_FALLBACK = False                # impersonation failed: Scrapy's own client may retry it
+
 # --- MongoDB pipelines (crawlproject/pipelines/) -------------------------------
 MONGO_PIPELINE_ENABLED = True               # switch the MongoDB pipeline off
 MONGO_COLLECTION = "%(spider)s"             # also %(item)s: the item class, lower case

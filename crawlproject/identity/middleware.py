@@ -33,9 +33,16 @@ Requests that come back (retries, redirects, the frontier on another node)
 carry their previous identity's headers; those are recognised as the pool's
 and replaced, so a request that changes session changes identity.
 
+With ``IMPERSONATE_ENABLED`` (crawlproject.impersonate) the pool keeps only
+the User-Agents whose browser version the impersonation library reproduces
+(:func:`crawlproject.impersonate.profiles.profile_for`), and each identity
+carries its profile: the download handler then sends the session's requests
+with that browser's TLS and HTTP/2, the same on every node.
+
 The chosen identity is put in ``request.meta[IDENTITY]`` (transient, never
-written to Redis) as ``{"id", "user_agent", "headers"}`` for the rendering
-middleware's browser context. Stats: ``identity/assigned``,
+written to Redis) as ``{"id", "user_agent", "headers"}`` (plus ``"profile"``
+when impersonating) for the rendering middleware's browser context and the
+impersonating handler. Stats: ``identity/assigned``,
 ``identity/pinned/spider``, ``identity/pinned/request``.
 """
 
@@ -87,8 +94,10 @@ class IdentityMiddleware:
 
     def __init__(self, crawler, pool: tuple[Identity, ...], rotation: int = 0, salt: str = "",
                  defaults: dict[str, str] | None = None, compression: bool = True,
-                 pinned: str | None = None):
+                 pinned: str | None = None, profiles: dict[str, str] | None = None):
         self.crawler, self.pool, self.rotation, self.salt = crawler, pool, rotation, salt
+        # identity id -> impersonation profile (None: not impersonating)
+        self.profiles = profiles
         self.defaults = {k.lower(): v for k, v in (defaults or {}).items()}
         self.compression, self.pinned = compression, pinned
         self._by_ua = {i.user_agent.encode("latin-1", "replace"): i for i in pool}
@@ -107,10 +116,13 @@ class IdentityMiddleware:
                          setting(s, "IDENTITY_MIN_VERSION"), setting(s, "IDENTITY_MIN_PERCENTAGE"))
         encodings = [e.decode() for e in ACCEPTED_ENCODINGS]
         explicit_ua = (s.getpriority("USER_AGENT") or 0) > SETTINGS_PRIORITIES["default"]
-        mw = cls(crawler, load_pool(flt, encodings),
-                 parse_rotation(setting(s, "IDENTITY_ROTATION")),
+        pool, profiles = load_pool(flt, encodings), None
+        if setting(s, "IMPERSONATE_ENABLED"):
+            pool, profiles = _impersonated(pool, flt, s)
+        mw = cls(crawler, pool, parse_rotation(setting(s, "IDENTITY_ROTATION")),
                  str(setting(s, "IDENTITY_SALT")), _scrapy_defaults(s),
-                 s.getbool("COMPRESSION_ENABLED"), "USER_AGENT setting" if explicit_ua else None)
+                 s.getbool("COMPRESSION_ENABLED"), "USER_AGENT setting" if explicit_ua else None,
+                 profiles)
         crawler.signals.connect(mw.spider_opened, signal=signals.spider_opened)
         return mw
 
@@ -122,7 +134,9 @@ class IdentityMiddleware:
             logger.info("User-Agent pinned by the %s: identities off", self.pinned,
                         extra={"spider": spider})
         else:
-            logger.info("Identities: %d User-Agents, a new one per %s", len(self.pool),
+            logger.info("Identities: %d User-Agents%s, a new one per %s", len(self.pool),
+                        f" ({len(set(self.profiles.values()))} impersonation profiles)"
+                        if self.profiles else "",
                         f"{self.rotation} request(s) of a session" if self.rotation else "session",
                         extra={"spider": spider})
 
@@ -141,7 +155,9 @@ class IdentityMiddleware:
         identity = self.choose(request)
         hints = _hints_allowed(request)
         self._apply(request.headers, identity, previous, hints)
-        request.meta[IDENTITY] = identity.as_meta(hints)
+        request.meta[IDENTITY] = meta = identity.as_meta(hints)
+        if self.profiles is not None:
+            meta["profile"] = self.profiles[identity.id]
         stats.inc_value("identity/assigned")
         return None
 
@@ -176,6 +192,26 @@ class IdentityMiddleware:
         if hints:
             for name, value in identity.hints:
                 headers[name] = value
+
+
+def _impersonated(pool: tuple[Identity, ...], flt: PoolFilter, settings
+                  ) -> tuple[tuple[Identity, ...], dict[str, str]]:
+    """The identities whose browser version the impersonation library reproduces,
+    and their profiles; an error at start if the filters leave none."""
+    from crawlproject.impersonate.addon import handler_installed
+    from crawlproject.impersonate.profiles import available_profiles, profile_for
+
+    if not handler_installed(settings):
+        raise ValueError("IMPERSONATE_ENABLED is on but http/https are not downloaded by "
+                         "crawlproject.impersonate's handler: add ADDONS = "
+                         '{"crawlproject.impersonate.ImpersonateAddon": 0}')
+    available = available_profiles()
+    profiles = {i.id: profile_for(i.user_agent, available) for i in pool}
+    kept = tuple(i for i in pool if profiles[i.id])
+    if not kept:
+        raise ValueError(f"IMPERSONATE_ENABLED: no User-Agent of the identity filters {flt} is "
+                         f"a browser version curl_cffi reproduces ({', '.join(sorted(available))})")
+    return kept, {i.id: profiles[i.id] for i in kept}
 
 
 def _scrapy_defaults(settings) -> dict[str, str]:

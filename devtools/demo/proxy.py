@@ -2,9 +2,11 @@
 127.0.0.1, served by an asyncio loop in a thread.
 
 :class:`ForwardProxy` relays ``GET http://host:port/path`` requests (the form
-Scrapy sends to an HTTP proxy for ``http://`` URLs), requires Basic auth, and
-records what it relayed. It can answer a captcha page with 403 for one host
-(a site that banned this exit address) instead of relaying. The client
+Scrapy sends to an HTTP proxy for ``http://`` URLs) and ``CONNECT host:port``
+tunnels (for ``https://`` URLs: the TLS handshake goes through untouched),
+requires Basic auth, and records what it relayed (a tunnel as path ``CONNECT``).
+It can answer a captcha page with 403 for one host (a site that banned this
+exit address; a tunnel to it is refused with 403) instead of relaying. The client
 connection is kept alive between requests (as real proxies do) unless the
 answer cannot be delimited; each relayed request opens its own upstream
 connection. :func:`closed_port` gives a port that refuses connections.
@@ -109,6 +111,8 @@ class ForwardProxy:
                          b"Proxy-Authenticate: Basic\r\nContent-Length: 0\r\n\r\n")
             await writer.drain()
             return not client_close
+        if method == "CONNECT":
+            return await self._tunnel(target, reader, writer)
         url = urlsplit(target)
         path = url.path or "/"
         if url.hostname == self.ban_host:
@@ -120,6 +124,38 @@ class ForwardProxy:
         status, keep = await self._relay(method, url, path, headers, writer)
         self._record(url.hostname, path, status)
         return keep and not client_close
+
+    async def _tunnel(self, target: str, reader, writer) -> bool:
+        """Open a CONNECT tunnel and relay bytes both ways until one side closes."""
+        host, _, port = target.rpartition(":")
+        if host == self.ban_host:
+            writer.write(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+            await writer.drain()
+            self._record(host, "CONNECT", 403)
+            return True
+        try:
+            up_reader, up_writer = await asyncio.open_connection(host, int(port))
+        except OSError:
+            writer.write(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
+            await writer.drain()
+            self._record(host, "CONNECT", 502)
+            return False
+        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        await writer.drain()
+        self._record(host, "CONNECT", 200)
+
+        async def pipe(src, dst):
+            try:
+                while chunk := await src.read(65536):
+                    dst.write(chunk)
+                    await dst.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        return False
 
     async def _relay(self, method, url, path, headers, writer) -> tuple[int, bool]:
         """Relay one GET; returns (status, whether the client may keep the connection)."""
