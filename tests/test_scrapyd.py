@@ -7,7 +7,9 @@ its env file, its launcher), and started by the launcher the script wrote: the c
 jobs run from the uploaded egg only, in a virtualenv without this checkout. (The wheel
 in a clean virtualenv, and deploying from it: tests/test_install.py.) The virtualenvs
 install from the package index (a local one or pip's cache on this machine); each
-build is bounded."""
+build is bounded. The script builds one virtualenv per test run (:func:`node_venv`);
+each node's script then runs again over it, as a re-run on a node does (it finds the
+requirements installed and adds the launcher), which saves a 40 s build per node."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from filelock import FileLock
 
 from devtools.demo.site import DemoSite, expected_items
 from crawlproject.keys import start_urls_key
@@ -62,11 +65,14 @@ class Scrapyd:
     ``generated=True``, the script writes it with credentials of its own and
     :meth:`start` fills in *env* as an operator does."""
 
-    def __init__(self, prefix: Path, env: dict, generated: bool = False):
+    def __init__(self, prefix: Path, env: dict, generated: bool = False,
+                 venv: Path | None = None):
         self.dir = prefix
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.dir.mkdir()
+        if venv is not None:
+            (self.dir / "venv").symlink_to(venv, target_is_directory=True)
         self.env, self.generated = env, generated
         self.user, self.password = USER, PASSWORD
         env_file = self.dir / "scrapyd.env"
@@ -145,6 +151,28 @@ class Scrapyd:
         self.log.close()
 
 
+@pytest.fixture(scope="session")
+def node_venv(tmp_path_factory) -> Path:
+    """scrapyd's virtualenv as ``scrapyd-node.sh --prefix`` builds it, once per run
+    (the xdist workers share the run's base directory)."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "scrapyd-node"
+    with FileLock(f"{root}.lock"):
+        done = root / "built"
+        if not done.exists():
+            subprocess.run(["rm", "-rf", str(root)], check=True)
+            root.mkdir()
+            with open(root / "setup.out", "w") as out:
+                code = subprocess.run(
+                    ["bash", str(ROOT / "deploy" / "scrapyd-node.sh"), "--prefix", str(root),
+                     "--no-systemd", "--bind", "127.0.0.1", "--port", str(free_port())],
+                    env=clean_env(), stdout=out, stderr=subprocess.STDOUT,
+                    timeout=VENV_TIMEOUT).returncode
+            assert code == 0, (root / "setup.out").read_text()[-3000:]
+            done.touch()
+    return root / "venv"
+
+
 def crawlctl(*args, password: str | None = PASSWORD, cwd=ROOT, home: Path | None = None,
              user: str = USER) -> subprocess.CompletedProcess:
     """crawlctl with SCRAPYD_USERNAME/PASSWORD (*password*) or, with
@@ -182,10 +210,10 @@ def test_the_egg_holds_the_runtime_package_only(tmp_path):
 
 
 def test_deploy_fails_loudly_then_crawls_on_every_node(redis, redis_url, mongo_uri, database,
-                                                        tmp_path):
+                                                        tmp_path, node_venv):
     env = {"REDIS_URL": redis_url, "MONGO_URI": mongo_uri, "MONGO_DATABASE": database.name}
-    # Both node scripts run at once (one virtualenv build each).
-    nodes = [Scrapyd(tmp_path / name, env) for name in ("a", "b")]
+    # Both node scripts run at once, over the run's scrapyd virtualenv (node_venv).
+    nodes = [Scrapyd(tmp_path / name, env, venv=node_venv) for name in ("a", "b")]
     targets = tmp_path / "targets"
     down = free_port()
     # node-c is node-a under another host name: ~/.netrc gives it a wrong password.
@@ -282,12 +310,12 @@ def processes_naming(text: str) -> list[int]:
 
 
 def test_stopping_scrapyd_closes_its_running_job(redis, redis_url, mongo_uri, database,
-                                                 tmp_path):
+                                                 tmp_path, node_venv):
     """Issue 39: SIGTERM to scrapyd (what systemd, compose and Kubernetes send) with
     a crawl running: the job closes as a node does (finish reason "shutdown", what
     it fetched stored, its leases handed back) and scrapyd waits for it."""
     env = {"REDIS_URL": redis_url, "MONGO_URI": mongo_uri, "MONGO_DATABASE": database.name}
-    node = Scrapyd(tmp_path / "a", env, generated=True)
+    node = Scrapyd(tmp_path / "a", env, generated=True, venv=node_venv)
     targets = tmp_path / "targets"
     targets.write_text(f"node-a {node.url}\n")
     products = 3000  # far more than the job gets through before the stop
