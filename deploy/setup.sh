@@ -11,10 +11,7 @@ cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 VENV="${VENV:-.venv}"   # another place, e.g. to try this script without touching .venv
 REQS=requirements-local.txt
-COMPILE=""
-# The test command's fresh virtualenv: bytecode is written when a module is first
-# imported (a fraction of the lock) instead of for every file (14 s of a 62 s install).
-[ "${1:-}" = "dev" ] && REQS=requirements-dev.txt && COMPILE=--no-compile
+[ "${1:-}" = "dev" ] && REQS=requirements-dev.txt
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else return 1; fi; }
 apt_install() {
@@ -28,7 +25,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 STAMP="$VENV/.installed-$(cat pyproject.toml "$REQS" | sha1sum | cut -c1-12)"
 if [ ! -e "$STAMP" ]; then
-  "$VENV/bin/python" -m pip install -q $COMPILE --require-hashes -r "$REQS"
+  "$VENV/bin/python" -m pip install -q --require-hashes -r "$REQS"
   "$VENV/bin/python" -m pip install -q --no-deps -e .
   touch "$STAMP"
 fi
