@@ -29,6 +29,9 @@ if [ ! -e "$STAMP" ]; then
   "$VENV/bin/python" -m pip install -q --no-deps -e .
   touch "$STAMP"
 fi
+# The checkout's bytecode, written now: where PYTHONDONTWRITEBYTECODE is set (CI
+# runners often set it), every node process would compile the project again at start.
+"$VENV/bin/python" -m compileall -q -j 0 crawlproject devtools $( [ -d tests ] && echo tests ) >/dev/null
 # Playwright cannot download its own browsers here: use the distribution's Chromium.
 if ! command -v chromium >/dev/null && [ ! -x /usr/lib/chromium/chromium ]; then
   apt_install chromium || echo "WARNING: Chromium is not installed; JavaScript pages will fail (apt-get install chromium)" >&2

@@ -144,9 +144,7 @@ def _build_installed(root: Path) -> dict:
     pip = [str(venv / "bin" / "python"), "-m", "pip"]
     frozen = []
     for spec in (str(wheel), f"{wheel}[render,ops]"):
-        # --no-compile: bytecode is written on first import (of the few modules the
-        # tests import), not for every file of every dependency (a third of the build).
-        done = subprocess.run([*pip, "install", "-q", "--no-compile", spec], env=clean_env(),
+        done = subprocess.run([*pip, "install", "-q", spec], env=clean_env(),
                               capture_output=True, text=True, timeout=VENV_TIMEOUT)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
         frozen = frozen or subprocess.run([*pip, "list", "--format=freeze"], env=clean_env(),
