@@ -1,6 +1,8 @@
 """Shared fixtures: real servers (Redis, Redis Cluster, MongoDB-wire, demo site)."""
 
 import os
+import sys
+import threading
 import uuid
 
 import pymongo
@@ -19,6 +21,35 @@ def pytest_collection_modifyitems(config, items):
     worker): on parallel workers the run then ends with short tests, not with
     one long crawl started last."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    _prebuild(config, items)
+
+
+# Session fixtures that build a virtualenv (minutes on a loaded machine) and the
+# function that builds it: started in the background as soon as the run is known
+# to need it, so the tests that use it do not wait for the whole build at the end.
+_PREBUILT = {"installed": ("tests.test_install", "ensure_installed"),
+             "node_venv": ("tests.test_scrapyd", "ensure_node_venv")}
+
+
+def _prebuild(config, items) -> None:
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # one process: the fixtures build when first used
+    run_dir = config._tmp_path_factory.getbasetemp().parent
+    needed = {name for item in items for name in getattr(item, "fixturenames", ())
+              if name in _PREBUILT}
+    for name in sorted(needed):
+        module, function = _PREBUILT[name]
+        build = getattr(sys.modules[module], function)
+        # A failed build is built again, and reported, by the fixture itself.
+        threading.Thread(target=_quietly, args=(build, run_dir), daemon=True,
+                         name=f"prebuild-{name}").start()
+
+
+def _quietly(build, run_dir) -> None:
+    try:
+        build(run_dir)
+    except Exception:  # noqa: BLE001 - the fixture raises it where a test sees it
+        pass
 
 
 @pytest.fixture(autouse=True)

@@ -152,18 +152,25 @@ def _build_installed(root: Path) -> dict:
     return {"wheel": str(wheel), "venv": str(venv), "frozen_without_extras": frozen}
 
 
-@pytest.fixture(scope="session")
-def installed(tmp_path_factory) -> Installed:
-    """Built once per run: the xdist workers share the run's base directory."""
-    base = tmp_path_factory.getbasetemp()
-    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "installed"
+def ensure_installed(run_dir: Path) -> dict:
+    """The run's wheel and virtualenv, built by whichever caller comes first (the
+    xdist workers share *run_dir*, the run's base directory); conftest.py starts
+    it at collection, so the build overlaps other tests."""
+    root = run_dir / "installed"
     with FileLock(f"{root}.lock"):
         done = root / "installed.json"
         if not done.exists():
             shutil.rmtree(root, ignore_errors=True)  # a build that failed: again
             root.mkdir()
             done.write_text(json.dumps(_build_installed(root)))
-        data = json.loads(done.read_text())
+        return json.loads(done.read_text())
+
+
+@pytest.fixture(scope="session")
+def installed(tmp_path_factory) -> Installed:
+    """Built once per run: the xdist workers share the run's base directory."""
+    base = tmp_path_factory.getbasetemp()
+    data = ensure_installed(base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base)
     return Installed(Path(data["wheel"]), Path(data["venv"]), data["frozen_without_extras"])
 
 

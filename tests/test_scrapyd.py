@@ -156,7 +156,13 @@ def node_venv(tmp_path_factory) -> Path:
     """scrapyd's virtualenv as ``scrapyd-node.sh --prefix`` builds it, once per run
     (the xdist workers share the run's base directory)."""
     base = tmp_path_factory.getbasetemp()
-    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "scrapyd-node"
+    return ensure_node_venv(base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base)
+
+
+def ensure_node_venv(run_dir: Path) -> Path:
+    """Built by whichever caller comes first (conftest.py starts it at collection,
+    so the build overlaps other tests)."""
+    root = run_dir / "scrapyd-node"
     with FileLock(f"{root}.lock"):
         done = root / "built"
         if not done.exists():
