@@ -156,6 +156,31 @@ class RenderingDownloadHandler(ScrapyPlaywrightDownloadHandler):
             handlers.append(cls(crawler))
         return handlers[0]
 
+    # Playwright (its Node.js driver: ~0.8 s of CPU and a process) starts with the
+    # first rendered request, not at engine start: a node that renders nothing,
+    # or not yet, runs none. The browser itself was already launched on demand.
+    def _engine_started(self):
+        from twisted.internet.defer import succeed
+
+        return succeed(None)
+
+    async def _maybe_launch_in_thread(self) -> None:
+        return None
+
+    async def _download_request(self, request, spider=None):
+        await self._started()
+        return await super()._download_request(request, spider)
+
+    async def _started(self) -> None:
+        # A flag of its own: _launch() sets browser_provider before it has started.
+        if self.__dict__.get("_launched"):
+            return
+        lock = self.__dict__.setdefault("_start_lock", asyncio.Lock())
+        async with lock:
+            if not self.__dict__.get("_launched"):
+                await self._launch()
+                self._launched = True
+
     async def close(self) -> None:
         """Close once, although Scrapy calls it for each scheme."""
         if getattr(self, "_closing", False):
