@@ -704,10 +704,12 @@ def test_three_nodes_hold_each_site_s_interval_at_the_site_not_only_at_lease(
     for host in hosts:
         mine = sorted(h.t for h in hits if h.host == host)
         gaps = [b - a for a, b in zip(mine, mine[1:])]
-        # (60 ms of measurement: the site and the nodes share two cores with
-        # the rest of the suite, at a load of 5 to 8 in CI runs, where a gap at
-        # the site 39 ms short was seen; quiet: BENCHMARKS.md §7's shortest gap)
-        assert min(gaps) >= 0.5 - 0.06, sorted(gaps)[:5]
+        # (120 ms of measurement: the site and the nodes share two cores with
+        # the rest of the suite, CPU-bound for its whole run, where gaps at the
+        # site 39, 66, 100 and 103 ms short were seen in 3 of 7 full runs; a node
+        # that held the interval at lease time only sends a buffered request
+        # hundreds of ms late, far beyond this; quiet: BENCHMARKS.md §7's gap)
+        assert min(gaps) >= 0.5 - 0.12, sorted(gaps)[:5]
         assert max_overlap((h.t, h.done) for h in hits if h.host == host) <= 2
 
 
