@@ -26,9 +26,13 @@ def test_two_nodes_crawl_every_product_exactly_once(redis, redis_url, mongo_uri,
                                                      extra):
     with DemoSite(products=PRODUCTS, latency_ms=150) as site:
         env = node_env(redis_url, mongo_uri, database.name)
-        # A small concurrency per node, so that one node cannot swallow the
-        # whole (small) crawl before the other polls the frontier.
-        settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": 3, "CONCURRENT_REQUESTS": 4, **extra}
+        # A small concurrency and buffer per node, so that one node cannot swallow
+        # the whole (small) crawl before the other polls the frontier: a node
+        # takes what it adds in the same call, so with the default buffer of 16
+        # a node could take each list page's 11 new entries as they came and
+        # the other never find one queued (seen once in a CPU-bound suite run).
+        settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": 3, "CONCURRENT_REQUESTS": 4,
+                    "SCHEDULER_PREFETCH": 4, **extra}
         nodes = [Node(f"node-{i}", tmp_path, env, settings=settings) for i in (1, 2)]
         try:
             for node in nodes:

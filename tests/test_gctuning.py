@@ -48,7 +48,10 @@ def test_freezes_what_is_alive_at_open_and_undoes_it_at_close(gc_state):
     ext.spider_opened(crawler.spider)
     frozen = gc.get_freeze_count()
     assert frozen > 10_000                          # the interpreter, pytest, Scrapy
-    assert crawler.stats.get_value("gc/frozen_objects") == frozen
+    # Read after the stat: a frozen object freed by its reference count leaves
+    # the count, and the suite's background threads (tests/conftest.py) free
+    # objects while this runs; nothing is added to the frozen set after freeze.
+    assert 0 <= crawler.stats.get_value("gc/frozen_objects") - frozen < 1_000
     assert gc.get_threshold()[:2] == (5000, 20)
     gc.collect(0)
     ext.spider_closed(crawler.spider, "finished")
