@@ -692,9 +692,8 @@ def test_three_nodes_hold_each_site_s_interval_at_the_site_not_only_at_lease(
         redis, redis_url, mongo_uri, database, tmp_path):
     """Limits held at send time: three nodes, three sites with DOWNLOAD_DELAY
     0.5 and 2 in flight. Measured at the site (its own clock): no two starts
-    closer than the interval, less a little measurement (a request a node could
-    not send within 5 % of the interval after its lease went back to the
-    frontier, tests/test_client.py), and never more than 2 in flight."""
+    closer than the interval, less a little measurement, and never more than 2
+    in flight."""
     env = node_env(redis_url, mongo_uri, database.name)
     hosts = DEFAULT_HOSTS[:3]
     settings = {**BASE, "DOWNLOAD_DELAY": 0.5, "CONCURRENT_REQUESTS_PER_DOMAIN": 2}
@@ -706,9 +705,12 @@ def test_three_nodes_hold_each_site_s_interval_at_the_site_not_only_at_lease(
         gaps = [b - a for a, b in zip(mine, mine[1:])]
         # (120 ms of measurement: the site and the nodes share two cores with
         # the rest of the suite, CPU-bound for its whole run, where gaps at the
-        # site 39, 66, 100 and 103 ms short were seen in 3 of 7 full runs; a node
-        # that held the interval at lease time only sends a buffered request
-        # hundreds of ms late, far beyond this; quiet: BENCHMARKS.md §7's gap)
+        # site 39, 66, 100 and 103 ms short were seen in 3 of 7 full runs.)
+        # What this cannot see: with quick callbacks a node's buffer never holds
+        # a polite entry long, so a node that held intervals at lease time only
+        # passes too (checked 2026-12-06 with the buffer's give-back switched
+        # off: 2 of 2 passed). That check is tests/test_client.py's, and its
+        # effect at the site with busy callbacks is BENCHMARKS.md §7's gap.
         assert min(gaps) >= 0.5 - 0.12, sorted(gaps)[:5]
         assert max_overlap((h.t, h.done) for h in hits if h.host == host) <= 2
 
