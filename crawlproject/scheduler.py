@@ -645,14 +645,17 @@ class RedisScheduler(BaseScheduler):
     def _on_reached_downloader(self, request, spider=None, **kwargs):
         # How long after its lease a request of a site with an interval was
         # sent: one the buffer held too long went back to the frontier
-        # (politeness/late_returned); one the downloader middlewares held up
-        # is only counted here.
+        # (politeness/late_returned); one held up after the buffer (the
+        # engine's loop busy, a downloader middleware) is reported: the site's
+        # next start, for every node, counts from this send, not the lease.
         entry = self.client.held.get(request.meta.get(LEASE_META))
         if entry is None or not entry.polite:
             return
-        lag = time.monotonic() - entry.leased_at
+        now = time.monotonic()
+        lag = now - entry.leased_at
         if lag > entry.lag_allowed:
             self.stats.inc_value("politeness/sent_late")
+            self.client.sent_late(entry, now)
         self.stats.max_value("politeness/send_lag_max_ms", int(lag * 1000))
 
     def _on_left_downloader(self, request, spider=None, **kwargs):

@@ -437,6 +437,14 @@ class FrontierClient:
          "crawldelay": lambda: batch.crawl_delay(key, seconds)}[kind]()
         self._wake.set()
 
+    def sent_late(self, entry: Entry, sent_at: float) -> None:
+        """Polite *entry* went out at *sent_at* (``time.monotonic()``), later than
+        its lease allowed (held up after the buffer: the engine, a downloader
+        middleware): its key's next start, for every node, counts from then.
+        Sent with the next call, made at once."""
+        self.outbox[entry.partition].sent_late(entry.key, sent_at)
+        self._wake.set()
+
     # -- what the adapter asks -----------------------------------------------
     def _attach_acks(self, batches: dict[int, Batch]) -> None:
         """Move the acks that may go now into the batches about to be sent.

@@ -28,7 +28,8 @@ Life of an entry (member ``"<priority>:<seq>@<politeness key>"``, payload in
   a registered node at all, and recounts each key's in-flight entries;
 * **feedback** — a node reports what a site said (429/503 with or without
   ``Retry-After``, a robots.txt crawl delay): the key is blocked or slowed for
-  every node.
+  every node; and a request of a key with an interval that it sent later than
+  its lease allowed: the key's interval counts from that send.
 
 Every operation a node has pending for a partition travels in one ``SYNC``
 script call.
@@ -99,7 +100,7 @@ class Batch:
     unrelieved: set[str] = field(default_factory=set)
     fails: list[tuple[str, str, str]] = field(default_factory=list)
     nacks: list[str] = field(default_factory=list)
-    feedback: list[tuple[str, str, int]] = field(default_factory=list)
+    feedback: list[tuple[str, str, float]] = field(default_factory=list)
     #: leased members whose download ended (frees their key's slot)
     fetched: list[str] = field(default_factory=list)
     #: (ended member, started member): a reserved entry took the ended one's slot
@@ -156,6 +157,13 @@ class Batch:
     def crawl_delay(self, key: str, seconds: float) -> None:
         """The site's robots.txt asks for *seconds* between requests."""
         self.feedback.append((safe_key(key), "crawldelay", _ms(seconds)))
+
+    def sent_late(self, key: str, sent_at: float) -> None:
+        """A request of *key* went out at *sent_at* (``time.monotonic()``), later
+        than its lease allowed: the key's next start counts from then. Sent as
+        the milliseconds since, reckoned when the call is made (the frontier
+        keeps Redis's clock; a node's clock is never compared with it)."""
+        self.feedback.append((safe_key(key), "sent", sent_at))
 
     def fail(self, member: str, kind: str, record: dict) -> None:
         if kind not in ("dead", "invalid"):
@@ -271,8 +279,11 @@ class Frontier:
         args.append(len(batch.nacks))
         args += batch.nacks
         args.append(len(batch.feedback))
-        for entry in batch.feedback:
-            args += entry
+        now = time.monotonic()
+        for key, kind, value in batch.feedback:
+            if kind == "sent":  # a monotonic time: how long ago, as of this call
+                value = _ms(max(0.0, now - value))
+            args += [key, kind, value]
         args.append(len(batch.fetched))
         args += batch.fetched
         args.append(len(batch.handoffs))

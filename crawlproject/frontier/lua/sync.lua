@@ -73,7 +73,8 @@
 --   ack:  n x (member, '1' = a success that relaxes the key's backoff | '0')
 --   fail: n x (member, 'dead'|'invalid', record)   (forget it, keep record)
 --   nack: n x member                     (not started: back to its queue)
---   feedback: n x (key, 'block'|'backoff'|'crawldelay', ms)
+--   feedback: n x (key, 'block'|'backoff'|'crawldelay'|'sent', ms)  ('sent': a request
+--         of the key left the node ms ago, later than its lease allowed)
 --   fetched: n x member                  (its download ended: its key's slot is
 --                                          free; the entry stays leased until acked)
 --   handoff: n x (ended member, started member)  (the node gave the slot of a
@@ -683,6 +684,14 @@ for _, f in ipairs(feedback) do
     end
   elseif kind == 'crawldelay' then
     s.cd = math.min(ms, backoff_max)
+  elseif kind == 'sent' then
+    -- The node sent a request of K later than its lease allowed (its loop was
+    -- busy after the buffer): K's next start counts from that send, not from
+    -- the lease, or a request leased on time elsewhere would reach the site
+    -- closer than the interval. (Reported before that next lease, as a late
+    -- send is with the node's next call, this holds it; after, it holds the
+    -- ones that follow.)
+    s.last = math.max(s.last, now() - math.max(0, ms or 0))
   end
   dirty[k] = true; raise[k] = true
 end
