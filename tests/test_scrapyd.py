@@ -161,7 +161,10 @@ def node_venv(tmp_path_factory) -> Path:
 
 def ensure_node_venv(run_dir: Path) -> Path:
     """Built by whichever caller comes first (conftest.py starts it at collection,
-    so the build overlaps other tests)."""
+    so the build overlaps other tests), unless deploy/test.sh built it already."""
+    prebuilt = _prebuilt_node_venv()
+    if prebuilt is not None:
+        return prebuilt
     root = run_dir / "scrapyd-node"
     with FileLock(f"{root}.lock"):
         done = root / "built"
@@ -177,6 +180,24 @@ def ensure_node_venv(run_dir: Path) -> Path:
             assert code == 0, (root / "setup.out").read_text()[-3000:]
             done.touch()
     return root / "venv"
+
+
+def _prebuilt_node_venv() -> Path | None:
+    """The virtualenv deploy/test.sh had scrapyd-node.sh build while the setup's
+    pip ran (``CRAWLPROJECT_TEST_SCRAPYD_NODE``: its directory; the script's exit
+    code in ``exit`` when done): waited for, or None (not started, or failed:
+    built again here, where its output is reported)."""
+    where = os.environ.get("CRAWLPROJECT_TEST_SCRAPYD_NODE")
+    if not where:
+        return None
+    done = Path(where) / "exit"
+    deadline = time.monotonic() + VENV_TIMEOUT
+    while not done.exists():
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.5)
+    venv = Path(where) / "node" / "venv"
+    return venv if done.read_text().strip() == "0" and (venv / "bin" / "scrapyd").exists() else None
 
 
 def crawlctl(*args, password: str | None = PASSWORD, cwd=ROOT, home: Path | None = None,
