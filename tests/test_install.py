@@ -35,8 +35,9 @@ from packaging.utils import canonicalize_name
 
 from crawlproject.keys import start_urls_key
 from crawlproject.scrapyd import build_egg
+from tests import prebuilt as prebuilt_venvs
 from tests.crawl_helpers import ROOT
-from tests.test_scrapyd import PASSWORD, USER, VENV_TIMEOUT, clean_env, free_port, sources
+from tests.test_scrapyd import PASSWORD, USER, clean_env, free_port, sources
 
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
@@ -130,39 +131,21 @@ class Installed:
                               capture_output=True, text=True, timeout=timeout)
 
 
-def _build_installed(root: Path) -> dict:
-    source = root / "src"  # what deploy/Dockerfile copies (not this checkout's build/)
-    shutil.copytree(ROOT / "crawlproject", source / "crawlproject",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "setup.py", "README.md"):
-        shutil.copy(ROOT / name, source / name)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(root), str(source)], check=True, capture_output=True)
-    wheel = next(root.glob("crawlproject-*.whl"))
-    venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=VENV_TIMEOUT)
-    pip = [str(venv / "bin" / "python"), "-m", "pip"]
-    frozen = []
-    for spec in (str(wheel), f"{wheel}[render,ops]"):
-        done = subprocess.run([*pip, "install", "-q", spec], env=clean_env(),
-                              capture_output=True, text=True, timeout=VENV_TIMEOUT)
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-        frozen = frozen or subprocess.run([*pip, "list", "--format=freeze"], env=clean_env(),
-                                          capture_output=True, text=True).stdout.split()
-    return {"wheel": str(wheel), "venv": str(venv), "frozen_without_extras": frozen}
-
-
 def ensure_installed(run_dir: Path) -> dict:
     """The run's wheel and virtualenv, built by whichever caller comes first (the
     xdist workers share *run_dir*, the run's base directory); conftest.py starts
-    it at collection, so the build overlaps other tests."""
+    it at collection, so the build overlaps other tests), unless deploy/test.sh
+    built it already (tests/prebuilt.py)."""
+    prebuilt = prebuilt_venvs.wait_for(prebuilt_venvs.INSTALLED_VAR)
+    if prebuilt is not None:
+        return json.loads((prebuilt / "installed.json").read_text())
     root = run_dir / "installed"
     with FileLock(f"{root}.lock"):
         done = root / "installed.json"
         if not done.exists():
             shutil.rmtree(root, ignore_errors=True)  # a build that failed: again
             root.mkdir()
-            done.write_text(json.dumps(_build_installed(root)))
+            done.write_text(json.dumps(prebuilt_venvs.build_installed(root)))
         return json.loads(done.read_text())
 
 

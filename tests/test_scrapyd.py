@@ -32,29 +32,19 @@ from filelock import FileLock
 from devtools.demo.site import DemoSite, expected_items
 from crawlproject.keys import start_urls_key
 from crawlproject.scrapyd import build_egg
+from tests import prebuilt as prebuilt_venvs
+from tests.prebuilt import VENV_TIMEOUT, clean_env
 from tests.crawl_helpers import ROOT, assert_matches_catalog, stored_products
 
 pytestmark = pytest.mark.slow
 USER, PASSWORD = "ops", "Scr4pyd-Deploy-Pass"
 PRODUCTS = 6  # no JavaScript page (product 7): no browser needed
-VENV_TIMEOUT = 600  # seconds for one virtualenv build (pip from the index)
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def clean_env(**extra) -> dict:
-    """This process's environment without anything pointing at this checkout's venv."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME") and not k.startswith("SCRAPYD_")}
-    venv_bin = str(Path(sys.executable).parent)
-    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
-                                  if p != venv_bin)
-    env.update(extra)
-    return env
 
 
 class Scrapyd:
@@ -162,9 +152,9 @@ def node_venv(tmp_path_factory) -> Path:
 def ensure_node_venv(run_dir: Path) -> Path:
     """Built by whichever caller comes first (conftest.py starts it at collection,
     so the build overlaps other tests), unless deploy/test.sh built it already."""
-    prebuilt = _prebuilt_node_venv()
-    if prebuilt is not None:
-        return prebuilt
+    prebuilt = prebuilt_venvs.wait_for(prebuilt_venvs.NODE_VAR)
+    if prebuilt is not None and (prebuilt / "node" / "venv" / "bin" / "scrapyd").exists():
+        return prebuilt / "node" / "venv"
     root = run_dir / "scrapyd-node"
     with FileLock(f"{root}.lock"):
         done = root / "built"
@@ -180,24 +170,6 @@ def ensure_node_venv(run_dir: Path) -> Path:
             assert code == 0, (root / "setup.out").read_text()[-3000:]
             done.touch()
     return root / "venv"
-
-
-def _prebuilt_node_venv() -> Path | None:
-    """The virtualenv deploy/test.sh had scrapyd-node.sh build while the setup's
-    pip ran (``CRAWLPROJECT_TEST_SCRAPYD_NODE``: its directory; the script's exit
-    code in ``exit`` when done): waited for, or None (not started, or failed:
-    built again here, where its output is reported)."""
-    where = os.environ.get("CRAWLPROJECT_TEST_SCRAPYD_NODE")
-    if not where:
-        return None
-    done = Path(where) / "exit"
-    deadline = time.monotonic() + VENV_TIMEOUT
-    while not done.exists():
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(0.5)
-    venv = Path(where) / "node" / "venv"
-    return venv if done.read_text().strip() == "0" and (venv / "bin" / "scrapyd").exists() else None
 
 
 def crawlctl(*args, password: str | None = PASSWORD, cwd=ROOT, home: Path | None = None,
