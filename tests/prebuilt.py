@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -41,16 +42,17 @@ def clean_env(**extra) -> dict:
     return env
 
 
-def build_installed(root: Path) -> dict:
+def build_installed(root: Path, builder: str = sys.executable) -> dict:
     """This checkout's wheel (built from what deploy/Dockerfile copies, not this
-    checkout's build/) installed into a clean virtualenv in *root*, then its
-    extras render and ops; ``pip list`` in between."""
+    checkout's build/, by *builder*: a Python with setuptools and wheel)
+    installed into a clean virtualenv in *root*, then its extras render and ops;
+    ``pip list`` in between."""
     source = root / "src"
     shutil.copytree(ROOT / "crawlproject", source / "crawlproject",
                     ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+    subprocess.run([builder, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                     "-q", "-w", str(root), str(source)], check=True, capture_output=True)
     wheel = next(root.glob("crawlproject-*.whl"))
     venv = root / "venv"
@@ -66,6 +68,23 @@ def build_installed(root: Path) -> dict:
         frozen = frozen or subprocess.run([*pip, "list", "--format=freeze"], env=clean_env(),
                                           capture_output=True, text=True).stdout.split()
     return {"wheel": str(wheel), "venv": str(venv), "frozen_without_extras": frozen}
+
+
+def wheel_builder(root: Path) -> str:
+    """A Python with the setuptools and wheel of requirements-dev.txt (with their
+    hashes), as the project's virtualenv has them: a system Python may have
+    neither (pip cannot build a wheel without the ``wheel`` package)."""
+    lock = (ROOT / "requirements-dev.txt").read_text()
+    pinned = [re.search(rf"^{name}==\S+(?: \\\n\s+--hash=\S+)+", lock, re.M).group(0)
+              for name in ("setuptools", "wheel")]
+    (root / "build-requirements.txt").write_text("\n".join(pinned) + "\n")
+    venv = root / "build-venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=VENV_TIMEOUT)
+    python = str(venv / "bin" / "python")
+    subprocess.run([python, "-m", "pip", "install", "-q", "--require-hashes", "-r",
+                    str(root / "build-requirements.txt")], check=True, capture_output=True,
+                   env=clean_env(), timeout=VENV_TIMEOUT)
+    return python
 
 
 def wait_for(variable: str) -> Path | None:
@@ -89,7 +108,7 @@ def _main(argv: list[str]) -> int:
     if what != "installed":
         print(f"unknown build {what!r}", file=sys.stderr)
         return 2
-    data = build_installed(root)
+    data = build_installed(root, wheel_builder(root))
     (root / "installed.json").write_text(json.dumps(data))
     return 0
 
