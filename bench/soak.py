@@ -394,11 +394,11 @@ class Soak:
         env["PYTHONPATH"] = os.pathsep.join([str(project), str(ROOT)])
         r.lpush(start_urls_key(SPIDER), *self.site.urls())
         r.close()
-        self.nodes = [SoakNode(i + 1, project, self.logs, env) for i in range(NODES)]
+        self.nodes = [SoakNode(i + 1, project, self.logs, env) for i in range(self.args.nodes)]
         self.t0 = time.time()
         for node in self.nodes:
             node.start()
-        self.event("started", nodes=NODES, seeds=len(self.site.hosts))
+        self.event("started", nodes=self.args.nodes, seeds=len(self.site.hosts))
         expected = len(self.site.hosts) * args.products
         fault_end = time.monotonic() + args.duration
         next_fault = time.monotonic() + self.rng.uniform(15, 25) + args.warmup
@@ -693,6 +693,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds without faults for the crawl to finish")
     parser.add_argument("--warmup", type=float, default=15,
                         help="extra seconds before the first fault")
+    parser.add_argument("--nodes", type=int, default=NODES, help="scrapy crawl nodes")
     parser.add_argument("--hosts", type=int, default=45, help="sites (127.0.0.2, ...)")
     parser.add_argument("--products", type=int, default=500, help="products per site")
     parser.add_argument("--latency-ms", type=int, default=50)
@@ -719,7 +720,7 @@ def main(argv: list[str] | None = None) -> int:
                        "finish_timeout": args.finish_timeout,
                        "settings": "README block + REDIS_URL/MONGO_URI/MONGO_DATABASE; "
                                    "-s LOG_LEVEL=INFO NODE_ID MAX_IDLE_TIME_BEFORE_CLOSE=60"},
-            "nodes": NODES, "run": run, "faults": soak.faults, "events": soak.events,
+            "nodes": args.nodes, "run": run, "faults": soak.faults, "events": soak.events,
             "fault_phase_end_s": soak.fault_phase_end, "crawl_end_s": soak.crawl_end,
             "node_starts": {n.name: n.starts for n in soak.nodes},
             "node_unexpected_exits": {n.name: n.exits for n in soak.nodes if n.exits},

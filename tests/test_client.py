@@ -260,6 +260,17 @@ def test_a_node_hands_a_finished_download_s_slot_to_its_reserve_at_once(redis_ur
     asyncio.run(main())
 
 
+def polite_client(redis_url, spider, concurrency, counts: dict):
+    """:func:`real_client` for a site with an interval of 1 s (margin 5 %: its
+    entries may start up to 50 ms after their lease reached the node), with
+    quick calls; the client's stats are added up in *counts*."""
+    def count(name, value):
+        counts[name] = counts.get(name, 0) + value
+
+    return real_client(redis_url, spider, concurrency, 3, count=count, delay=1.0, margin=0.05,
+                       flush_interval=0.05, min_sync_interval=0.02, idle_poll=0.1)
+
+
 def test_a_polite_entry_that_waited_in_the_buffer_past_its_start_goes_back_not_out(redis_url):
     """Limits held at send time: a site with an interval (1 s, margin 5 %: its
     entries may start up to 50 ms after their lease reached the node) whose leased entry waited
@@ -269,13 +280,8 @@ def test_a_polite_entry_that_waited_in_the_buffer_past_its_start_goes_back_not_o
     still counts from the lease, and an entry taken then starts."""
     counts = {}
 
-    def count(name, value):
-        counts[name] = counts.get(name, 0) + value
-
     async def main():
-        async with real_client(redis_url, "late", 1, 3, count=count, delay=1.0, margin=0.05,
-                               flush_interval=0.05, min_sync_interval=0.02,
-                               idle_poll=0.1) as (fc, frontier, client):
+        async with polite_client(redis_url, "late", 1, counts) as (fc, frontier, client):
             returned = []
             fc.on_returned = returned.append         # (the scheduler ends its hooks' lease)
             await until(lambda: len(fc.buffer) == 1)
@@ -302,13 +308,8 @@ def test_a_polite_request_sent_late_after_the_buffer_moves_the_site_s_next_start
     comes 1.05 s after the first (the margin): this fails."""
     counts = {}
 
-    def count(name, value):
-        counts[name] = counts.get(name, 0) + value
-
     async def main():
-        async with real_client(redis_url, "sent-late", 3, 3, count=count, delay=1.0, margin=0.05,
-                               flush_interval=0.05, min_sync_interval=0.02,
-                               idle_poll=0.1) as (fc, frontier, client):
+        async with polite_client(redis_url, "sent-late", 3, counts) as (fc, frontier, client):
             await until(lambda: len(fc.buffer) == 1)
             first = fc.next()
             assert first is not None and first.polite
