@@ -102,6 +102,9 @@ MAX_IDLE_TIME_BEFORE_CLOSE = 0.0            # close after N idle seconds cluster
 
 # --- Untrusted input: what seeds and stored requests may carry (policy.py) ------
 SEED_META_ALLOW: list = []                  # meta keys a seed may set
+SEED_METHODS_ALLOW: list = []               # methods besides GET/HEAD a seed may use (with a body)
+SEED_HEADERS_ALLOW: list = []               # headers a seed may set besides SEED_HEADERS
+FRONTIER_SECRET = None                      # HMAC key(s) proving what a node stored (crawlproject/signing.py)
 STORED_META_ALLOW: list = []                # more meta keys a stored request may carry
 STORED_PROXY_ALLOW: list = []               # proxies a stored request may name
 PLAYWRIGHT_PAGE_METHODS_ALLOW = [           # page methods a stored request may ask for
@@ -206,7 +209,7 @@ GC_THRESHOLD = None                         # e.g. [10000, 10, 10]; None: CPytho
 ENVIRONMENT = frozenset({"REDIS_URL", "REDIS_CLUSTER", "REDIS_HOST", "REDIS_PORT",
                          "MONGO_URI", "MONGO_DATABASE", "MONGO_SPOOL_DIR",
                          "MAX_IDLE_TIME_BEFORE_CLOSE", "NODE_ID", "CHROMIUM_PATH",
-                         "CONTROL_ON_START"})
+                         "CONTROL_ON_START", "FRONTIER_SECRET"})
 
 #: Settings of scrapy-playwright that crawlproject reads or its add-on sets;
 #: their defaults are scrapy-playwright's (read with ``settings.get``).
