@@ -1,11 +1,19 @@
-"""What data read from Redis may make a node do.
+"""What data read from Redis (or MongoDB) may make a node do.
 
-Seeds (``<spider>:start_urls``) and frontier payloads (``{spider}:payloads``)
-are written by whoever can write to Redis: operators, scripts, other teams,
-an attacker who reached Redis. They are *untrusted*: they may name which
-spider method handles a page, carry request ``meta`` and browser actions, but
-only within what the spider and the operator published. Everything here is an
-allow-list:
+Two kinds of writer, told apart by proof (:mod:`crawlproject.signing`), not
+by where the data sits:
+
+* **A node of this crawl.** What its spider made (a request, with a private
+  callback such as ``CrawlSpider._callback``, a ``POST`` body, headers, the
+  spider's own ``meta``) is stored signed with ``FRONTIER_SECRET`` and comes
+  back whole: :class:`NodePolicy` checks only that callbacks are methods of
+  the running spider and that the request class is a Scrapy request.
+* **Anyone else.** Seeds (``<spider>:start_urls``) and whatever else is read
+  back without a valid proof: written by operators, scripts, other teams, an
+  attacker who reached Redis. They get the *seed policy*,
+  :class:`InputPolicy`: they may name which spider method handles a page,
+  carry request ``meta`` and browser actions, but only within what the
+  spider and the operator published. Everything here is an allow-list:
 
 * **Callbacks** (seeds and payloads, callbacks and errbacks, and
   ``playwright_page_event_handlers`` given by name): a public method defined
@@ -27,8 +35,15 @@ allow-list:
   recording, no user data or storage-state files, no downloads, no proxy or
   credentials).
 
-* **Stored requests** (frontier payloads, page records' requests, and seeds
-  once made into requests): :meth:`InputPolicy.check_stored` — an ``http`` or
+* **Method, body, headers** (seeds and unproven payloads):
+  :meth:`InputPolicy.check_request` — ``GET`` or ``HEAD`` without a body,
+  unless ``SEED_METHODS_ALLOW`` or the spider's ``seed_methods_allow``
+  publishes more (then with a body); headers from :data:`SEED_HEADERS` plus
+  ``SEED_HEADERS_ALLOW`` and the spider's ``seed_headers_allow``, never a
+  credential or ``Host`` (:data:`NEVER_SEED_HEADERS`); no cookies.
+
+* **Stored requests** (unproven frontier payloads, page records' requests,
+  and seeds once made into requests): :meth:`InputPolicy.check_stored` — an ``http`` or
   ``https`` URL, published callbacks, and meta keys from an allow-list: the
   keys this project's components and Scrapy's put on requests a node stores
   itself (:data:`STORED_META`, each value checked, limits such as
@@ -56,8 +71,8 @@ from urllib.parse import urlsplit
 
 from crawlproject.defaults import PLAYWRIGHT_PAGE_METHODS_ALLOW, setting
 
-__all__ = ["Refused", "InputPolicy", "DEFAULT_PAGE_METHODS", "STORED_META", "PUBLISHED_ONLY",
-           "published_callbacks"]
+__all__ = ["Refused", "InputPolicy", "NodePolicy", "DEFAULT_PAGE_METHODS", "STORED_META",
+           "PUBLISHED_ONLY", "published_callbacks", "SEED_HEADERS", "NEVER_SEED_HEADERS"]
 
 
 class Refused(ValueError):
@@ -110,6 +125,17 @@ NEVER_CALLBACKS = frozenset({
 })
 MAX_NAME = 100
 MAX_CONTEXT_NAME = 64
+#: Methods anyone may ask for (without a body); more only when published.
+SEED_METHODS = frozenset({"GET", "HEAD"})
+#: Headers a seed (or an unproven payload) may set, compared case-insensitively.
+SEED_HEADERS = frozenset({
+    "accept", "accept-encoding", "accept-language", "cache-control", "content-type", "if-modified-since",
+    "if-none-match", "pragma", "referer", "user-agent",
+})
+#: Never from anyone but a node, whatever a setting says: credentials, and a
+#: ``Host`` that would send the request to another virtual host than its URL's.
+NEVER_SEED_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "host"})
+MAX_HEADERS = 64
 
 _SCALARS = (str, int, float, bool, type(None))
 STORED_SCHEMES = frozenset({"http", "https"})
@@ -280,6 +306,10 @@ class InputPolicy:
     stored_meta_allow: frozenset[str] = frozenset()
     #: proxies (``scheme://host:port``) a stored request may name.
     proxy_allow: frozenset[str] = frozenset()
+    #: methods allowed (besides :data:`SEED_METHODS`, the only ones without a body).
+    methods_allow: frozenset[str] = frozenset()
+    #: header names (lower case) allowed besides :data:`SEED_HEADERS`.
+    headers_allow: frozenset[str] = frozenset()
     # The node's own download limits (0: none), which stored requests may only tighten.
     max_download_timeout: float = 180.0
     max_download_size: int = 1024 * 1024 * 1024
@@ -291,22 +321,31 @@ class InputPolicy:
         ``PLAYWRIGHT_PAGE_METHODS_ALLOW`` (default :data:`DEFAULT_PAGE_METHODS`);
         for stored requests also ``STORED_META_ALLOW`` + ``spidercls.stored_meta_allow``,
         ``STORED_PROXY_ALLOW`` and the node's ``DOWNLOAD_TIMEOUT``,
-        ``DOWNLOAD_MAXSIZE``, ``DOWNLOAD_WARNSIZE``."""
+        ``DOWNLOAD_MAXSIZE``, ``DOWNLOAD_WARNSIZE``; ``SEED_METHODS_ALLOW`` +
+        ``spidercls.seed_methods_allow``, ``SEED_HEADERS_ALLOW`` +
+        ``spidercls.seed_headers_allow``."""
         get = functools.partial(setting, settings)
         meta = set(_names(get("SEED_META_ALLOW")))
         meta.update(_names(getattr(spidercls, "seed_meta_allow", None) or ()))
         stored = set(_names(get("STORED_META_ALLOW")))
         stored.update(_names(getattr(spidercls, "stored_meta_allow", None) or ()))
         pages = get("PLAYWRIGHT_PAGE_METHODS_ALLOW")
-        methods = frozenset(_names(pages)) if pages else DEFAULT_PAGE_METHODS
+        pages_allowed = frozenset(_names(pages)) if pages else DEFAULT_PAGE_METHODS
         proxies = frozenset(filter(None, map(_proxy_key, get("STORED_PROXY_ALLOW"))))
+        methods = {m.upper() for m in _names(get("SEED_METHODS_ALLOW"))}
+        methods.update(m.upper() for m in _names(getattr(spidercls, "seed_methods_allow", None)
+                                                    or ()))
+        headers = {h.lower() for h in _names(get("SEED_HEADERS_ALLOW"))}
+        headers.update(h.lower() for h in _names(getattr(spidercls, "seed_headers_allow", None)
+                                                    or ()))
         limits = {}
         if settings is not None:
             limits = dict(max_download_timeout=max(0.0, settings.getfloat("DOWNLOAD_TIMEOUT")),
                           max_download_size=max(0, settings.getint("DOWNLOAD_MAXSIZE")),
                           max_download_warnsize=max(0, settings.getint("DOWNLOAD_WARNSIZE")))
-        return cls(spidercls, frozenset(meta), methods - NEVER_PAGE_METHODS,
-                   frozenset(meta | stored), proxies, **limits)
+        return cls(spidercls, frozenset(meta), pages_allowed - NEVER_PAGE_METHODS,
+                   frozenset(meta | stored), proxies, frozenset(methods),
+                   frozenset(headers - NEVER_SEED_HEADERS), **limits)
 
     @classmethod
     def from_crawler(cls, crawler) -> "InputPolicy":
@@ -378,13 +417,45 @@ class InputPolicy:
                           f"{str(record_url)[:200]!r}")
 
     def check_stored(self, d: dict) -> dict:
-        """A request dict rebuilt from stored data (``meta`` decoded): its URL,
-        callbacks and meta, as :meth:`check_stored_meta` returns it."""
+        """A request dict rebuilt from stored data (``meta`` decoded, ``body``
+        bytes, ``headers`` by name): its URL, callbacks, method, body, headers,
+        cookies and meta, as :meth:`check_stored_meta` returns it."""
         self.check_url(d.get("url"))
         for key in ("callback", "errback"):
             if d.get(key) is not None:
                 self.check_callback(d[key], key)
+        self.check_request(d.get("method") or "GET", d.get("headers") or {},
+                           d.get("body") or b"", d.get("cookies"))
         return {**d, "meta": self.check_stored_meta(d.get("meta") or {})}
+
+    def check_request(self, method: Any, headers: dict, body: Any = b"",
+                      cookies: Any = None) -> None:
+        """What anyone but a node may ask of the request itself: ``GET``/``HEAD``
+        without a body unless a method is published (``SEED_METHODS_ALLOW``,
+        the spider's ``seed_methods_allow``); headers from an allow-list,
+        never credentials nor ``Host``; no cookies. Raise :class:`Refused`."""
+        if not isinstance(method, str) or method.upper() not in SEED_METHODS | self.methods_allow:
+            raise Refused("method_not_allowed",
+                          f"method {_short(method)} is not allowed (GET and HEAD; publish "
+                          "more with SEED_METHODS_ALLOW or the spider's seed_methods_allow)")
+        if body and method.upper() not in self.methods_allow:
+            raise Refused("body_not_allowed",
+                          f"a {method.upper()} request from anyone but a node of the crawl "
+                          "carries no body (publish a method with SEED_METHODS_ALLOW)")
+        if cookies:
+            raise Refused("header_not_allowed", "cookies are not allowed in a seed or an "
+                                                "unproven stored request")
+        if len(headers) > MAX_HEADERS:
+            raise Refused("header_not_allowed", f"more than {MAX_HEADERS} headers")
+        for name in headers:
+            text = name.decode("latin-1") if isinstance(name, bytes) else str(name)
+            lower = text.strip().lower()
+            if lower in NEVER_SEED_HEADERS or lower not in SEED_HEADERS | self.headers_allow:
+                raise Refused("header_not_allowed",
+                              f"header {_short(text)} is not allowed in a seed or an unproven "
+                              "stored request (allowed: "
+                              f"{', '.join(sorted(SEED_HEADERS | self.headers_allow))}; "
+                              "SEED_HEADERS_ALLOW adds more; credentials and Host never)")
 
     def check_stored_meta(self, meta: dict) -> dict:
         """The meta of a stored request, every key allowed and every value
@@ -485,6 +556,56 @@ class InputPolicy:
                           'a seed page method is {"method": ..., "args": [...], "kwargs": {...}}')
         return self.page_method(value.get("method"), value.get("args", []),
                                 value.get("kwargs", {}))
+
+
+class NodePolicy:
+    """What a node of this crawl stored, proven by its signature: it comes
+    back whole. Callbacks and errbacks must still be methods of the running
+    spider (any of them, private ones too: ``CrawlSpider._callback``), a
+    request class must be a Scrapy request class, and meta keys that only
+    make sense inside one process are dropped by the caller; nothing else is
+    refused (the spider made it)."""
+
+    def __init__(self, spider=None):
+        self.spider = spider
+
+    def check_callback(self, name: Any, what: str = "callback") -> str:
+        """*name* if it names a method of the running spider."""
+        if not isinstance(name, str) or not name.isidentifier() or len(name) > MAX_NAME \
+                or (name.startswith("__") and name.endswith("__")):
+            raise Refused("callback_not_allowed", f"{what} must be a method name, got "
+                                                  f"{_short(name)}")
+        if self.spider is not None:
+            method = getattr(self.spider, name, None)
+            if not inspect.ismethod(method) or method.__self__ is not self.spider:
+                raise Refused("callback_not_allowed",
+                              f"{what} {name!r} is not a method of spider "
+                              f"{type(self.spider).__name__}")
+        return name
+
+    def page_method(self, method: Any, args: Any, kwargs: Any):
+        """The ``PageMethod`` the spider stored, unchecked."""
+        if not isinstance(method, str) or not isinstance(args, (list, tuple)) \
+                or not isinstance(kwargs, dict):
+            raise Refused("page_method_not_allowed", "malformed page method")
+        from scrapy_playwright.page import PageMethod
+
+        return PageMethod(method, *args, **kwargs)
+
+    def request_class(self, path: Any) -> type:
+        """The request class a node stored (any Scrapy ``Request`` subclass)."""
+        from scrapy.utils.misc import load_object
+        from scrapy import Request
+
+        if not isinstance(path, str) or len(path) > 300:
+            raise Refused("class_not_allowed", "request class must be a dotted path")
+        try:
+            cls = load_object(path)
+        except Exception as exc:  # noqa: BLE001 - a class of another version of the spider
+            raise Refused("class_not_allowed", f"request class {path[:100]!r}: {exc}") from None
+        if not (isinstance(cls, type) and issubclass(cls, Request)):
+            raise Refused("class_not_allowed", f"{path[:100]!r} is not a request class")
+        return cls
 
 
 def _check_options(value: Any, allowed: frozenset[str], what: str) -> None:

@@ -68,6 +68,7 @@ from crawlproject.frontier.bloom import BloomConfig
 from crawlproject.frontier.client import FrontierClient, Rejected
 from crawlproject.scheduling.burst import StartBurst, default_prefetch
 from crawlproject.scheduling.errback import LeaseErrback
+from crawlproject.scheduling.local import SLOT_PREFIX, LocalRequests, strip_slot
 from crawlproject.scheduling.politeness import SitePoliteness
 from crawlproject.scheduling.startstate import StartState
 from crawlproject.control import (ControlWatcher, clear_finished_drain, drain_complete,
@@ -92,13 +93,16 @@ from crawlproject.frontier.retrypolicy import (
 )
 from crawlproject.node import node_id
 from crawlproject.outage import outage_log
+from crawlproject.frontier.politeness import UNLIMITED
 from crawlproject.policy import InputPolicy
 from crawlproject.serialization import (
     RequestDecodeError,
     RequestEncodeError,
-    request_from_json,
+    load_request,
+    node_storable,
     request_to_json,
 )
+from crawlproject.signing import Signer, signer_from_settings
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +170,10 @@ class RedisScheduler(BaseScheduler):
         self.dead_max, self.invalid_max = dead_max, invalid_max
         self.spider = None
         self.policy: InputPolicy | None = None
+        #: proves what this crawl's nodes stored (None: FRONTIER_SECRET not set)
+        self.signer: Signer | None = None
         self.client: FrontierClient | None = None
+        self.local: LocalRequests | None = None
         self._redis_url = redis_url_from_settings(crawler.settings)
         self._redis_outage = outage_log(crawler, "redis", f"Redis at {redact_url(self._redis_url)}")
         self._warned_priority = False
@@ -176,7 +183,7 @@ class RedisScheduler(BaseScheduler):
         # Counts of the per-request path, added to the stats by flush_counts()
         # (every loop turn and at close): Scrapy 2.19's inc_value costs ~1.7 us
         # through its deprecation wrappers, and a page made up to 11 of them.
-        self._filtered_locally = self._enqueued = self._dequeued = 0
+        self._filtered_locally = self._enqueued = self._dequeued = self._unproven = 0
         self._last_report = time.monotonic()
         self._limits_published: float | None = None   # monotonic time, once published
         self._limits_task: asyncio.Future | None = None
@@ -248,6 +255,7 @@ class RedisScheduler(BaseScheduler):
                     f"cluster-wide: {pol.default.delay:g}s between starts, at most "
                     f"{pol.default.concurrency} in flight" if pol.enabled else "off",
                     extra={"spider": spider})
+        self._log_trust()
         # Nothing is taken before the operator's state is known (_on_control_ready).
         self.client.paused = True
         self.client.start()
@@ -260,6 +268,7 @@ class RedisScheduler(BaseScheduler):
         self._no_remote_control()
         self.hooks = request_hooks(self.crawler)
         self.policy = InputPolicy.from_settings(self.crawler.settings, type(spider))
+        self.signer = signer_from_settings(self.crawler.settings, spider.name)
         redis = redis_from_settings(self.crawler.settings, asyncio=True)
         parts = self.politeness.partitions
         # Each partition's Bloom filter holds the URLs of its keys: plan a share.
@@ -285,6 +294,10 @@ class RedisScheduler(BaseScheduler):
         # A lease given back unstarted ends for the hooks (a tracing span) too.
         self.client.on_returned = lambda entry: (
             self._settled(entry.item, entry.member, RELEASED) if self.hooks else None)
+        self.local = LocalRequests(
+            mark_seen=lambda p, fps: self.client.partitions[p].mark_seen(fps),
+            partition_of=self.client.partition_of, slot_for=self._local_slot,
+            count=self._count, nudge=self._nudge_engine, log_extra=extra)
         self.start_state.spider = spider.name
         self.control = ControlWatcher(redis, spider.name, self._on_control,
                                       interval=self.control_interval, log_extra=extra,
@@ -294,6 +307,22 @@ class RedisScheduler(BaseScheduler):
 
     def close(self, reason: str):
         return deferred_from_coro(self._close(reason))
+
+    def _log_trust(self) -> None:
+        extra = {"spider": self.spider}
+        if self.signer is not None:
+            logger.info("Requests are stored signed (FRONTIER_SECRET): what this crawl's nodes "
+                        "stored comes back whole; anything else read from Redis gets the seed "
+                        "policy", extra=extra)
+            return
+        self.stats.set_value("scheduler/unsigned", 1)
+        logger.warning(
+            "FRONTIER_SECRET is not set: nodes cannot prove which requests in Redis they wrote, "
+            "so every request read back gets the seed policy (published callbacks, GET/HEAD, "
+            "allowed meta). Requests of this spider that need more (a private callback such as "
+            "CrawlSpider's, a body, unpublished meta) are kept and crawled on the node that "
+            "made them (scheduler/kept_local), not shared. Set FRONTIER_SECRET, the same on "
+            "every node (python -m crawlproject.cli secret prints one)", extra=extra)
 
     def _no_remote_control(self) -> None:
         """Keep Scrapy's remote control server from starting unless the user
@@ -464,7 +493,7 @@ class RedisScheduler(BaseScheduler):
                              extra={"spider": self.spider})
 
     def has_pending_requests(self) -> bool:
-        return self.client is not None and self.client.has_pending()
+        return self.client is not None and (self.client.has_pending() or self.local.pending())
 
     def enqueue_request(self, request: Request) -> bool:
         try:
@@ -475,6 +504,7 @@ class RedisScheduler(BaseScheduler):
             return False
 
     def _enqueue(self, request: Request) -> bool:
+        strip_slot(request)
         member = request.meta.pop(LEASE_META, None)
         parent = request.meta.pop(PARENT_META, None)
         retried = RETRY_DELAY_META in request.meta
@@ -492,11 +522,12 @@ class RedisScheduler(BaseScheduler):
             self._filtered_locally += 1
             return False
         try:
-            payload = request_to_json(request, self.spider, self.policy)
+            payload = request_to_json(request, self.spider, self.policy, self.signer)
         except RequestEncodeError as exc:
-            logger.error("Cannot enqueue %s: %s", request, exc, extra={"spider": self.spider})
-            self.stats.inc_value("scheduler/unserialisable")
-            return False
+            if fp is not None:
+                self._remember(fp, url_key)
+            self._keep_local(request, fp, member, exc)
+            return True
         if fp is not None:
             self._remember(fp, url_key)
         if abs(request.priority) > MAX_PRIORITY:
@@ -523,6 +554,38 @@ class RedisScheduler(BaseScheduler):
         self._enqueued += 1
         return True
 
+    def _keep_local(self, request: Request, fp, member: str | None,
+                    exc: RequestEncodeError) -> None:
+        """*request* cannot be stored: crawled by this node (see scheduling/local.py)."""
+        if self.signer is None and node_storable(request, self.spider):
+            code = "no_secret"
+            reason = (f"FRONTIER_SECRET is not set, and anyone else may not store this "
+                      f"request: {exc}")
+        else:
+            code, reason = "not_storable", str(exc)
+        self.local.keep(request, fp, self.politeness.key(request), reason, code)
+        if member is not None and member in self.client.held and member not in self._scraping:
+            # It replaces a leased request (a redirect, a retry): that one is done.
+            replaced = self.client.held[member].item
+            self.client.ack(member, relieve=False)
+            if self.hooks:
+                self._settled(replaced, member, ACK)
+
+    def _local_slot(self, key: str) -> str | None:
+        """The download slot of kept requests of politeness key *key*, with the
+        site's limits (None when the frontier's politeness is off: Scrapy's
+        own slots then apply as configured)."""
+        if not self.politeness.enabled:
+            return None
+        slot = SLOT_PREFIX + key
+        downloader = getattr(self.crawler.engine, "downloader", None)
+        if downloader is not None and slot not in downloader.per_slot_settings:
+            limits = self.politeness.overrides.get(key, self.politeness.default)
+            concurrency = limits.concurrency if 0 < limits.concurrency < UNLIMITED else 1_000_000
+            downloader.per_slot_settings[slot] = {"delay": limits.delay,
+                                                  "concurrency": concurrency}
+        return slot
+
     def _priority_clamped(self, request: Request) -> None:
         self.stats.inc_value("scheduler/priority_clamped")
         if not self._warned_priority:
@@ -535,6 +598,12 @@ class RedisScheduler(BaseScheduler):
     def next_request(self) -> Request | None:
         if not self.start_burst.allow():
             return None
+        if self.local.pending() and not self.client.paused:
+            buffer = self.client.buffer
+            request = self.local.next(buffer[0].priority if buffer else None)
+            if request is not None:
+                self.start_burst.handed_out()
+                return request
         entry = self.client.next()
         if entry is None:
             return None
@@ -543,7 +612,9 @@ class RedisScheduler(BaseScheduler):
         return entry.item
 
     def __len__(self) -> int:
-        return self.client.local_backlog() + self.client.remote_queued() if self.client else 0
+        if not self.client:
+            return 0
+        return self.client.local_backlog() + len(self.local) + self.client.remote_queued()
 
     def flush_counts(self) -> None:
         """Add the per-request counts kept since the last flush to the stats
@@ -559,6 +630,9 @@ class RedisScheduler(BaseScheduler):
         if self._dequeued:
             self.stats.inc_value("scheduler/dequeued/redis", self._dequeued)
             self._dequeued = 0
+        if self._unproven:
+            self.stats.inc_value("scheduler/unproven", self._unproven)
+            self._unproven = 0
 
     def _seen_here(self, fp: bytes) -> bool:
         key = hash(fp)
@@ -588,8 +662,9 @@ class RedisScheduler(BaseScheduler):
             self._recent_urls.add(url_key)
 
     def local_backlog(self) -> int:
-        """Requests this node holds that Redis has not handed to the engine yet."""
-        return self.client.local_backlog() if self.client else 0
+        """Requests this node holds that Redis has not handed to the engine yet
+        (and those it keeps to itself)."""
+        return self.client.local_backlog() + len(self.local) if self.client else 0
 
     def flushed(self):
         """A future that resolves once everything enqueued so far is in Redis."""
@@ -693,12 +768,14 @@ class RedisScheduler(BaseScheduler):
 
     def _accept(self, partition: int, member: str, payload: bytes) -> Request:
         try:
-            request = request_from_json(payload, self.spider, self.policy)
+            request, proven = load_request(payload, self.spider, self.policy, self.signer)
         except RequestDecodeError as exc:
             logger.error("Invalid payload %s moved aside: %s", member, exc,
                          extra={"spider": self.spider})
             self.stats.inc_value(f"scheduler/invalid/{exc.code}")
             raise Rejected(str(exc)) from None
+        if not proven:
+            self._unproven += 1
         request.meta[LEASE_META] = member
         request.errback = LeaseErrback(self._download_failed, member, request.errback)
         # What the frontier stored, before downloader middlewares added their
@@ -901,7 +978,7 @@ class RedisScheduler(BaseScheduler):
             retry.meta.pop(LEASE_META, None)
             retry.meta[CALLBACK_ATTEMPTS_META] = attempts
             try:
-                payload = request_to_json(retry, self.spider, self.policy)
+                payload = request_to_json(retry, self.spider, self.policy, self.signer)
             except RequestEncodeError as exc:  # a callback put something odd in meta
                 reason = f"{reason}; cannot be retried: {exc}"
             else:
@@ -913,7 +990,7 @@ class RedisScheduler(BaseScheduler):
         request.meta.pop(LEASE_META, None)
         retries = request.meta.get("retry_times", 0)
         try:
-            payload = request_to_json(request, self.spider, self.policy)
+            payload = request_to_json(request, self.spider, self.policy, self.signer)
         except RequestEncodeError as exc:  # kept without a payload: visible, not replayable
             payload, reason = None, f"{reason}; request not storable: {exc}"
         record = {"member": member, "key": key, "payload": payload,
@@ -965,6 +1042,7 @@ class RedisScheduler(BaseScheduler):
         if self._report_task is not None:   # its counts stored, or back in _stat_deltas
             await asyncio.gather(self._report_task, return_exceptions=True)
         await self.control.stop()
+        await self.local.close()
         leftovers = await self.client.close()
         self.flush_counts()   # the final calls' (the engine may have asked once more)
         if self.control.state == "drain":   # the last draining node out ends a --then-clear drain

@@ -1,12 +1,29 @@
 """Data-only (JSON) encoding of Scrapy requests for storage in Redis.
 
-Nothing read from Redis is ever unpickled or used to import arbitrary code:
-whoever can write to Redis must not be able to run code on every node.
+Nothing read from Redis is ever unpickled: whoever can write to Redis must not
+be able to run code on every node. One trust rule decides what a payload read
+back may do (:mod:`crawlproject.policy`):
 
-* Callbacks and errbacks travel by name and are resolved on the running
-  spider only if the spider published them (:mod:`crawlproject.policy`: a
-  public method of the spider's own classes, or its ``allowed_callbacks``);
-  a name is never imported.
+* **Written by a node of this crawl** (``signer`` given: the crawl's
+  ``FRONTIER_SECRET``, :mod:`crawlproject.signing`): the payload is signed
+  when stored and, its proof checked when read, comes back whole — callbacks
+  and errbacks that are any method of the running spider (private ones too),
+  method, body, headers, cookies, the spider's own ``meta``, the request
+  class. Only what makes sense inside one process is left out.
+* **Anything else** (no proof, a bad proof, no secret configured): the seed
+  policy. Callbacks and errbacks travel by name and are resolved on the
+  running spider only if the spider published them (a public method of the
+  spider's own classes, or its ``allowed_callbacks``); a name is never
+  imported. ``GET``/``HEAD`` without a body unless published, headers from
+  an allow-list, meta by allow-list.
+
+A request that cannot be stored (a lambda callback, an object in ``meta``;
+without a secret, anything beyond the seed policy) raises
+:class:`RequestEncodeError`: the scheduler keeps it on the node that made it
+(:mod:`crawlproject.scheduling.local`).
+
+Encoding details:
+
 * ``meta`` and ``cb_kwargs`` must hold JSON data (str, int, float, bool, None,
   lists, dicts with str keys), ``bytes``, or scrapy-playwright ``PageMethod``
   objects; anything else raises :class:`RequestEncodeError` naming the key.
@@ -42,7 +59,8 @@ from scrapy.utils.request import request_from_dict as _scrapy_request_from_dict
 
 from crawlproject.identity.session import PROXY_ID
 from crawlproject.identity.session import TRANSIENT as SESSION_TRANSIENT
-from crawlproject.policy import InputPolicy, Refused
+from crawlproject.policy import InputPolicy, NodePolicy, Refused
+from crawlproject.signing import Signer, unwrap
 
 FORMAT_VERSION = 1
 
@@ -179,7 +197,7 @@ def _encode_page_method(value: Any, path: str) -> dict:
     }
 
 
-def decode_value(value: Any, policy: InputPolicy = _NO_SPIDER) -> Any:
+def decode_value(value: Any, policy: InputPolicy | NodePolicy = _NO_SPIDER) -> Any:
     """Inverse of :func:`encode_value`; page methods must pass *policy*."""
     if isinstance(value, list):
         return [decode_value(v, policy) for v in value]
@@ -210,12 +228,14 @@ def encode_request_dict(d: dict[str, Any], policy: InputPolicy = _NO_SPIDER) -> 
 
 
 def _encode_request_dict(d: dict[str, Any], policy: InputPolicy) -> dict[str, Any]:
+    """*d* under the seed policy (no secret: what any node would accept from anyone)."""
     meta = _stored_meta(restore_meta(dict(d.get("meta") or {})))
     if isinstance(meta.get("proxy"), str):
         meta["proxy"] = _without_userinfo(meta["proxy"])
+    headers = _stored_headers(d.get("headers"))
     try:
         # The checks of a payload read back: a node never stores what it would refuse.
-        meta = policy.check_stored({**d, "meta": meta,
+        meta = policy.check_stored({**d, "meta": meta, "headers": headers,
                                     "callback": _name_or_none(d.get("callback")),
                                     "errback": _name_or_none(d.get("errback"))})["meta"]
     except Refused as exc:
@@ -224,16 +244,45 @@ def _encode_request_dict(d: dict[str, Any], policy: InputPolicy) -> dict[str, An
     out = dict(d)
     out["v"] = FORMAT_VERSION
     out["body"] = base64.b64encode(d.get("body") or b"").decode("ascii")
-    out["headers"] = {
-        _latin1(k): [_latin1(v) for v in (vs if isinstance(vs, list) else [vs])]
-        for k, vs in (d.get("headers") or {}).items()
-        if _latin1(k).lower() not in SECRET_HEADERS
-    }
+    out["headers"] = headers
     out["meta"] = encode_value(meta, "meta")
     out["cb_kwargs"] = encode_value(d.get("cb_kwargs") or {}, "cb_kwargs")
+    _check_names(out)
+    return _without_defaults(out)
+
+
+def _encode_node_dict(d: dict[str, Any]) -> dict[str, Any]:
+    """A node's own request, whole: only process-local meta, per-download
+    proxies, proxy credentials and secret headers are left out."""
+    meta = _stored_meta(restore_meta(dict(d.get("meta") or {})))
+    if isinstance(meta.get("proxy"), str):
+        meta["proxy"] = _without_userinfo(meta["proxy"])
+    out = dict(d)
+    out["v"] = FORMAT_VERSION
+    out["body"] = base64.b64encode(d.get("body") or b"").decode("ascii")
+    out["headers"] = _stored_headers(d.get("headers"))
+    out["meta"] = encode_value(meta, "meta")
+    out["cb_kwargs"] = encode_value(d.get("cb_kwargs") or {}, "cb_kwargs")
+    out["cookies"] = encode_value(d.get("cookies") or {}, "cookies")
+    _check_names(out)
+    return _without_defaults(out)
+
+
+def _stored_headers(headers) -> dict[str, list[str]]:
+    return {
+        _latin1(k): [_latin1(v) for v in (vs if isinstance(vs, list) else [vs])]
+        for k, vs in (headers or {}).items()
+        if _latin1(k).lower() not in SECRET_HEADERS
+    }
+
+
+def _check_names(out: dict) -> None:
     for key in ("callback", "errback"):
         if out.get(key) is not None and not isinstance(out[key], str):
             raise RequestEncodeError(f"{key} must be a spider method, got {out[key]!r}")
+
+
+def _without_defaults(out: dict) -> dict:
     for key, default in _DEFAULTS.items():  # smaller payloads in Redis
         if key in out and out[key] == default:
             del out[key]
@@ -248,11 +297,13 @@ def _to_json(d: dict[str, Any]) -> str:
 
 
 def decode_request_dict(d: Any, policy: InputPolicy = _NO_SPIDER) -> dict[str, Any]:
-    """Validate and decode a stored payload into ``request_from_dict`` input."""
+    """Validate and decode a stored payload that no node proved it wrote
+    into ``request_from_dict`` input: the seed policy (*policy*)."""
     if not isinstance(d, dict) or not isinstance(d.get("url"), str):
         raise RequestDecodeError("payload is not an object with a string 'url'")
     if "_class" in d and d["_class"] not in ALLOWED_CLASSES:
-        raise RequestDecodeError(f"request class {str(d['_class'])[:100]!r} is not allowed")
+        raise RequestDecodeError(f"request class {str(d['_class'])[:100]!r} is not allowed",
+                                 "class_not_allowed")
     try:
         for key in ("callback", "errback"):
             if d.get(key) is not None:
@@ -274,11 +325,44 @@ def decode_request_dict(d: Any, policy: InputPolicy = _NO_SPIDER) -> dict[str, A
         # proxy bookkeeping) and is dropped; every other key must pass the policy.
         policy.check_meta(out["meta"])  # a stored playwright_page too: refused, not dropped
         out["meta"] = policy.check_stored_meta(_stored_meta(out["meta"]))
+        policy.check_request(out.get("method") or "GET", out["headers"], out["body"],
+                             out.get("cookies"))
     except RequestDecodeError:
         raise
     except Refused as exc:
         raise RequestDecodeError(str(exc), exc.code) from None
     except Exception as exc:  # noqa: BLE001 - whatever the payload holds
+        raise RequestDecodeError(f"malformed payload: {type(exc).__name__}: {exc}") from None
+    return out
+
+
+def decode_node_dict(d: Any, policy: NodePolicy) -> dict[str, Any]:
+    """Decode a payload a node of this crawl proved it wrote: whole, but
+    callbacks must be methods of the running spider and the class a request
+    class; process-local meta is dropped."""
+    if not isinstance(d, dict) or not isinstance(d.get("url"), str):
+        raise RequestDecodeError("payload is not an object with a string 'url'")
+    try:
+        for key in ("callback", "errback"):
+            if d.get(key) is not None:
+                policy.check_callback(d[key], key)
+        out = dict(d)
+        out.pop("v", None)
+        if "_class" in d and d["_class"] not in ALLOWED_CLASSES:
+            policy.request_class(d["_class"])   # request_from_dict loads it again
+        out["body"] = base64.b64decode(d.get("body") or "", validate=True)
+        out["headers"] = {
+            k.encode("latin-1"): [v.encode("latin-1") for v in vs]
+            for k, vs in (d.get("headers") or {}).items()
+        }
+        out["meta"] = decode_value(d.get("meta") or {}, policy)
+        out["cb_kwargs"] = decode_value(d.get("cb_kwargs") or {}, policy)
+        if not isinstance(out["meta"], dict) or not isinstance(out["cb_kwargs"], dict):
+            raise TypeError("meta and cb_kwargs must be objects")
+        out["meta"] = _stored_meta(out["meta"])
+    except Refused as exc:
+        raise RequestDecodeError(str(exc), exc.code) from None
+    except Exception as exc:  # noqa: BLE001 - a node of another version, a bug
         raise RequestDecodeError(f"malformed payload: {type(exc).__name__}: {exc}") from None
     return out
 
@@ -329,26 +413,57 @@ def _name_or_none(value: Any) -> Any:
 
 
 def request_to_json(request: Request, spider: Spider | None,
-                    policy: InputPolicy | None = None) -> str:
-    """Encode *request* (callbacks must be methods *spider* published)."""
-    # One json.dumps: it is both the check and the payload.
-    return _to_json(_encode_request_dict(request_to_dict(request, spider), _policy(spider, policy)))
+                    policy: InputPolicy | None = None, signer: Signer | None = None) -> str:
+    """Encode *request*. With *signer* (a node of the crawl), whole and signed:
+    callbacks must be methods of *spider*; without, under the seed policy
+    (*policy*: callbacks *spider* published, allowed meta, method, headers).
+    Raises :class:`RequestEncodeError` for what cannot be stored so."""
+    d = request_to_dict(request, spider)
+    if signer is not None:
+        # One json.dumps: it is both the check and the payload.
+        return signer.sign(_to_json(_encode_node_dict(d)))
+    return _to_json(_encode_request_dict(d, _policy(spider, policy)))
+
+
+def node_storable(request: Request, spider: Spider | None) -> bool:
+    """Whether a node could store *request* signed (with ``FRONTIER_SECRET``)."""
+    try:
+        _to_json(_encode_node_dict(request_to_dict(request, spider)))
+    except RequestEncodeError:
+        return False
+    return True
 
 
 def request_from_json(data: bytes | str, spider: Spider | None,
-                      policy: InputPolicy | None = None) -> Request:
-    """Decode a payload written by :func:`request_to_json`.
+                      policy: InputPolicy | None = None,
+                      signer: Signer | None = None) -> Request:
+    """Decode a payload written by :func:`request_to_json` (see :func:`load_request`)."""
+    return load_request(data, spider, policy, signer)[0]
+
+
+def load_request(data: bytes | str, spider: Spider | None, policy: InputPolicy | None = None,
+                 signer: Signer | None = None) -> tuple[Request, bool]:
+    """Decode a stored payload: ``(request, proven)``. A payload *signer*
+    proves a node of this crawl wrote comes back whole; any other gets the
+    seed policy (*policy*).
 
     Raises :class:`RequestDecodeError`, and only that, for anything that is
     not a request *spider* may run.
     """
+    if signer is not None:
+        text, proven = signer.open(data)
+    else:
+        text, proven = unwrap(data), False
     try:
-        d = json.loads(data)
+        d = json.loads(text)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise RequestDecodeError(f"payload is not JSON: {exc}") from None
-    decoded = decode_request_dict(d, _policy(spider, policy))
+    if proven:
+        decoded = decode_node_dict(d, NodePolicy(spider))
+    else:
+        decoded = decode_request_dict(d, _policy(spider, policy))
     try:
-        return _scrapy_request_from_dict(decoded, spider=spider)
+        return _scrapy_request_from_dict(decoded, spider=spider), proven
     except Exception as exc:  # noqa: BLE001 - whatever the payload holds
         raise RequestDecodeError(f"not a valid request: {type(exc).__name__}: {exc}") from None
 

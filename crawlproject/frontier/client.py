@@ -218,6 +218,8 @@ class FrontierClient:
         self._check = [False for _ in partitions]
         #: partition -> (its call in flight, the batch, outranking count sent)
         self._calls: dict[int, tuple[asyncio.Future, Batch, int]] = {}
+        #: the batches of the one-partition call awaited in _send (not in _calls)
+        self._sending: list[Batch] = []
         self._last_sweep = time.monotonic()
         self._closing = False
         self._flush_waiters: list[asyncio.Future] = []
@@ -521,7 +523,8 @@ class FrontierClient:
     def pending_adds(self) -> int:
         """New requests not stored yet (waiting, or in a call not answered yet)."""
         return (sum(len(b.adds) for b in self.outbox)
-                + sum(len(b.adds) for _, b, _ in self._calls.values()))
+                + sum(len(b.adds) for _, b, _ in self._calls.values())
+                + sum(len(b.adds) for b in self._sending))
 
     def remote_queued(self) -> int:
         return sum(r.queued for r in self.remote)
@@ -530,7 +533,8 @@ class FrontierClient:
         """Work exists here or anywhere in the cluster that may reach this node."""
         if self.buffer or self.reserve or self.pending_adds():
             return True
-        if any(b.take for _, b, _ in self._calls.values()):
+        if (any(b.take for _, b, _ in self._calls.values())
+                or any(b.take for b in self._sending)):
             return True  # its reply may bring entries
         held = {}
         for entry in self.held.values():
@@ -846,11 +850,17 @@ class FrontierClient:
         # between the reply and the engine getting its requests (on a busy
         # loop a turn can be tens of milliseconds).
         results = []
+        # While a call is awaited its batch is in neither the outbox nor
+        # _calls: has_pending() and the seeds' back-pressure must still see its
+        # adds (a spider whose start() is done closed when it saw none).
         for p, batch in calls.items():
+            self._sending.append(batch)
             try:
                 results.append(await self.partitions[p].sync(batch))
             except Exception as exc:  # noqa: BLE001 - handled by the caller
                 results.append(exc)
+            finally:
+                self._sending.remove(batch)
         return results
 
     # -- several partitions: a call in flight per partition ---------------------

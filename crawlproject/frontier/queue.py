@@ -53,7 +53,7 @@ from crawlproject.defaults import SCHEDULER_DEAD_MAX, SCHEDULER_INVALID_MAX
 from crawlproject.frontier.bloom import BloomConfig, filter_estimates, fingerprint_hex
 from crawlproject.frontier.politeness import (UNLIMITED, Limits, Override, PolitenessConfig,
                                               parse_override, safe_key)
-from crawlproject.frontier.scripts import REPLAY_DEAD, SET_LIMITS, SYNC
+from crawlproject.frontier.scripts import BLOOM_ADD, REPLAY_DEAD, SET_LIMITS, SYNC
 from crawlproject.keys import FrontierKeys
 from crawlproject.keys import as_text as _s
 
@@ -249,6 +249,7 @@ class Frontier:
         self._sync = client.register_script(SYNC)
         self._replay = client.register_script(REPLAY_DEAD)
         self._set_limits = client.register_script(SET_LIMITS)
+        self._bloom_add = client.register_script(BLOOM_ADD)
 
     # -- the one round trip ---------------------------------------------------
     def _sync_call(self, batch: Batch, leaving: bool):
@@ -546,6 +547,15 @@ class AsyncFrontier(Frontier):
 
     async def bloom_estimates(self) -> dict:
         return filter_estimates(await self.client.hgetall(self.keys.bloom))
+
+    async def mark_seen(self, fingerprints: list) -> list[bool]:
+        """Check-and-add *fingerprints* to this partition's Bloom filter (the
+        one SYNC dedupes with), queueing nothing: True for each that was new.
+        For requests a node keeps to itself (crawlproject.scheduling.local)."""
+        got = await self._bloom_add(keys=[self.keys.bloom],
+                                    args=[*self.bloom.args(), "add",
+                                          *map(fingerprint_hex, fingerprints)])
+        return [bool(int(x)) for x in got]
 
     async def set_limits(self, limits: dict[str, Limits | Override | None], source: str = "c",
                          *, only_missing: bool = False) -> int:
