@@ -204,6 +204,8 @@ def build_request(seed: Seed, spider, policy: InputPolicy) -> Request:
                              for name, what in ((seed.callback, "callback"),
                                                 (seed.errback, "errback")))
         meta = policy.check_seed_meta(seed.meta)
+        has_body = bool(seed.body) or bool(seed.formdata) and seed.method not in ("GET", "HEAD")
+        policy.check_request(seed.method, seed.headers, has_body)
     except Refused as exc:
         raise InvalidSeed(exc.code, str(exc)) from None
     if spider is not None:

@@ -325,7 +325,7 @@ def decode_request_dict(d: Any, policy: InputPolicy = _NO_SPIDER) -> dict[str, A
         # proxy bookkeeping) and is dropped; every other key must pass the policy.
         policy.check_meta(out["meta"])  # a stored playwright_page too: refused, not dropped
         out["meta"] = policy.check_stored_meta(_stored_meta(out["meta"]))
-        policy.check_request(out.get("method") or "GET", out["headers"], out["body"],
+        policy.check_request(out.get("method", "GET"), out["headers"], out["body"],
                              out.get("cookies"))
     except RequestDecodeError:
         raise

@@ -21,6 +21,9 @@ from scrapy.utils.test import get_crawler
 from crawlproject.identity.middleware import IdentityMiddleware, parse_rotation
 from crawlproject.identity.session import IDENTITY, PROXY_ID, SESSION
 from crawlproject.serialization import request_from_json, request_to_json
+from crawlproject.signing import Signer
+
+NODE = Signer([b"n" * 16], "demo")   # the requests a node stores itself
 from crawlproject.identity.useragents import PoolFilter, identity_for, load_pool, pick
 from tests.crawl_helpers import ROOT
 
@@ -230,7 +233,8 @@ def test_the_spiders_own_headers_win_but_hints_follow_the_user_agent():
     assert meta["user_agent"] == headers["user-agent"] and meta["id"]
     assert meta["headers"]["Accept-Language"] in ("en-US,en;q=0.9", "en-US,en;q=0.5")
     # Transient: never written to the frontier.
-    assert IDENTITY not in request_from_json(request_to_json(request, None), None).meta
+    assert IDENTITY not in request_from_json(request_to_json(request, None, signer=NODE), None,
+                                             signer=NODE).meta
 
 
 def test_a_request_that_changes_session_changes_its_whole_identity():
@@ -242,7 +246,7 @@ def test_a_request_that_changes_session_changes_its_whole_identity():
                  if pick(mw.pool, f"h:h{n}.example").family != "chromium")
     first = scrapy_request(f"https://h{chromium}.example/")
     assert "sec-ch-ua" in sent(mw, first)
-    stored = request_from_json(request_to_json(first, None), None)
+    stored = request_from_json(request_to_json(first, None, signer=NODE), None, signer=NODE)
     moved = stored.replace(url=f"https://h{other}.example/")
     headers = sent(mw, moved)
     assert headers["user-agent"] == pick(mw.pool, f"h:h{other}.example").user_agent

@@ -4,6 +4,8 @@ the gone marks against a real MongoDB-wire server."""
 from datetime import datetime, timedelta, timezone
 
 import pytest
+
+from crawlproject.signing import Signer
 from hypothesis import given, settings, strategies as st
 from scrapy import Request
 from scrapy.http import HtmlResponse, Response
@@ -242,17 +244,24 @@ def test_stored_payload_drops_what_the_download_added():
                       headers={"User-Agent": "pinned-by-identity", "X-Keep": "1"},
                       meta={"download_slot": "x", "depth": 2, "campaign": "spring",
                             STATE_META: {"etag": '"v"'}})
-    # "campaign": published, as this project's SEED_META_ALLOW does.
-    payload = stored_payload(spider, request, request.url, InputPolicy(
-        spidercls=ProductsSpider, stored_meta_allow=frozenset({"campaign"})))
-    assert "pinned-by-identity" not in payload and "X-Keep" in payload
-    assert '"campaign":"spring"' in payload and "download_slot" not in payload
-    assert STATE_META not in payload and '"dont_filter":true' in payload
-    # The frontier's own payload wins when the node leased the request.
-    request.meta["_crawlproject_payload"] = (b'{"url":"http://127.0.0.1/product/3","meta":'
-                                             b'{"recrawl":{"etag":"x"},"a":1}}')
-    assert stored_payload(spider, request, request.url, InputPolicy()) == \
-        '{"url":"http://127.0.0.1/product/3","meta":{"a":1},"dont_filter":true}'
+    # A node's record is signed: the spider's own header and meta come back whole.
+    signer = Signer([b"k" * 16], "products")
+    payload = stored_payload(spider, request, request.url, InputPolicy(), signer)
+    data, proven = signer.open(payload)
+    assert proven and "pinned-by-identity" not in data and "X-Keep" in data
+    assert '"campaign":"spring"' in data and "download_slot" not in data
+    assert STATE_META not in data and '"dont_filter":true' in data
+    # Without a secret, the seed policy: "campaign" published (as this
+    # project's SEED_META_ALLOW does), the custom header not.
+    policy = InputPolicy(spidercls=ProductsSpider, stored_meta_allow=frozenset({"campaign"}))
+    assert stored_payload(spider, request, request.url, policy) is None
+    del request.headers["X-Keep"]
+    assert '"campaign":"spring"' in stored_payload(spider, request, request.url, policy)
+    # The frontier's own payload wins when the node leased the request (signed again).
+    request.meta["_crawlproject_payload"] = signer.sign(
+        '{"url":"http://127.0.0.1/product/3","meta":{"recrawl":{"etag":"x"},"a":1}}')
+    assert signer.open(stored_payload(spider, request, request.url, policy, signer)) == (
+        '{"url":"http://127.0.0.1/product/3","meta":{"a":1},"dont_filter":true}', True)
 
 
 # -- gone marks in MongoDB -----------------------------------------------------------

@@ -1,19 +1,28 @@
-"""JSON request codec: round trips, refusals, and hostile payloads."""
+"""JSON request codec: round trips, refusals, and hostile payloads.
+
+One trust rule: what a node of the crawl stored (signed with the crawl's
+secret) comes back whole; anything else gets the seed policy."""
 
 import json
 
 import pytest
 from scrapy import Request, Spider
-from scrapy.http import FormRequest
+from scrapy.http import FormRequest, JsonRequest
+from scrapy.spiders import CrawlSpider, Rule
+from scrapy.linkextractors import LinkExtractor
 from scrapy_playwright.page import PageMethod
 
 from crawlproject import serialization
 from crawlproject.serialization import (
     RequestDecodeError,
     RequestEncodeError,
+    load_request,
     request_from_json,
     request_to_json,
 )
+from crawlproject.signing import Signer
+
+SIGNER = Signer([b"s" * 32], "demo")
 
 
 class DemoSpider(Spider):
@@ -42,7 +51,9 @@ def test_round_trip_keeps_everything(spider):
               "playwright": True,
               "playwright_page_methods": [PageMethod("wait_for_selector", "#app", timeout=5000)]},
     )
-    back = request_from_json(request_to_json(request, spider), spider)
+    back, proven = load_request(request_to_json(request, spider, signer=SIGNER), spider,
+                                signer=SIGNER)
+    assert proven
     assert (back.url, back.method, back.body, back.priority) == (request.url, "POST", b"\x00\xffbinary", 7)
     assert back.headers[b"X-A"] == b"1" and back.dont_filter and back.cookies == {"c": "v"}
     assert back.callback == spider.parse_item and back.errback == spider.on_error
@@ -56,8 +67,137 @@ def test_round_trip_keeps_everything(spider):
 
 def test_form_request_class_survives(spider):
     request = FormRequest("http://127.0.0.1/f", formdata={"q": "x"})
-    back = request_from_json(request_to_json(request, spider), spider)
+    back = request_from_json(request_to_json(request, spider, signer=SIGNER), spider,
+                             signer=SIGNER)
     assert type(back) is FormRequest and back.body == b"q=x"
+    with pytest.raises(RequestEncodeError, match="method 'POST' is not allowed"):
+        request_to_json(request, spider)   # no secret: what anyone may store, no POST
+
+
+# -- what a node of the crawl stored: whole ----------------------------------------
+
+class Mixin:
+    def _from_mixin(self, response):
+        pass
+
+
+class PrivateSpider(Mixin, DemoSpider):
+    name = "demo"
+
+    def _parse_private(self, response, n):
+        pass
+
+    def _failed(self, failure):
+        pass
+
+
+class MyRequest(Request):
+    pass
+
+
+class Kinds(CrawlSpider):
+    name = "demo"
+    rules = (Rule(LinkExtractor(), callback="parse_page"),)
+
+    def parse_page(self, response):
+        pass
+
+
+def test_a_nodes_own_request_round_trips_whole():
+    """Private and mixin callbacks and errbacks, a CrawlSpider rule's request,
+    bodies, methods, headers, cookies and meta the spider set without
+    publishing anything: a node wrote them, they come back as they were."""
+    spider = PrivateSpider()
+    requests = [
+        Request("http://127.0.0.1/a", callback=spider._parse_private, errback=spider._failed,
+                cb_kwargs={"n": 3}, meta={"anything": {"the": ["spider", "set"]}},
+                headers={"Authorization": "Bearer t", "X-Custom": "1"}, cookies={"sid": "1"}),
+        Request("http://127.0.0.1/b", callback=spider._from_mixin, method="DELETE"),
+        JsonRequest("http://127.0.0.1/c", data={"q": [1, 2]}, callback=spider.parse_item),
+        MyRequest("http://127.0.0.1/d", method="PUT", body=b"raw"),
+        Request("http://127.0.0.1/e", meta={"playwright": True, "playwright_page_methods": [
+            PageMethod("evaluate", "1 + 1"), PageMethod("screenshot", full_page=True)]}),
+    ]
+    for request in requests:
+        back, proven = load_request(request_to_json(request, spider, signer=SIGNER), spider,
+                                    signer=SIGNER)
+        assert proven and type(back) is type(request)
+        assert (back.url, back.method, back.body) == (request.url, request.method, request.body)
+        assert back.callback == request.callback and back.errback == request.errback
+        assert back.cb_kwargs == request.cb_kwargs and back.cookies == request.cookies
+        assert dict(back.headers) == dict(request.headers)
+        want = {k: v for k, v in request.meta.items() if k != "playwright_page_methods"}
+        assert {k: v for k, v in back.meta.items() if k != "playwright_page_methods"} == want
+    methods = back.meta["playwright_page_methods"]
+    assert [(m.method, m.args, m.kwargs) for m in methods] == [
+        ("evaluate", ("1 + 1",), {}), ("screenshot", (), {"full_page": True})]
+    crawl = Kinds()
+    rule_request = Request("http://127.0.0.1/p", callback=crawl._callback,
+                           errback=crawl._errback, meta={"rule": 0, "link_text": "P"})
+    back = request_from_json(request_to_json(rule_request, crawl, signer=SIGNER), crawl,
+                             signer=SIGNER)
+    assert back.callback == crawl._callback and back.meta == {"rule": 0, "link_text": "P"}
+
+
+def test_proof_is_checked_not_the_form():
+    """An altered payload, one signed for another spider or with another
+    secret, and an unsigned one: not proven, so the seed policy applies
+    (a private callback is refused)."""
+    spider = PrivateSpider()
+    data = request_to_json(Request("http://127.0.0.1/a", callback=spider._parse_private,
+                                   cb_kwargs={"n": 1}), spider, signer=SIGNER)
+    assert load_request(data, spider, signer=SIGNER)[1]
+    forged = [
+        data.replace("127.0.0.1/a", "127.0.0.1/b"),            # altered after signing
+        Signer([b"s" * 32], "other").sign(data.split(":", 1)[1]),  # another spider
+        Signer([b"t" * 32], "demo").sign(data.split(":", 1)[1]),   # another secret
+        data.split(":", 1)[1],                                  # the JSON alone
+        data[:3] + ("A" if data[3] != "A" else "B") + data[4:],  # one MAC character
+    ]
+    for value in forged:
+        with pytest.raises(RequestDecodeError) as info:
+            load_request(value, spider, signer=SIGNER)
+        assert info.value.code == "callback_not_allowed"
+    rotated = Signer([b"n" * 32, b"s" * 32], "demo")      # a new first secret, the old kept
+    assert load_request(data, spider, signer=rotated)[1]
+
+
+@pytest.mark.parametrize("fields, code", [
+    ({"method": "POST"}, "method_not_allowed"),
+    ({"method": "DELETE"}, "method_not_allowed"),
+    ({"body": "eA=="}, "body_not_allowed"),
+    ({"headers": {"Authorization": ["Basic eDp5"]}}, "header_not_allowed"),
+    ({"headers": {"proxy-authorization": ["Basic eDp5"]}}, "header_not_allowed"),
+    ({"headers": {"Cookie": ["sid=1"]}}, "header_not_allowed"),
+    ({"headers": {"Host": ["internal.example"]}}, "header_not_allowed"),
+    ({"headers": {"X-Forwarded-For": ["127.0.0.1"]}}, "header_not_allowed"),
+    ({"cookies": {"sid": "1"}}, "header_not_allowed"),
+    ({"callback": "_parse_private"}, "callback_not_allowed"),
+    ({"_class": "tests.test_serialization.MyRequest"}, "class_not_allowed"),
+])
+def test_what_anyone_else_wrote_gets_the_seed_policy(fields, code):
+    spider = PrivateSpider()
+    with pytest.raises(RequestDecodeError) as info:
+        load_request(payload(**fields), spider, signer=SIGNER)
+    assert info.value.code == code
+    back, proven = load_request(payload(headers={"Accept-Language": ["da"]}), spider,
+                                signer=SIGNER)
+    assert not proven and back.headers[b"Accept-Language"] == b"da"
+
+
+def test_the_seed_policy_publishes_methods_and_headers():
+    from scrapy.settings import Settings
+
+    class Poster(DemoSpider):
+        seed_methods_allow = ("POST",)
+
+    policy = InputPolicy.from_settings(Settings({"SEED_HEADERS_ALLOW": ["X-Api-Version",
+                                                                        "Cookie"]}), Poster)
+    back = request_from_json(payload(method="POST", body="eA==",
+                                     headers={"X-Api-Version": ["2"]}), Poster(), policy)
+    assert back.method == "POST" and back.body == b"x"
+    with pytest.raises(RequestDecodeError):   # a credential stays refused, listed or not
+        request_from_json(payload(headers={"Cookie": ["a=1"]}), Poster(), policy)
 
 
 def test_unserialisable_meta_is_refused_naming_the_key(spider):
@@ -338,3 +478,24 @@ def test_fuzz_payloads_give_an_allowed_request_or_a_clean_reject(fields):
     assert 0 < request.meta.get("download_timeout", 1) <= 30
     assert 0 < request.meta.get("download_maxsize", 1) <= 1000
     assert request.meta.get("depth", 0) >= 0
+
+
+@hsettings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=_fields.map(json.dumps), signed=st.booleans())
+def test_fuzz_signed_and_unsigned_payloads(data, signed):
+    """Whatever a payload holds, signed by a node or not: a request whose
+    callbacks are methods of the spider (published ones when unproven), or a
+    RequestDecodeError; never another exception. A signed one is proven."""
+    spider = PrivateSpider()
+    value = SIGNER.sign(data) if signed else data
+    try:
+        request, proven = load_request(value, spider, signer=SIGNER)
+    except RequestDecodeError as exc:
+        assert str(exc)
+        return
+    assert proven is signed
+    for func in (request.callback, request.errback):
+        assert func is None or getattr(func, "__self__", None) is spider
+    if not proven:
+        assert request.method in ("GET", "HEAD") and not request.body and not request.cookies
+        assert request.url.split(":", 1)[0].lower() in ("http", "https")

@@ -60,6 +60,7 @@ from crawlproject.connection import collection_name
 from crawlproject.policy import InputPolicy, Refused
 from crawlproject.recrawl.schedule import STATE_META, PageVisit, RecrawlPolicy, utc_now
 from crawlproject.serialization import RequestDecodeError, request_from_json
+from crawlproject.signing import Signer, signer_from_settings
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +88,7 @@ class RecrawlFeeder:
         self.check_interval, self.batch_size = check_interval, batch_size
         self.max_queued, self.claim_timeout = max_queued, claim_timeout
         self.input_policy: InputPolicy | None = None
+        self.signer: Signer | None = None
         self.redis = None
         self.mongo = None
         self.keys: FrontierKeys | None = None
@@ -121,6 +123,7 @@ class RecrawlFeeder:
         from crawlproject.connection import mongo_client
 
         self.input_policy = InputPolicy.from_settings(self.crawler.settings, type(spider))
+        self.signer = signer_from_settings(self.crawler.settings, spider.name)
         self.redis = redis_from_settings(self.crawler.settings, asyncio=True)
         self.mongo = mongo_client(self.mongo_uri, asyncio=True, settings=self.crawler.settings)
         self.keys = FrontierKeys(spider.name)
@@ -267,7 +270,8 @@ class RecrawlFeeder:
             self.stats.inc_value("recrawl/not_revisitable")
             return 0
         try:
-            request = record_request(url, payload, self.crawler.spider, self.input_policy)
+            request = record_request(url, payload, self.crawler.spider, self.input_policy,
+                                     self.signer)
         except RequestDecodeError as exc:
             self.stats.inc_value("recrawl/invalid_records")
             self.stats.inc_value(f"recrawl/invalid_records/{exc.code}")
@@ -288,12 +292,14 @@ class RecrawlFeeder:
         return 1
 
 
-def record_request(url: str, payload: str, spider, policy: InputPolicy):
-    """The request of a page record kept under *url* (untrusted, from MongoDB):
-    a request *spider* may run (:func:`request_from_json`, the policy of
-    frontier payloads) that fetches the record's own site. Raises
-    :class:`RequestDecodeError`, and only that."""
-    request = request_from_json(payload, spider, policy)
+def record_request(url: str, payload: str, spider, policy: InputPolicy,
+                   signer: Signer | None = None):
+    """The request of a page record kept under *url* (from MongoDB): whole if
+    a node of the crawl signed it, else a request *spider* may run under the
+    seed policy (:func:`request_from_json`); either way it must fetch the
+    record's own site (a signed request moved to another record is not).
+    Raises :class:`RequestDecodeError`, and only that."""
+    request = request_from_json(payload, spider, policy, signer)
     try:
         policy.check_same_site(request.url, url)
     except Refused as exc:

@@ -53,6 +53,7 @@ from crawlproject.recrawl.schedule import (
     visit_record,
 )
 from crawlproject.serialization import RequestEncodeError, request_to_json
+from crawlproject.signing import Signer, signer_from_settings, unwrap
 
 logger = logging.getLogger(__name__)
 
@@ -80,11 +81,12 @@ class RecrawlMiddleware:
     """Downloader middleware: validators out, visit outcome in (module docstring)."""
 
     def __init__(self, crawler, policy: RecrawlPolicy, input_policy: InputPolicy,
-                 item_collections: re.Pattern):
+                 item_collections: re.Pattern, signer: Signer | None = None):
         self.crawler = crawler
         self.stats = crawler.stats
         self.policy = policy
         self.input_policy = input_policy
+        self.signer = signer
         #: the collections a gone mark may name (the spider's item collections)
         self.item_collections = item_collections
 
@@ -94,7 +96,8 @@ class RecrawlMiddleware:
         return cls(crawler, _enabled(crawler), InputPolicy.from_settings(s, crawler.spidercls),
                    item_collections_pattern(mongo_collection_pattern(s),
                                             crawler.spidercls.name,
-                                            setting(s, "RECRAWL_GONE_COLLECTIONS")))
+                                            setting(s, "RECRAWL_GONE_COLLECTIONS")),
+                   signer_from_settings(s, crawler.spidercls.name))
 
     def process_request(self, request: Request):
         state = checked_state(request.meta.get(STATE_META))
@@ -154,7 +157,8 @@ class RecrawlMiddleware:
         """Callback of unchanged and gone pages: the page record (and gone marks)."""
         request = response.request
         visit = request.meta[VISIT_META]
-        record = page_record(self.crawler.spider, request, visit, self.policy, self.input_policy)
+        record = page_record(self.crawler.spider, request, visit, self.policy, self.input_policy,
+                             signer=self.signer)
         if record is None:
             return
         yield record
@@ -203,7 +207,8 @@ def _stored_items(raw: Any) -> list[list]:
 
 
 def page_record(spider, request: Request, visit: dict, policy: RecrawlPolicy,
-                input_policy: InputPolicy, items: list[list] | None = None) -> PageVisit | None:
+                input_policy: InputPolicy, items: list[list] | None = None,
+                signer: Signer | None = None) -> PageVisit | None:
     """The :class:`PageVisit` of *request*'s visit, or None when the page is
     not covered (any more) or cannot be fetched again from a record."""
     rule = policy.rule_for(visit["url"])
@@ -211,7 +216,7 @@ def page_record(spider, request: Request, visit: dict, policy: RecrawlPolicy,
         return None
     payload = None
     if visit["outcome"] == "new" or request.meta.get("redirect_urls"):
-        payload = stored_payload(spider, request, visit["url"], input_policy)
+        payload = stored_payload(spider, request, visit["url"], input_policy, signer)
     state = checked_state(request.meta.get(STATE_META))
     return visit_record(visit["url"], rule, state, visit["outcome"], status=visit["status"],
                         now=utc_now(), payload=payload, etag=visit["etag"],
@@ -229,14 +234,20 @@ DOWNLOAD_HEADERS = frozenset({b"if-none-match", b"if-modified-since", b"referer"
                               b"user-agent", b"accept", b"accept-language", b"accept-encoding"})
 
 
-def stored_payload(spider, request: Request, url: str, input_policy: InputPolicy) -> str | None:
+def stored_payload(spider, request: Request, url: str, input_policy: InputPolicy,
+                   signer: Signer | None = None) -> str | None:
     """The request to fetch *url* again: the frontier's payload of it when the
     node leased it (``meta[PAYLOAD_META]``), else the request without what
-    the download added (headers of downloader middlewares, download meta)."""
+    the download added (headers of downloader middlewares, download meta).
+    Signed with *signer* (a node's record: it comes back whole), as the
+    frontier's payloads are."""
     raw = request.meta.get(PAYLOAD_META)
     if raw is not None and url == request.url:
         try:
-            return _without_state(raw)
+            # The node accepted this payload (proven, or under the seed policy):
+            # it vouches for the revisit made of it.
+            again = _without_state(unwrap(raw))
+            return signer.sign(again) if signer is not None else again
         except (ValueError, TypeError, AttributeError):
             pass  # not a payload we can read: rebuild it below
     meta = {k: v for k, v in request.meta.items() if k not in DOWNLOAD_META}
@@ -245,7 +256,7 @@ def stored_payload(spider, request: Request, url: str, input_policy: InputPolicy
     try:
         again = request.replace(url=url, meta=meta, headers=headers, callback=callback,
                                 errback=None, dont_filter=True)
-        return request_to_json(again, spider, input_policy)
+        return request_to_json(again, spider, input_policy, signer)
     except (RequestEncodeError, ValueError, TypeError) as exc:
         logger.warning("Page %s cannot be revisited (its request cannot be stored: %s)", url,
                        exc, extra={"spider": spider})
@@ -268,10 +279,11 @@ class RecrawlSpiderMiddleware:
     """Spider middleware: the page record after a new or changed page's output."""
 
     def __init__(self, crawler, policy: RecrawlPolicy, input_policy: InputPolicy,
-                 collection: str, key: str):
+                 collection: str, key: str, signer: Signer | None = None):
         self.crawler = crawler
         self.policy = policy
         self.input_policy = input_policy
+        self.signer = signer
         self.collection_pattern = collection
         self.default_key = key
 
@@ -279,7 +291,8 @@ class RecrawlSpiderMiddleware:
     def from_crawler(cls, crawler):
         s = crawler.settings
         return cls(crawler, _enabled(crawler), InputPolicy.from_settings(s, crawler.spidercls),
-                   mongo_collection_pattern(s), mongo_unique_key(s))
+                   mongo_collection_pattern(s), mongo_unique_key(s),
+                   signer_from_settings(s, crawler.spidercls.name))
 
     async def process_spider_output(self, response: Response, result: AsyncIterator):
         visit = response.request.meta.get(VISIT_META) if response.request is not None else None
@@ -294,7 +307,7 @@ class RecrawlSpiderMiddleware:
             yield output
         if track:
             record = page_record(self.crawler.spider, response.request, visit, self.policy,
-                                 self.input_policy, items)
+                                 self.input_policy, items, self.signer)
             if record is not None:
                 yield record
 

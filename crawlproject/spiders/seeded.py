@@ -33,7 +33,7 @@ from crawlproject.outage import outage_log
 from crawlproject.policy import InputPolicy
 from crawlproject.seeds import (InvalidSeed, Seed, SeedQueue, build_request, request_from_seed,
                                seed_key)
-from crawlproject.serialization import request_to_json
+from crawlproject.serialization import node_storable, request_to_json
 
 logger = logging.getLogger(__name__)
 
@@ -237,9 +237,12 @@ class RedisSpider(Spider):
         return request, True
 
     def _check_storable(self, request: Request) -> None:
-        # The frontier stores requests as JSON: refuse here, with the seed,
-        # what the scheduler would refuse later (and lose) at enqueue time.
-        request_to_json(request, self, self.seed_policy)
+        # A request no node can store (a spider's make_request_from_seed gave
+        # it a lambda callback, an object in meta) would be kept in this
+        # node's memory only, and its seed released: refuse it here, with the
+        # seed, which then stays in the invalid list.
+        if not node_storable(request, self):
+            request_to_json(request, self, self.seed_policy)   # raises, with the reason
 
     def make_request_from_seed(self, seed: Seed) -> Request:
         """Build the request for a parsed seed; override to customise.
