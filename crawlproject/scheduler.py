@@ -67,6 +67,7 @@ from crawlproject.defaults import setting
 from crawlproject.frontier.bloom import BloomConfig
 from crawlproject.frontier.client import FrontierClient, Rejected
 from crawlproject.scheduling.burst import StartBurst, default_prefetch
+from crawlproject.scheduling.compat import idle_before_close, scrapy_redis_notes
 from crawlproject.scheduling.errback import LeaseErrback
 from crawlproject.scheduling.local import SLOT_PREFIX, LocalRequests, strip_slot
 from crawlproject.scheduling.politeness import SitePoliteness
@@ -136,7 +137,8 @@ class RedisScheduler(BaseScheduler):
                  retry: RetryPolicy, politeness: SitePoliteness, node_id: str,
                  dead_max: int = DEAD_MAX, invalid_max: int = INVALID_MAX,
                  start_burst: int = 0, idle_poll_max: float = defaults.SCHEDULER_IDLE_POLL_MAX,
-                 control_on_start: str = defaults.CONTROL_ON_START):
+                 control_on_start: str = defaults.CONTROL_ON_START,
+                 idle_before_close: float = 0.0):
         if start_burst < 0:
             raise ValueError(f"SCHEDULER_START_BURST ({start_burst}) must be 0 (no limit) or "
                              "more (requests handed to the engine per event-loop turn)")
@@ -201,6 +203,10 @@ class RedisScheduler(BaseScheduler):
         #: request lifecycle hooks (crawlproject.hooks), read at open
         self.hooks: list = []
         self.start_burst = StartBurst(start_burst, self._nudge_engine)
+        #: seconds a node whose crawl is done waits before closing (scrapy-redis'
+        #: SCHEDULER_IDLE_BEFORE_CLOSE), and since when it has been done
+        self.idle_before_close = idle_before_close
+        self._done_since: float | None = None
 
     @classmethod
     def from_crawler(cls, crawler):
@@ -227,6 +233,7 @@ class RedisScheduler(BaseScheduler):
             # spare (see StartBurst); a node that is CPU-bound loses by it.
             start_burst=setting(s, "SCHEDULER_START_BURST"),
             control_on_start=setting(s, "CONTROL_ON_START"),
+            idle_before_close=idle_before_close(s),
         )
 
     # -- Scrapy scheduler interface ------------------------------------------
@@ -256,6 +263,8 @@ class RedisScheduler(BaseScheduler):
                     f"{pol.default.concurrency} in flight" if pol.enabled else "off",
                     extra={"spider": spider})
         self._log_trust()
+        for level, message in scrapy_redis_notes(self.crawler.settings):
+            logger.log(level, message, extra={"spider": spider})
         # Nothing is taken before the operator's state is known (_on_control_ready).
         self.client.paused = True
         self.client.start()
@@ -609,6 +618,7 @@ class RedisScheduler(BaseScheduler):
             return None
         self.start_burst.handed_out()
         self._dequeued += 1
+        self._done_since = None
         return entry.item
 
     def __len__(self) -> int:
@@ -862,7 +872,22 @@ class RedisScheduler(BaseScheduler):
             self._nudge_engine()
 
     def _on_spider_idle(self) -> None:
+        """The engine has nothing left (start requests handled, nothing here):
+        with the cluster's frontier empty too (has_pending_requests), the node
+        closes, after SCHEDULER_IDLE_BEFORE_CLOSE seconds of that if set."""
         if self.control_holds:
+            raise DontCloseSpider
+        if self.idle_before_close <= 0:
+            return
+        now = time.monotonic()
+        if self._done_since is None or self.has_pending_requests():
+            self._done_since = now
+        waited = now - self._done_since
+        if waited < self.idle_before_close:
+            # Asked again at the end of the wait (the engine's own heartbeat
+            # would ask only every 5 s).
+            asyncio.get_running_loop().call_later(self.idle_before_close - waited + 0.01,
+                                                  self._nudge_engine)
             raise DontCloseSpider
 
     async def _control_tick(self) -> None:

@@ -233,9 +233,14 @@ def request_from_seed(raw: bytes | str, spider, policy: InputPolicy,
     encoder) is rejected with a reason.
     """
     try:
-        seed = parse_seed(raw, encoding)
-        make = getattr(spider, "make_request_from_seed", None)
-        request = make(seed) if make is not None else build_request(seed, spider, policy)
+        if getattr(type(spider), "make_request_from_data", None) is not None:
+            # scrapy-redis' hook, kept by a spider that moved here: the spider's
+            # own code turns the raw seed into a request.
+            request = _from_data(spider, raw)
+        else:
+            seed = parse_seed(raw, encoding)
+            make = getattr(spider, "make_request_from_seed", None)
+            request = make(seed) if make is not None else build_request(seed, spider, policy)
         if check is not None:
             check(request)
         return request
@@ -246,6 +251,19 @@ def request_from_seed(raw: bytes | str, spider, policy: InputPolicy,
     except Exception as exc:  # noqa: BLE001 - untrusted input must not stop a node
         raise InvalidSeed("error", f"cannot build a request: {type(exc).__name__}: "
                                    f"{str(exc)[:300]}") from None
+
+
+def _from_data(spider, raw: bytes | str) -> Request:
+    """The request a spider's ``make_request_from_data`` (scrapy-redis' hook)
+    makes of *raw*: it must be one request (scrapy-redis returns ``[]`` for a
+    seed without a URL)."""
+    if len(raw) > MAX_SEED_BYTES:
+        raise InvalidSeed("too_large", f"seed is {len(raw)} bytes (max {MAX_SEED_BYTES})")
+    made = spider.make_request_from_data(raw if isinstance(raw, bytes) else raw.encode())
+    if isinstance(made, Request):
+        return made
+    raise InvalidSeed("no_request", f"make_request_from_data returned {_short(made)}, "
+                                    "not a request")
 
 
 def check_seed(raw: bytes | str, policy: InputPolicy, encoding: str = "utf-8") -> Seed:

@@ -1,6 +1,7 @@
 """Shared fixtures: real servers (Redis, Redis Cluster, MongoDB-wire, demo site)."""
 
 import os
+import secrets
 import sys
 import threading
 import uuid
@@ -10,6 +11,11 @@ import pytest
 
 from tests.fixtures_services import *  # noqa: F401,F403
 from tests.fixtures_site import *  # noqa: F401,F403
+
+
+# The crawl's secret (crawlproject/signing.py), as an operator exports it on every
+# node: the suite's nodes inherit it. A test that needs none removes it.
+os.environ.setdefault("FRONTIER_SECRET", secrets.token_urlsafe(32))
 
 
 def pytest_configure(config):

@@ -17,6 +17,7 @@
     python -m crawlproject.cli schedule products [TARGET...] -s MAX_IDLE_TIME_BEFORE_CLOSE=60
     python -m crawlproject.cli jobs [TARGET...] [--json]
     python -m crawlproject.cli dashboard [SPIDER...] [--host 127.0.0.1] [--port 9420]
+    python -m crawlproject.cli secret        # a new FRONTIER_SECRET (no Redis needed)
 
 ``crawlctl`` (the package's console script) is the same program. The scrapyd
 commands read targets from scrapy.cfg (``[deploy:NAME]``) or ``--targets-file``
@@ -192,11 +193,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-a", "--arg", action="append", metavar="NAME=VALUE",
                    help="a spider argument (repeatable)")
     p.set_defaults(func=cmd_schedule)
+    p = sub.add_parser("secret", help="print a new FRONTIER_SECRET: give the same one to "
+                       "every node of a crawl, never to seeders")
+    p.set_defaults(func=cmd_secret)
     p = sub.add_parser("jobs", help="pending, running and finished jobs of every scrapyd target")
     _add_target_options(p)
     p.add_argument("--json", action="store_true", help="one JSON object per target")
     p.set_defaults(func=cmd_jobs)
     return parser
+
+
+def cmd_secret(args) -> int:
+    """A new random FRONTIER_SECRET (256 bits), on standard output only."""
+    import secrets
+
+    print(secrets.token_urlsafe(32))
+    return 0
 
 
 # crawlctl's optional packages (tables, scrapyd, dashboard), imported lazily.

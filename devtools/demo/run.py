@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import secrets
 import subprocess
 import sys
 import time
@@ -95,8 +96,11 @@ def run(args: argparse.Namespace) -> int:
         mongo = mongo_client(mongo_server.uri, asyncio=False)
         collection = mongo[args.database]["products"]
         collection.delete_many({})
+        # Every node of the crawl gets the same secret, as an operator exports
+        # it on each machine; the demo makes one for its own run.
         env = dict(os.environ, REDIS_URL=redis_server.url, MONGO_URI=mongo_server.uri,
-                   MONGO_DATABASE=args.database)
+                   MONGO_DATABASE=args.database,
+                   FRONTIER_SECRET=os.environ.get("FRONTIER_SECRET") or secrets.token_urlsafe(32))
         nodes = start_nodes(args.nodes, env, logs, args.idle_close, args.node_concurrency)
         print(f"Started {args.nodes} nodes (scrapy crawl products); waiting for them to join...")
         joined = wait_joined(client, nodes, args.nodes, timeout=120)
