@@ -84,6 +84,33 @@ def crawl_until_done(nodes, push, timeout: float = 240) -> list[int]:
             node.stop()
 
 
+def readme_settings_block() -> str:
+    """The settings block of README.md's "Use it in your own Scrapy project",
+    as a user pastes it."""
+    section = (ROOT / "README.md").read_text().split("## Use it in your own Scrapy project", 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def user_project(path: Path, name: str, spiders: str, extra_settings: str = "") -> Path:
+    """A Scrapy project of a user's at *path*: ``scrapy.cfg``, a settings
+    module with what ``scrapy startproject`` writes that matters here (bot
+    name, spider modules, ``ROBOTSTXT_OBEY = True``), the README's settings
+    block pasted as written, then *extra_settings*; *spiders* is its spider
+    module. (Written, not generated with ``scrapy startproject``: a second
+    of CPU less a project.)"""
+    package = path / name
+    (package / "spiders").mkdir(parents=True)
+    (path / "scrapy.cfg").write_text(f"[settings]\ndefault = {name}.settings\n")
+    (package / "__init__.py").write_text("")
+    (package / "spiders" / "__init__.py").write_text("")
+    (package / "spiders" / "kinds.py").write_text(spiders)
+    (package / "settings.py").write_text(
+        f'BOT_NAME = "{name}"\nSPIDER_MODULES = ["{name}.spiders"]\n'
+        f'NEWSPIDER_MODULE = "{name}.spiders"\nROBOTSTXT_OBEY = True\n\n'
+        + readme_settings_block() + "\n" + extra_settings)
+    return path
+
+
 def node_env(redis_url: str, mongo_uri: str, database: str) -> dict:
     return {"REDIS_URL": redis_url, "MONGO_URI": mongo_uri, "MONGO_DATABASE": database,
             "PYTHONPATH": str(ROOT)}

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from tests.crawl_helpers import ROOT, node_env
+from tests.crawl_helpers import ROOT, node_env, readme_settings_block
 
 SPIDER = '''
 from crawlproject.spiders import RedisSpider
@@ -27,12 +27,6 @@ class ShopSpider(RedisSpider):
     def parse(self, response):
         yield {"url": response.url, "title": response.css("title::text").get()}
 '''
-
-
-def readme_settings_block() -> str:
-    """The settings block of README.md's "Use it in your own Scrapy project"."""
-    section = (ROOT / "README.md").read_text().split("## Use it in your own Scrapy project", 1)[1]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
 def readme_project(tmp_path) -> os.PathLike:
