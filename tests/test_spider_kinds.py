@@ -311,3 +311,83 @@ def test_every_kind_of_spider_crawls_its_site_completely_on_two_nodes(
             assert "Traceback" not in text and "] ERROR:" not in text, text[-3000:]
             assert "FRONTIER_SECRET is not set" not in text
         assert sum("Kept on this node" in t for t in logs.values()) == 1
+
+
+CRAWL_ONLY = '''
+import json
+import os
+
+from scrapy.linkextractors import LinkExtractor
+from scrapy.spiders import CrawlSpider, Rule
+
+SITE = json.loads(os.environ["KINDS_SITE"])
+
+
+class Crawl(CrawlSpider):
+    name = "crawl"
+    start_urls = [SITE["crawl"]]
+    rules = (Rule(LinkExtractor(restrict_css="a.product, a.related"), callback="parse_item",
+                  follow=True),
+             Rule(LinkExtractor(restrict_css="a.next")))
+
+    def parse_item(self, response):
+        yield {"url": response.url, "title": response.css("h1.title::text").get()}
+'''
+
+
+def scrapy_crawl(project, name, env, log, settings):
+    cmd = [sys.executable, "-m", "scrapy", "crawl", "crawl", "-s", f"LOG_FILE={log}",
+           "-s", f"NODE_ID={name}"]
+    for key, value in settings.items():
+        cmd += ["-s", f"{key}={value}"]
+    return subprocess.Popen(cmd, cwd=project, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+
+
+@pytest.mark.slow
+def test_a_node_killed_during_a_crawlspider_crawl_loses_nothing(
+        redis_url, mongo_uri, database, tmp_path, redis):
+    """Two ``scrapy crawl`` nodes of a CrawlSpider (rule callbacks are the
+    spider's private ``_callback``: they must survive the round trip through
+    Redis to be reclaimed by the other node); one is SIGKILLed while it holds
+    leases: the other finishes the crawl, every product stored, no page
+    fetched more than twice (once by the dead node, once after its lease came
+    back)."""
+    from tests.crawl_helpers import leases_held
+
+    host = "127.0.46.10"
+    with KindsSite([host]) as site:
+        project = user_project(tmp_path / "project", "userproj", CRAWL_ONLY)
+        env = {**os.environ, "KINDS_SITE": json.dumps({"crawl": site.urls[host]}),
+               "PYTHONPATH": str(project)}
+        settings = {"REDIS_URL": redis_url, "MONGO_URI": mongo_uri,
+                    "MONGO_DATABASE": database.name, "DOWNLOAD_DELAY": "0.05",
+                    "SCHEDULER_LEASE_TTL": "3", "SCHEDULER_HEARTBEAT_INTERVAL": "1",
+                    "LOG_LEVEL": "INFO"}
+        victim = scrapy_crawl(project, "victim", env, tmp_path / "victim.log", settings)
+        survivor = None
+        try:
+            deadline = time.monotonic() + 90
+            while not (leases_held(redis, "victim") and len(site.fetched(host)) >= 8):
+                assert victim.poll() is None and time.monotonic() < deadline, \
+                    (tmp_path / "victim.log").read_text()[-3000:]
+                time.sleep(0.01)
+            survivor = scrapy_crawl(project, "survivor", env, tmp_path / "survivor.log",
+                                    settings)
+            held = leases_held(redis, "victim")
+            victim.kill()
+            victim.wait()
+            assert survivor.wait(180) == 0, survivor.stderr.read()[-3000:]
+        finally:
+            for proc in (victim, survivor):
+                if proc is not None and proc.poll() is None:
+                    proc.kill()
+        log = (tmp_path / "survivor.log").read_text()
+        stored = {d["url"] for d in database["crawl"].find({}, {"url": 1})}
+        assert stored == {site.urls[host].rstrip("/") + p for p in kinds_site.product_paths()}
+        fetched = site.fetched(host)
+        twice = {page for page, n in fetched.items() if n > 1 and page != ("GET", "/")}
+        assert all(n <= 2 for n in fetched.values()), fetched
+        assert len(twice) <= held, (twice, held)
+        assert "'scheduler/reclaimed'" in log and "'finish_reason': 'finished'" in log
+        assert redis.hlen("{crawl}:payloads") == 0 and redis.hlen("{crawl}:inflight") == 0

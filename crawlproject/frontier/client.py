@@ -1052,6 +1052,10 @@ class FrontierClient:
         remote.queued = result.queued
         if result.delayed >= 0:
             remote.delayed, remote.inflight = result.delayed, result.inflight
+        elif batch is not None and any(add[4] for add in batch.adds):
+            # Delayed adds (a retry's backoff, a page waiting for robots.txt):
+            # work this node knows of until a maintenance reply counts it.
+            remote.delayed = max(0, remote.delayed) + sum(1 for add in batch.adds if add[4])
         if asked or result.delayed >= 0:
             remote.next_ready_ms = result.next_ready_ms
         elif result.added or (batch is not None and (batch.acks or batch.nacks)):
