@@ -1,8 +1,10 @@
 """One trust policy for stored requests, through real nodes: hostile frontier
 payloads and page records (a proxy of the writer's choice, ``file://`` URLs,
-another host, an included browser page) are refused, counted and set aside,
-and the rest of the crawl goes on."""
+another host, an included browser page, a forged POST, credentials, a
+forged signature) are refused, counted and set aside, and the rest of the
+crawl goes on."""
 
+import base64
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -36,6 +38,10 @@ class Recorder:
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
+
+            def do_POST(self):
+                seen.append(("POST", self.path))
+                self.do_GET()
 
             def log_message(self, *args):
                 pass
@@ -72,8 +78,25 @@ def test_hostile_frontier_payloads_are_refused_counted_and_the_crawl_goes_on(
         }
         include_page = {"url": f"{site.url}product/3?page",
                         "meta": {"playwright": True, "playwright_include_page": True}}
-        for p in [*hostile.values(), include_page]:
+        # What a node of this crawl would store, written by someone without the
+        # crawl's secret: scrapyd's egg upload (scrapyd installs and runs what is
+        # posted there), credentials and a Host header, a private callback under a
+        # made-up signature. Each gets the seed policy: refused, never sent.
+        multipart = base64.b64encode(b"--x\r\nContent-Disposition: form-data; name=\"egg\""
+                                     b"\r\n\r\nPK\x03\x04\r\n--x--\r\n").decode()
+        forged = {
+            "method_not_allowed": {"url": f"{recorder.url}/addversion.json", "method": "POST",
+                                   "body": multipart, "headers": {
+                                       "Content-Type": ["multipart/form-data; boundary=x"]}},
+            "header_not_allowed": {"url": f"{recorder.url}/creds",
+                                   "headers": {"Authorization": ["Basic YWRtaW46YWRtaW4="]}},
+            "callback_not_allowed": {"url": f"{recorder.url}/private", "callback": "_parse"},
+        }
+        host_header = {"url": f"{recorder.url}/vhost", "headers": {"Host": ["internal"]}}
+        for p in [*hostile.values(), include_page, *forged.values(), host_header]:
             frontier.push(json.dumps(p))
+        frontier.push("~1" + "A" * 22 + ":" + json.dumps(  # a signature no node made
+            {"url": f"{recorder.url}/signed", "callback": "_parse", "method": "PUT"}))
         # Limits beyond the node's own are capped, not refused: this one is crawled.
         frontier.push(json.dumps({"url": f"{site.url}product/4?limits",
                                   "meta": {"download_timeout": 1e9, "download_maxsize": 0}}))
@@ -87,17 +110,20 @@ def test_hostile_frontier_payloads_are_refused_counted_and_the_crawl_goes_on(
             node.stop()
     log = node.text()
     assert "'finish_reason': 'finished'" in log, node.tail()
-    assert recorder.seen == []                       # nothing went through the writer's proxy
+    assert recorder.seen == []     # nothing through the writer's proxy, nothing forged sent
     stored = {d["url"] for d in database["leaf"].find()}
     assert set(good) <= stored and f"{site.url}product/4?limits" in stored
     assert not any(url.startswith("file:") or "?via-proxy" in url or "?robots" in url
                    or "?page" in url for url in stored)
+    refused = len(hostile) + 1 + len(forged) + 2
     invalid = frontier.invalid_entries()
-    assert len(invalid) == len(hostile) + 1 and all(r["reason"] for r in invalid)
-    assert node.stat("scheduler/invalid") == len(hostile) + 1
-    for code in hostile:
+    assert len(invalid) == refused and all(r["reason"] for r in invalid)
+    assert node.stat("scheduler/invalid") == refused
+    for code in [*hostile, *forged]:
         assert node.stat(f"scheduler/invalid/{code}") >= 1, code
     assert node.stat("scheduler/invalid/meta_not_allowed") == 2   # the included page too
+    assert node.stat("scheduler/invalid/header_not_allowed") == 2     # and the Host header
+    assert node.stat("scheduler/invalid/callback_not_allowed") == 2   # the forged signature
 
 
 def test_hostile_page_records_are_refused_marked_and_the_revisits_go_on(
