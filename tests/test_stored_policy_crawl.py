@@ -40,8 +40,10 @@ class Recorder:
                 self.wfile.write(body)
 
             def do_POST(self):
-                seen.append(("POST", self.path))
+                seen.append((self.command, self.path))
                 self.do_GET()
+
+            do_PUT = do_DELETE = do_PATCH = do_POST
 
             def log_message(self, *args):
                 pass
