@@ -214,8 +214,8 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
         except ResponseError as exc:
             if not _wrong_type(exc):
                 raise
-            await self._bad_key(key, "a string", "the site's robots.txt is fetched again "
-                                "and stored over it")
+            await self._bad_key(key, "a string", "ignored, the site's robots.txt is fetched "
+                                "again and stored over it")
             raw = b""
         record = self._decode(origin, raw) if raw else None
         if record is None:
@@ -258,8 +258,8 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
             kind = kind.decode() if isinstance(kind, bytes) else kind
         except Exception:   # noqa: BLE001 - only for the message
             kind = "key of another type"
-        logger.error("Redis key %s is a %s, not %s: ignored, %s (delete it; %d more such "
-                     "key(s) in the last minute)", key, kind, expected, then, unsaid,
+        logger.error("Redis key %s is a %s, not %s: %s (%d more key(s) of the wrong type "
+                     "since the last such message)", key, kind, expected, then, unsaid,
                      extra={"spider": self.crawler.spider})
 
     def _remember(self, origin: str, record: RobotsRecord) -> _Known:
@@ -399,8 +399,8 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
         if isinstance(indexed, Exception):
             if not (isinstance(indexed, ResponseError) and _wrong_type(indexed)):
                 raise indexed
-            await self._bad_key(self._keys.index, "a hash", "robots.txt states are not "
-                                "indexed for crawlctl politeness")
+            await self._bad_key(self._keys.index, "a hash", "skipped, crawlctl politeness "
+                                "shows no robots.txt state until it is deleted")
         self.crawler.stats.inc_value(f"robotstxt/cluster/stored/{record.state}")
 
 

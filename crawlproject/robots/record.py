@@ -3,16 +3,16 @@
 A value signed by a node (:mod:`crawlproject.signing`, purpose ``"robots"``,
 scope the spider) whose data is JSON ``{"origin": str, "status": int, "body":
 str, "fetched": s, "expires": s}`` (epoch seconds). ``origin`` is the site the
-record was fetched from (``scheme://host[:port]``): a record is worth nothing
-under another site's key. ``body`` is the first :data:`MAX_BODY` bytes of the
-robots.txt, zlib-compressed and base64-encoded (a body that compresses well, such
-as a decompression bomb's, costs Redis little; what was not sent cannot be
-stored). ``status`` 0 means the site could not be reached (``body`` then says
-why). What the status means follows RFC 9309 §2.3.1: 2xx — the rules in
-``body``; 4xx — no rules (allow all), except 429, which is a request to slow
-down; 429, 5xx, a redirect left unfollowed and 0 — *unavailable*: the site is
-treated as disallowed for now and its pages wait, until the record expires and
-it is fetched again.
+record is for (``scheme://host[:port]``, as in its key): a record is worth
+nothing under another site's key. ``body`` is the first :data:`MAX_BODY`
+bytes of the robots.txt, zlib-compressed and base64-encoded: a body that
+compresses well, such as a decompression bomb's, costs Redis little, one that
+does not at most 4/3 of what the site sent. ``status`` 0 means the site could
+not be reached (``body`` then says why). What the status means follows RFC
+9309 §2.3.1: 2xx — the rules in ``body``; 4xx — no rules (allow all), except
+429, which is a request to slow down; 429, 5xx, a redirect left unfollowed and
+0 — *unavailable*: the site is treated as disallowed for now and its pages
+wait, until the record expires and it is fetched again.
 
 Everything read from Redis is untrusted: :func:`decode_record` refuses a value
 longer than :data:`MAX_RECORD` before anything else, then one no node of this
