@@ -121,16 +121,20 @@ key                                type    contents / written by
                                            RPUSHed by the closing node, any node removes
                                            a chunk (LREM) after writing it
                                            (:mod:`crawlproject.pipelines.handoff`)
-``{<spider>}:robots:<origin>``     string  a site's robots.txt for the cluster (JSON:
-                                           status, body, fetched, expires; untrusted,
-                                           parsed strictly), with a TTL; ``<origin>``
-                                           = ``scheme://host[:port]``
-                                           (:mod:`crawlproject.robots`)
+``{<spider>}:robots:<origin>``     string  a site's robots.txt for the cluster, signed
+                                           by the node that fetched it (JSON: origin,
+                                           status, body, fetched, expires; a record not
+                                           proven for this origin is ignored, one
+                                           longer than ``MAX_RECORD`` is not read),
+                                           with a TTL; ``<origin>`` =
+                                           ``scheme://host[:port]``; not used without
+                                           ``FRONTIER_SECRET`` (:mod:`crawlproject.robots`)
 ``{<spider>}:robots``               hash    host → the last robots.txt stored for it
                                            (JSON: origin, status, fetched, expires), for
-                                           ``crawlctl politeness``
+                                           ``crawlctl politeness`` only (no node reads it)
 ``{<spider>}:robots:<origin>:fetch`` string  the node that put the site's robots.txt
-                                           request in the frontier (SET NX, a TTL)
+                                           request in the frontier (ROBOTS_FETCH_LOCK, a
+                                           TTL; one without, or longer, is taken over)
 =================================  ======  ==========================================
 
 Derived keys: a script gets in KEYS the keys it touches, plus *prefix keys*

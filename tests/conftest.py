@@ -1,7 +1,6 @@
 """Shared fixtures: real servers (Redis, Redis Cluster, MongoDB-wire, demo site)."""
 
 import os
-import secrets
 import sys
 import threading
 import uuid
@@ -9,13 +8,15 @@ import uuid
 import pymongo
 import pytest
 
+from tests.crawl_helpers import TEST_SECRET
 from tests.fixtures_services import *  # noqa: F401,F403
 from tests.fixtures_site import *  # noqa: F401,F403
 
 
 # The crawl's secret (crawlproject/signing.py), as an operator exports it on every
-# node: the suite's nodes inherit it. A test that needs none removes it.
-os.environ.setdefault("FRONTIER_SECRET", secrets.token_urlsafe(32))
+# node: the suite's nodes inherit it (node_env gives it too). A test that needs
+# none removes it.
+os.environ.setdefault("FRONTIER_SECRET", TEST_SECRET)
 
 
 def pytest_configure(config):

@@ -111,9 +111,13 @@ def user_project(path: Path, name: str, spiders: str, extra_settings: str = "") 
     return path
 
 
+#: the nodes' FRONTIER_SECRET: what one node stores, the others can prove it wrote
+TEST_SECRET = "crawl-test-secret-0123456789"
+
+
 def node_env(redis_url: str, mongo_uri: str, database: str) -> dict:
     return {"REDIS_URL": redis_url, "MONGO_URI": mongo_uri, "MONGO_DATABASE": database,
-            "PYTHONPATH": str(ROOT)}
+            "FRONTIER_SECRET": TEST_SECRET, "PYTHONPATH": str(ROOT)}
 
 
 def stored_products(collection) -> dict[str, dict]:

@@ -59,3 +59,5 @@ CLAIM_SEEDS = _script("lib/clock", "lib/key_check", "claim_seeds")
 RENEW_CLAIMS = _script("lib/clock", "renew_claims")
 #: the operator's control hash (crawlproject/control.py), here with the other scripts
 CLEAR_DRAIN = _lua("clear_drain")
+#: a site's robots.txt fetch lock (crawlproject/robots/middleware.py)
+ROBOTS_FETCH_LOCK = _lua("robots_fetch_lock")

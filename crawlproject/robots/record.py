@@ -1,27 +1,53 @@
 """A site's robots.txt as the cluster stores it (``{spider}:robots:<origin>``).
 
-JSON ``{"status": int, "body": str, "fetched": s, "expires": s}`` (epoch
-seconds). ``status`` 0 means the site could not be reached (``body`` then says
-why). What the status
-means follows RFC 9309 §2.3.1: 2xx — the rules in ``body``; 4xx — no rules
-(allow all), except 429, which is a request to slow down; 429, 5xx, a redirect
-left unfollowed and 0 — *unavailable*: the site is treated as disallowed for
-now and its pages wait, until the record expires and it is fetched again.
+A value signed by a node (:mod:`crawlproject.signing`, purpose ``"robots"``,
+scope the spider) whose data is JSON ``{"origin": str, "status": int, "body":
+str, "fetched": s, "expires": s}`` (epoch seconds). ``origin`` is the site the
+record is for (``scheme://host[:port]``, as in its key): a record is worth
+nothing under another site's key. ``body`` is the first :data:`MAX_BODY`
+bytes of the robots.txt, zlib-compressed and base64-encoded: a body that
+compresses well, such as a decompression bomb's, costs Redis little, one that
+does not at most 4/3 of what the site sent. ``status`` 0 means the site could
+not be reached (``body`` then says why). What the status means follows RFC
+9309 §2.3.1: 2xx — the rules in ``body``; 4xx — no rules (allow all), except
+429, which is a request to slow down; 429, 5xx, a redirect left unfollowed and
+0 — *unavailable*: the site is treated as disallowed for now and its pages
+wait, until the record expires and it is fetched again.
 
-Everything read from Redis is untrusted: :func:`decode_record` accepts only
-this shape, with bounds, and raises ``ValueError`` for anything else.
+Everything read from Redis is untrusted: :func:`decode_record` refuses a value
+longer than :data:`MAX_RECORD` before anything else, then one no node of this
+crawl signed for this origin (:class:`UnprovenRecord`), and accepts only this
+shape, with bounds; it raises ``ValueError`` for anything else.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
+import zlib
 from dataclasses import dataclass
 
-#: Bytes of a robots.txt kept and parsed (RFC 9309 §2.5: at least 500 KiB).
-MAX_BODY = 512 * 1024
+from crawlproject.signing import Signer
+
+#: Bytes of a robots.txt kept and parsed; the rest is cut off (RFC 9309 §2.5: at
+#: least 500 KiB must be parsed; Google parses 500 KiB).
+MAX_BODY = 500 * 1024
+#: Characters of a stored origin.
+MAX_ORIGIN = 1024
+#: Longest stored value: :data:`MAX_BODY` bytes that do not compress (zlib adds
+#: 5 bytes a 16 KiB block), base64, and the rest of the record with room to spare.
+MAX_RECORD = 4 * (MAX_BODY + 1024) // 3 + 8 * MAX_ORIGIN
+#: The signature's purpose (part of its MAC).
+PURPOSE = "robots"
 
 RULES, ALLOW_ALL, UNAVAILABLE = "rules", "allow_all", "unavailable"
+_FIELDS = {"origin", "status", "body", "fetched", "expires"}
+
+
+class UnprovenRecord(ValueError):
+    """No node of this crawl is proven to have stored this record for this origin."""
 
 
 @dataclass(frozen=True)
@@ -29,9 +55,10 @@ class RobotsRecord:
     """One site's robots.txt answer, shared by every node."""
 
     status: int
-    body: str
+    body: bytes
     fetched: float
     expires: float
+    origin: str = ""
 
     @property
     def state(self) -> str:
@@ -43,31 +70,60 @@ class RobotsRecord:
         return UNAVAILABLE
 
 
-def encode_record(record: RobotsRecord) -> str:
-    """The stored JSON of *record*."""
-    return json.dumps({"status": record.status, "body": record.body[:MAX_BODY],
+def encode_record(record: RobotsRecord, signer: Signer) -> str:
+    """The stored value of *record*: its JSON, signed (the body cut to
+    :data:`MAX_BODY` bytes)."""
+    packed = base64.b64encode(zlib.compress(record.body[:MAX_BODY])).decode("ascii")
+    data = json.dumps({"origin": record.origin, "status": record.status, "body": packed,
                        "fetched": record.fetched, "expires": record.expires},
                       separators=(",", ":"))
+    return signer.sign(data, PURPOSE)
 
 
-def decode_record(raw: bytes | str) -> RobotsRecord:
-    """The record stored as *raw*; ``ValueError`` for anything else."""
-    if isinstance(raw, bytes):
-        raw = raw.decode("utf-8")  # UnicodeDecodeError is a ValueError
-    if len(raw) > 8 * MAX_BODY:
-        raise ValueError("robots.txt record too long")
-    data = json.loads(raw)
-    if not isinstance(data, dict) or set(data) != {"status", "body", "fetched", "expires"}:
+def decode_record(raw: bytes | str, signer: Signer, origin: str) -> RobotsRecord:
+    """The record of *origin* stored as *raw*: :class:`UnprovenRecord` when no
+    node of this crawl signed it for *origin*, ``ValueError`` for anything else
+    that is not a record."""
+    if len(raw) > MAX_RECORD:
+        raise ValueError(f"robots.txt record too long ({len(raw)} bytes)")
+    data, proven = signer.open(raw, PURPOSE)
+    if not proven:
+        raise UnprovenRecord("not signed by a node of this crawl")
+    record = parse_record(data)
+    if record.origin != origin:
+        raise UnprovenRecord(f"signed for another site, {record.origin[:100]!r}")
+    return record
+
+
+def parse_record(data: str) -> RobotsRecord:
+    """The record whose JSON is *data* (proof already checked); ``ValueError``
+    for anything else."""
+    data = json.loads(data)
+    if not isinstance(data, dict) or set(data) != _FIELDS:
         raise ValueError("not a robots.txt record")
-    status, body = data["status"], data["body"]
+    origin, status = data["origin"], data["status"]
+    if not isinstance(origin, str) or not 0 < len(origin) <= MAX_ORIGIN:
+        raise ValueError("bad origin")
     if type(status) is not int or not (status == 0 or 100 <= status <= 599):
         raise ValueError(f"bad status {status!r}")
-    if not isinstance(body, str) or len(body) > MAX_BODY:
-        raise ValueError("bad body")
     times = []
     for name in ("fetched", "expires"):
         value = data[name]
         if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
             raise ValueError(f"bad {name} {value!r}")
         times.append(float(value))
-    return RobotsRecord(status, body, *times)
+    return RobotsRecord(status, _unpack(data["body"]), *times, origin)
+
+
+def _unpack(packed) -> bytes:
+    if not isinstance(packed, str):
+        raise ValueError("bad body")
+    try:
+        compressed = base64.b64decode(packed.encode("ascii"), validate=True)
+        inflate = zlib.decompressobj()
+        body = inflate.decompress(compressed, MAX_BODY + 1)  # never more than that in memory
+    except (UnicodeEncodeError, binascii.Error, zlib.error) as exc:
+        raise ValueError(f"bad body ({type(exc).__name__})") from None
+    if len(body) > MAX_BODY or not inflate.eof or inflate.unused_data:
+        raise ValueError("bad body (too long or not one zlib stream)")
+    return body
