@@ -29,6 +29,13 @@ if [ ! -e "$STAMP" ]; then
   "$VENV/bin/python" -m pip install -q --no-deps -e .
   touch "$STAMP"
 fi
+# Source distributions the tests read (scrapy-redis' example project, run unchanged
+# by tests/test_scrapy_redis_example.py): downloaded with their hashes, not installed.
+if [ "${1:-}" = "dev" ] && [ -f tests/sdists.txt ] && [ ! -e "$VENV/sdists/.$(sha1sum tests/sdists.txt | cut -c1-12)" ]; then
+  "$VENV/bin/python" -m pip download -q --no-deps --no-binary :all: --no-build-isolation \
+    --require-hashes -r tests/sdists.txt -d "$VENV/sdists" \
+    && touch "$VENV/sdists/.$(sha1sum tests/sdists.txt | cut -c1-12)"
+fi
 # The checkout's bytecode, written now: where PYTHONDONTWRITEBYTECODE is set (CI
 # runners often set it), every node process would compile the project again at start.
 "$VENV/bin/python" -m compileall -q -j 0 crawlproject devtools $( [ -d tests ] && echo tests ) >/dev/null

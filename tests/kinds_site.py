@@ -51,12 +51,12 @@ def product_paths() -> list[str]:
     return [f"/product/{i}" for i in range(1, PRODUCTS + 1)]
 
 
-def directory_pages() -> list[str]:
-    """Every directory page below ``/dir/`` (each has ENTRIES entries)."""
+def directory_pages(prefix: str = "/dir") -> list[str]:
+    """Every directory page below the top (each has ENTRIES entries)."""
     out = []
     for c in range(1, TOP_CATS + 1):
-        out.append(f"/dir/{c}")
-        out.extend(f"/dir/{c}/{s}" for s in range(1, SUB_CATS + 1))
+        out.append(f"{prefix}/{c}")
+        out.extend(f"{prefix}/{c}/{s}" for s in range(1, SUB_CATS + 1))
     return out
 
 
@@ -80,10 +80,15 @@ def product(i: int) -> bytes:
                                  f'<span class="price">{i}.99</span>{related}')
 
 
-def directory(path: str) -> bytes | None:
-    parts = path.strip("/").split("/")[1:]
+def directory(path: str, prefix: str = "/dir") -> bytes | None:
+    """The directory page at *path* (below *prefix*: ``/dir``, or ``""`` on a
+    host that is only a directory), or None."""
+    rest = path[len(prefix):] if path.startswith(prefix) else None
+    if rest is None:
+        return None
+    parts = [p for p in rest.split("/") if p]
     if not parts:
-        cats = "".join(f'<li class="top-cat"><a href="/dir/{c}">Cat {c}</a></li>'
+        cats = "".join(f'<li class="top-cat"><a href="{prefix}/{c}">Cat {c}</a></li>'
                        for c in range(1, TOP_CATS + 1))
         return _html("Directory", f"<ul>{cats}</ul>")
     if not all(p.isdigit() for p in parts) or len(parts) > 2:
@@ -93,10 +98,11 @@ def directory(path: str) -> bytes | None:
         return None
     body = ""
     if len(parts) == 1:
-        body += "".join(f'<div class="sub-cat"><a href="/dir/{c}/{s}">Sub {s}</a></div>'
+        body += "".join(f'<div class="sub-cat"><a href="{prefix}/{c}/{s}">Sub {s}</a></div>'
                         for s in range(1, SUB_CATS + 1))
         # A link back to a page already known: the filter, not the site, stops it.
-        body += f'<div class="cat-item"><a href="/dir/{c % TOP_CATS + 1}">Next cat</a></div>'
+        body += (f'<div class="cat-item"><a href="{prefix}/{c % TOP_CATS + 1}">Next cat</a>'
+                 "</div>")
     entries = "".join(
         f'<div class="title-and-desc"><a href="http://site-{n}.invalid/">'
         f'<div class="site-title">Site {path} {n}</div></a>'
@@ -127,8 +133,13 @@ class _Handler(BaseHTTPRequestHandler):
         # With its query, and a POST with its body: each is a page of its own.
         site.record(self.server.host, method,
                     self.path + (f"#{body.decode('latin-1')}" if method == "POST" else ""))
-        status, ctype, data = site.render(self.server.base, method, path, body,
-                                          self.headers.get("Content-Type", ""))
+        if self.server.directory:
+            page = directory(path, "") if method in ("GET", "HEAD") else None
+            status, ctype, data = ((200, "text/html; charset=utf-8", page) if page
+                                   else (404, "text/plain", b"not found"))
+        else:
+            status, ctype, data = site.render(self.server.base, method, path, body,
+                                              self.headers.get("Content-Type", ""))
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(data)))
@@ -138,20 +149,23 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class KindsSite:
-    """The shop on each of *hosts* (``127.0.0.x``), port 0: ``urls[host]``."""
+    """The shop on each of *hosts* (``127.0.0.x``), port 0: ``urls[host]``;
+    each of *directories* (``{host: port}``) serves only the directory, at ``/``."""
 
-    def __init__(self, hosts: list[str]):
+    def __init__(self, hosts: list[str], directories: dict[str, int] | None = None):
         self.hosts = hosts
+        self.directories = directories or {}
         self.urls: dict[str, str] = {}
         self.hits: Counter = Counter()
         self._lock = threading.Lock()
         self._servers: list[ThreadingHTTPServer] = []
 
     def __enter__(self) -> "KindsSite":
-        for host in self.hosts:
-            server = ThreadingHTTPServer((host, 0), _Handler)
+        for host, port in [*((h, 0) for h in self.hosts), *self.directories.items()]:
+            server = ThreadingHTTPServer((host, port), _Handler)
             server.daemon_threads = True
             server.site, server.host = self, host
+            server.directory = host in self.directories
             server.base = f"http://{host}:{server.server_address[1]}"
             self.urls[host] = server.base + "/"
             self._servers.append(server)
@@ -209,7 +223,7 @@ class KindsSite:
         if path == "/feed.csv":
             rows = "".join(f"{i},{base}/product/{i}\n" for i in range(1, PRODUCTS + 1))
             return 200, "text/csv", ("id,url\n" + rows).encode()
-        if path == "/dir/" or path.startswith("/dir/"):
+        if path == "/dir" or path.startswith("/dir/"):
             page = directory(path)
             if page is not None:
                 return 200, html, page
