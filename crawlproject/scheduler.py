@@ -76,6 +76,7 @@ from crawlproject.control import (ControlWatcher, clear_finished_drain, drain_co
                                   read_control)
 from crawlproject.hooks import ACK, DEAD, RELEASED, RETRY, request_hooks
 from crawlproject.frontier.queue import (
+    ATTEMPT_META_KEYS,
     DEAD_MAX,
     INVALID_MAX,
     MAX_PRIORITY,
@@ -1015,7 +1016,11 @@ class RedisScheduler(BaseScheduler):
         request.meta.pop(LEASE_META, None)
         retries = request.meta.get("retry_times", 0)
         try:
-            payload = request_to_json(request, self.spider, self.policy, self.signer)
+            # Stored without its attempt counters: a replay gets fresh retries, and
+            # a signed payload is replayed byte for byte (nobody else may edit it).
+            fresh = request.replace(meta={k: v for k, v in request.meta.items()
+                                          if k not in ATTEMPT_META_KEYS})
+            payload = request_to_json(fresh, self.spider, self.policy, self.signer)
         except RequestEncodeError as exc:  # kept without a payload: visible, not replayable
             payload, reason = None, f"{reason}; request not storable: {exc}"
         record = {"member": member, "key": key, "payload": payload,

@@ -585,7 +585,9 @@ def _replay_args(records: list) -> list:
 
 
 def fresh_payload(payload: str) -> str:
-    """*payload* without its attempt counters (unchanged if it is not JSON)."""
+    """*payload* without its attempt counters (unchanged if it is not JSON: a
+    signed payload is replayed as it is, and nodes store dead letters without
+    their counters)."""
     try:
         data = json.loads(payload)
     except ValueError:
