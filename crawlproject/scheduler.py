@@ -588,7 +588,10 @@ class RedisScheduler(BaseScheduler):
         if not self.politeness.enabled:
             return None
         slot = SLOT_PREFIX + key
-        downloader = getattr(self.crawler.engine, "downloader", None)
+        try:
+            downloader = self.crawler.engine.downloader
+        except (RuntimeError, AttributeError):   # no engine yet: Scrapy's slot defaults
+            downloader = None
         if downloader is not None and slot not in downloader.per_slot_settings:
             limits = self.politeness.overrides.get(key, self.politeness.default)
             concurrency = limits.concurrency if 0 < limits.concurrency < UNLIMITED else 1_000_000

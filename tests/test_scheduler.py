@@ -39,16 +39,19 @@ class MetaSpider(Spider):
         pass
 
 
-def test_unserialisable_meta_is_refused_at_enqueue(redis_url):
-    crawler = get_crawler(MetaSpider, {"REDIS_URL": redis_url})
+def test_a_request_that_cannot_be_stored_is_kept_on_its_node_not_dropped(redis_url):
+    crawler = get_crawler(MetaSpider, {"REDIS_URL": redis_url,
+                                       "FRONTIER_SECRET": "s" * 16})
     crawler.spider = MetaSpider.from_crawler(crawler)
     scheduler = RedisScheduler.from_crawler(crawler)
     scheduler.setup(crawler.spider)
     crawler.stats.open_spider()
     assert scheduler.enqueue_request(Request("http://127.0.0.1/ok", meta={"n": 1}))
-    assert not scheduler.enqueue_request(Request("http://127.0.0.1/bad", meta={"conn": socket.socket}))
-    assert crawler.stats.get_value("scheduler/unserialisable") == 1
-    assert len(scheduler.client.outbox[0].adds) == 1
+    bad = Request("http://127.0.0.1/bad", meta={"conn": socket.socket})
+    assert scheduler.enqueue_request(bad)            # accepted: kept here
+    assert crawler.stats.get_value("scheduler/kept_local/not_storable") == 1
+    assert len(scheduler.client.outbox[0].adds) == 1 and len(scheduler.local) == 1
+    assert scheduler.has_pending_requests()
 
 
 @pytest.mark.slow

@@ -98,6 +98,8 @@ class LocalRequests:
     def next(self, outranks: int | None = None) -> Request | None:
         """The next kept request, unless the frontier's next entry (priority
         *outranks*) comes first."""
+        if any(self._unchecked.values()) and (self._task is None or self._task.done()):
+            self._start()
         if not self._ready or (outranks is not None and -self._ready[0][0] < outranks):
             return None
         return heapq.heappop(self._ready)[2]
@@ -113,8 +115,12 @@ class LocalRequests:
     def _start(self) -> None:
         self._wake.set()
         if self._task is None or self._task.done():
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:   # not in the reactor's loop yet: the next call starts it
+                return
             # Kept: the event loop holds tasks only weakly.
-            self._task = asyncio.ensure_future(self._run())
+            self._task = loop.create_task(self._run())
 
     async def _run(self) -> None:
         while not self.closed and any(self._unchecked.values()):
