@@ -52,6 +52,11 @@ CONTROL_ON_START = "wait"                   # started into a stop/drain: wait, o
 CALLBACK_RETRY_TIMES = 2                    # retries of a page whose callback raised
 RETRY_BACKOFF_BASE = 1.0                    # seconds: retry n waits ~base * 2**(n-1)
 RETRY_BACKOFF_MAX = 60.0                    # longest retry wait (s)
+# scrapy-redis' scheduler settings, as a project that moved here has them
+# (crawlproject/scheduling/compat.py: honoured, or refused with what to use instead)
+SCHEDULER_PERSIST = True                    # what the frontier does; False is refused
+SCHEDULER_FLUSH_ON_START = False            # True is refused: crawlctl reset --keep-seeds
+SCHEDULER_IDLE_BEFORE_CLOSE = 0.0           # seconds a node whose crawl is done waits to close
 
 # --- Dedupe: the frontier's Bloom filter (crawlproject/frontier/bloom.py) -------
 DUPEFILTER_CAPACITY = 10_000_000            # planned URLs of the first layer

@@ -58,6 +58,11 @@ by where the data sits:
 A refusal raises :class:`Refused` with a short ``code`` (a stats key) and a
 message naming what was refused; callers set the seed or payload aside with
 the reason.
+
+Size (over 600 lines): every allow-list a writer other than a node meets
+(callbacks, meta keys and the check of each value, browser actions, the
+request itself) and what a node's own data still must be, in one module, so
+that one file says all that data read back may ask of a node.
 """
 
 from __future__ import annotations

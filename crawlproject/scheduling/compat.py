@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import logging
 
+from crawlproject.defaults import is_set, setting
+
 __all__ = ["scrapy_redis_notes", "idle_before_close"]
 
 _QUEUE = ("is not used by crawlproject's RedisScheduler: the frontier keeps one priority "
@@ -50,14 +52,14 @@ def scrapy_redis_notes(settings) -> list[tuple[int, str]]:
     """(log level, message) for each scrapy-redis scheduler setting *settings*
     holds that RedisScheduler does not apply as scrapy-redis did."""
     notes: list[tuple[int, str]] = []
-    if _is_set(settings, "SCHEDULER_PERSIST") and not settings.getbool("SCHEDULER_PERSIST"):
+    if is_set(settings, "SCHEDULER_PERSIST") and not setting(settings, "SCHEDULER_PERSIST"):
         notes.append((logging.WARNING,
                       "SCHEDULER_PERSIST = False is not applied: a closing node never deletes "
                       "the shared queue and filter, which other nodes may still be working on "
                       "(scrapy-redis' flush on close loses their requests). To start a run "
                       "afresh: python -m crawlproject.cli reset SPIDER --yes --keep-seeds "
                       "before it (remove the setting to silence this)"))
-    if settings.getbool("SCHEDULER_FLUSH_ON_START"):
+    if setting(settings, "SCHEDULER_FLUSH_ON_START"):
         notes.append((logging.WARNING,
                       "SCHEDULER_FLUSH_ON_START is not applied: a node joining a running crawl "
                       "would delete the other nodes' queue. To start a run afresh: python -m "
@@ -81,7 +83,4 @@ def scrapy_redis_notes(settings) -> list[tuple[int, str]]:
 
 def idle_before_close(settings) -> float:
     """scrapy-redis' ``SCHEDULER_IDLE_BEFORE_CLOSE`` (seconds, 0: none)."""
-    try:
-        return max(0.0, settings.getfloat("SCHEDULER_IDLE_BEFORE_CLOSE"))
-    except (TypeError, ValueError):
-        return 0.0
+    return max(0.0, setting(settings, "SCHEDULER_IDLE_BEFORE_CLOSE"))
