@@ -257,11 +257,15 @@ def node_costs(spider, number: int) -> dict:
     from crawlproject.policy import InputPolicy
     from crawlproject.serialization import request_from_json
 
+    from crawlproject.signing import Signer
+
     fingerprinter = RequestFingerprinter()
     policy = InputPolicy(spidercls=type(spider))
+    signer = Signer([b"bench-secret-0123456789"], spider.name)   # as with FRONTIER_SECRET
     url = f"{BASE}123"
     request = typical_request(123, spider)
     payload = request_to_json(request, spider, policy)
+    signed = request_to_json(request, spider, policy, signer)
     sent = {hash(f"{BASE}{i}") for i in range(20_000)}
 
     def best(fn) -> float:
@@ -275,8 +279,12 @@ def node_costs(spider, number: int) -> dict:
         "fingerprint_us": round(best(lambda: fingerprinter.fingerprint(Request(url)))
                                 - new_request, 2),
         "url_lookup_us": best(lambda: hash(url) in sent),
+        # without FRONTIER_SECRET (the seed policy both ways) and with it (signed, proven)
         "encode_us": best(lambda: request_to_json(request, spider, policy)),
         "decode_us": best(lambda: request_from_json(payload, spider, policy)),
+        "encode_signed_us": best(lambda: request_to_json(request, spider, policy, signer)),
+        "decode_signed_us": best(lambda: request_from_json(signed, spider, policy, signer)),
+        "signature_bytes": len(signed) - len(payload),
         # what the scheduler now does once a loop turn instead of per request
         "stats_inc_us": best(lambda: stats.inc_value("scheduler/enqueued/redis")),
     }
