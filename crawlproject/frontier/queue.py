@@ -158,12 +158,14 @@ class Batch:
         """The site's robots.txt asks for *seconds* between requests."""
         self.feedback.append((safe_key(key), "crawldelay", _ms(seconds)))
 
-    def sent_late(self, key: str, sent_at: float) -> None:
-        """A request of *key* went out at *sent_at* (``time.monotonic()``), later
-        than its lease allowed: the key's next start counts from then. Sent as
-        the milliseconds since, reckoned when the call is made (the frontier
-        keeps Redis's clock; a node's clock is never compared with it)."""
-        self.feedback.append((safe_key(key), "sent", sent_at))
+    def sent_late(self, member: str, sent_at: float) -> None:
+        """Leased entry *member* went out at *sent_at* (``time.monotonic()``),
+        later than its lease allowed: its key's next start counts from then.
+        Sent as the milliseconds since, reckoned when the call is made (the
+        frontier keeps Redis's clock; a node's clock is never compared with
+        it). The frontier takes it only from the node that holds *member*'s
+        lease (``SyncResult.sent_refused`` counts the others)."""
+        self.feedback.append((member, "sent", sent_at))
 
     def fail(self, member: str, kind: str, record: dict) -> None:
         if kind not in ("dead", "invalid"):
@@ -225,6 +227,17 @@ class SyncResult:
     budget_refused: int = 0
     #: keys with an interval this call took from → their interval (s)
     polite_keys: dict[str, float] = field(default_factory=dict)
+    #: fields of the frontier's records read back as junk (per-key states,
+    #: overrides, budget counts, bookkeeping; forged node deadlines and ready
+    #: times): read field by field, counted, mended where the script owns them
+    state_junk: int = 0
+    #: the budget key is not a hash: this call's budget accounting was skipped
+    budget_skipped: bool = False
+    #: ``sent`` reports refused (the member was not leased to this node)
+    sent_refused: int = 0
+    #: the crawl's recorded maxima (ms) for a block and a backoff or crawl
+    #: delay, when this call read them (a call with such feedback), else None
+    bounds_ms: tuple[int, int] | None = None
 
 
 class Frontier:
@@ -317,6 +330,11 @@ class Frontier:
         except ValueError:  # a script of before the intervals: keys alone
             result.polite_keys = {_s(k): 0.0 for k in polite}
         result.budget_refused = int(raw[17]) if len(raw) > 17 else 0
+        if len(raw) > 21:
+            result.state_junk, result.sent_refused = int(raw[18]), int(raw[20])
+            result.budget_skipped = int(raw[19]) == 1
+            if len(raw[21]) == 2:
+                result.bounds_ms = (int(raw[21][0]), int(raw[21][1]))
         return result
 
     def sync(self, batch: Batch | None = None, *, leaving: bool = False) -> SyncResult:
@@ -553,7 +571,7 @@ class AsyncFrontier(Frontier):
 
 
 #: fields of ``T:kstate`` that are not a key's state nor an override mirror
-KSTATE_BOOKKEEPING = ("||cursor", "||limits", "||qlen", "||budgets")
+KSTATE_BOOKKEEPING = ("||cursor", "||limits", "||qlen", "||budgets", "||bounds")
 
 
 def _replay_args(records: list) -> list:
