@@ -44,6 +44,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -53,7 +54,7 @@ from crawlproject.defaults import SCHEDULER_DEAD_MAX, SCHEDULER_INVALID_MAX
 from crawlproject.frontier.bloom import BloomConfig, filter_estimates, fingerprint_hex
 from crawlproject.frontier.politeness import (UNLIMITED, Limits, Override, PolitenessConfig,
                                               parse_override, safe_key)
-from crawlproject.frontier.scripts import REPLAY_DEAD, SET_LIMITS, SYNC
+from crawlproject.frontier.scripts import COUNTER_PATTERN, REPLAY_DEAD, SET_LIMITS, SYNC
 from crawlproject.keys import FrontierKeys
 from crawlproject.keys import as_text as _s
 
@@ -431,22 +432,16 @@ class Frontier:
         return self._states_of(dict(zip(keys, self.client.hmget(self.keys.kstate, keys))))
 
     def _states_of(self, raw: dict) -> dict[str, dict]:
-        parsed = {}
+        parsed, junk = {}, {}
         for key, value in raw.items():
             if value is None or _s(key).startswith("|"):  # '|key': a mirrored override
                 continue
             key = _s(key)
-            try:
-                fields = [int(x) for x in _s(value).split("|")]
-                if len(fields) == 5:     # written by an older version: no error rate
-                    fields.append(0)
-                if len(fields) != 6:
-                    raise ValueError
-                parsed[key] = fields
-            except ValueError:  # not written by the script: said, not fatal
-                parsed.pop(key, None)
-                logger.warning("Ignoring a malformed politeness state for %r: %r",
-                               key[:200], _s(value)[:200])
+            parsed[key], junk[key] = parse_key_state(_s(value))
+            if junk[key]:  # not written by the script: said, not fatal
+                logger.warning("A politeness state for %r holds junk (%d field(s) read as 0, "
+                               "the others kept, as the frontier reads it): %r", key[:200],
+                               junk[key], _s(value)[:200])
         pipe = self.client.pipeline(transaction=False)
         for key in parsed:
             pipe.zcard(self.keys.queue(key))
@@ -458,6 +453,8 @@ class Frontier:
                         "backoff_ms": backoff, "crawl_delay_ms": delay,
                         "error_rate": errors / 1_000_000,
                         "queued": replies[2 * i], "ready_at_ms": replies[2 * i + 1]}
+            if junk[key]:
+                out[key]["junk_fields"] = junk[key]
         return out
 
     def budget_counts(self, keys: list[str]) -> dict[str, dict]:
@@ -533,8 +530,18 @@ class Frontier:
         this partition's own (trims)."""
         out: dict[str, int] = {}
         for key in dict.fromkeys([self.keys.cluster_stats, self.keys.stats]):
-            for a, b in self.client.hgetall(key).items():
-                out[_s(a)] = out.get(_s(a), 0) + int(b)
+            try:
+                fields = self.client.hgetall(key)
+            except redis.ResponseError:  # not a hash (written by someone else)
+                logger.warning("%s is not a hash: its counters are not shown", key)
+                continue
+            for a, b in fields.items():
+                value = _s(b)
+                if not re.fullmatch(COUNTER_PATTERN, value, re.ASCII):  # said, not fatal
+                    logger.warning("Ignoring a counter of %s that is not a count: %r = %r",
+                                   key, _s(a)[:100], _s(b)[:100])
+                    continue
+                out[_s(a)] = out.get(_s(a), 0) + int(value)
         return out
 
     def _stats_pipeline(self, deltas: dict[str, int]):
@@ -568,6 +575,34 @@ class AsyncFrontier(Frontier):
     async def set_limits(self, limits: dict[str, Limits | Override | None], source: str = "c",
                          *, only_missing: bool = False) -> int:
         return int(await self._set_limits_call(limits, source, only_missing))
+
+
+def parse_key_state(value: str) -> tuple[list[int], int]:
+    """A per-key state ``"n|last|block|backoff|crawl delay[|error rate]"`` read as
+    the SYNC script reads it: field by field, a field that is not digits read
+    as 0 (the others kept: junk in one field never lifts another's block).
+    Returns the six values and how many fields were junk."""
+    fields = value.split("|")
+    junk = 0 if len(fields) in (5, 6) else 1
+    out = []
+    for i in range(6):
+        text = fields[i] if i < len(fields) else ""
+        number = _count(text)
+        if number is None:
+            junk += 0 if (i == 5 and text == "") else 1
+            number = 0
+        out.append(number)
+    out[5] = min(out[5], 1_000_000)
+    return out, junk
+
+
+def _count(raw) -> int | None:
+    """*raw* (from Redis) as a count, or None: ASCII digits only, as the scripts
+    write them (``int()`` would take ``" 5"``, ``"+5"``, ``"5_0"``, ``"٥"``)."""
+    text = _s(raw) if raw is not None else ""
+    if not (0 < len(text) <= 18 and text.isascii() and text.isdigit()):
+        return None
+    return int(text)
 
 
 #: fields of ``T:kstate`` that are not a key's state nor an override mirror
