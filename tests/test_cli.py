@@ -337,6 +337,46 @@ def test_a_limit_changed_alone_keeps_the_other_and_hosts_are_named_as_nodes_key_
     assert "no request of shop has had the politeness key 'slow.exmaple'" in typo.stderr
 
 
+def test_politeness_clear_lifts_a_block_backoff_and_crawl_delay_whoever_wrote_them(
+        redis, redis_url):
+    """A node credential could block a site for 317 years (a raw script call with
+    its own bound, or an HSET of the state) and no command cleared it. `--clear`
+    clears everything about the host but its requests in flight: override,
+    block, backoff, crawl delay; the host is crawled again at once."""
+    from crawlproject.frontier.politeness import Limits, PolitenessConfig
+
+    f = Frontier(redis, "shop", "n1",
+                 politeness=PolitenessConfig(default=Limits(delay=0, concurrency=4)))
+    batch = Batch()
+    for host in ("raw.example", "hset.example"):
+        for i in range(3):
+            batch.add(f'{{"url": "http://{host}/{i}"}}', None, 0, 0, host)
+    f.sync(batch)
+    forger = Frontier(redis, "shop", "x", politeness=PolitenessConfig(
+        default=Limits(delay=0, concurrency=4), retry_after_max=10**10, backoff_max=10**10))
+    said = Batch()
+    said.block("raw.example", 10**10)              # 317 years, as the call asks
+    said.crawl_delay("raw.example", 10**10)
+    forger.sync(said)
+    now_ms = int(time.time() * 1000)
+    far = now_ms + 317 * 365 * 86_400_000
+    redis.hset(f.keys.kstate, "hset.example", f"0|{far}|{far}|{far}|{far}|999")
+    redis.zadd(f.keys.ready, {"hset.example": far})
+    assert f.sync(Batch(take=10)).taken == []
+    assert cli(redis_url, "politeness", "shop", "hset.example", "--delay", "1").returncode == 0
+    done = [cli(redis_url, "politeness", "shop", host, "--clear")
+            for host in ("raw.example", "hset.example")]
+    assert [d.returncode for d in done] == [0, 0]
+    taken = f.sync(Batch(take=10)).taken
+    assert sorted({m.partition("@")[2] for m, _ in taken}) == ["hset.example", "raw.example"]
+    shown = json.loads(cli(redis_url, "politeness", "shop", "--json").stdout)["hosts"]
+    for host in ("raw.example", "hset.example"):
+        row = shown[host]
+        assert (row["blocked_until_ms"], row["backoff_ms"], row["crawl_delay_ms"]) == (0, 0, 0)
+        assert row["last_start_ms"] <= int(time.time() * 1000) and row["limits"] is None
+    assert all("its block, backoff and crawl delay" in d.stdout for d in done)
+
+
 def test_politeness_and_status_survive_malformed_records_in_redis(redis, redis_url):
     # Anyone who can write to Redis can leave junk in the state and limits
     # hashes: the other hosts are still shown, the junk is named on stderr.
