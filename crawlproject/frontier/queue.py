@@ -52,8 +52,11 @@ import redis
 
 from crawlproject.defaults import SCHEDULER_DEAD_MAX, SCHEDULER_INVALID_MAX
 from crawlproject.frontier.bloom import BloomConfig, filter_estimates, fingerprint_hex
+from crawlproject.frontier.deadletters import (ATTEMPT_META_KEYS, DeadLetter,  # noqa: F401
+                                               KeyFunction, fresh_payload, read_record,
+                                               replay_args)
 from crawlproject.frontier.politeness import (UNLIMITED, Limits, Override, PolitenessConfig,
-                                              parse_override, safe_key)
+                                              parse_override, partition_of, safe_key)
 from crawlproject.frontier.scripts import COUNTER_PATTERN, REPLAY_DEAD, SET_LIMITS, SYNC
 from crawlproject.keys import FrontierKeys
 from crawlproject.keys import as_text as _s
@@ -67,8 +70,6 @@ MAX_PRIORITY = 4095  # |priority| < 2^12 keeps the queue score exact in a double
 DEAD_MAX = SCHEDULER_DEAD_MAX
 INVALID_MAX = SCHEDULER_INVALID_MAX
 REPLAY_BATCH = 100  # dead letters per REPLAY_DEAD call: bounds the time Redis is held
-#: meta keys that count attempts; a replayed dead letter starts afresh.
-ATTEMPT_META_KEYS = ("retry_times", "crawlproject_callback_attempts", "proxy_ban_tries")
 
 
 def clamp_priority(priority: int) -> int:
@@ -367,24 +368,33 @@ class Frontier:
         return self.sync(Batch(nacks=list(unstarted)), leaving=True)
 
     # -- operator views --------------------------------------------------------
-    def replay_dead(self, count: int = 1000, batch: int = REPLAY_BATCH) -> int:
+    def replay_dead(self, count: int = 1000, batch: int = REPLAY_BATCH, *,
+                    key_of: KeyFunction, skipped: list | None = None) -> int:
         """Move up to *count* dead letters (oldest first) back into the queue.
 
-        Each gets a fresh start: its attempt counters (``retry_times``,
-        callback attempts) are cleared, so it has all its retries again.
-        Records that are not JSON with a string ``payload`` stay in the list.
+        Each is queued under the politeness key *key_of* computes from its
+        payload's URL (the nodes' function), never the key the record names.
+        An unsigned payload gets a fresh start: its attempt counters
+        (``retry_times``, callback attempts) are cleared, so it has all its
+        retries again; a signed one is queued byte for byte (its proof covers
+        them). Records that cannot be replayed (not JSON, no usable URL, a key
+        of another partition: :mod:`crawlproject.frontier.deadletters`) stay in
+        the list and are appended to *skipped* as ``(letter, reason)``.
         Done in calls of at most *batch* records each, so no single script
         call holds Redis for long (a lease renewal waits behind it).
         """
-        replayed, skipped, left = 0, 0, count
+        def partition(key: str) -> int:
+            return partition_of(key, self.keys.partitions)
+
+        replayed, kept, left = 0, 0, count
         while left > 0:
             n = min(batch, left)
             # unreadable records stay at the tail: read past them
-            records = self.client.lrange(self.keys.dead, -(skipped + n), -(skipped + 1))[::-1]
-            args = _replay_args(records)
+            records = self.client.lrange(self.keys.dead, -(kept + n), -(kept + 1))[::-1]
+            args = replay_args(records, key_of, partition, self.keys.partition, skipped)
             if args:
                 replayed += int(self._replay(keys=self.keys.replay_keys(), args=args))
-            skipped += len(records) - len(args) // 4
+            kept += len(records) - len(args) // 4
             left -= len(records)
             if len(records) < n:
                 break
@@ -471,11 +481,24 @@ class Frontier:
             out[field] = {"admitted": admitted, "refused": refused}
         return out
 
+    def dead_records(self, count: int = 100) -> list[DeadLetter]:
+        """The newest *count* dead letters as read (:func:`read_record`: each
+        shown, or with the reason it cannot be)."""
+        return [read_record(r) for r in self.client.lrange(self.keys.dead, 0, count - 1)]
+
     def dead_letters(self, count: int = 100) -> list[dict]:
-        return [json.loads(r) for r in self.client.lrange(self.keys.dead, 0, count - 1)]
+        """The newest *count* dead letters that are JSON objects, as stored."""
+        return _objects(self.client.lrange(self.keys.dead, 0, count - 1))
+
+    def invalid_records(self, count: int = 100) -> list[DeadLetter]:
+        """The newest *count* invalid payload records as read (shown, or the
+        reason they cannot be)."""
+        return [read_record(r, show_payload=True)
+                for r in self.client.lrange(self.keys.invalid, 0, count - 1)]
 
     def invalid_entries(self, count: int = 100) -> list[dict]:
-        return [json.loads(r) for r in self.client.lrange(self.keys.invalid, 0, count - 1)]
+        """The newest *count* invalid payload records that are JSON objects."""
+        return _objects(self.client.lrange(self.keys.invalid, 0, count - 1))
 
     def queued(self) -> int:
         """Entries queued in this partition, as the last SYNC call left the count
@@ -609,36 +632,18 @@ def _count(raw) -> int | None:
 KSTATE_BOOKKEEPING = ("||cursor", "||limits", "||qlen", "||budgets", "||bounds")
 
 
-def _replay_args(records: list) -> list:
-    args: list = []
-    for raw in records:
+def _objects(raws: list) -> list[dict]:
+    """The entries of *raws* that are JSON objects (the others are junk someone
+    else wrote: left out, never an error)."""
+    out = []
+    for raw in raws:
         try:
-            record = json.loads(raw)
-            payload = record["payload"]
-            priority = clamp_priority(record.get("priority") or 0)
-            key = record.get("key")
-            if key is None:
-                key = str(record.get("member", "")).partition("@")[2]
-        except (ValueError, TypeError, KeyError, AttributeError):
+            value = json.loads(raw)
+        except (ValueError, UnicodeDecodeError, RecursionError):
             continue
-        if not isinstance(payload, str) or not isinstance(key, str):
-            continue
-        args += [raw, fresh_payload(payload), priority, key]
-    return args
-
-
-def fresh_payload(payload: str) -> str:
-    """*payload* without its attempt counters (unchanged if it is not JSON)."""
-    try:
-        data = json.loads(payload)
-    except ValueError:
-        return payload
-    meta = data.get("meta") if isinstance(data, dict) else None
-    if not isinstance(meta, dict) or not any(k in meta for k in ATTEMPT_META_KEYS):
-        return payload
-    for key in ATTEMPT_META_KEYS:
-        meta.pop(key, None)
-    return json.dumps(data, separators=(",", ":"))
+        if isinstance(value, dict):
+            out.append(value)
+    return out
 
 
 #: Error replies of calls that did not run, or stopped before their first write
