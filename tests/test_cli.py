@@ -399,6 +399,21 @@ def test_politeness_and_status_survive_malformed_records_in_redis(redis, redis_u
     assert f.limits()["odd.example"] == {"delay": None, "concurrency": 2, "source": "c"}
 
 
+def test_status_survives_junk_counters_and_node_deadlines(redis, redis_url):
+    """A counter that is not a count, or a node registered with an infinite
+    deadline (anyone who can write to Redis), made `crawlctl status` die with a
+    traceback (int() of the value)."""
+    f = Frontier(redis, "shop", "n1")
+    f.sync(Batch())
+    redis.hset(f.keys.stats, mapping={"dead_trimmed": "junk", "keys_pruned": "2"})
+    redis.zadd(f.keys.nodes, {"ghost": float("inf")})
+    for args in (("status", "shop", "--json"), ("status", "shop")):
+        shown = cli(redis_url, *args)
+        assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
+    totals = json.loads(cli(redis_url, "status", "shop", "--json").stdout)["totals"]
+    assert totals["keys_pruned"] == 2 and "dead_trimmed" not in totals
+
+
 # Every subcommand that talks to Redis (spool-replay, which needs MongoDB first: below).
 REDIS_COMMANDS = [
     ["status", "shop"], ["status", "shop", "--json"], ["status"],

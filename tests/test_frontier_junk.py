@@ -355,3 +355,29 @@ def test_the_check_mode_does_not_refuse_for_the_stats_or_budget_key(node, redis)
     with pytest.raises(redis_lib.ResponseError, match="BADKEY"):
         redis.set(a.keys.wanting, "junk")
         a.sync(Batch(take=1, check=True))
+
+
+def test_a_junk_cluster_counter_starts_again_instead_of_failing_every_report(redis, clock):
+    """Nodes add their counts with HINCRBY: junk in one counter failed the whole
+    report, and the node sent the same deltas again for ever."""
+    import asyncio
+
+    from redis import asyncio as aioredis
+
+    from crawlproject.frontier.queue import AsyncFrontier
+
+    a = Frontier(redis, "spider", "a", clock=clock)
+    redis.hset(a.keys.cluster_stats, mapping={"pages": "junk", "items": "5"})
+    a.add_stats({"pages": 3, "items": 2})
+    assert a.stats() == {"pages": 3, "items": 7}
+    redis.hset(a.keys.cluster_stats, "pages", "1e9")
+
+    async def report():
+        port = redis.connection_pool.connection_kwargs["port"]
+        client = aioredis.Redis.from_url(f"redis://127.0.0.1:{port}/0")
+        try:
+            await AsyncFrontier(client, "spider", "a").add_stats({"pages": 1, "items": 1})
+        finally:
+            await client.aclose()
+    asyncio.run(report())
+    assert a.stats() == {"pages": 1, "items": 8}

@@ -551,8 +551,15 @@ class Frontier:
     def stats(self) -> dict[str, int]:
         """Cluster-wide counters that nodes add with :meth:`add_stats`, plus
         this partition's own (trims)."""
+        return self._counters(self.keys.cluster_stats, self.keys.stats)
+
+    def own_stats(self) -> dict[str, int]:
+        """This partition's own counters (the scripts': trims, recounts, junk)."""
+        return self._counters(self.keys.stats)
+
+    def _counters(self, *keys: str) -> dict[str, int]:
         out: dict[str, int] = {}
-        for key in dict.fromkeys([self.keys.cluster_stats, self.keys.stats]):
+        for key in dict.fromkeys(keys):
             try:
                 fields = self.client.hgetall(key)
             except redis.ResponseError:  # not a hash (written by someone else)
@@ -579,7 +586,22 @@ class Frontier:
 
 
     def add_stats(self, deltas: dict[str, int]) -> None:
-        self._stats_pipeline(deltas).execute()
+        """Add *deltas* to the cluster-wide counters. A counter holding junk
+        (anyone can write to Redis) starts again from its delta, said once:
+        HINCRBY refuses it, and the node would retry the same deltas for ever."""
+        results = self._stats_pipeline(deltas).execute(raise_on_error=False)
+        junk = self._junk_counters(deltas, results)
+        if junk:
+            self.client.hset(self.keys.cluster_stats, mapping=junk)
+
+    def _junk_counters(self, deltas: dict[str, int], results: list) -> dict[str, int]:
+        names = [name for name, value in deltas.items() if value]
+        junk = {name: deltas[name] for name, result in zip(names, results)
+                if isinstance(result, redis.ResponseError)}
+        if junk:
+            logger.warning("Counters of %s held junk, started again: %s",
+                           self.keys.cluster_stats, ", ".join(sorted(junk))[:200])
+        return junk
 
 
 class AsyncFrontier(Frontier):
@@ -590,7 +612,10 @@ class AsyncFrontier(Frontier):
 
     async def add_stats(self, deltas: dict[str, int]) -> None:
         if any(deltas.values()):
-            await self._stats_pipeline(deltas).execute()
+            results = await self._stats_pipeline(deltas).execute(raise_on_error=False)
+            junk = self._junk_counters(deltas, results)
+            if junk:
+                await self.client.hset(self.keys.cluster_stats, mapping=junk)
 
     async def bloom_estimates(self) -> dict:
         return filter_estimates(await self.client.hgetall(self.keys.bloom))
