@@ -4,14 +4,20 @@
 -- KEYS[4] nodes (zset node->lease deadline ms)        KEYS[5] delayed (zset member->due ms)
 -- KEYS[6] dead (list)       KEYS[7] invalid (list)    KEYS[8] seq (string)
 -- KEYS[9] bloom meta (hash); its shards are KEYS[9]:<layer>:<shard> (derived)
--- KEYS[10] partition stats (hash)
+-- KEYS[10] partition stats (hash): counters of the scripts (trims, recounts,
+--          keys_pruned, budget_refused, budget_skipped, sent_refused,
+--          state_junk); junk in a counter, or a key of another type, stops no
+--          call (the counter starts again)
 -- KEYS[11] kstate (hash key -> "n|last|block|backoff|crawl delay|error rate"
 --          (the error rate in millionths; a state of an older version has no
 --          such field: 0), field '|key'
 --          -> the key's override, mirrored from KEYS[12] by SET_LIMITS, field
 --          '||limits' -> how many overrides there are (SET_LIMITS), field
---          '||cursor' -> where the next window of it starts (HSCAN), and field
---          '||qlen' -> entries queued in this partition)
+--          '||cursor' -> where the next window of it starts (HSCAN), field
+--          '||qlen' -> entries queued in this partition, and field '||bounds'
+--          -> "longest block ms|longest backoff or crawl delay ms" of the crawl,
+--          recorded by the first call that needed them, see bounds())
+--          Every field is read strictly (see "What is read back" below).
 -- KEYS[12] limits (hash key -> "delay ms|concurrency|source"; SYNC reads each
 --          override from its mirror in KEYS[11], this only to count them where
 --          KEYS[11] has no '||limits' field yet)
@@ -24,9 +30,12 @@
 --          while entries were queued (see "Sharing a key's slots" below)
 -- KEYS[17] budget (hash key -> "admitted|refused": new pages of the key this
 --          partition queued, and refused over its budget; '||crawl' -> the
---          same for the whole partition). Written only while budgets apply.
+--          same for the whole partition). Written only while budgets apply;
+--          a key of another type skips this call's budget accounting (the
+--          reply says so) instead of stopping the call.
 -- ARGV[1] now in ms, or '' for Redis server time      ARGV[2] node id
--- ARGV[3] lease ttl ms (0 = this node leaves: drop its heartbeat)
+-- ARGV[3] lease ttl ms (0 = this node leaves: drop its heartbeat; at most an
+--         hour is honoured)
 -- ARGV[4] how many entries to take
 -- ARGV[5] flags: 'm' = maintenance (renew this node's lease, reclaim the leases
 --         of expired nodes, report delayed/inflight sizes, drop the state of
@@ -41,18 +50,23 @@
 --         reply 'BADKEY <key> is a <type>, not a <type>: nothing changed'.
 -- ARGV[6..10] bloom capacity, error rate, growth, tightening, shard bits
 -- ARGV[11] most records kept in the dead list  ARGV[12] ... in the invalid list
--- ARGV[13] default interval ms between request starts of a key
+-- ARGV[13] default interval ms between request starts of a key (at most a day)
 -- ARGV[14] default most requests of a key in flight   ARGV[15] jitter (0..1)
--- ARGV[16] most backoff interval ms   ARGV[17] most Retry-After block ms
+-- ARGV[16] most backoff interval ms   ARGV[17] most Retry-After block ms: this
+--          node's FRONTIER_BACKOFF_MAX and FRONTIER_RETRY_AFTER_MAX, which can
+--          only lower the crawl's recorded ones (KEYS[11] '||bounds'); at most
+--          a day either way
 -- ARGV[18] random seed (the interval jitter)
 -- ARGV[19] most entries to take from keys with an interval (what the node can
 --          start at once: an entry of a polite key must not wait in a buffer)
 -- ARGV[20] safety margin on intervals (0.02: 2 % longer, so that the time a
---          node takes from lease to sending never shortens what the site sees)
+--          node takes from lease to sending never shortens what the site sees;
+--          at most 0.5)
 -- ARGV[#ARGV - 5 .. #ARGV], after the nine sections below (where a script of
 -- before them ignores them):
 --   least safety margin ms on an interval (ARGV[20]'s share, but at least this:
---     the node's own scheduling latency does not shrink with the interval)
+--     the node's own scheduling latency does not shrink with the interval; at
+--     most a minute)
 --   backoff tolerance: the share of a key's recent answers (millionths) that
 --     may be slow-down answers before the key is slowed down
 --   weight of one answer in that share (millionths: 1 / the answers it is
@@ -73,8 +87,10 @@
 --   ack:  n x (member, '1' = a success that relaxes the key's backoff | '0')
 --   fail: n x (member, 'dead'|'invalid', record)   (forget it, keep record)
 --   nack: n x member                     (not started: back to its queue)
---   feedback: n x (key, 'block'|'backoff'|'crawldelay'|'sent', ms)  ('sent': a request
---         of the key left the node ms ago, later than its lease allowed)
+--   feedback: n x (key, 'block'|'backoff'|'crawldelay', ms) or (member, 'sent', ms)
+--         ('sent': that leased entry left the node ms ago, later than its lease
+--         allowed; taken only if the member is leased to this node, else
+--         refused and counted)
 --   fetched: n x member                  (its download ended: its key's slot is
 --                                          free; the entry stays leased until acked)
 --   handoff: n x (ended member, started member)  (the node gave the slot of a
@@ -116,7 +132,8 @@
 -- busy elsewhere, gone).
 -- Returns {taken = {member, payload, ...}, added, duplicates, queue length,
 --          delayed length or -1, inflight length or -1, reclaimed, now or -1,
---          stale calls, queue members without payload set aside, records trimmed,
+--          stale calls, queue members without payload or malformed set aside,
+--          records trimmed,
 --          earliest ready time (ms), -1 when no key is ready or due, -2 when the
 --          take got all it asked for (more may be ready), keys the take filled
 --          up to their concurrency or passed over because they had it in flight,
@@ -124,7 +141,19 @@
 --          capped keys = {key, ...} (at most 64), polite keys = {key, interval
 --          ms, ...}: the keys with an interval this call took from (their
 --          entries must start at once: within margin x interval of the lease),
---          new pages refused over a budget}
+--          new pages refused over a budget, fields read back as junk (state_junk),
+--          1 when the budget key was not a hash (budget accounting skipped) else
+--          0, 'sent' reports refused, {longest block ms, longest backoff ms} as
+--          recorded when this call read them, else {}}
+-- What is read back is untrusted (anyone who can write to Redis writes it):
+-- each field of a state, an override or a budget count is parsed on its own
+-- (junk in one never zeroes the others), values are bounded (a block at most
+-- a day from now, intervals at most a day, a last start at most now, an
+-- in-flight count at most the leases there are), a member this script does
+-- not write is set aside (never leased), a node deadline beyond the longest
+-- lease is expired and a ready time beyond any state is brought back to now;
+-- each is counted in the reply and in KEYS[10]'s 'state_junk', and a state
+-- the script owns is written back mended.
 local node, ttl, take_n = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 -- What this script honours at most, whatever a call passes in ARGV or Redis
 -- holds (anyone with a node's credential can make a call or write a state:
