@@ -381,3 +381,20 @@ def test_a_junk_cluster_counter_starts_again_instead_of_failing_every_report(red
             await client.aclose()
     asyncio.run(report())
     assert a.stats() == {"pages": 1, "items": 8}
+
+
+def test_a_dead_node_s_held_set_of_another_type_stops_no_call(node, clock, redis):
+    """Reclaiming a dead node reads its held set: a string there failed every
+    maintenance call of every node. Its entries come back with the sweep."""
+    a = node("a")
+    add(a, "h1", 1)
+    ghost = node("ghost")
+    (member, _), = ghost.take(1)
+    redis.delete(a.keys.held("ghost"))
+    redis.set(a.keys.held("ghost"), "junk")
+    clock.advance(11)                               # ghost's lease expired
+    res = a.sync(Batch(take=1))
+    assert res.state_junk >= 1 and res.taken == []
+    assert redis.zscore(a.keys.nodes, "ghost") is None and not redis.exists(a.keys.held("ghost"))
+    res = a.sync(Batch(take=1, sweep=True))        # its entry: an orphan, swept back
+    assert res.reclaimed == 1 and keys_of(res.taken) == ["h1"]

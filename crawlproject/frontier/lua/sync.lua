@@ -180,6 +180,10 @@ local tolerance, err_weight, backoff_base = tonumber(ARGV[#ARGV - 4]), tonumber(
 local def_budget, crawl_budget = tonumber(ARGV[#ARGV - 1]), tonumber(ARGV[#ARGV])
 math.randomseed(tonumber(ARGV[18]))
 local QP, HP = KEYS[13], KEYS[14]
+-- Fields of the frontier's own records that held what this script never
+-- writes (junk: someone else wrote them); each is read field by field, what
+-- is valid is kept, the rest is counted here and mended when written back.
+local junk = 0
 local function Q(k) return QP .. ':' .. k end
 local function HELD(n) return HP .. ':' .. n end
 -- A lease's value is its node id, with '|f' once its download ended (then its
@@ -200,7 +204,13 @@ end
 local function leases_of(nd)
   -- The members of ND's held set that ND still holds, and their lease flags
   -- (read chunked: a held set may be large).
-  local members = redis.call('SMEMBERS', HELD(nd))
+  local members = redis.pcall('SMEMBERS', HELD(nd))
+  if members.err then
+    -- not a set (someone else wrote it): stops no call; the entries it should
+    -- list come back by the sweep (their owner is gone) and reclaim deletes it
+    junk = junk + 1
+    members = {}
+  end
   local held, flags = {}, {}
   for i = 1, #members, 500 do
     local last = math.min(i + 499, #members)
@@ -218,10 +228,6 @@ local function now()
   return now_cache
 end
 local trimmed, stale, qdelta, missing = 0, 0, 0, 0
--- Fields of the frontier's own records that held what this script never
--- writes (junk: someone else wrote them); each is read field by field, what
--- is valid is kept, the rest is counted here and mended when written back.
-local junk = 0
 local function stat(name, n)
   -- A counter of the partition: junk in its field (or a stats key of another
   -- type) must not stop the call (a script is not rolled back): the field
