@@ -64,6 +64,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from typing import Awaitable, Callable
 
@@ -163,14 +164,21 @@ def control_info(raw: dict) -> dict:
         return value.decode(errors="replace") if isinstance(value, bytes) else value
 
     state = text("state")
-    try:
-        since = int(text("since") or "")
-    except ValueError:
-        since = None
     return {"state": state if state in STATES else "run",
-            "since": since if since is not None and 0 < since < SINCE_MAX_MS else None,
+            "since": since_ms(text("since")),
             "by": printable(text("by") or ""),
             "then_clear": text("then_clear") == "1"}
+
+
+def since_ms(value) -> int | None:
+    """A control hash's ``since`` as a time in ms, or None for an unknown time:
+    absent, or anything but 1 to 20 ASCII digits of a time before 9999-12-31
+    (``int()`` would take ``" 5"``, ``"+5"``, ``"5_0"``). CLEAR_DRAIN applies the
+    same rule: a drain of unknown time is ended by a node that read it so."""
+    if not isinstance(value, str) or not re.fullmatch(r"[0-9]{1,20}", value):
+        return None
+    ms = int(value)
+    return ms if 0 < ms < SINCE_MAX_MS else None
 
 
 def who_and_when(info: dict, now_ms: int | None = None) -> str:
@@ -284,17 +292,19 @@ async def drain_complete(redis, spider: str, partitions: int, node: str,
                 queued = await redis.get(keys.qlen)
             except ResponseError:
                 return False
-        try:
-            if int(queued or 0) > 0:
-                return False
-        except ValueError:
+        queued = queued.decode(errors="replace") if isinstance(queued, bytes) else queued
+        if queued is not None and not re.fullmatch(r"[0-9]{1,18}", queued):
+            return False   # junk: the next frontier call recounts it (qlen_recounted)
+        if int(queued or 0) > 0:
             return False
         if await redis.zcard(keys.delayed) or await redis.hlen(keys.inflight):
             return False
         if await redis.zcard(keys.nodes) > registered_max:
             return False
         for member, deadline in await redis.zrange(keys.nodes, 0, -1, withscores=True):
-            if deadline > now_ms:
+            # (a deadline beyond the longest lease the frontier honours was
+            # written by someone else: that node is gone, as SYNC reckons it)
+            if now_ms < deadline <= now_ms + LEASE_MAX_MS:
                 live.add(member.decode(errors="replace") if isinstance(member, bytes)
                          else str(member))
     live.discard(node)
@@ -314,6 +324,8 @@ async def drain_complete(redis, spider: str, partitions: int, node: str,
 
 
 WAITING_REPORT_FRESH_S = 15   # a node's "waiting" report counts this long (sent every 5 s)
+#: The longest lease the frontier honours (sync.lua's LEASE_HARD_MS).
+LEASE_MAX_MS = 3_600_000
 
 
 async def clear_finished_drain(redis, spider: str, since: int | None, by: str) -> bool:

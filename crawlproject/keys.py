@@ -52,6 +52,12 @@ key                                type    contents / written by
                                            ``||qlen`` → entries queued in the
                                            partition (read and written with the
                                            states a call touches);
+                                           ``||bounds`` → ``"longest block ms|
+                                           longest backoff ms"`` of the crawl
+                                           (recorded by the first call that
+                                           needs them); every field is read
+                                           strictly, junk counted as
+                                           ``state_junk`` in ``T:stats``;
                                            a key idle for 3 days loses its state
 ``T:limits``                       hash    politeness key → ``"delay ms|concurrency|
                                            source"`` overrides (``c`` set with the

@@ -337,6 +337,46 @@ def test_a_limit_changed_alone_keeps_the_other_and_hosts_are_named_as_nodes_key_
     assert "no request of shop has had the politeness key 'slow.exmaple'" in typo.stderr
 
 
+def test_politeness_clear_lifts_a_block_backoff_and_crawl_delay_whoever_wrote_them(
+        redis, redis_url):
+    """A node credential could block a site for 317 years (a raw script call with
+    its own bound, or an HSET of the state) and no command cleared it. `--clear`
+    clears everything about the host but its requests in flight: override,
+    block, backoff, crawl delay; the host is crawled again at once."""
+    from crawlproject.frontier.politeness import Limits, PolitenessConfig
+
+    f = Frontier(redis, "shop", "n1",
+                 politeness=PolitenessConfig(default=Limits(delay=0, concurrency=4)))
+    batch = Batch()
+    for host in ("raw.example", "hset.example"):
+        for i in range(3):
+            batch.add(f'{{"url": "http://{host}/{i}"}}', None, 0, 0, host)
+    f.sync(batch)
+    forger = Frontier(redis, "shop", "x", politeness=PolitenessConfig(
+        default=Limits(delay=0, concurrency=4), retry_after_max=10**10, backoff_max=10**10))
+    said = Batch()
+    said.block("raw.example", 10**10)              # 317 years, as the call asks
+    said.crawl_delay("raw.example", 10**10)
+    forger.sync(said)
+    now_ms = int(time.time() * 1000)
+    far = now_ms + 317 * 365 * 86_400_000
+    redis.hset(f.keys.kstate, "hset.example", f"0|{far}|{far}|{far}|{far}|999")
+    redis.zadd(f.keys.ready, {"hset.example": far})
+    assert f.sync(Batch(take=10)).taken == []
+    assert cli(redis_url, "politeness", "shop", "hset.example", "--delay", "1").returncode == 0
+    done = [cli(redis_url, "politeness", "shop", host, "--clear")
+            for host in ("raw.example", "hset.example")]
+    assert [d.returncode for d in done] == [0, 0]
+    taken = f.sync(Batch(take=10)).taken
+    assert sorted({m.partition("@")[2] for m, _ in taken}) == ["hset.example", "raw.example"]
+    shown = json.loads(cli(redis_url, "politeness", "shop", "--json").stdout)["hosts"]
+    for host in ("raw.example", "hset.example"):
+        row = shown[host]
+        assert (row["blocked_until_ms"], row["backoff_ms"], row["crawl_delay_ms"]) == (0, 0, 0)
+        assert row["last_start_ms"] <= int(time.time() * 1000) and row["limits"] is None
+    assert all("its block, backoff and crawl delay" in d.stdout for d in done)
+
+
 def test_politeness_and_status_survive_malformed_records_in_redis(redis, redis_url):
     # Anyone who can write to Redis can leave junk in the state and limits
     # hashes: the other hosts are still shown, the junk is named on stderr.
@@ -357,6 +397,21 @@ def test_politeness_and_status_survive_malformed_records_in_redis(redis, redis_u
         cli(redis_url, "politeness", "shop", "--json").stdout)["hosts"]
     assert cli(redis_url, "politeness", "shop", "odd.example", "--concurrency", "2").returncode == 0
     assert f.limits()["odd.example"] == {"delay": None, "concurrency": 2, "source": "c"}
+
+
+def test_status_survives_junk_counters_and_node_deadlines(redis, redis_url):
+    """A counter that is not a count, or a node registered with an infinite
+    deadline (anyone who can write to Redis), made `crawlctl status` die with a
+    traceback (int() of the value)."""
+    f = Frontier(redis, "shop", "n1")
+    f.sync(Batch())
+    redis.hset(f.keys.stats, mapping={"dead_trimmed": "junk", "keys_pruned": "2"})
+    redis.zadd(f.keys.nodes, {"ghost": float("inf")})
+    for args in (("status", "shop", "--json"), ("status", "shop")):
+        shown = cli(redis_url, *args)
+        assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
+    totals = json.loads(cli(redis_url, "status", "shop", "--json").stdout)["totals"]
+    assert totals["keys_pruned"] == 2 and "dead_trimmed" not in totals
 
 
 # Every subcommand that talks to Redis (spool-replay, which needs MongoDB first: below).
@@ -420,15 +475,21 @@ def test_every_subcommand_works_on_a_redis_cluster_across_partitions(redis_clust
     parts = [Frontier(client, "shop", "n1", partition=p, partitions=3) for p in range(3)]
     masters = {client.get_node_from_key(f.keys.dead).name for f in parts}
     assert len(masters) >= 2  # else this test would not show anything about a cluster
+    from crawlproject.frontier.politeness import partition_of
+
+    # one host of each partition (a replayed dead letter goes to its URL's own)
+    hosts = {}
+    for i in range(1, 255):
+        hosts.setdefault(partition_of(f"127.0.0.{i}", 3), f"127.0.0.{i}")
     for p, f in enumerate(parts):
         batch = Batch()
-        batch.add(json.dumps({"url": f"http://127.0.0.{p + 1}/x"}), bytes([p]) * 20, 0,
-                  key=f"127.0.0.{p + 1}")
+        batch.add(json.dumps({"url": f"http://{hosts[p]}/x"}), bytes([p]) * 20, 0,
+                  key=hosts[p])
         batch.take = 1
         member = f.sync(batch).taken[0][0]
         dead = Batch()
-        dead.fail(member, "dead", {"payload": json.dumps({"url": f"http://127.0.0.{p + 1}/x"}),
-                                   "priority": 0, "url": f"http://127.0.0.{p + 1}/x",
+        dead.fail(member, "dead", {"payload": json.dumps({"url": f"http://{hosts[p]}/x"}),
+                                   "priority": 0, "url": f"http://{hosts[p]}/x",
                                    "reason": f"HTTP 50{p}", "attempts": 3})
         f.sync(dead)
     try:
@@ -694,3 +755,142 @@ def test_terminal_text_removes_sequences_and_escapes_markup():
     assert shown.splitlines()[:2] == ["[/]", "[bold red]x"]
     assert "0;title" not in shown                        # the OSC sequence went whole
     assert len(terminal_text("x" * 10_000)) < 300         # bounded
+
+
+# -- dead letters read back: keys from the URL, junk shown or skipped (issue 45) ----
+
+def _key_of():
+    from crawlproject.ops.actions import politeness_key_function
+    from crawlproject.ops.common import current_project
+
+    return politeness_key_function(current_project()[0])
+
+
+def test_a_requeued_dead_letter_is_keyed_by_its_url_not_by_its_record(redis, redis_url):
+    """A dead letter whose ``key`` said ``|127.0.0.1`` was requeued under it: its
+    state went into kstate's field ``|127.0.0.1``, the mirror of that host's
+    override, and the nodes applied it (while crawlctl politeness showed the
+    old limits). The key is the one the nodes compute from the payload's URL;
+    a record without a usable URL is reported and kept; a signed payload goes
+    back byte for byte (its proof covers its attempt counters)."""
+    from crawlproject.frontier.politeness import Limits, PolitenessConfig
+    from crawlproject.keys import FrontierKeys
+    from crawlproject.signing import Signer
+
+    keys = FrontierKeys("shop")
+    assert cli(redis_url, "politeness", "shop", "127.0.0.1", "--delay", "5",
+               "--concurrency", "1").returncode == 0
+    mirror = redis.hget(keys.kstate, "|127.0.0.1")
+    signed = Signer([b"s" * 16], "shop").sign(json.dumps(
+        {"url": "http://127.0.0.1/signed", "meta": {"retry_times": 2}}))
+    records = [
+        {"payload": json.dumps({"url": "http://127.0.0.1/x"}), "key": "|127.0.0.1",
+         "member": "0:1@|127.0.0.1", "priority": 0, "reason": "HTTP 503"},
+        {"payload": signed, "key": "|127.0.0.1", "priority": 2},
+        {"payload": json.dumps({"url": "file:///etc/passwd"}), "key": "127.0.0.1"},
+        {"payload": json.dumps({"no": "url"}), "key": "127.0.0.1"},
+    ]
+    redis.lpush(keys.dead, *(json.dumps(r) for r in records))
+    out = cli(redis_url, "dead", "requeue", "shop")
+    assert out.returncode == 0, out.stderr
+    assert "replayed 2 dead letter(s)" in out.stdout
+    assert "kept 2 dead letter(s)" in out.stderr and "2 × payload has no usable URL" in out.stderr
+    members = [m.decode() for m in redis.zrange(keys.delayed, 0, -1)]
+    assert sorted(m.partition("@")[2] for m in members) == ["127.0.0.1", "127.0.0.1"]
+    stored = {redis.hget(keys.payloads, m).decode() for m in members}
+    assert signed in stored                                     # byte for byte
+    assert json.dumps({"url": "http://127.0.0.1/x"}) in stored
+    assert redis.llen(keys.dead) == 2
+    # A node's next call queues them: the host's override is untouched.
+    f = Frontier(redis, "shop", "n1", politeness=PolitenessConfig(default=Limits(0, 8)))
+    taken = f.sync(Batch(take=10)).taken
+    assert len(taken) == 1                                       # concurrency 1, delay 5 s
+    assert redis.hget(keys.kstate, "|127.0.0.1") == mirror
+    assert f.limits()["127.0.0.1"] == {"delay": 5.0, "concurrency": 1, "source": "c"}
+    mirrors = [k for k in redis.hkeys(keys.kstate) if k[:1] == b"|" and k[:2] != b"||"]
+    assert mirrors == [b"|127.0.0.1"]
+
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings as hsettings, strategies as st  # noqa: E402
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
+                                                                 max_size=3),
+    max_leaves=8)
+_urls = st.one_of(st.sampled_from([
+    "http://127.0.0.1/a", "https://Shop.Example:8443/p?q=1", "http://|127.0.0.1/",
+    "http://[::1]/", "http://[::1/", "file:///etc/passwd", "http://", "javascript:x", "",
+    "http://xn--bcher-kva.example/", "http://bücher.example/"]), st.text(max_size=20))
+
+
+def _signed(data):
+    from crawlproject.signing import Signer
+    return Signer([b"k" * 16], "shop").sign(data)
+
+
+_payloads = st.one_of(
+    st.builds(lambda url, meta: json.dumps({"url": url, "meta": meta}), _urls, _json),
+    st.builds(lambda url: _signed(json.dumps({"url": url, "meta": {"retry_times": 1}})), _urls),
+    st.builds(lambda junk: "~1" + "A" * 22 + ":" + junk, st.text(max_size=20)),
+    _json.map(json.dumps), st.text(max_size=30), _json,
+    st.just(json.dumps({"url": "http://127.0.0.1/big", "pad": "x" * 2_000_000})))
+_records = st.one_of(
+    st.binary(max_size=40), st.text(max_size=40).map(lambda t: t.encode("utf-8", "replace")),
+    _json.map(lambda v: json.dumps(v).encode()),
+    st.builds(lambda d: json.dumps(d).encode(), st.fixed_dictionaries({}, optional={
+        "payload": _payloads, "priority": _json | st.integers(min_value=-10**30,
+                                                               max_value=10**30),
+        "key": st.sampled_from(["|127.0.0.1", "127.0.0.1", ""]) | _json,
+        "member": st.text(max_size=20) | _json, "url": _urls | _json, "reason": _json,
+        "attempts": _json, "huge": st.just("y" * 300_000)})),
+    st.just(b"[" * 100_000 + b"]" * 100_000), st.just(b"1" * 5000))
+
+
+@hsettings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(records=st.lists(_records, min_size=1, max_size=6))
+def test_dead_and_requeue_show_or_skip_every_record_and_never_crash(redis, redis_url, records):
+    """Fuzz: any record in the dead list (not JSON, JSON of any shape, wrong
+    types, huge values). `crawlctl dead` prints one JSON line per record, shown
+    or `unreadable` with the reason; `dead requeue` never crashes, replays only
+    records with a usable URL, each under the key the nodes compute from it,
+    signed payloads byte for byte, and keeps (and names) every other one."""
+    from crawlproject.keys import FrontierKeys
+
+    redis.flushall()
+    keys = FrontierKeys("shop")
+    redis.rpush(keys.dead, *records)
+    listed = cli(redis_url, "dead", "shop", "-n", "100")
+    assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
+    lines = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert len(lines) == len(records) and all(isinstance(line, dict) for line in lines)
+    assert max(len(line) for line in listed.stdout.splitlines()) < 100_000
+    out = cli(redis_url, "dead", "requeue", "shop")
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    from crawlproject.frontier.deadletters import read_record
+
+    key_of = _key_of()
+    expected = {}
+    for raw in records:
+        letter = read_record(raw)
+        if letter.problem is None:
+            try:
+                key = key_of(letter.url, letter.data)
+            except Exception:  # noqa: BLE001
+                continue
+            if key:
+                expected.setdefault(raw, []).append((key, letter.payload))
+    left = redis.lrange(keys.dead, 0, -1)
+    assert sorted(left) == sorted(r for r in records if r not in expected)
+    members = [m.decode() for m in redis.zrange(keys.delayed, 0, -1)]
+    assert len(members) == sum(len(v) for v in expected.values())
+    want = sorted(k for v in expected.values() for k, _ in v)
+    assert sorted(m.partition("@")[2] for m in members) == want
+    assert not any(m.partition("@")[2].startswith("|") for m in members)
+    stored = [redis.hget(keys.payloads, m).decode() for m in members]
+    for v in expected.values():
+        for _, payload in v:
+            if payload.startswith("~1"):
+                assert payload in stored
+    assert f"replayed {len(members)} dead letter(s)" in out.stdout

@@ -895,3 +895,54 @@ def test_a_call_stopped_by_a_junk_key_loses_no_request_once_the_key_is_mended(re
             await client.aclose()
 
     asyncio.run(main())
+
+
+def test_junk_read_back_is_counted_and_said_once_a_minute(redis_url, caplog):
+    """Real Redis: a budget key of the wrong type stopped every call that added
+    a new page (every site of the partition); junk in a key's state and a
+    refused late-send report went unsaid. The node goes on, counts each
+    (``scheduler/budget_skipped``, ``scheduler/state_junk``,
+    ``politeness/sent_refused``) and logs each kind once a minute at most."""
+    import logging
+
+    from crawlproject.frontier.politeness import Limits
+
+    async def main():
+        counts = {}
+
+        def count(name, value):
+            counts[name] = counts.get(name, 0) + value
+        async with real_client(redis_url, "junkread", 4, 0, count=count, flush_interval=0.05,
+                               min_sync_interval=0.02, idle_poll=0.05, idle_poll_max=0.1,
+                               heartbeat=0.2) as (fc, frontier, client):
+            await frontier.set_limits({"h": Limits(0, 4, budget=1000)})   # budgets apply
+            await client.set(frontier.keys.budget, "junk")
+            got = []
+
+            def taken(n):
+                while (entry := fc.next()) is not None:
+                    got.append(entry)
+                return len(got) >= n
+            for i in range(3):
+                fc.add('{"url": "http://h/%d"}' % i, b"\x01" * 19 + bytes([i]), 0, 0, "h")
+                await until(lambda: taken(i + 1), timeout=30)   # each stored and handed out
+            assert counts["scheduler/budget_skipped"] == 3
+            # A state with junk, read by the call that acks the key's entry.
+            await client.hset(frontier.keys.kstate, "h", "0|0|0|0|0|x")
+            fc.ack(got[0].member)
+            await until(lambda: counts.get("scheduler/state_junk"), timeout=30)
+            # A late send reported for an entry no longer leased to this node.
+            await client.hset(frontier.keys.inflight, got[1].member, "someone-else")
+            fc.sent_late(got[1], time.monotonic())
+            await until(lambda: counts.get("politeness/sent_refused"), timeout=30)
+            fc.sent_late(got[1], time.monotonic())
+            await until(lambda: counts.get("politeness/sent_refused") == 2, timeout=30)
+
+    with caplog.at_level(logging.WARNING, logger="crawlproject.frontier.client"):
+        asyncio.run(main())
+    said = [r for r in caplog.records if r.name == "crawlproject.frontier.client"]
+    budget = [r for r in said if "budgets of its partition are not counted" in r.getMessage()]
+    assert len(budget) == 1 and budget[0].levelname == "ERROR"
+    assert "{junkread}:budget" in budget[0].getMessage()
+    assert len([r for r in said if "held junk" in r.getMessage()]) == 1
+    assert len([r for r in said if "late-send report(s) refused" in r.getMessage()]) == 1

@@ -685,3 +685,56 @@ def test_the_dashboard_shows_who_when_and_how_to_resume(redis, redis_url):
                      r"once complete</p>", control), control
     assert "<code>crawlctl resume products</code>" in control
     assert "drain (waiting: found at start)" in render.nodes_fragment(data)
+
+
+@pytest.mark.parametrize("since, ghost", [
+    ("x", False), ("-5", False), ("1_000", False), (" 12", False), ("+12", False), ("0", False),
+    ("99999999999999999999999", False), ("", False), (None, False), (None, True)])
+def test_a_drain_whose_since_is_garbage_is_ended_like_any_other(redis, redis_url, since, ghost):
+    """A `--then-clear` drain whose `since` holds garbage never ended: the node
+    read it as an unknown time ('') and CLEAR_DRAIN compared that with the
+    garbage. A `since` that is no time is an unknown time on both sides: the
+    drain is ended by a node that finds it complete, as the nodes do it (the
+    functions they call); a newer drain with a real time is still left alone. A
+    node registered with a deadline no lease can have (ghost) is not live: it
+    kept every drain for ever."""
+    import asyncio
+
+    from redis import asyncio as aioredis
+
+    from crawlproject.control import (clear_finished_drain, drain_complete, read_control,
+                                      read_state, set_state)
+
+    set_state(redis, "products", "drain", by="a@b", then_clear=True)
+    if since is None:
+        redis.hdel(control_key("products"), "since")
+    else:
+        redis.hset(control_key("products"), "since", since)
+    if ghost:
+        redis.zadd(FrontierKeys("products").nodes, {"ghost": time.time() * 1000 + 10**12})
+
+    async def scenario():
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            info = await read_control(client, "products")     # as _clear_finished_drain
+            assert info["state"] == "drain" and info["then_clear"] and info["since"] is None
+            assert await drain_complete(client, "products", 1, "me")
+            return await clear_finished_drain(client, "products", info.get("since"),
+                                              "node me (drain complete)")
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(scenario()) is True
+    state = read_state(redis, "products")
+    assert (state["state"], state["by"]) == ("run", "node me (drain complete)")
+    # A drain given again since (a real time) is not ended by a caller that read junk.
+    set_state(redis, "products", "drain", by="a@b", then_clear=True)
+
+    async def stale():
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            return await clear_finished_drain(client, "products", None, "node me")
+        finally:
+            await client.aclose()
+    assert asyncio.run(stale()) is False
+    assert read_state(redis, "products")["state"] == "drain"

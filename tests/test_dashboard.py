@@ -150,9 +150,10 @@ def dead_letters(redis, spider: str, count: int) -> None:
     batch.take = count
     taken = frontier.sync(batch).taken
     dead = Batch()
-    for member, _payload in taken:
-        dead.fail(member, "dead", {"payload": "{}", "priority": 0, "url": "http://127.0.0.1/",
-                                   "reason": "HTTP 503", "attempts": 3})
+    for member, payload in taken:   # (a requeue keys each by its payload's URL)
+        dead.fail(member, "dead", {"payload": payload.decode(), "priority": 0,
+                                   "url": "http://127.0.0.1/", "reason": "HTTP 503",
+                                   "attempts": 3})
     frontier.sync(dead)
     assert redis.llen(FrontierKeys(spider).dead) == count
 

@@ -1,11 +1,20 @@
 """crawlctl dead / invalid / invalid-seeds / replay: what was set aside, and
-putting it back."""
+putting it back.
+
+Records are read from Redis (untrusted): each one is printed as one JSON line,
+what an operator may see of it (long text cut, nested values summarised:
+:mod:`crawlproject.frontier.deadletters`), or ``{"unreadable": reason, "raw":
+...}``; a replay puts back only records whose payload has a usable URL, under
+the politeness key the nodes compute from it, and names the others."""
 
 from __future__ import annotations
 
 import json
+import sys
+from collections import Counter
 
-from crawlproject.ops.actions import replay_dead_letters
+from crawlproject.frontier.deadletters import unreadable
+from crawlproject.ops.actions import politeness_key_function, replay_dead_letters
 from crawlproject.ops.common import UsageError
 from crawlproject.cli.common import _action, _client, _partitions, _seed_keys, _spider_class
 
@@ -29,9 +38,8 @@ def cmd_dead(args) -> int:
     if action == "purge":
         return _purge(args, [p.keys.dead for p in parts], "dead letter(s)")
     for part in parts:
-        for record in part.dead_letters(args.n if args.n is not None else 20):
-            record.pop("payload", None)
-            print(json.dumps(record))
+        for letter in part.dead_records(args.n if args.n is not None else 20):
+            print(json.dumps(letter.shown if letter.shown is not None else unreadable(letter)))
     return 0
 
 
@@ -40,8 +48,8 @@ def cmd_invalid(args) -> int:
     if _action(args) == "purge":
         return _purge(args, [p.keys.invalid for p in parts], "invalid payload(s)")
     for part in parts:
-        for record in part.invalid_entries(args.n):
-            print(json.dumps(record))
+        for letter in part.invalid_records(args.n):
+            print(json.dumps(letter.shown if letter.shown is not None else unreadable(letter)))
     return 0
 
 
@@ -60,5 +68,15 @@ def cmd_invalid_seeds(args) -> int:
 
 def cmd_replay(args) -> int:
     count = args.n if args.n is not None else 1000
-    print(f"replayed {replay_dead_letters(_partitions(args), count)} dead letter(s)")
+    settings, _ = _spider_class(args)
+    skipped: list = []
+    replayed = replay_dead_letters(_partitions(args), count,
+                                   key_of=politeness_key_function(settings), skipped=skipped)
+    print(f"replayed {replayed} dead letter(s)")
+    if skipped:
+        reasons = Counter(reason for _, reason in skipped)
+        print(f"kept {len(skipped)} dead letter(s) that cannot be replayed (still listed by "
+              f"crawlctl dead {args.spider}; purge them with dead purge): "
+              + "; ".join(f"{n} × {reason}" for reason, n in reasons.most_common(10)),
+              file=sys.stderr)
     return 0

@@ -52,7 +52,8 @@ def cmd_politeness(args) -> int:
             part.set_limits({key: value})
             print(f"{key}: " + (_describe_override(value) + ", across all nodes"
                                 if value is not None else
-                                "limits cleared: the nodes' DOWNLOAD_DELAY and "
+                                "limits cleared, and its block, backoff and crawl delay "
+                                "(the site may ask again): the nodes' DOWNLOAD_DELAY and "
                                 "CONCURRENT_REQUESTS_PER_DOMAIN apply (or, within "
                                 f"{HOST_LIMITS_REFRESH:.0f} s, the running nodes' "
                                 "FRONTIER_HOST_LIMITS entry for it, if they have one)"))

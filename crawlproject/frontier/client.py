@@ -87,6 +87,10 @@ OUTRANKING_RUSH_EVERY = 5
 #: With several partitions, how long a round of calls waits for a slow one
 #: before it goes on without it (a healthy call takes milliseconds).
 ROUND_GRACE = 0.5
+#: Seconds between two log lines about the same junk the frontier read back
+#: (a forged state, a budget key of the wrong type, refused reports): the
+#: stats count every one, the log says it once a minute, like an outage.
+JUNK_LOG_INTERVAL = 60.0
 
 
 class Rejected(Exception):
@@ -241,6 +245,8 @@ class FrontierClient:
         self.reserve: dict[str, deque[Entry]] = {}
         self._reserve_keys: dict[str, int] = {}
         self._reserve_share: dict[str, int] = {}
+        #: what was said about junk read back: kind -> (when last said, times since)
+        self._said: dict[str, tuple[float, int]] = {}
 
     # -- what the adapter tells us ----------------------------------------------
     @property
@@ -444,7 +450,7 @@ class FrontierClient:
         its lease allowed (held up after the buffer: the engine, a downloader
         middleware): its key's next start, for every node, counts from then.
         Sent with the next call, made at once."""
-        self.outbox[entry.partition].sent_late(entry.key, sent_at)
+        self.outbox[entry.partition].sent_late(entry.member, sent_at)
         self._wake.set()
 
     # -- what the adapter asks -----------------------------------------------
@@ -1104,6 +1110,54 @@ class FrontierClient:
         if result.taken:
             self.nudge()
         self._apply_reserve(p, result)
+        self._apply_junk(p, result)
+
+    def _apply_junk(self, p: int, result: SyncResult) -> None:
+        """Say what the frontier found written by someone else (counted in
+        stats each time, logged at most once a minute per kind)."""
+        keys = self.partitions[p].keys
+        if result.state_junk:
+            self.count("scheduler/state_junk", result.state_junk)
+            self._say("state_junk", logging.WARNING,
+                      "%d field(s) of the frontier's state in %s held junk (written by "
+                      "someone else: per-key states, overrides, counts, node deadlines, ready "
+                      "times); read field by field, what was valid kept, the rest mended",
+                      result.state_junk, keys.tag)
+        if result.budget_skipped:
+            self.count("scheduler/budget_skipped", 1)
+            self._say("budget_skipped", logging.ERROR,
+                      "%s is not a hash: budgets of its partition are not counted (new pages "
+                      "admitted) until it is deleted (redis-cli DEL %s: counting starts again)",
+                      keys.budget, keys.budget)
+        if result.sent_refused:
+            self.count("politeness/sent_refused", result.sent_refused)
+            self._say("sent_refused", logging.WARNING,
+                      "%d late-send report(s) refused by %s: the requests were no longer "
+                      "leased to this node (its lease expired, or the report was not this "
+                      "node's)", result.sent_refused, keys.tag)
+        if result.bounds_ms is not None and "bounds" not in self._said:
+            block, backoff = result.bounds_ms
+            pol = self.politeness
+            if block < pol.retry_after_max * 1000 or backoff < pol.backoff_max * 1000:
+                self._said["bounds"] = (time.monotonic(), 0)
+                logger.warning("This crawl records a longest block of %gs and a longest backoff "
+                               "or crawl delay of %gs (its first node's FRONTIER_RETRY_AFTER_MAX "
+                               "and FRONTIER_BACKOFF_MAX, field '||bounds' of %s); this node's "
+                               "settings (%gs, %gs) are held to them (docs/frontier.md)",
+                               block / 1000, backoff / 1000, keys.kstate, pol.retry_after_max,
+                               pol.backoff_max, extra=self.log_extra)
+
+    def _say(self, kind: str, level: int, message: str, *args) -> None:
+        now = time.monotonic()
+        last, since = self._said.get(kind, (None, 0))
+        if last is not None and now - last < JUNK_LOG_INTERVAL:
+            self._said[kind] = (last, since + 1)
+            return
+        if since:
+            message += " (%d more time(s) in the last minute)"
+            args = (*args, since)
+        self._said[kind] = (now, 0)
+        logger.log(level, message, *args, extra=self.log_extra)
 
     def _apply_reserve(self, p: int, result: SyncResult) -> None:
         for key in result.capped_keys:

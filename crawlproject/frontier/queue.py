@@ -44,6 +44,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -51,9 +52,13 @@ import redis
 
 from crawlproject.defaults import SCHEDULER_DEAD_MAX, SCHEDULER_INVALID_MAX
 from crawlproject.frontier.bloom import BloomConfig, filter_estimates, fingerprint_hex
+from crawlproject.frontier.deadletters import (ATTEMPT_META_KEYS, DeadLetter,  # noqa: F401
+                                               KeyFunction, fresh_payload, read_record,
+                                               replay_args)
 from crawlproject.frontier.politeness import (UNLIMITED, Limits, Override, PolitenessConfig,
-                                              parse_override, safe_key)
-from crawlproject.frontier.scripts import BLOOM_ADD, REPLAY_DEAD, SET_LIMITS, SYNC
+                                              parse_override, partition_of, safe_key)
+from crawlproject.frontier.scripts import (BLOOM_ADD, COUNTER_PATTERN, REPLAY_DEAD, SET_LIMITS,
+                                           SYNC)
 from crawlproject.keys import FrontierKeys
 from crawlproject.keys import as_text as _s
 
@@ -66,8 +71,6 @@ MAX_PRIORITY = 4095  # |priority| < 2^12 keeps the queue score exact in a double
 DEAD_MAX = SCHEDULER_DEAD_MAX
 INVALID_MAX = SCHEDULER_INVALID_MAX
 REPLAY_BATCH = 100  # dead letters per REPLAY_DEAD call: bounds the time Redis is held
-#: meta keys that count attempts; a replayed dead letter starts afresh.
-ATTEMPT_META_KEYS = ("retry_times", "crawlproject_callback_attempts", "proxy_ban_tries")
 
 
 def clamp_priority(priority: int) -> int:
@@ -158,12 +161,14 @@ class Batch:
         """The site's robots.txt asks for *seconds* between requests."""
         self.feedback.append((safe_key(key), "crawldelay", _ms(seconds)))
 
-    def sent_late(self, key: str, sent_at: float) -> None:
-        """A request of *key* went out at *sent_at* (``time.monotonic()``), later
-        than its lease allowed: the key's next start counts from then. Sent as
-        the milliseconds since, reckoned when the call is made (the frontier
-        keeps Redis's clock; a node's clock is never compared with it)."""
-        self.feedback.append((safe_key(key), "sent", sent_at))
+    def sent_late(self, member: str, sent_at: float) -> None:
+        """Leased entry *member* went out at *sent_at* (``time.monotonic()``),
+        later than its lease allowed: its key's next start counts from then.
+        Sent as the milliseconds since, reckoned when the call is made (the
+        frontier keeps Redis's clock; a node's clock is never compared with
+        it). The frontier takes it only from the node that holds *member*'s
+        lease (``SyncResult.sent_refused`` counts the others)."""
+        self.feedback.append((member, "sent", sent_at))
 
     def fail(self, member: str, kind: str, record: dict) -> None:
         if kind not in ("dead", "invalid"):
@@ -225,6 +230,17 @@ class SyncResult:
     budget_refused: int = 0
     #: keys with an interval this call took from → their interval (s)
     polite_keys: dict[str, float] = field(default_factory=dict)
+    #: fields of the frontier's records read back as junk (per-key states,
+    #: overrides, budget counts, bookkeeping; forged node deadlines and ready
+    #: times): read field by field, counted, mended where the script owns them
+    state_junk: int = 0
+    #: the budget key is not a hash: this call's budget accounting was skipped
+    budget_skipped: bool = False
+    #: ``sent`` reports refused (the member was not leased to this node)
+    sent_refused: int = 0
+    #: the crawl's recorded maxima (ms) for a block and a backoff or crawl
+    #: delay, when this call read them (a call with such feedback), else None
+    bounds_ms: tuple[int, int] | None = None
 
 
 class Frontier:
@@ -318,6 +334,11 @@ class Frontier:
         except ValueError:  # a script of before the intervals: keys alone
             result.polite_keys = {_s(k): 0.0 for k in polite}
         result.budget_refused = int(raw[17]) if len(raw) > 17 else 0
+        if len(raw) > 21:
+            result.state_junk, result.sent_refused = int(raw[18]), int(raw[20])
+            result.budget_skipped = int(raw[19]) == 1
+            if len(raw[21]) == 2:
+                result.bounds_ms = (int(raw[21][0]), int(raw[21][1]))
         return result
 
     def sync(self, batch: Batch | None = None, *, leaving: bool = False) -> SyncResult:
@@ -349,24 +370,33 @@ class Frontier:
         return self.sync(Batch(nacks=list(unstarted)), leaving=True)
 
     # -- operator views --------------------------------------------------------
-    def replay_dead(self, count: int = 1000, batch: int = REPLAY_BATCH) -> int:
+    def replay_dead(self, count: int = 1000, batch: int = REPLAY_BATCH, *,
+                    key_of: KeyFunction, skipped: list | None = None) -> int:
         """Move up to *count* dead letters (oldest first) back into the queue.
 
-        Each gets a fresh start: its attempt counters (``retry_times``,
-        callback attempts) are cleared, so it has all its retries again.
-        Records that are not JSON with a string ``payload`` stay in the list.
+        Each is queued under the politeness key *key_of* computes from its
+        payload's URL (the nodes' function), never the key the record names.
+        An unsigned payload gets a fresh start: its attempt counters
+        (``retry_times``, callback attempts) are cleared, so it has all its
+        retries again; a signed one is queued byte for byte (its proof covers
+        them). Records that cannot be replayed (not JSON, no usable URL, a key
+        of another partition: :mod:`crawlproject.frontier.deadletters`) stay in
+        the list and are appended to *skipped* as ``(letter, reason)``.
         Done in calls of at most *batch* records each, so no single script
         call holds Redis for long (a lease renewal waits behind it).
         """
-        replayed, skipped, left = 0, 0, count
+        def partition(key: str) -> int:
+            return partition_of(key, self.keys.partitions)
+
+        replayed, kept, left = 0, 0, count
         while left > 0:
             n = min(batch, left)
             # unreadable records stay at the tail: read past them
-            records = self.client.lrange(self.keys.dead, -(skipped + n), -(skipped + 1))[::-1]
-            args = _replay_args(records)
+            records = self.client.lrange(self.keys.dead, -(kept + n), -(kept + 1))[::-1]
+            args = replay_args(records, key_of, partition, self.keys.partition, skipped)
             if args:
                 replayed += int(self._replay(keys=self.keys.replay_keys(), args=args))
-            skipped += len(records) - len(args) // 4
+            kept += len(records) - len(args) // 4
             left -= len(records)
             if len(records) < n:
                 break
@@ -414,22 +444,16 @@ class Frontier:
         return self._states_of(dict(zip(keys, self.client.hmget(self.keys.kstate, keys))))
 
     def _states_of(self, raw: dict) -> dict[str, dict]:
-        parsed = {}
+        parsed, junk = {}, {}
         for key, value in raw.items():
             if value is None or _s(key).startswith("|"):  # '|key': a mirrored override
                 continue
             key = _s(key)
-            try:
-                fields = [int(x) for x in _s(value).split("|")]
-                if len(fields) == 5:     # written by an older version: no error rate
-                    fields.append(0)
-                if len(fields) != 6:
-                    raise ValueError
-                parsed[key] = fields
-            except ValueError:  # not written by the script: said, not fatal
-                parsed.pop(key, None)
-                logger.warning("Ignoring a malformed politeness state for %r: %r",
-                               key[:200], _s(value)[:200])
+            parsed[key], junk[key] = parse_key_state(_s(value))
+            if junk[key]:  # not written by the script: said, not fatal
+                logger.warning("A politeness state for %r holds junk (%d field(s) read as 0, "
+                               "the others kept, as the frontier reads it): %r", key[:200],
+                               junk[key], _s(value)[:200])
         pipe = self.client.pipeline(transaction=False)
         for key in parsed:
             pipe.zcard(self.keys.queue(key))
@@ -441,6 +465,8 @@ class Frontier:
                         "backoff_ms": backoff, "crawl_delay_ms": delay,
                         "error_rate": errors / 1_000_000,
                         "queued": replies[2 * i], "ready_at_ms": replies[2 * i + 1]}
+            if junk[key]:
+                out[key]["junk_fields"] = junk[key]
         return out
 
     def budget_counts(self, keys: list[str]) -> dict[str, dict]:
@@ -457,11 +483,24 @@ class Frontier:
             out[field] = {"admitted": admitted, "refused": refused}
         return out
 
+    def dead_records(self, count: int = 100) -> list[DeadLetter]:
+        """The newest *count* dead letters as read (:func:`read_record`: each
+        shown, or with the reason it cannot be)."""
+        return [read_record(r) for r in self.client.lrange(self.keys.dead, 0, count - 1)]
+
     def dead_letters(self, count: int = 100) -> list[dict]:
-        return [json.loads(r) for r in self.client.lrange(self.keys.dead, 0, count - 1)]
+        """The newest *count* dead letters that are JSON objects, as stored."""
+        return _objects(self.client.lrange(self.keys.dead, 0, count - 1))
+
+    def invalid_records(self, count: int = 100) -> list[DeadLetter]:
+        """The newest *count* invalid payload records as read (shown, or the
+        reason they cannot be)."""
+        return [read_record(r, show_payload=True)
+                for r in self.client.lrange(self.keys.invalid, 0, count - 1)]
 
     def invalid_entries(self, count: int = 100) -> list[dict]:
-        return [json.loads(r) for r in self.client.lrange(self.keys.invalid, 0, count - 1)]
+        """The newest *count* invalid payload records that are JSON objects."""
+        return _objects(self.client.lrange(self.keys.invalid, 0, count - 1))
 
     def queued(self) -> int:
         """Entries queued in this partition, as the last SYNC call left the count
@@ -514,10 +553,27 @@ class Frontier:
     def stats(self) -> dict[str, int]:
         """Cluster-wide counters that nodes add with :meth:`add_stats`, plus
         this partition's own (trims)."""
+        return self._counters(self.keys.cluster_stats, self.keys.stats)
+
+    def own_stats(self) -> dict[str, int]:
+        """This partition's own counters (the scripts': trims, recounts, junk)."""
+        return self._counters(self.keys.stats)
+
+    def _counters(self, *keys: str) -> dict[str, int]:
         out: dict[str, int] = {}
-        for key in dict.fromkeys([self.keys.cluster_stats, self.keys.stats]):
-            for a, b in self.client.hgetall(key).items():
-                out[_s(a)] = out.get(_s(a), 0) + int(b)
+        for key in dict.fromkeys(keys):
+            try:
+                fields = self.client.hgetall(key)
+            except redis.ResponseError:  # not a hash (written by someone else)
+                logger.warning("%s is not a hash: its counters are not shown", key)
+                continue
+            for a, b in fields.items():
+                value = _s(b)
+                if not re.fullmatch(COUNTER_PATTERN, value, re.ASCII):  # said, not fatal
+                    logger.warning("Ignoring a counter of %s that is not a count: %r = %r",
+                                   key, _s(a)[:100], _s(b)[:100])
+                    continue
+                out[_s(a)] = out.get(_s(a), 0) + int(value)
         return out
 
     def _stats_pipeline(self, deltas: dict[str, int]):
@@ -532,7 +588,22 @@ class Frontier:
 
 
     def add_stats(self, deltas: dict[str, int]) -> None:
-        self._stats_pipeline(deltas).execute()
+        """Add *deltas* to the cluster-wide counters. A counter holding junk
+        (anyone can write to Redis) starts again from its delta, said once:
+        HINCRBY refuses it, and the node would retry the same deltas for ever."""
+        results = self._stats_pipeline(deltas).execute(raise_on_error=False)
+        junk = self._junk_counters(deltas, results)
+        if junk:
+            self.client.hset(self.keys.cluster_stats, mapping=junk)
+
+    def _junk_counters(self, deltas: dict[str, int], results: list) -> dict[str, int]:
+        names = [name for name, value in deltas.items() if value]
+        junk = {name: deltas[name] for name, result in zip(names, results)
+                if isinstance(result, redis.ResponseError)}
+        if junk:
+            logger.warning("Counters of %s held junk, started again: %s",
+                           self.keys.cluster_stats, ", ".join(sorted(junk))[:200])
+        return junk
 
 
 class AsyncFrontier(Frontier):
@@ -543,7 +614,10 @@ class AsyncFrontier(Frontier):
 
     async def add_stats(self, deltas: dict[str, int]) -> None:
         if any(deltas.values()):
-            await self._stats_pipeline(deltas).execute()
+            results = await self._stats_pipeline(deltas).execute(raise_on_error=False)
+            junk = self._junk_counters(deltas, results)
+            if junk:
+                await self.client.hset(self.keys.cluster_stats, mapping=junk)
 
     async def bloom_estimates(self) -> dict:
         return filter_estimates(await self.client.hgetall(self.keys.bloom))
@@ -562,42 +636,50 @@ class AsyncFrontier(Frontier):
         return int(await self._set_limits_call(limits, source, only_missing))
 
 
+def parse_key_state(value: str) -> tuple[list[int], int]:
+    """A per-key state ``"n|last|block|backoff|crawl delay[|error rate]"`` read as
+    the SYNC script reads it: field by field, a field that is not digits read
+    as 0 (the others kept: junk in one field never lifts another's block).
+    Returns the six values and how many fields were junk."""
+    fields = value.split("|")
+    junk = 0 if len(fields) in (5, 6) else 1
+    out = []
+    for i in range(6):
+        text = fields[i] if i < len(fields) else ""
+        number = _count(text)
+        if number is None:
+            junk += 0 if (i == 5 and text == "") else 1
+            number = 0
+        out.append(number)
+    out[5] = min(out[5], 1_000_000)
+    return out, junk
+
+
+def _count(raw) -> int | None:
+    """*raw* (from Redis) as a count, or None: ASCII digits only, as the scripts
+    write them (``int()`` would take ``" 5"``, ``"+5"``, ``"5_0"``, ``"٥"``)."""
+    text = _s(raw) if raw is not None else ""
+    if not (0 < len(text) <= 18 and text.isascii() and text.isdigit()):
+        return None
+    return int(text)
+
+
 #: fields of ``T:kstate`` that are not a key's state nor an override mirror
-KSTATE_BOOKKEEPING = ("||cursor", "||limits", "||qlen", "||budgets")
+KSTATE_BOOKKEEPING = ("||cursor", "||limits", "||qlen", "||budgets", "||bounds")
 
 
-def _replay_args(records: list) -> list:
-    args: list = []
-    for raw in records:
+def _objects(raws: list) -> list[dict]:
+    """The entries of *raws* that are JSON objects (the others are junk someone
+    else wrote: left out, never an error)."""
+    out = []
+    for raw in raws:
         try:
-            record = json.loads(raw)
-            payload = record["payload"]
-            priority = clamp_priority(record.get("priority") or 0)
-            key = record.get("key")
-            if key is None:
-                key = str(record.get("member", "")).partition("@")[2]
-        except (ValueError, TypeError, KeyError, AttributeError):
+            value = json.loads(raw)
+        except (ValueError, UnicodeDecodeError, RecursionError):
             continue
-        if not isinstance(payload, str) or not isinstance(key, str):
-            continue
-        args += [raw, fresh_payload(payload), priority, key]
-    return args
-
-
-def fresh_payload(payload: str) -> str:
-    """*payload* without its attempt counters (unchanged if it is not JSON: a
-    signed payload is replayed as it is, and nodes store dead letters without
-    their counters)."""
-    try:
-        data = json.loads(payload)
-    except ValueError:
-        return payload
-    meta = data.get("meta") if isinstance(data, dict) else None
-    if not isinstance(meta, dict) or not any(k in meta for k in ATTEMPT_META_KEYS):
-        return payload
-    for key in ATTEMPT_META_KEYS:
-        meta.pop(key, None)
-    return json.dumps(data, separators=(",", ":"))
+        if isinstance(value, dict):
+            out.append(value)
+    return out
 
 
 #: Error replies of calls that did not run, or stopped before their first write

@@ -25,15 +25,17 @@ def status_data(spider: str, parts: list[Frontier], seeds: SeedKeys) -> dict:
         for name, value in part.counts().items():
             counts[name] = counts.get(name, 0) + value
     now_ms = redis_time_ms(f.client)
-    deadlines = {_s(n): int(score) for part in parts
-                 for n, score in part.client.zrange(part.keys.nodes, 0, -1, withscores=True)}
+    # (a score is any float someone wrote, inf too: kept within what ms can be)
+    deadlines = {_s(n): int(min(max(score, -1e15), 1e15)) for part in parts
+                 for n, score in part.client.zrange(part.keys.nodes, 0, -1, withscores=True)
+                 if score == score}
     registered = set(deadlines)
     counts["nodes"] = len(registered)
     counts["partitions"] = len(parts)
     totals: dict[str, int] = dict(f.stats())
     for part in parts[1:]:
-        for name, value in part.client.hgetall(part.keys.stats).items():
-            totals[_s(name)] = totals.get(_s(name), 0) + int(value)
+        for name, value in part.own_stats().items():
+            totals[name] = totals.get(name, 0) + value
     reports = node_reports(f.client, spider)
     for report in reports:
         _lease_fields(report, deadlines.get(report["node"]), now_ms)

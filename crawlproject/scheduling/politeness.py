@@ -80,6 +80,13 @@ class SitePoliteness(PolitenessConfig):
                             ("FRONTIER_CRAWL_BUDGET", crawl_budget)):
             if not 0 <= value <= MAX_BUDGET:
                 raise ValueError(f"{name} must be 0 (none) to {MAX_BUDGET}, got {value!r}")
+        # The frontier honours a block, backoff or crawl delay of at most a day
+        # whatever is asked (its hard bound): a longer setting would not hold.
+        maxima = {name: setting(settings, name)
+                  for name in ("FRONTIER_RETRY_AFTER_MAX", "FRONTIER_BACKOFF_MAX")}
+        for name, value in maxima.items():
+            if not 0 <= value <= MAX_DELAY:
+                raise ValueError(f"{name} must be 0 to {MAX_DELAY:g} s, got {value!r}")
         default = Limits(delay=delay, concurrency=concurrency if concurrency > 0 else UNLIMITED,
                          budget=site_budget)
         overrides = {}
@@ -109,8 +116,8 @@ class SitePoliteness(PolitenessConfig):
             overrides=overrides if enabled else {},
             backoff_codes=frozenset(int(c) for c in setting(
                 settings, "FRONTIER_BACKOFF_HTTP_CODES")),
-            retry_after_max=setting(settings, "FRONTIER_RETRY_AFTER_MAX"),
-            backoff_max=setting(settings, "FRONTIER_BACKOFF_MAX"),
+            retry_after_max=maxima["FRONTIER_RETRY_AFTER_MAX"],
+            backoff_max=maxima["FRONTIER_BACKOFF_MAX"],
             **backoff_shape(settings),
             crawl_budget=crawl_budget,
             partitions=partitions,

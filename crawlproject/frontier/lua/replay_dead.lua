@@ -1,6 +1,8 @@
 -- REPLAY_DEAD: put dead letters back into the frontier of one partition.
 -- KEYS[1] dead (list)  KEYS[2] payloads (hash)  KEYS[3] seq  KEYS[4] delayed (zset)
--- ARGV: n x (dead record as stored, payload to queue, priority, politeness key)
+-- ARGV: n x (dead record as stored, payload to queue, priority, politeness key:
+--       computed by the caller from the payload's URL with the nodes' function,
+--       never taken from the record, which anyone who can write to Redis wrote)
 -- Each record is removed from the dead list first: a record another replay
 -- already took (or that an operator deleted) is skipped, so two replays
 -- running at once never queue the same dead letter twice. Records are taken

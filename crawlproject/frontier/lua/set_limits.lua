@@ -9,7 +9,13 @@
 --         'f' (settings, filling in: writes only keys with no override at all;
 --         stored as 's')
 -- ARGV[2..] n x (key, "delay ms|concurrency|source", or '' to clear; an empty
---         delay or concurrency is not overridden: each node's setting applies)
+--         delay or concurrency is not overridden: each node's setting applies).
+--         A clear from the command line ('c') clears everything about the key
+--         but its in-flight count: its override, and in its state (KEYS[3])
+--         its block, backoff, crawl delay and error rate, and a last start
+--         after now (whoever wrote them: a site, a node, anyone who can write
+--         to Redis); a key with queued entries is ready at once (a take
+--         checks its limits before it leases).
 -- A key waiting in the ready set is rescheduled for its last start plus the
 -- new delay (not before a block), so a shorter delay applies now, not after
 -- the old one ran out; a key out of it because it had its concurrency in
@@ -23,6 +29,19 @@ for i = 2, #ARGV, 2 do
       and not (ARGV[1] == 'f' and (old or value == '')) and old ~= value then
     if value == '' then
       redis.call('HDEL', KEYS[1], key); redis.call('HDEL', KEYS[3], '|' .. key)
+      local state = ARGV[1] == 'c' and redis.call('HGET', KEYS[3], key)
+      if state then
+        -- field by field (junk there is what this clear is for)
+        local n = string.match(state, '^(%d+)|') or '0'
+        local last = tonumber(string.match(state, '^[^|]*|(%d+)|') or '0') or 0
+        local now = server_now('')
+        if #n > 10 then n = '0' end
+        redis.call('HSET', KEYS[3], key, n .. '|' .. string.format('%.0f', math.min(last, now))
+                                         .. '|0|0|0|0')
+        if redis.call('ZCARD', KEYS[4] .. ':' .. key) > 0 then
+          redis.call('ZADD', KEYS[2], string.format('%.0f', now), key)
+        end
+      end
     else
       redis.call('HSET', KEYS[1], key, value); redis.call('HSET', KEYS[3], '|' .. key, value)
     end

@@ -4,14 +4,20 @@
 -- KEYS[4] nodes (zset node->lease deadline ms)        KEYS[5] delayed (zset member->due ms)
 -- KEYS[6] dead (list)       KEYS[7] invalid (list)    KEYS[8] seq (string)
 -- KEYS[9] bloom meta (hash); its shards are KEYS[9]:<layer>:<shard> (derived)
--- KEYS[10] partition stats (hash)
+-- KEYS[10] partition stats (hash): counters of the scripts (trims, recounts,
+--          keys_pruned, budget_refused, budget_skipped, sent_refused,
+--          state_junk); junk in a counter, or a key of another type, stops no
+--          call (the counter starts again)
 -- KEYS[11] kstate (hash key -> "n|last|block|backoff|crawl delay|error rate"
 --          (the error rate in millionths; a state of an older version has no
 --          such field: 0), field '|key'
 --          -> the key's override, mirrored from KEYS[12] by SET_LIMITS, field
 --          '||limits' -> how many overrides there are (SET_LIMITS), field
---          '||cursor' -> where the next window of it starts (HSCAN), and field
---          '||qlen' -> entries queued in this partition)
+--          '||cursor' -> where the next window of it starts (HSCAN), field
+--          '||qlen' -> entries queued in this partition, and field '||bounds'
+--          -> "longest block ms|longest backoff or crawl delay ms" of the crawl,
+--          recorded by the first call that needed them, see bounds())
+--          Every field is read strictly (see "What is read back" below).
 -- KEYS[12] limits (hash key -> "delay ms|concurrency|source"; SYNC reads each
 --          override from its mirror in KEYS[11], this only to count them where
 --          KEYS[11] has no '||limits' field yet)
@@ -24,9 +30,12 @@
 --          while entries were queued (see "Sharing a key's slots" below)
 -- KEYS[17] budget (hash key -> "admitted|refused": new pages of the key this
 --          partition queued, and refused over its budget; '||crawl' -> the
---          same for the whole partition). Written only while budgets apply.
+--          same for the whole partition). Written only while budgets apply;
+--          a key of another type skips this call's budget accounting (the
+--          reply says so) instead of stopping the call.
 -- ARGV[1] now in ms, or '' for Redis server time      ARGV[2] node id
--- ARGV[3] lease ttl ms (0 = this node leaves: drop its heartbeat)
+-- ARGV[3] lease ttl ms (0 = this node leaves: drop its heartbeat; at most an
+--         hour is honoured)
 -- ARGV[4] how many entries to take
 -- ARGV[5] flags: 'm' = maintenance (renew this node's lease, reclaim the leases
 --         of expired nodes, report delayed/inflight sizes, drop the state of
@@ -41,18 +50,23 @@
 --         reply 'BADKEY <key> is a <type>, not a <type>: nothing changed'.
 -- ARGV[6..10] bloom capacity, error rate, growth, tightening, shard bits
 -- ARGV[11] most records kept in the dead list  ARGV[12] ... in the invalid list
--- ARGV[13] default interval ms between request starts of a key
+-- ARGV[13] default interval ms between request starts of a key (at most a day)
 -- ARGV[14] default most requests of a key in flight   ARGV[15] jitter (0..1)
--- ARGV[16] most backoff interval ms   ARGV[17] most Retry-After block ms
+-- ARGV[16] most backoff interval ms   ARGV[17] most Retry-After block ms: this
+--          node's FRONTIER_BACKOFF_MAX and FRONTIER_RETRY_AFTER_MAX, which can
+--          only lower the crawl's recorded ones (KEYS[11] '||bounds'); at most
+--          a day either way
 -- ARGV[18] random seed (the interval jitter)
 -- ARGV[19] most entries to take from keys with an interval (what the node can
 --          start at once: an entry of a polite key must not wait in a buffer)
 -- ARGV[20] safety margin on intervals (0.02: 2 % longer, so that the time a
---          node takes from lease to sending never shortens what the site sees)
+--          node takes from lease to sending never shortens what the site sees;
+--          at most 0.5)
 -- ARGV[#ARGV - 5 .. #ARGV], after the nine sections below (where a script of
 -- before them ignores them):
 --   least safety margin ms on an interval (ARGV[20]'s share, but at least this:
---     the node's own scheduling latency does not shrink with the interval)
+--     the node's own scheduling latency does not shrink with the interval; at
+--     most a minute)
 --   backoff tolerance: the share of a key's recent answers (millionths) that
 --     may be slow-down answers before the key is slowed down
 --   weight of one answer in that share (millionths: 1 / the answers it is
@@ -73,8 +87,10 @@
 --   ack:  n x (member, '1' = a success that relaxes the key's backoff | '0')
 --   fail: n x (member, 'dead'|'invalid', record)   (forget it, keep record)
 --   nack: n x member                     (not started: back to its queue)
---   feedback: n x (key, 'block'|'backoff'|'crawldelay'|'sent', ms)  ('sent': a request
---         of the key left the node ms ago, later than its lease allowed)
+--   feedback: n x (key, 'block'|'backoff'|'crawldelay', ms) or (member, 'sent', ms)
+--         ('sent': that leased entry left the node ms ago, later than its lease
+--         allowed; taken only if the member is leased to this node, else
+--         refused and counted)
 --   fetched: n x member                  (its download ended: its key's slot is
 --                                          free; the entry stays leased until acked)
 --   handoff: n x (ended member, started member)  (the node gave the slot of a
@@ -116,7 +132,8 @@
 -- busy elsewhere, gone).
 -- Returns {taken = {member, payload, ...}, added, duplicates, queue length,
 --          delayed length or -1, inflight length or -1, reclaimed, now or -1,
---          stale calls, queue members without payload set aside, records trimmed,
+--          stale calls, queue members without payload or malformed set aside,
+--          records trimmed,
 --          earliest ready time (ms), -1 when no key is ready or due, -2 when the
 --          take got all it asked for (more may be ready), keys the take filled
 --          up to their concurrency or passed over because they had it in flight,
@@ -124,21 +141,49 @@
 --          capped keys = {key, ...} (at most 64), polite keys = {key, interval
 --          ms, ...}: the keys with an interval this call took from (their
 --          entries must start at once: within margin x interval of the lease),
---          new pages refused over a budget}
+--          new pages refused over a budget, fields read back as junk (state_junk),
+--          1 when the budget key was not a hash (budget accounting skipped) else
+--          0, 'sent' reports refused, {longest block ms, longest backoff ms} as
+--          recorded when this call read them, else {}}
+-- What is read back is untrusted (anyone who can write to Redis writes it):
+-- each field of a state, an override or a budget count is parsed on its own
+-- (junk in one never zeroes the others), values are bounded (a block at most
+-- a day from now, intervals at most a day, a last start at most now, an
+-- in-flight count at most the leases there are), a member this script does
+-- not write is set aside (never leased), a node deadline beyond the longest
+-- lease is expired and a ready time beyond any state is brought back to now;
+-- each is counted in the reply and in KEYS[10]'s 'state_junk', and a state
+-- the script owns is written back mended.
 local node, ttl, take_n = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+-- What this script honours at most, whatever a call passes in ARGV or Redis
+-- holds (anyone with a node's credential can make a call or write a state:
+-- docs/frontier.md, trust model): a block until at most a day after it is
+-- read, an interval (a limit's delay, a backoff, a crawl delay) of at most a
+-- day, a lease of at most an hour.
+local BLOCK_HARD_MS, INTERVAL_HARD_MS, LEASE_HARD_MS = 86400000, 86400000, 3600000
+ttl = math.min(ttl, LEASE_HARD_MS)
 local sweep = string.find(ARGV[5], 's', 1, true) ~= nil
 local registered = string.find(ARGV[5], 'r', 1, true) ~= nil
 local maintenance = sweep or string.find(ARGV[5], 'm', 1, true) ~= nil
 local promote = maintenance or string.find(ARGV[5], 'd', 1, true) ~= nil
 local dead_max, invalid_max = tonumber(ARGV[11]), tonumber(ARGV[12])
 local def_delay, def_conc, jitter = tonumber(ARGV[13]), tonumber(ARGV[14]), tonumber(ARGV[15])
-local backoff_max, block_max = tonumber(ARGV[16]), tonumber(ARGV[17])
-local margin, margin_min = tonumber(ARGV[20]), tonumber(ARGV[#ARGV - 5])
+-- (within what a node's settings can give: no call makes every key wait longer)
+def_delay, jitter = math.min(def_delay, INTERVAL_HARD_MS), math.min(jitter, 1)
+-- (this node's own maxima: the crawl's, recorded in kstate's '||bounds', win
+-- when lower; see bounds() below)
+local backoff_max = math.min(tonumber(ARGV[16]), INTERVAL_HARD_MS)
+local block_max = math.min(tonumber(ARGV[17]), BLOCK_HARD_MS)
+local margin, margin_min = math.min(tonumber(ARGV[20]), 0.5), math.min(tonumber(ARGV[#ARGV - 5]), 60000)
 local tolerance, err_weight, backoff_base = tonumber(ARGV[#ARGV - 4]), tonumber(ARGV[#ARGV - 3]),
                                             tonumber(ARGV[#ARGV - 2])
 local def_budget, crawl_budget = tonumber(ARGV[#ARGV - 1]), tonumber(ARGV[#ARGV])
 math.randomseed(tonumber(ARGV[18]))
 local QP, HP = KEYS[13], KEYS[14]
+-- Fields of the frontier's own records that held what this script never
+-- writes (junk: someone else wrote them); each is read field by field, what
+-- is valid is kept, the rest is counted here and mended when written back.
+local junk = 0
 local function Q(k) return QP .. ':' .. k end
 local function HELD(n) return HP .. ':' .. n end
 -- A lease's value is its node id, with '|f' once its download ended (then its
@@ -159,7 +204,13 @@ end
 local function leases_of(nd)
   -- The members of ND's held set that ND still holds, and their lease flags
   -- (read chunked: a held set may be large).
-  local members = redis.call('SMEMBERS', HELD(nd))
+  local members = redis.pcall('SMEMBERS', HELD(nd))
+  if members.err then
+    -- not a set (someone else wrote it): stops no call; the entries it should
+    -- list come back by the sweep (their owner is gone) and reclaim deletes it
+    junk = junk + 1
+    members = {}
+  end
   local held, flags = {}, {}
   for i = 1, #members, 500 do
     local last = math.min(i + 499, #members)
@@ -176,7 +227,22 @@ local function now()
   if now_cache == nil then now_cache = server_now(ARGV[1]) end
   return now_cache
 end
-local trimmed, stale, qdelta = 0, 0, 0
+local trimmed, stale, qdelta, missing = 0, 0, 0, 0
+local function stat(name, n)
+  -- A counter of the partition: junk in its field (or a stats key of another
+  -- type) must not stop the call (a script is not rolled back): the field
+  -- starts again from N.
+  local r = redis.pcall('HINCRBY', KEYS[10], name, n)
+  if type(r) == 'table' and r.err then redis.pcall('HSET', KEYS[10], name, n) end
+end
+local function count_of(v, hi)
+  -- V (a field read from Redis) as a whole number 0..HI, or nil when it is
+  -- not one: digits only, as this script writes them.
+  if type(v) ~= 'string' or #v > 17 or not string.match(v, '^%d+$') then return nil end
+  local x = tonumber(v)
+  if x > hi then return nil end
+  return x
+end
 local function keep_record(kind, record)
   -- Dead letters and invalid payloads are kept for operators, the newest
   -- first, up to a cap; what falls off the end is counted.
@@ -185,7 +251,7 @@ local function keep_record(kind, record)
   local len = redis.call('LPUSH', key, record)
   if len > cap then
     redis.call('LTRIM', key, 0, cap - 1)
-    redis.call('HINCRBY', KEYS[10], kind .. '_trimmed', len - cap)
+    stat(kind .. '_trimmed', len - cap)
     trimmed = trimmed + len - cap
   end
 end
@@ -203,7 +269,7 @@ local function next_seq(n)
     if s and s > top then top = s end
   end
   redis.call('SET', KEYS[8], fmt(top + n))  -- whatever type the key had
-  redis.call('HINCRBY', KEYS[10], 'seq_recounted', 1)
+  stat('seq_recounted', 1)
   return top
 end
 
@@ -224,33 +290,106 @@ local qlen_raw, qlen_read = false, false
 -- take reads a window of ready keys and often uses only the first of them.
 local RAW_ST, RAW_LIM = {}, {}
 local DEFAULT_LIM = {delay = def_delay, conc = def_conc, budget = def_budget}   -- read only
+-- Keys whose ready time must be computed again (a state read as junk may have
+-- put them far in the future): see the end of the call.
+local reready = {}
+local function fields_of(s, most)
+  -- S split at '|' (at most MOST + 1 fields: more is junk anyway)
+  local out = {}
+  for f in string.gmatch(s .. '|', '([^|]*)|') do
+    out[#out + 1] = f
+    if #out > most then break end
+  end
+  return out
+end
+-- A state "n|last|block|backoff|crawl delay|error rate" is read field by
+-- field: a field that is not what this script writes (digits; the error
+-- rate may be missing, as older versions wrote it) is junk, read as 0, and
+-- the others are kept: junk in one field never lifts another's block. Values
+-- beyond what this script can have written are brought within it: a last
+-- start after now is now, a block at most BLOCK_HARD_MS from now, a backoff
+-- or crawl delay at most INTERVAL_HARD_MS, an error rate at most 1. Either
+-- way the key's state is written back mended (dirty) and counted (junk).
 setmetatable(ST, {__index = function(t, k)
   local s = RAW_ST[k]
   if s == nil then return nil end   -- not loaded
-  local n, la, bl, bo, cd, er = 0, 0, 0, 0, 0, 0
+  local v = {n = 0, last = 0, block = 0, bo = 0, cd = 0, er = 0}
   if s then
-    n, la, bl, bo, cd, er = string.match(s, '^(%-?%d+)|(%d+)|(%d+)|(%d+)|(%d+)|?(%d*)$')
-    n, la, bl, bo, cd = tonumber(n) or 0, tonumber(la) or 0, tonumber(bl) or 0,
-                        tonumber(bo) or 0, tonumber(cd) or 0
-    er = math.min(1000000, tonumber(er) or 0)
+    -- (the common case, a state this script wrote, without a table or a closure)
+    local n, la, bl, bo, cd, er = string.match(s, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|?(%d*)$')
+    if n and #s < 100 then
+      n, la, bl, bo, cd, er = tonumber(n), tonumber(la), tonumber(bl), tonumber(bo),
+                              tonumber(cd), tonumber(er) or 0
+      if n <= 1000000000 and la <= now() and bl <= now() + BLOCK_HARD_MS
+          and bo <= INTERVAL_HARD_MS and cd <= INTERVAL_HARD_MS and er <= 1000000 then
+        v.n, v.last, v.block, v.bo, v.cd, v.er = n, la, bl, bo, cd, er
+        rawset(t, k, v)
+        return v
+      end
+    end
+    local f, bad = fields_of(s, 6), 0
+    if #f < 5 or #f > 6 then bad = bad + 1 end
+    local function field(i, name, hi, clamp)
+      local x = count_of(f[i], 1e15)
+      if x == nil then
+        if f[i] ~= nil and not (i == 6 and f[i] == '') then bad = bad + 1 end
+        return
+      end
+      if x > hi then x = clamp or hi; bad = bad + 1 end
+      v[name] = x
+    end
+    field(1, 'n', 1000000000, 0)
+    field(2, 'last', 1e15)
+    field(3, 'block', 1e15)
+    field(4, 'bo', INTERVAL_HARD_MS)
+    field(5, 'cd', INTERVAL_HARD_MS)
+    field(6, 'er', 1000000)
+    if v.last > now() then v.last = now(); bad = bad + 1 end
+    if v.block > now() + BLOCK_HARD_MS then v.block = now() + BLOCK_HARD_MS; bad = bad + 1 end
+    if bad > 0 then
+      junk = junk + bad
+      dirty[k] = true; reready[k] = true
+    end
   end
-  local v = {n = math.max(0, n), last = la, block = bl, bo = bo, cd = cd, er = er}
   rawset(t, k, v)
   return v
 end})
+-- An override "delay ms|concurrency|source" or "delay ms|concurrency|budget|
+-- source" (mirrored in kstate as field '|K'): each field read on its own, an
+-- empty one or junk (not digits, a delay over a day, a budget over 10^15)
+-- leaves this node's setting in force for it, and junk is counted. (Mended by
+-- the next SET_LIMITS of the key, not here: the limits hash is the original.)
 setmetatable(LIM, {__index = function(t, k)
   local l = RAW_LIM[k]
   if l == nil then return nil end   -- not loaded
   local v = DEFAULT_LIM
   if l then
-    -- an empty field is not overridden: this node's setting applies
-    local d, c = def_delay, def_conc
-    local ld, lc = string.match(l, '^(%d*)|(%d*)')
-    if ld then d, c = tonumber(ld) or def_delay, tonumber(lc) or def_conc end
+    local d, c, b = string.match(l, '^(%d*)|(%d*)|[^|]*$')
+    if not d then d, c, b = string.match(l, '^(%d*)|(%d*)|(%d*)|[^|]*$') end
+    if d and #l < 100 then
+      d, c, b = tonumber(d) or def_delay, tonumber(c) or def_conc, tonumber(b) or def_budget
+      if c <= 0 or c > 1000000000 then c = 1000000000 end
+      if d <= INTERVAL_HARD_MS and b <= 1e15 then
+        v = {delay = d, conc = c, budget = b}
+        rawset(t, k, v)
+        return v
+      end
+    end
+    local f, bad = fields_of(l, 4), 0
+    if #f < 3 or #f > 4 then bad = bad + 1 end
+    local function field(i, hi, default)
+      if f[i] == nil or f[i] == '' then return default end
+      local x = count_of(f[i], hi)
+      if x == nil then bad = bad + 1; return default end
+      return x
+    end
+    local d = field(1, INTERVAL_HARD_MS, def_delay)
+    local c = field(2, 1e15, def_conc)
     if c <= 0 then c = 1000000000 end
-    -- "delay|concurrency|budget|source" (an older override has no budget)
-    local lb = string.match(l, '^%d*|%d*|(%d*)|[^|]*$')
-    v = {delay = d, conc = c, budget = tonumber(lb) or def_budget}
+    -- (an older override has no budget: its third field is the source)
+    local b = #f == 4 and field(3, 1e15, def_budget) or def_budget
+    if bad > 0 then junk = junk + bad end
+    v = {delay = d, conc = math.min(c, 1000000000), budget = b}
   end
   rawset(t, k, v)
   return v
@@ -275,9 +414,10 @@ local function load(keys)
     local got = redis.call('HMGET', KEYS[11], unpack(fields))
     if not qlen_read then qlen_raw, qlen_read = got[#fields], true end
     if overrides == nil then
-      local count = tonumber(got[n_own + 1])
+      local count = count_of(got[n_own + 1], 1e15)
       if count == nil then
         -- Not kept yet (a crawl begun by an older version) or junk: from the limits.
+        if got[n_own + 1] then junk = junk + 1 end
         count = redis.call('HLEN', KEYS[12])
         redis.call('HSET', KEYS[11], '||limits', count)
       end
@@ -332,6 +472,31 @@ local function member_key(member)
   local at = find(member, '@', 1, true)
   return at and sub(member, at + 1) or nil
 end
+local function well_formed(member, k)
+  -- Whether MEMBER is one this script writes, "<priority>:<seq>@<key>" (of key
+  -- K when given). A queue, the delayed set or the in-flight hash may hold
+  -- anything someone else wrote there: such a member is never leased (its
+  -- key, its score and its ack would fail the calls of every node).
+  local p, sq, key = string.match(member, '^(%-?%d+):(%d+)@(.*)$')
+  return p ~= nil and #p <= 5 and #sq <= 15 and math.abs(tonumber(p)) <= 4095
+         and (k == nil or key == k)
+end
+local function set_aside(members, why)
+  -- MEMBERS (already out of their queue, the delayed set or the in-flight
+  -- hash) go to the invalid list with their payloads, and are counted with
+  -- the entries that had no payload.
+  if #members == 0 then return end
+  for i = 1, #members, 500 do
+    local last = math.min(i + 499, #members)
+    local values = redis.call('HMGET', KEYS[2], unpack(members, i, last))
+    for j = i, last do
+      keep_record('invalid', cjson.encode({member = members[j], payload = values[j - i + 1] or nil,
+                                           reason = why, node = node, at = now() / 1000}))
+    end
+  end
+  call_chunked('HDEL', KEYS[2], members, 1)
+  missing = missing + #members
+end
 
 -- What becomes of each touched key's entry in the ready set, decided at the end.
 local took, touched, raise = {}, {}, {}
@@ -365,7 +530,12 @@ for i = 1, tonumber(ARGV[pos]) do nacks[i] = ARGV[pos + i] end
 pos = pos + 1 + #nacks
 local feedback = {}
 for i = 1, tonumber(ARGV[pos]) do
-  feedback[i] = {ARGV[pos + 3 * i - 2], ARGV[pos + 3 * i - 1], tonumber(ARGV[pos + 3 * i])}
+  local k, kind = ARGV[pos + 3 * i - 2], ARGV[pos + 3 * i - 1]
+  local ms = math.max(0, tonumber(ARGV[pos + 3 * i]) or 0)
+  -- 'sent' names the member that was sent (checked below: it must be leased
+  -- to this node), its key is the member's
+  if kind == 'sent' then feedback[i] = {member_key(k) or '', kind, ms, k}
+  else feedback[i] = {k, kind, ms} end
 end
 pos = pos + 1 + 3 * #feedback
 local fetched = {}
@@ -382,10 +552,12 @@ end
 -- check mode: nothing is written before this
 if string.find(ARGV[5], 'c', 1, true) then
   local bad = nil
+  -- (not the stats hash nor the budget hash: junk there stops no call, see
+  -- stat() and within_budget())
   local want = {{KEYS[1], 'zset'}, {KEYS[2], 'hash'}, {KEYS[3], 'hash'}, {KEYS[4], 'zset'},
                 {KEYS[5], 'zset'}, {KEYS[6], 'list'}, {KEYS[7], 'list'}, {KEYS[9], 'hash'},
-                {KEYS[10], 'hash'}, {KEYS[11], 'hash'}, {KEYS[12], 'hash'},
-                {KEYS[16], 'zset'}, {KEYS[17], 'hash'}, {HELD(node), 'set'}}
+                {KEYS[11], 'hash'}, {KEYS[12], 'hash'},
+                {KEYS[16], 'zset'}, {HELD(node), 'set'}}
   for _, w in ipairs(want) do bad = bad or bad_key(w[1], w[2]) end
   -- the queues this call may write: of its adds, its nacks, and the keys a
   -- take or a promotion looks at first (the seq counter and the old queue
@@ -421,7 +593,7 @@ local keys = {}
 for _, a in ipairs(acks) do keys[#keys + 1] = member_key(a[1]) end
 for _, f in ipairs(fails) do keys[#keys + 1] = member_key(f[1]) end
 for _, m in ipairs(nacks) do keys[#keys + 1] = member_key(m) end
-for _, f in ipairs(feedback) do keys[#keys + 1] = f[1] end
+for _, f in ipairs(feedback) do if f[1] ~= '' then keys[#keys + 1] = f[1] end end
 for _, m in ipairs(fetched) do keys[#keys + 1] = member_key(m) end
 for _, h in ipairs(handoffs) do keys[#keys + 1] = member_key(h[2]) end
 for _, r in ipairs(reserve) do keys[#keys + 1] = r[1] end
@@ -437,20 +609,58 @@ for _, a in ipairs(adopt) do
 end
 if #adopt > 0 and ttl > 0 then redis.call('ZADD', KEYS[4], fmt(now() + ttl), node) end
 
+-- 'sent' feedback moves its key's last start: it is taken only from the node
+-- that holds the lease of the member it names (checked here, before this
+-- call's acks and fails settle them), so a call from anywhere else cannot
+-- hold a key back by repeating it; a refused one is counted (sent_refused),
+-- and the node that gets the count in its reply says so.
+local sent_refused = 0
+do
+  local members, at = {}, {}
+  for i, f in ipairs(feedback) do
+    if f[2] == 'sent' then members[#members + 1] = f[4]; at[#at + 1] = i end
+  end
+  if #members > 0 then
+    local owners = redis.call('HMGET', KEYS[3], unpack(members))
+    for j, i in ipairs(at) do
+      if feedback[i][1] == '' or lease(owners[j]) ~= node then
+        feedback[i][2] = 'refused'; sent_refused = sent_refused + 1
+      end
+    end
+    if sent_refused > 0 then stat('sent_refused', sent_refused) end
+  end
+end
+
 -- Budgets: a key (a site) may queue at most its budget of new pages, and
 -- this partition at most the crawl budget; what is over is refused and
 -- counted (per key, per partition, and in the reply), never queued. Only new
 -- pages count (an add with a fingerprint): a retry or a page waiting for its
 -- site's robots.txt is the same page again. Budgets apply when a setting
 -- gives one or an override has one (kstate's '||budgets' counts those).
-local budget_refused = 0
+-- A budget key of another type than a hash (written by someone else) does not
+-- stop the call, nor any other site of the partition: this call's budget
+-- accounting is skipped (its new pages are admitted, none counted), and the
+-- reply says so (budget_skipped), for the node to log and count. It is not
+-- repaired here: a script does not delete what it did not write, and counts
+-- started again from 0 would admit a whole budget more per site anyway; the
+-- operator deletes the key and counting starts again.
+local budget_refused, budget_skipped = 0, 0
 local function within_budget(keep)
   if #keep == 0 then return keep end
   if def_budget <= 0 and crawl_budget <= 0 then
     -- (read with the queue length, which the call reads anyway: no command more)
     local got = redis.call('HMGET', KEYS[11], '||budgets', '||qlen')
     if not qlen_read then qlen_raw, qlen_read = got[2], true end
-    if (tonumber(got[1]) or 0) <= 0 then return keep end
+    local n = count_of(got[1], 1e15)
+    -- junk there counts as budgets to check (the per-key check decides)
+    if got[1] and not n then junk = junk + 1; n = 1 end
+    if (n or 0) <= 0 then return keep end
+  end
+  local t = redis.call('TYPE', KEYS[17]).ok
+  if t ~= 'hash' and t ~= 'none' then
+    budget_skipped = 1
+    stat('budget_skipped', 1)
+    return keep
   end
   local ks, seen_k = {}, {}
   for _, e in ipairs(keep) do
@@ -466,8 +676,16 @@ local function within_budget(keep)
     local last = math.min(i + 499, #fields)
     local got = redis.call('HMGET', KEYS[17], unpack(fields, i, last))
     for j = i, last do
-      local a, r = string.match(got[j - i + 1] or '', '^(%d+)|(%d+)$')
-      count[fields[j]] = {a = tonumber(a) or 0, r = tonumber(r) or 0}
+      local raw = got[j - i + 1]
+      local a, r = string.match(raw or '', '^(%d+)|(%d+)$')
+      a, r = count_of(a, 1e15), count_of(r, 1e15)
+      if raw and not (a and r) then
+        -- field by field: a valid count is kept, junk starts again from 0
+        local f = fields_of(raw, 2)
+        a, r = count_of(f[1], 1e15), count_of(f[2], 1e15)
+        junk = junk + (a and 0 or 1) + (r and 0 or 1) + (#f == 2 and 0 or 1)
+      end
+      count[fields[j]] = {a = a or 0, r = r or 0}
     end
   end
   local crawl, out = count['||crawl'], {}
@@ -485,9 +703,9 @@ local function within_budget(keep)
     end
   end
   local values = {}
-  for k, c in pairs(count) do values[#values + 1] = k; values[#values + 1] = c.a .. '|' .. c.r end
+  for k, c in pairs(count) do values[#values + 1] = k; values[#values + 1] = fmt(c.a) .. '|' .. fmt(c.r) end
   call_chunked('HSET', KEYS[17], values, 2)
-  if budget_refused > 0 then redis.call('HINCRBY', KEYS[10], 'budget_refused', budget_refused) end
+  if budget_refused > 0 then stat('budget_refused', budget_refused) end
   return out
 end
 
@@ -666,12 +884,37 @@ if #nacked > 0 then
 end
 if #unheld > 0 then call_chunked('SREM', HELD(node), unheld, 1) end
 
+-- The crawl's maxima for what a site may ask, in ms: kstate's field '||bounds'
+-- = "longest block|longest backoff or crawl delay", recorded by the first
+-- call that needed them, from its node's FRONTIER_RETRY_AFTER_MAX and
+-- FRONTIER_BACKOFF_MAX (as the partition count is recorded by the first node
+-- in the crawl's config), within the hard bounds above. Every call is held to
+-- them, and to its own ARGV when lower: a call cannot raise them. Junk there
+-- is counted and recorded again. Returns them as stored (the node compares
+-- them with its own settings).
+local bounds_stored = nil
+local function bounds()
+  if bounds_stored == nil then
+    local raw = redis.call('HGET', KEYS[11], '||bounds')
+    local b, o = string.match(raw or '', '^(%d+)|(%d+)$')
+    b, o = count_of(b, BLOCK_HARD_MS), count_of(o, INTERVAL_HARD_MS)
+    if not (b and o) then
+      if raw then junk = junk + 1 end
+      b, o = block_max, backoff_max
+      redis.call('HSET', KEYS[11], '||bounds', fmt(b) .. '|' .. fmt(o))
+    end
+    bounds_stored = {b, o}
+  end
+  return math.min(bounds_stored[1], block_max), math.min(bounds_stored[2], backoff_max)
+end
+
 -- feedback: the site's word (Retry-After, 429/503 without it, robots.txt)
 for _, f in ipairs(feedback) do
   local k, kind, ms = f[1], f[2], f[3]
   local s = ST[k]
   if kind == 'block' then
-    s.block = math.max(s.block, now() + math.min(ms, block_max))
+    local most = bounds()
+    s.block = math.max(s.block, now() + math.min(ms, most))
   elseif kind == 'backoff' then
     -- In proportion: the answer raises the key's recent error rate, and only a
     -- rate over the tolerance slows the key down (its interval doubled). A few
@@ -680,10 +923,12 @@ for _, f in ipairs(feedback) do
     -- answers (the ones in flight when it turned).
     s.er = s.er + math.floor((1000000 - s.er) * err_weight / 1000000)
     if s.er >= tolerance then
-      s.bo = math.min(backoff_max, math.max(s.bo * 2, LIM[k].delay * 2, backoff_base))
+      local _, most = bounds()
+      s.bo = math.min(most, math.max(s.bo * 2, LIM[k].delay * 2, backoff_base))
     end
   elseif kind == 'crawldelay' then
-    s.cd = math.min(ms, backoff_max)
+    local _, most = bounds()
+    s.cd = math.min(ms, most)
   elseif kind == 'sent' then
     -- The node sent a request of K later than its lease allowed (its loop was
     -- busy after the buffer): K's next start counts from that send, not from
@@ -691,9 +936,9 @@ for _, f in ipairs(feedback) do
     -- closer than the interval. (Reported before that next lease, as a late
     -- send is with the node's next call, this holds it; after, it holds the
     -- ones that follow.)
-    s.last = math.max(s.last, now() - math.max(0, ms or 0))
+    s.last = math.max(s.last, now() - ms)
   end
-  dirty[k] = true; raise[k] = true
+  if kind ~= 'refused' then dirty[k] = true; raise[k] = true end
 end
 
 -- maintenance: renew this node's lease, then reclaim expired nodes' leases
@@ -704,19 +949,24 @@ local function requeue(members, done)
   local ks = {}
   for _, member in ipairs(members) do ks[#ks + 1] = member_key(member) end
   load(ks)
-  local back = {}
+  local back, bad = {}, {}
   for i, member in ipairs(members) do
-    local k = member_key(member)
-    local q = back[k]
-    if not q then q = {}; back[k] = q end
-    q[#q + 1] = score(member); q[#q + 1] = member
-    if not done[i] then ST[k].n = math.max(0, ST[k].n - 1) end
-    dirty[k] = true; touched[k] = true
+    if well_formed(member) then
+      local k = member_key(member)
+      local q = back[k]
+      if not q then q = {}; back[k] = q end
+      q[#q + 1] = score(member); q[#q + 1] = member
+      if not done[i] then ST[k].n = math.max(0, ST[k].n - 1) end
+      dirty[k] = true; touched[k] = true
+    else
+      bad[#bad + 1] = member
+    end
   end
   call_chunked('HDEL', KEYS[3], members, 1)
   for k, q in pairs(back) do call_chunked('ZADD', Q(k), q, 2) end
-  qdelta = qdelta + #members
-  reclaimed = reclaimed + #members
+  set_aside(bad, 'malformed member')
+  qdelta = qdelta + #members - #bad
+  reclaimed = reclaimed + #members - #bad
 end
 -- A window of the per-key state, from a cursor kept in the hash itself (field
 -- '||cursor' -> "cursor|ms of the last window": no key starts with '|', so no
@@ -745,6 +995,14 @@ local function kstate_window(count, paced)
   end
   return out
 end
+local function reclaim(nd)
+  -- Node ND is gone: its leases back to their queues. Only its own set is
+  -- read, not every lease of the partition.
+  local mine, done = leases_of(nd)
+  if #mine > 0 then requeue(mine, done) end
+  redis.call('DEL', HELD(nd))
+  redis.call('ZREM', KEYS[4], nd)
+end
 local window = nil
 if maintenance or ttl == 0 then
   if ttl > 0 then
@@ -756,13 +1014,7 @@ if maintenance or ttl == 0 then
   -- wanting marks of nodes long gone (a node id per process start)
   redis.call('ZREMRANGEBYSCORE', KEYS[16], '-inf', fmt(now() - 60000))
   local expired = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', fmt(now()), 'LIMIT', 0, 100)
-  for _, nd in ipairs(expired) do
-    -- Only the dead node's own set is read, not every lease of the partition.
-    local mine, done = leases_of(nd)
-    if #mine > 0 then requeue(mine, done) end
-    redis.call('DEL', HELD(nd))
-    redis.call('ZREM', KEYS[4], nd)
-  end
+  for _, nd in ipairs(expired) do reclaim(nd) end
   if sweep then
     -- wanting marks dated in the future (not written by this script)
     redis.call('ZREMRANGEBYSCORE', KEYS[16], '(' .. fmt(now() + 60000), '+inf')
@@ -775,7 +1027,7 @@ if maintenance or ttl == 0 then
       if alive[owner] == nil then alive[owner] = redis.call('ZSCORE', KEYS[4], owner) ~= false end
       if alive[owner] then
         local k = member_key(flat[i])
-        if not fetched_ then count[k] = (count[k] or 0) + 1 end
+        if k and not fetched_ then count[k] = (count[k] or 0) + 1 end
       else
         orphans[#orphans + 1] = flat[i]; done[#orphans] = fetched_
         redis.call('SREM', HELD(owner), flat[i])
@@ -799,6 +1051,27 @@ if maintenance or ttl == 0 then
   -- is the same as no state, so it is dropped (a crawl of millions of hosts
   -- seen once would otherwise keep a field for each of them for ever).
   window = window or kstate_window(TIDY_WINDOW, true)
+  if window then
+    -- (paced with the tidy windows: at most every TIDY_EVERY_MS per partition)
+    -- A deadline further away than the longest lease never comes (written by
+    -- someone else): such a node is expired too, or its leases would never
+    -- come back and it would count as a live node for ever.
+    local forged = redis.call('ZRANGEBYSCORE', KEYS[4], '(' .. fmt(now() + LEASE_HARD_MS),
+                              '+inf', 'LIMIT', 0, 100)
+    for _, nd in ipairs(forged) do reclaim(nd) end
+    junk = junk + #forged
+    -- Likewise a ready time further away than any state can put it (a block or
+    -- an interval of at most a day, jittered): the key is looked at now (a
+    -- take checks its state before it leases).
+    local far = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. fmt(now() + IDLE_MS), '+inf',
+                           'LIMIT', 0, 100)
+    if #far > 0 then
+      local at = {}
+      for _, k in ipairs(far) do at[#at + 1] = fmt(now()); at[#at + 1] = k end
+      redis.call('ZADD', KEYS[1], unpack(at))
+      junk = junk + #far
+    end
+  end
   -- Only a state "0|last|block|0|0|error rate" can go (its error rate is
   -- forgotten with it): the others are not parsed.
   local idle = {}
@@ -823,7 +1096,7 @@ if maintenance or ttl == 0 then
     end
     if #gone > 0 then
       call_chunked('HDEL', KEYS[11], gone, 1)
-      redis.call('HINCRBY', KEYS[10], 'keys_pruned', #gone)
+      stat('keys_pruned', #gone)
     end
   end
 end
@@ -832,17 +1105,22 @@ end
 if promote then
   local due = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', fmt(now()), 'LIMIT', 0, 1000)
   if #due > 0 then
-    local byq, ks = {}, {}
+    local byq, bad = {}, {}
     for _, member in ipairs(due) do
-      local k = member_key(member)
-      local q = byq[k]
-      if not q then q = {}; byq[k] = q; ks[#ks + 1] = k end
-      q[#q + 1] = score(member); q[#q + 1] = member
-      touched[k] = true
+      if well_formed(member) then
+        local k = member_key(member)
+        local q = byq[k]
+        if not q then q = {}; byq[k] = q end
+        q[#q + 1] = score(member); q[#q + 1] = member
+        touched[k] = true
+      else
+        bad[#bad + 1] = member
+      end
     end
     for k, q in pairs(byq) do call_chunked('ZADD', Q(k), q, 2) end
     call_chunked('ZREM', KEYS[5], due, 1)
-    qdelta = qdelta + #due
+    set_aside(bad, 'malformed member')
+    qdelta = qdelta + #due - #bad
   end
 end
 
@@ -868,7 +1146,7 @@ do
 end
 
 -- take: from keys whose time has come, oldest-ready first, each once
-local taken, missing, capped = {}, 0, 0
+local taken, capped = {}, 0
 local members, unready, later, capped_keys, polite_keys = {}, {}, {}, {}, {}
 local function lease_out(popped, value, out)
   -- Lease POPPED (taken out of their queues) to this node as VALUE, appending
@@ -904,6 +1182,7 @@ local function note_capped(k)
   if #capped_keys < 64 then capped_keys[#capped_keys + 1] = k end
 end
 local SHARE_WINDOW = 1000
+local inflight_total = nil
 local sharing, others, mine = nil, 0, {}
 local passed, n_passed = {}, 0
 local function room_for_me(k)
@@ -938,6 +1217,15 @@ if take_n > 0 and ttl > 0 then
     for _, k in ipairs(ks) do
       if want <= 0 then break end
       local s, l = ST[k], LIM[k]
+      if s.n >= l.conc then
+        -- A count above every lease there is was written by someone else: the
+        -- sweep recounts it, but an idle cluster may make no sweep, and the
+        -- key would wait for ever.
+        inflight_total = inflight_total or redis.call('HLEN', KEYS[3])
+        if s.n > inflight_total then
+          s.n = inflight_total; dirty[k] = true; junk = junk + 1
+        end
+      end
       local due = earliest(k)
       if s.n >= l.conc then
         unready[k] = true
@@ -960,17 +1248,23 @@ if take_n > 0 and ttl > 0 then
         elseif #popped == 0 then
           unready[k] = true      -- its queue ran empty: out of the ready set
         else
-          for i = 1, #popped, 2 do members[#members + 1] = popped[i] end
-          local got = #popped / 2
-          if polite then
-            polite_budget = polite_budget - got
-            polite_keys[#polite_keys + 1] = k
-            polite_keys[#polite_keys + 1] = interval(k)
+          local got, bad = 0, {}
+          for i = 1, #popped, 2 do
+            if well_formed(popped[i], k) then members[#members + 1] = popped[i]; got = got + 1
+            else bad[#bad + 1] = popped[i] end
           end
-          s.n = s.n + got; s.last = now(); dirty[k] = true; took[k] = true
-          if s.n >= l.conc then note_capped(k) end   -- filled up to its concurrency
-          want = want - got
-          qdelta = qdelta - got
+          if #bad > 0 then set_aside(bad, 'malformed member'); qdelta = qdelta - #bad end
+          if got > 0 then
+            if polite then
+              polite_budget = polite_budget - got
+              polite_keys[#polite_keys + 1] = k
+              polite_keys[#polite_keys + 1] = interval(k)
+            end
+            s.n = s.n + got; s.last = now(); dirty[k] = true; took[k] = true
+            if s.n >= l.conc then note_capped(k) end   -- filled up to its concurrency
+            want = want - got
+            qdelta = qdelta - got
+          end
         end
       end
     end
@@ -993,8 +1287,12 @@ if #reserve > 0 and ttl > 0 then
     status[#status + 1] = k; status[#status + 1] = ok and 1 or 0; status[#status + 1] = share
     local count = math.min(r[2], share)
     if ok and s.n >= l.conc and count > 0 then
-      local popped = redis.call('ZPOPMIN', Q(k), count)
-      for i = 1, #popped, 2 do rmembers[#rmembers + 1] = popped[i] end
+      local popped, bad = redis.call('ZPOPMIN', Q(k), count), {}
+      for i = 1, #popped, 2 do
+        if well_formed(popped[i], k) then rmembers[#rmembers + 1] = popped[i]
+        else bad[#bad + 1] = popped[i] end
+      end
+      set_aside(bad, 'malformed member')
       qdelta = qdelta - #popped / 2
     end
   end
@@ -1022,19 +1320,19 @@ local qlen = qlen_raw and string.match(qlen_raw, '^%d+$') and tonumber(qlen_raw)
 if qlen then
   qlen = qlen + qdelta
 else
-  local junk = qlen_raw ~= false
-  if not junk then
+  local junk_qlen = qlen_raw ~= false
+  if not junk_qlen then
     local old = redis.pcall('GET', KEYS[15])
     qlen = type(old) == 'string' and string.match(old, '^%d+$') and tonumber(old)
     if qlen then qlen = qlen + qdelta end
-    junk = old ~= false and not qlen
+    junk_qlen = old ~= false and not qlen
     if old ~= false then redis.call('DEL', KEYS[15]) end   -- whatever type it had
   end
   if not qlen then
     qlen = math.max(0, redis.call('HLEN', KEYS[2]) - redis.call('HLEN', KEYS[3])
                        - redis.call('ZCARD', KEYS[5]))
   end
-  if junk then redis.call('HINCRBY', KEYS[10], 'qlen_recounted', 1) end
+  if junk_qlen then stat('qlen_recounted', 1) end
 end
 if qlen_raw ~= fmt(qlen) then
   states[#states + 1] = '||qlen'; states[#states + 1] = fmt(qlen)
@@ -1046,6 +1344,11 @@ for k, _ in pairs(took) do
 end
 for i = 1, #later do set[#set + 1] = later[i] end
 if #states > 0 then call_chunked('HSET', KEYS[11], states, 2) end
+-- keys whose state was read as junk: their ready time as their mended state
+-- says (a block or last start far ahead had put it far ahead too)
+for k, _ in pairs(reready) do
+  if ST[k] then redis.call('ZADD', KEYS[1], 'XX', fmt(math.max(now(), next_start(k))), k) end
+end
 if #rem > 0 then call_chunked('ZREM', KEYS[1], rem, 1) end
 if #set > 0 then call_chunked('ZADD', KEYS[1], set, 2) end
 
@@ -1068,6 +1371,8 @@ if take_n > 0 and ttl > 0 then
     redis.call('ZADD', KEYS[16], fmt(now()), node)   -- wanting: see the header
   end
 end
+if junk > 0 then stat('state_junk', junk) end
 return {taken, added, dups, qlen, delayed_len, inflight_len, reclaimed,
         now_cache and fmt(now_cache) or -1, stale, missing, trimmed, next_ready, capped,
-        reserved, status, capped_keys, polite_keys, budget_refused}
+        reserved, status, capped_keys, polite_keys, budget_refused, junk, budget_skipped,
+        sent_refused, bounds_stored and {bounds_stored[1], bounds_stored[2]} or {}}
