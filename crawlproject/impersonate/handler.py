@@ -46,6 +46,7 @@ import time
 import weakref
 from collections import OrderedDict
 from contextlib import asynccontextmanager
+from urllib.parse import urlsplit
 
 from scrapy.core.downloader.handlers._base_streaming import BaseStreamingDownloadHandler
 from scrapy.http import Headers
@@ -54,6 +55,8 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler, load_object
 
 from crawlproject.defaults import setting
+from crawlproject.egress.policy import parse_address
+from crawlproject.egress.resolver import checked_addresses
 from crawlproject.identity.session import IDENTITY, explicit_session
 from crawlproject.identity.useragents import HINT_HEADERS
 import crawlproject.impersonate.errors as errors
@@ -202,7 +205,8 @@ class ImpersonateDownloadHandler(BaseStreamingDownloadHandler):
         kwargs = dict(headers=_headers(request), data=request.body or None, timeout=timeout,
                       allow_redirects=False, impersonate=profile, default_headers=True,
                       accept_encoding=None, proxy=proxy, proxy_auth=proxy_auth,
-                      verify=self.verify, interface=self.bind_host)
+                      verify=self.verify, interface=self.bind_host,
+                      curl_options=await self._pinned(request, proxy))
         pool = self.pools.acquire(request)
         opened = False
         try:
@@ -219,6 +223,24 @@ class ImpersonateDownloadHandler(BaseStreamingDownloadHandler):
             raise translate(exc, request, proxy, opened) from exc
         finally:
             self.pools.release(pool)
+
+    async def _pinned(self, request, proxy: str | None) -> dict | None:
+        """libcurl resolves names itself: the host it connects to (the proxy, else
+        the URL's) is resolved through the address guard first and libcurl is
+        pinned to the checked addresses (``CURLOPT_RESOLVE``), so it cannot
+        reach anything else (a name that resolves elsewhere the second time)."""
+        from curl_cffi import CurlOpt
+
+        parts = urlsplit(proxy) if proxy else urlparse_cached(request)
+        host = parts.hostname or ""
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        addresses = await checked_addresses(self.crawler, request, host, port)
+        if addresses is None or parse_address(host) is not None:
+            return None  # no guard in this process, or an IP: nothing to resolve
+        if not addresses:
+            raise errors.CannotResolve(f"{request.url}: no address found for {host}")
+        shown = ",".join(f"[{a}]" if ":" in a else a for a in addresses)
+        return {CurlOpt.RESOLVE: [f"{host}:{port}:{shown}"]}
 
     def _proxy(self, request) -> tuple[str | None, tuple[str, str] | None]:
         proxy, auth = self._extract_proxy(request)
