@@ -776,6 +776,7 @@ def user_project(tmp_path, redis_url, mongo_uri, database) -> tuple:
     project = tmp_path / "shop"
     settings = project / "shop" / "settings.py"
     settings.write_text(settings.read_text() + "\n" + readme_settings_block() + "\n"
+                        'DOWNLOAD_ALLOWED_NETWORKS = ["loopback"]\n'   # the test sites
                         f"REDIS_URL = {redis_url!r}\nMONGO_URI = {mongo_uri!r}\n"
                         f"MONGO_DATABASE = {database.name!r}\n")
     (project / "shop" / "spiders" / "shop.py").write_text(USER_SPIDER)

@@ -122,6 +122,12 @@ def classify(ip: IPAddress) -> tuple[str, str] | None:
     return None
 
 
+def _shown(ip: IPAddress) -> str:
+    # Python 3.11 writes ::ffff:127.0.0.1 as ::ffff:7f00:1: keep the IPv4 visible.
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return f"::ffff:{mapped}" if mapped is not None else str(ip)
+
+
 def _embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
     if ip in _NAT64:
         return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
@@ -181,7 +187,8 @@ class AddressPolicy:
                 return None
         elif group in self.groups or any(ip in net for net in self.networks):
             return None
-        return Refusal(host if host is not None else str(ip), str(ip), group, detail)
+        shown = _shown(ip)
+        return Refusal(host if host is not None else shown, shown, group, detail)
 
     def check_text(self, address: str, host: str | None = None) -> Refusal | None:
         """:meth:`check` of an address given as text (a resolver's answer); text
