@@ -288,14 +288,15 @@ class RenderingMiddleware:
             options["proxy"]["bypass"] = self.proxy_bypass
         own = meta.get("playwright_context_kwargs")
         if not options:
-            named = meta.get("playwright_context") or DEFAULT_CONTEXT
-            if not own or named != DEFAULT_CONTEXT:
-                return named
-            # Context options a request carries (read back from Redis, maybe:
-            # offline, extra_http_headers, java_script_enabled...) would become the
-            # shared context's if this request were the first to open it, for
-            # every request after it: they get a context of their own instead.
-            name = self._context_name(None, None, own)
+            name = meta.get("playwright_context") or DEFAULT_CONTEXT
+            if own and name == DEFAULT_CONTEXT:
+                # Context options a request carries (read back from Redis, maybe:
+                # offline, extra_http_headers, java_script_enabled...) would become
+                # the shared context's if this request were the first to open it,
+                # for every request after it: they get a context of their own.
+                name = self._context_name(None, None, own)
+            # Set for the download only: scrapy-playwright would otherwise leave
+            # "default" in meta, which a dead letter or retry then cannot store.
             replace_meta(meta, "playwright_context", name)
             return name
         if isinstance(own, dict):  # the spider's own options (viewport...) stay
