@@ -12,6 +12,7 @@ machines have.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -33,8 +34,8 @@ HOSTS = """127.0.0.1 localhost
 
 def in_namespace(tmp_path) -> dict:
     """Run the scenario in a fresh network and mount namespace; its result."""
-    if shutil.which("unshare") is None or shutil.which("ip") is None:
-        pytest.skip("needs unshare(1) and ip(8)")
+    if shutil.which("unshare") is None or shutil.which("ip") is None or os.geteuid() != 0:
+        pytest.skip("needs root, unshare(1) and ip(8): network namespaces")
     hosts = tmp_path / "hosts"
     hosts.write_text(HOSTS)
     script = (f"ip link set lo up && ip addr add {METADATA_V4}/32 dev lo && "

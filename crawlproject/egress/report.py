@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import logging
 import weakref
+from urllib.parse import urlsplit
 
 from scrapy.exceptions import CannotResolveHostError, IgnoreRequest
 from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet.error import DNSLookupError
 from w3lib.url import add_http_if_no_scheme
-from urllib.parse import urlsplit
 
 from crawlproject.egress.policy import Refusal
 
@@ -51,8 +51,8 @@ class EgressReport:
         stats = self.crawler.stats
         stats.inc_value("egress/refused")
         stats.inc_value(f"egress/refused/{refusal.group}")
-        self._warn(refusal, "%s refused: %s; its requests are dead-lettered, not retried "
-                   "(counted in egress/refused)", request.url)
+        self._warn(refusal, "%s refused: %s; given up (dead-lettered by the shared frontier), "
+                   "never retried; more are counted in egress/refused", request.url)
 
     def browser_refused(self, refusal: Refusal) -> None:
         """A request of the browser (a page's resource) was refused."""
