@@ -138,7 +138,9 @@ class GuardedResolver:
             return
         self.inner, self.reactor = current, reactor
         reactor.installNameResolver(self)
-        logger.debug("Address guard installed over %r: %r", current, self.policy)
+        logger.info("Address guard on every connection (DOWNLOAD_ALLOWED_NETWORKS): %r, "
+                    "over %s", self.policy,
+                    type(getattr(current, "_simpleResolver", current)).__name__)
 
     # -- what the policy says ---------------------------------------------------------------
     def exempt(self, host: str, port: int) -> bool:
