@@ -482,3 +482,58 @@ def test_the_impersonating_handler_connects_only_to_the_address_the_guard_checke
     assert good.seen == ["/a"] and evil.seen == []
     assert [reason for _, reason, _ in failed] == [
         "address_refused: evil.test (127.0.0.1) is loopback (DOWNLOAD_ALLOWED_NETWORKS)"]
+
+
+# ----------------------------------------------------------------- the browser's proxy
+
+def test_the_browsers_proxy_tunnels_and_forwards_to_checked_addresses_only(guard):
+    """What Chromium sends through EgressProxy: CONNECT (https, WebSockets) and
+    absolute-URL requests (http); a refused host gets a 403 with the proxy's
+    token and no connection, an allowed one its answer, closed after it."""
+    from crawlproject.egress.browser import MARKER, EgressProxy
+
+    site, evil = Server("127.0.0.2"), Server("127.0.0.1")
+    guard.inner = MappedResolver({"site.test": ["127.0.0.2"], "evil.test": ["127.0.0.1"]})
+    guard.configure(AddressPolicy.from_setting(["127.0.0.2/32"]), ())
+    refused = []
+
+    async def exchange(port: int, data: bytes) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(data)
+        answer = await asyncio.wait_for(reader.read(), 10)   # until the proxy closes
+        writer.close()
+        return answer
+
+    async def main():
+        proxy = EgressProxy(guard, refused.append)
+        port = int((await proxy.start()).rpartition(":")[2])
+        try:
+            forwarded = await exchange(port, (
+                f"GET http://site.test:{site.port}/page?q=1 HTTP/1.1\r\nHost: site.test\r\n"
+                f"Proxy-Connection: keep-alive\r\n\r\n").encode())
+            tunnel = await exchange(port, (
+                f"CONNECT site.test:{site.port} HTTP/1.1\r\n\r\n"
+                f"GET /tunnelled HTTP/1.0\r\nHost: site.test\r\n\r\n").encode())
+            denied = [await exchange(port, f"CONNECT evil.test:{evil.port} HTTP/1.1\r\n\r\n"
+                                     .encode()),
+                      await exchange(port, f"GET http://evil.test:{evil.port}/ HTTP/1.1\r\n\r\n"
+                                     .encode())]
+            return forwarded, tunnel, denied, proxy.token, proxy.refusal("evil.test")
+        finally:
+            await proxy.close()
+
+    try:
+        forwarded, tunnel, denied, token, refusal = asyncio.run(main())
+    finally:
+        site.close()
+        evil.close()
+    head, _, body = forwarded.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 200") and b"Connection: close" in head
+    assert body == b"127.0.0.2"
+    assert tunnel.startswith(b"HTTP/1.1 200 Connection established\r\n\r\nHTTP/1.0 200")
+    assert site.seen == ["/page?q=1", "/tunnelled"] and evil.seen == []
+    for answer in denied:
+        assert answer.startswith(b"HTTP/1.1 403 ") and f"{MARKER}: {token}".encode() in answer
+    assert refusal.reason == ("address_refused: evil.test (127.0.0.1) is loopback "
+                              "(DOWNLOAD_ALLOWED_NETWORKS)")
+    assert len(refused) == 2
