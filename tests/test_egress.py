@@ -198,7 +198,7 @@ def test_fuzz_the_default_policy_agrees_with_the_registries(ip):
     assert (AddressPolicy().check(ip) is None) == reference_public(ip), ip
 
 
-@hsettings(max_examples=1500, deadline=None)
+@hsettings(max_examples=800, deadline=None)
 @given(addresses(), allow_lists())
 def test_fuzz_an_allow_list_opens_exactly_what_the_rule_says(ip, allow):
     groups, nets = allow
