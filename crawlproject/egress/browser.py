@@ -69,6 +69,13 @@ class EgressProxy:
         seen = self._refused.get((host or "").lower().strip("[]"))
         return seen[1] if seen is not None and seen[0] >= since else None
 
+    def latest(self, since: float) -> Refusal:
+        """The last refusal since monotonic time *since* (a generic one if none)."""
+        seen = max(self._refused.values(), key=lambda item: item[0], default=None)
+        if seen is not None and seen[0] >= since:
+            return seen[1]
+        return Refusal("?", "?", "reserved", "refused by the browser's egress proxy")
+
     # -- one browser connection ----------------------------------------------------------
     def _accept(self, reader, writer) -> None:
         task = asyncio.ensure_future(self._serve(reader, writer))

@@ -40,7 +40,6 @@ from collections import OrderedDict
 from contextlib import suppress
 from urllib.parse import urlsplit
 
-from scrapy.exceptions import IgnoreRequest
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.misc import load_object
 from scrapy_playwright.handler import ScrapyPlaywrightDownloadHandler
@@ -190,8 +189,9 @@ class RenderingDownloadHandler(ScrapyPlaywrightDownloadHandler):
         except Exception as exc:
             raise self._navigation_refused(request, egress, since) or exc
         if response.headers.get(MARKER) == egress.token.encode():
-            raise self._navigation_refused(request, egress, since) or IgnoreRequest(
-                f"{request.url}: the browser's request was refused by the address guard")
+            # The page is the egress proxy's own 403: its navigation was refused.
+            raise self._navigation_refused(request, egress, since, at_least_latest=True)
+        self._navigations.pop(request, None)
         return response
 
     async def _started(self) -> None:
@@ -241,12 +241,15 @@ class RenderingDownloadHandler(ScrapyPlaywrightDownloadHandler):
                     if r.is_navigation_request() and r.frame == page.main_frame else None)
         return page
 
-    def _navigation_refused(self, request, egress, since: float):
-        for url in reversed(self._navigations.pop(request, ())):
-            refusal = egress.refusal(urlsplit(url).hostname or "", since)
-            if refusal is not None:
-                return refuse(self.crawler, request, refusal)
-        return None
+    def _navigation_refused(self, request, egress, since: float, at_least_latest=False):
+        """The refusal of *request*'s page (its navigation, redirect hops included,
+        refused by the egress proxy since *since*), given up; else None."""
+        hosts = [urlsplit(url).hostname or "" for url in self._navigations.pop(request, ())]
+        refusal = next((r for r in map(lambda h: egress.refusal(h, since), reversed(hosts))
+                        if r is not None), None)
+        if refusal is None and at_least_latest:
+            refusal = egress.latest(since)
+        return None if refusal is None else refuse(self.crawler, request, refusal)
 
     async def close(self) -> None:
         """Close once, although Scrapy calls it for each scheme."""
