@@ -22,6 +22,7 @@ ROBOTSTXT_OBEY = True
 exec(readme_settings_block(), globals())  # noqa: S102 - the README's own text, pasted whole
 
 EXTENSIONS = {**globals().get("EXTENSIONS", {}), "bench.recorder.BenchRecorder": 0}
+DOWNLOAD_ALLOWED_NETWORKS = ["loopback"]   # the benchmark sites are on 127.0.0.x
 TELNETCONSOLE_ENABLED = False
 LOG_LEVEL = "INFO"
 LOGSTATS_INTERVAL = 60.0

@@ -55,6 +55,7 @@ def project(where: Path, redis_url: str, mongo_uri: str, database: str) -> Path:
                    check=True, capture_output=True, timeout=60)
     settings = where / "shop" / "shop" / "settings.py"
     settings.write_text(settings.read_text() + "\n" + readme_settings_block() +
+                        '\nDOWNLOAD_ALLOWED_NETWORKS = ["loopback"]'   # the site: 127.0.0.1
                         f"\nREDIS_URL = {redis_url!r}\nMONGO_URI = {mongo_uri!r}\n"
                         f"MONGO_DATABASE = {database!r}\n")
     (where / "shop" / "shop" / "spiders" / "shop.py").write_text(SPIDER)

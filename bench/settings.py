@@ -24,3 +24,5 @@ MONGO_PIPELINE_ENABLED = False
 LOG_LEVEL = "INFO"
 LOGSTATS_INTERVAL = 60.0
 EXTENSIONS = {"bench.recorder.BenchRecorder": 0}
+# The benchmark sites listen on 127.0.0.x; our scheduler refuses loopback otherwise.
+DOWNLOAD_ALLOWED_NETWORKS = ["loopback"]

@@ -110,7 +110,8 @@ def make_project(where: Path, redis_url: str, mongo_uri: str) -> Path:
         'BOT_NAME = "soakproject"\nSPIDER_MODULES = ["soakproject.spiders"]\n\n'
         "# --- README.md, 'Use it in your own Scrapy project', pasted whole ---\n"
         + readme_settings_block()
-        + "# --- this machine's servers ---\n"
+        + "# --- this machine's servers (and the sites, on loopback) ---\n"
+        'DOWNLOAD_ALLOWED_NETWORKS = ["loopback"]\n'
         f"REDIS_URL = {redis_url!r}\nMONGO_URI = {mongo_uri!r}\nMONGO_DATABASE = {DATABASE!r}\n")
     (pkg / "spiders" / "__init__.py").write_text("")
     (pkg / "spiders" / "products.py").write_text(

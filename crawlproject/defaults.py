@@ -117,6 +117,14 @@ PLAYWRIGHT_PAGE_METHODS_ALLOW = [           # page methods a stored request may 
     "click", "dblclick", "hover", "focus", "press", "tap", "check", "uncheck",
 ]
 
+# --- Where requests may go (crawlproject/egress/) -------------------------------
+# Empty: public addresses only; a crawl of public sites needs nothing else, and a
+# page, a redirect or a stored request can then never aim a node at Redis, a LAN
+# admin page or a cloud metadata endpoint (opened only by its exact address,
+# e.g. "169.254.169.254/32"). Groups: "loopback", "private" (RFC 1918,
+# fc00::/7, 100.64/10), "link-local".
+DOWNLOAD_ALLOWED_NETWORKS: list = []        # networks besides public ones: CIDRs and groups
+
 # --- Proxy pool (crawlproject/middlewares/proxy.py, crawlproject/proxies.py) ---
 PROXY_POOL_ENABLED = False                  # route requests through the shared pool
 PROXY_POOL: list = []                       # proxy URLs http(s)://[user:pass@]host:port

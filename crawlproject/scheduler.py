@@ -64,6 +64,7 @@ from crawlproject.connection import (REDIS_FAILURES, redact_url, redis_from_sett
                                      redis_url_from_settings)
 from crawlproject import defaults
 from crawlproject.defaults import setting
+from crawlproject.egress.resolver import install_guard
 from crawlproject.frontier.bloom import BloomConfig
 from crawlproject.frontier.client import FrontierClient, Rejected
 from crawlproject.scheduling.burst import StartBurst, default_prefetch
@@ -244,6 +245,7 @@ class RedisScheduler(BaseScheduler):
         if self.politeness.enabled:
             self._no_local_politeness()
         self._per_node_robots()
+        install_guard(self.crawler)   # DOWNLOAD_ALLOWED_NETWORKS for every connection (egress/)
         self.crawler.signals.connect(self._on_response, signal=signals.response_received)
         self.crawler.signals.connect(self._on_left_downloader,
                                      signal=signals.request_left_downloader)

@@ -51,6 +51,9 @@ DOWNLOADER_MIDDLEWARES = {
     "crawlproject.rendering.middleware.RenderingMiddleware": 620,
     # before CookiesMiddleware (700): a session's cookies carried by its request
     "crawlproject.identity.cookies.SessionCookiesMiddleware": 690,
+    # after the proxies are chosen (600, 750): IP-literal URLs and proxies checked
+    # before any connection; refusals dead-lettered with the reason, never retried
+    "crawlproject.egress.middleware.EgressMiddleware": 760,
     # after HttpCompressionMiddleware (590) on the way back: hashes the decoded body
     "crawlproject.recrawl.middleware.RecrawlMiddleware": 580,
 }
@@ -68,6 +71,13 @@ SPIDER_MIDDLEWARES = {
 # the most requests of one host in flight across the cluster; FRONTIER_*
 # settings tune it. The proxy pool (crawlproject/proxies/,
 # PROXY_POOL_ENABLED) is off: no pool is configured (docs/middlewares.md).
+
+# Where requests may go (crawlproject/egress/, docs/frontier.md): public
+# addresses, plus loopback here, because this project's own crawls are local:
+# the demo shop and every test site listen on 127.0.0.x. A node crawling the
+# web from this project's settings should drop "loopback" (Redis, a local admin
+# page would be reachable from any link or seed otherwise).
+DOWNLOAD_ALLOWED_NETWORKS = ["loopback"]
 
 # Seeds (see crawlproject.spiders.seeded.RedisSpider) are untrusted: the only
 # meta keys a seed may set (see crawlproject/policy.py).

@@ -19,13 +19,15 @@ class Node:
     """One ``scrapy crawl <spider>`` process with its own log file."""
 
     def __init__(self, name: str, log_dir: Path, env: dict, spider: str = "products",
-                 settings: dict | None = None):
+                 settings: dict | None = None, spider_args: dict | None = None):
         self.name = name
         self.log = log_dir / f"{name}.log"
         cmd = [sys.executable, "-m", "scrapy", "crawl", spider, "-s", f"LOG_FILE={self.log}",
                "-s", f"NODE_ID={name}"]
         for key, value in (settings or {}).items():
             cmd += ["-s", f"{key}={value}"]
+        for key, value in (spider_args or {}).items():
+            cmd += ["-a", f"{key}={value}"]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env},
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 

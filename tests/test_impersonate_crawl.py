@@ -234,7 +234,8 @@ def test_the_readme_blocks_give_a_new_project_the_browsers_fingerprint_and_still
             [sys.executable, "-m", "scrapy", "crawl", "shop", "-s", f"LOG_FILE={log}",
              "-s", "MAX_IDLE_TIME_BEFORE_CLOSE=2", "-s", f"REDIS_URL={redis_url}",
              "-s", f"MONGO_URI={mongo_uri}", "-s", f"MONGO_DATABASE={database.name}",
-             "-s", "ROBOTSTXT_OBEY=False", "-s", "DOWNLOAD_DELAY=0"],
+             "-s", "ROBOTSTXT_OBEY=False", "-s", "DOWNLOAD_DELAY=0",
+             "-s", "DOWNLOAD_ALLOWED_NETWORKS=loopback"],   # the test sites
             cwd=project, env={**os.environ, **env}, capture_output=True, text=True, timeout=180)
         text = log.read_text(errors="replace")
         assert out.returncode == 0, text[-3000:] + out.stderr[-2000:]

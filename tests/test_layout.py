@@ -33,7 +33,7 @@ EXTENSIONS = ("crawlproject.extensions", "crawlproject.recrawl.extension")
 #: The capability packages' modules that know neither Scrapy nor Twisted.
 PLAIN = ("crawlproject.proxies.pool", "crawlproject.proxies.store",
          "crawlproject.identity.useragents", "crawlproject.rendering.settings",
-         "crawlproject.impersonate.profiles")
+         "crawlproject.impersonate.profiles", "crawlproject.egress.policy")
 SCRAPY_SIDE = (*MIDDLEWARES, *EXTENSIONS, "crawlproject.pipelines", "crawlproject.spiders",
                "crawlproject.scheduler", "crawlproject.scheduling", "crawlproject.rendering",
                "crawlproject.identity.session", "crawlproject.cli", "crawlproject.dashboard",
@@ -96,7 +96,7 @@ def test_a_capabilitys_plain_modules_import_no_scrapy():
 
 
 def test_each_capability_package_says_what_it_holds():
-    for package in ("proxies", "rendering", "recrawl", "identity"):
+    for package in ("proxies", "rendering", "recrawl", "identity", "egress"):
         doc = ast.get_docstring(ast.parse((PACKAGE / package / "__init__.py").read_text()))
         modules = sorted(p.stem for p in (PACKAGE / package).glob("*.py") if p.stem != "__init__")
         assert doc and all(f"crawlproject.{package}.{m}" in doc for m in modules), package

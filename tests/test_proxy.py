@@ -260,7 +260,9 @@ def test_expired_bans_are_forgotten_and_a_success_after_revival_clears_strikes(r
 
 def middleware(**settings):
     crawler = get_crawler(settings_dict={"PROXY_POOL_ENABLED": True,
-                                         "PROXY_POOL": [A.url, B.url], **settings})
+                                         "PROXY_POOL": [A.url, B.url],
+                                         # the pool's proxies (A, B, C) are on 10.0.0.1
+                                         "DOWNLOAD_ALLOWED_NETWORKS": ["private"], **settings})
     return build_from_crawler(ProxyPoolMiddleware, crawler)
 
 
@@ -380,6 +382,18 @@ def test_a_refreshed_snapshot_replaces_the_pool_with_redis_entries(redis):
     assert mw.stats.get_value("proxy/invalid/unsupported_scheme") == 1
     mw.apply(mw.store.read())
     assert mw.stats.get_value("proxy/invalid/unsupported_scheme") == 1   # logged once
+
+
+def test_a_redis_proxy_on_a_refused_address_is_never_used_one_of_the_settings_is(redis):
+    """Whoever writes Redis must not aim every request at 127.0.0.1:6379 or a
+    metadata endpoint by naming it a proxy; the operator's own proxies are trusted."""
+    local = Proxy("http", "127.0.0.1", 6379)
+    mw = middleware(PROXY_POOL=[local.url], DOWNLOAD_ALLOWED_NETWORKS=[])
+    mw.store = ProxyStore(redis, "s")
+    redis.sadd(mw.store.keys.pool, "http://169.254.169.254:80", "http://[::1]:3128", C.url)
+    mw.apply(mw.store.read())
+    assert set(mw.view.proxies) == {local.id}
+    assert mw.stats.get_value("proxy/invalid/address_refused") == 3
 
 
 # --------------------------------------------------------------------------- frontier payloads

@@ -117,6 +117,31 @@ def test_browser_context_per_proxy_and_identity_and_credentials_never_stored():
     asyncio.run(scenario())
 
 
+def test_context_options_of_a_request_never_open_the_shared_context():
+    """scrapy-playwright opens a context with the options of the first request
+    naming it: a request's own options (stored ones too: offline, headers...)
+    get a context of their own, never "default"; the name is for the download only."""
+    mw = middleware(IDENTITY_ENABLED=False)
+
+    async def scenario():
+        offline = Request("http://127.0.0.1/a", meta={
+            "render": True, "playwright_context_kwargs": {"offline": True}})
+        again = Request("http://127.0.0.1/b", meta={
+            "render": True, "playwright_context_kwargs": {"offline": True}})
+        plain = Request("http://127.0.0.1/c", meta={"render": True})
+        for request in (offline, again, plain):
+            await mw.process_request(request)
+        name = offline.meta["playwright_context"]
+        assert name.startswith("r:-:-:") and again.meta["playwright_context"] == name
+        assert plain.meta["playwright_context"] == "default"
+        for request in (offline, plain):
+            await mw.process_exception(request, RuntimeError("x"))
+            assert "playwright_context" not in request.meta     # storable as it came
+        assert offline.meta["playwright_context_kwargs"] == {"offline": True}
+
+    asyncio.run(scenario())
+
+
 def test_proxy_bypass_list_goes_into_proxied_contexts_only():
     mw = middleware(RENDER_PROXY_BYPASS=".internal,10.0.0.0/8")
 
@@ -776,6 +801,7 @@ def user_project(tmp_path, redis_url, mongo_uri, database) -> tuple:
     project = tmp_path / "shop"
     settings = project / "shop" / "settings.py"
     settings.write_text(settings.read_text() + "\n" + readme_settings_block() + "\n"
+                        'DOWNLOAD_ALLOWED_NETWORKS = ["loopback"]\n'   # the test sites
                         f"REDIS_URL = {redis_url!r}\nMONGO_URI = {mongo_uri!r}\n"
                         f"MONGO_DATABASE = {database.name!r}\n")
     (project / "shop" / "spiders" / "shop.py").write_text(USER_SPIDER)

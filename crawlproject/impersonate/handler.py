@@ -40,12 +40,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextvars
 import ipaddress
 import logging
 import time
 import weakref
 from collections import OrderedDict
 from contextlib import asynccontextmanager
+from urllib.parse import urlsplit
 
 from scrapy.core.downloader.handlers._base_streaming import BaseStreamingDownloadHandler
 from scrapy.http import Headers
@@ -54,6 +56,8 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler, load_object
 
 from crawlproject.defaults import setting
+from crawlproject.egress.policy import parse_address
+from crawlproject.egress.resolver import checked_addresses
 from crawlproject.identity.session import IDENTITY, explicit_session
 from crawlproject.identity.useragents import HINT_HEADERS
 import crawlproject.impersonate.errors as errors
@@ -203,6 +207,7 @@ class ImpersonateDownloadHandler(BaseStreamingDownloadHandler):
                       allow_redirects=False, impersonate=profile, default_headers=True,
                       accept_encoding=None, proxy=proxy, proxy_auth=proxy_auth,
                       verify=self.verify, interface=self.bind_host)
+        pin = _PIN.set(await self._pinned(request, proxy))
         pool = self.pools.acquire(request)
         opened = False
         try:
@@ -219,6 +224,23 @@ class ImpersonateDownloadHandler(BaseStreamingDownloadHandler):
             raise translate(exc, request, proxy, opened) from exc
         finally:
             self.pools.release(pool)
+            _PIN.reset(pin)
+
+    async def _pinned(self, request, proxy: str | None) -> list[str] | None:
+        """libcurl resolves names itself: the host it connects to (the proxy, else
+        the URL's) is resolved through the address guard first and libcurl is
+        pinned to the checked addresses (``CURLOPT_RESOLVE`` entries), so it
+        cannot reach anything else (a name that resolves elsewhere the second time)."""
+        parts = urlsplit(proxy) if proxy else urlparse_cached(request)
+        host = parts.hostname or ""
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        addresses = await checked_addresses(self.crawler, request, host, port)
+        if addresses is None or parse_address(host) is not None:
+            return None  # no guard in this process, or an IP: nothing to resolve
+        if not addresses:
+            raise errors.CannotResolve(f"{request.url}: no address found for {host}")
+        shown = ",".join(f"[{a}]" if ":" in a else a for a in addresses)
+        return [f"{host}:{port}:{shown}"]
 
     def _proxy(self, request) -> tuple[str | None, tuple[str, str] | None]:
         proxy, auth = self._extract_proxy(request)
@@ -232,12 +254,11 @@ class ImpersonateDownloadHandler(BaseStreamingDownloadHandler):
         return proxy, (user, password)
 
     def _new_session(self, connections: int):
-        from curl_cffi.requests import AsyncSession
-
         # trust_env off: Scrapy's HttpProxyMiddleware already turned *_proxy variables into
         # meta["proxy"]; libcurl must not add them to requests that have none.
-        return AsyncSession(max_clients=connections, trust_env=False, discard_cookies=True,
-                            allow_redirects=False, verify=self.verify)
+        return _pinned_session_class()(max_clients=connections, trust_env=False,
+                                       discard_cookies=True, allow_redirects=False,
+                                       verify=self.verify)
 
     # ---- outcome
 
@@ -284,6 +305,33 @@ class ImpersonateDownloadHandler(BaseStreamingDownloadHandler):
         self._told.add((url.netloc, what))
         logger.log(level, message, f"{url.scheme}://{url.netloc}", *args,
                    extra={"spider": self.crawler.spider})
+
+
+#: The ``CURLOPT_RESOLVE`` entries of the request being sent by this task (curl_cffi
+#: 0.17 takes low-level options per session only, and a session serves many hosts).
+_PIN: contextvars.ContextVar = contextvars.ContextVar("crawlproject_curl_resolve",
+                                                      default=None)
+_PINNED_SESSION = None
+
+
+def _pinned_session_class():
+    """curl_cffi's ``AsyncSession`` whose handles take the pinned addresses of
+    the request they are taken for (:data:`_PIN`), before libcurl resolves anything."""
+    global _PINNED_SESSION
+    if _PINNED_SESSION is None:
+        from curl_cffi import CurlOpt
+        from curl_cffi.requests import AsyncSession
+
+        class PinnedSession(AsyncSession):
+            async def pop_curl(self):
+                curl = await super().pop_curl()
+                entries = _PIN.get()
+                if entries:
+                    curl.setopt(CurlOpt.RESOLVE, entries)
+                return curl
+
+        _PINNED_SESSION = PinnedSession
+    return _PINNED_SESSION
 
 
 class _Pool:

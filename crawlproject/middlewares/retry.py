@@ -14,6 +14,9 @@ A slow-down answer (429/503 that the frontier's politeness middleware reported,
 paces the site for every node from its recent rate of such answers (and blocks
 it for a ``Retry-After``), so a per-request wait on top would only hold this
 page back — a listing page's retry would hold up every page it links to.
+
+A connection the address guard refused (``DOWNLOAD_ALLOWED_NETWORKS``,
+:mod:`crawlproject.egress`) is never retried: dead-lettered with its reason.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from __future__ import annotations
 from scrapy import Request
 from scrapy.downloadermiddlewares.retry import RetryMiddleware
 
+from crawlproject.egress.report import refuse
+from crawlproject.egress.resolver import refusal_of
 from crawlproject.frontier.retrypolicy import RETRY_DELAY_META, SLOW_DOWN_META, RetryPolicy
 
 
@@ -32,6 +37,15 @@ class BackoffRetryMiddleware(RetryMiddleware):
         mw = super().from_crawler(crawler)
         mw.policy = RetryPolicy.from_settings(crawler.settings)
         return mw
+
+    def process_exception(self, request: Request, exception, spider=None):
+        # A host the address guard emptied looks like a DNS error, which Scrapy
+        # retries: it is a refusal, given up at once with its reason (when
+        # EgressMiddleware, 760, is not there to do it first).
+        refusal = refusal_of(request, exception)
+        if refusal is not None:
+            raise refuse(self.crawler, request, refusal)
+        return super().process_exception(request, exception)
 
     def _retry(self, request: Request, reason) -> Request | None:
         new = super()._retry(request, reason)

@@ -5,7 +5,10 @@ line) and the Redis key ``{<spider>}:proxies`` (a set or a hash of URLs that
 operators change while the crawl runs). ``http://`` and ``https://`` proxies,
 with optional ``user:password``; SOCKS is refused (Scrapy cannot use it).
 Entries are parsed strictly (:func:`crawlproject.proxies.parse_proxy`); a bad
-one is logged (by fingerprint, never its text) and counted, never used.
+one is logged (by fingerprint, never its text) and counted, never used. Proxies
+from settings are the operator's; one from Redis must pass
+``DOWNLOAD_ALLOWED_NETWORKS`` like a site (an IP refused here:
+``proxy/invalid/address_refused``; a name when it is resolved, a failed proxy).
 
 * **Choice** (in memory, :class:`~crawlproject.proxies.PoolView`): weighted
   random among proxies not retired and not banned for the request's host,
@@ -54,6 +57,8 @@ from crawlproject.backoff import backoff_delay
 from crawlproject import acl
 from crawlproject.connection import redis_from_settings, redis_params, redis_url_from_settings
 from crawlproject.defaults import setting
+from crawlproject.egress.policy import AddressPolicy, parse_address
+from crawlproject.egress.resolver import policy_from_settings
 from crawlproject.frontier.retrypolicy import RETRY_DELAY_META
 from crawlproject.middlewares.politeness import retry_after_seconds
 from crawlproject.identity.session import PROXY_CONTEXT, PROXY_ID, explicit_session
@@ -86,8 +91,12 @@ class ProxyPoolMiddleware:
 
     def __init__(self, crawler, *, static: list[Proxy], rules: BanRules, max_tries: int,
                  ban_base: float, ban_max: float, refresh_interval: float,
-                 retire_after: int, latency_alpha: float, empty_max_wait: float = 300.0):
+                 retire_after: int, latency_alpha: float, empty_max_wait: float = 300.0,
+                 policy: AddressPolicy | None = None):
         self.crawler = crawler
+        # Proxies from Redis are anyone's who can write it: an IP one must pass the
+        # address policy like a site (a name is checked when it is resolved).
+        self.policy = policy or AddressPolicy()
         self.stats = crawler.stats
         self.static = {p.id: p for p in static}
         self.rules = rules
@@ -128,7 +137,8 @@ class ProxyPoolMiddleware:
                  refresh_interval=setting(s, "PROXY_REFRESH_INTERVAL"),
                  retire_after=setting(s, "PROXY_RETIRE_AFTER"),
                  latency_alpha=setting(s, "PROXY_LATENCY_EWMA"),
-                 empty_max_wait=setting(s, "PROXY_POOL_EMPTY_MAX_WAIT"))
+                 empty_max_wait=setting(s, "PROXY_POOL_EMPTY_MAX_WAIT"),
+                 policy=policy_from_settings(s))
         crawler.signals.connect(mw.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(mw.spider_closed, signal=signals.spider_closed)
         return mw
@@ -297,7 +307,12 @@ class ProxyPoolMiddleware:
 
     def _parse(self, raw, where: str) -> Proxy | None:
         try:
-            return parse_proxy(raw)
+            proxy = parse_proxy(raw)
+            ip = parse_address(proxy.host)
+            refusal = self.policy.check(ip) if ip is not None else None
+            if refusal is not None:
+                raise InvalidProxy("address_refused", refusal.reason)
+            return proxy
         except InvalidProxy as exc:
             _refuse(self.stats, where, exc)
             return None

@@ -34,9 +34,11 @@ import asyncio
 import logging
 import os
 import shutil
+import time
 import weakref
 from collections import OrderedDict
 from contextlib import suppress
+from urllib.parse import urlsplit
 
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.misc import load_object
@@ -44,6 +46,9 @@ from scrapy_playwright.handler import ScrapyPlaywrightDownloadHandler
 from scrapy_playwright.headers import use_scrapy_headers
 
 from crawlproject.defaults import RENDER_BLOCK_RESOURCES, setting
+from crawlproject.egress.browser import MARKER, EgressProxy
+from crawlproject.egress.report import refuse, report_for
+from crawlproject.egress.resolver import active_guard, checked_addresses
 from crawlproject.rendering.settings import explicit_chromium_path, rendering_enabled
 
 __all__ = ["ContextPool", "RenderingAddon", "RenderingDownloadHandler", "ResourceBlocker",
@@ -141,7 +146,12 @@ async def browser_headers(*, browser_type_name, playwright_request, scrapy_reque
 
 class RenderingDownloadHandler(ScrapyPlaywrightDownloadHandler):
     """scrapy-playwright's download handler, with the context operations the
-    rendering middleware needs to keep the number of browser contexts bounded.
+    rendering middleware needs to keep the number of browser contexts bounded,
+    and, where the process has the address guard (``DOWNLOAD_ALLOWED_NETWORKS``),
+    every browser request through :class:`~crawlproject.egress.browser.EgressProxy`:
+    a page whose own host (or its context's proxy) is refused is dead-lettered
+    before the browser opens it, one redirected to a refused host is too, and a
+    refused resource is not fetched (``egress/browser_refused``).
 
     (scrapy-playwright keeps a named context until it is closed, and its own
     ``PLAYWRIGHT_MAX_CONTEXTS`` waits for a free slot while holding its
@@ -169,7 +179,20 @@ class RenderingDownloadHandler(ScrapyPlaywrightDownloadHandler):
 
     async def _download_request(self, request, spider=None):
         await self._started()
-        return await super()._download_request(request, spider)
+        egress = self.__dict__.get("_egress")
+        if egress is None:
+            return await super()._download_request(request, spider)
+        await self._check_connection(request)
+        since = time.monotonic()
+        try:
+            response = await super()._download_request(request, spider)
+        except Exception as exc:
+            raise self._navigation_refused(request, egress, since) or exc
+        if response.headers.get(MARKER) == egress.token.encode():
+            # The page is the egress proxy's own 403: its navigation was refused.
+            raise self._navigation_refused(request, egress, since, at_least_latest=True)
+        self._navigations.pop(request, None)
+        return response
 
     async def _started(self) -> None:
         # A flag of its own: _launch() sets browser_provider before it has started.
@@ -178,8 +201,55 @@ class RenderingDownloadHandler(ScrapyPlaywrightDownloadHandler):
         lock = self.__dict__.setdefault("_start_lock", asyncio.Lock())
         async with lock:
             if not self.__dict__.get("_launched"):
+                await self._guard_browser()
                 await self._launch()
                 self._launched = True
+
+    async def _guard_browser(self) -> None:
+        """Launch the browser behind the egress proxy (crawlproject.egress.browser)
+        when this process has the address guard and the project set no browser
+        proxy of its own; WebRTC may then use no UDP outside the proxy."""
+        guard = active_guard()
+        options = self.config.launch_options
+        if guard is None or options.get("proxy") or self.config.cdp_url \
+                or self.config.connect_url:
+            return
+        egress = EgressProxy(guard, report_for(self.crawler).browser_refused)
+        server = await egress.start()
+        args = [*options.get("args", ()), "--force-webrtc-ip-handling-policy="
+                "disable_non_proxied_udp"]
+        self.config.launch_options = {**options, "proxy": {"server": server}, "args": args}
+        self._egress = egress
+        self._navigations: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    async def _check_connection(self, request) -> None:
+        """Check where the browser connects first for *request*: its context's proxy
+        (reached by the browser directly), else the page's own host."""
+        proxy = (request.meta.get("playwright_context_kwargs") or {}).get("proxy") or {}
+        parts = urlsplit(proxy["server"] if proxy.get("server") else request.url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        await checked_addresses(self.crawler, request, parts.hostname or "", port)
+
+    async def _create_page(self, request, spider):
+        page = await super()._create_page(request, spider)
+        navigations = self._navigations.setdefault(request, []) if self.__dict__.get(
+            "_egress") else None
+        if navigations is not None:
+            # The main frame's requests (redirect hops too): which host a failed
+            # navigation was refused at.
+            page.on("request", lambda r: navigations.append(r.url)
+                    if r.is_navigation_request() and r.frame == page.main_frame else None)
+        return page
+
+    def _navigation_refused(self, request, egress, since: float, at_least_latest=False):
+        """The refusal of *request*'s page (its navigation, redirect hops included,
+        refused by the egress proxy since *since*), given up; else None."""
+        hosts = [urlsplit(url).hostname or "" for url in self._navigations.pop(request, ())]
+        refusal = next((r for r in map(lambda h: egress.refusal(h, since), reversed(hosts))
+                        if r is not None), None)
+        if refusal is None and at_least_latest:
+            refusal = egress.latest(since)
+        return None if refusal is None else refuse(self.crawler, request, refusal)
 
     async def close(self) -> None:
         """Close once, although Scrapy calls it for each scheme."""
@@ -187,6 +257,8 @@ class RenderingDownloadHandler(ScrapyPlaywrightDownloadHandler):
             return
         self._closing = True
         await super().close()
+        if self.__dict__.get("_egress") is not None:
+            await self._egress.close()
 
     def context_names(self) -> frozenset[str]:
         """Names of the browser contexts open now."""

@@ -25,6 +25,10 @@ identity middleware (610) chose a proxy and an identity gets the browser
 context of that pair: ``playwright_context`` is named from the proxy id and
 identity id (never the credentials) and ``playwright_context_kwargs`` carries
 ``proxy``, ``user_agent`` and the identity's language and client-hint headers.
+A request with context options of its own (``playwright_context_kwargs``, from
+the spider or read back from Redis) but no proxy or identity gets a context
+named from a keyed digest of them: the shared ``default`` context is never
+opened with a request's options.
 These are set for the download only (:func:`crawlproject.serialization.replace_meta`)
 and put back when the download ends: credentials never reach the frontier.
 At most ``RENDER_MAX_CONTEXTS`` contexts are open: a new one first closes the
@@ -282,9 +286,19 @@ class RenderingMiddleware:
         if "proxy" in options and self.proxy_bypass:
             # Chromium's own list of hosts reached directly, not through the proxy.
             options["proxy"]["bypass"] = self.proxy_bypass
-        if not options:
-            return meta.get("playwright_context") or DEFAULT_CONTEXT
         own = meta.get("playwright_context_kwargs")
+        if not options:
+            name = meta.get("playwright_context") or DEFAULT_CONTEXT
+            if own and name == DEFAULT_CONTEXT:
+                # Context options a request carries (read back from Redis, maybe:
+                # offline, extra_http_headers, java_script_enabled...) would become
+                # the shared context's if this request were the first to open it,
+                # for every request after it: they get a context of their own.
+                name = self._context_name(None, None, own)
+            # Set for the download only: scrapy-playwright would otherwise leave
+            # "default" in meta, which a dead letter or retry then cannot store.
+            replace_meta(meta, "playwright_context", name)
+            return name
         if isinstance(own, dict):  # the spider's own options (viewport...) stay
             options = {**own, **options}
         name = self._context_name(meta.get(PROXY_ID), identity, options)
