@@ -97,9 +97,10 @@ def user_project(path: Path, name: str, spiders: str, extra_settings: str = "") 
     """A Scrapy project of a user's at *path*: ``scrapy.cfg``, a settings
     module with what ``scrapy startproject`` writes that matters here (bot
     name, spider modules, ``ROBOTSTXT_OBEY = True``), the README's settings
-    block pasted as written, then *extra_settings*; *spiders* is its spider
-    module. (Written, not generated with ``scrapy startproject``: a second
-    of CPU less a project.)"""
+    block pasted as written, loopback allowed (the test sites listen on
+    127.0.0.x: ``DOWNLOAD_ALLOWED_NETWORKS``), then *extra_settings*;
+    *spiders* is its spider module. (Written, not generated with ``scrapy
+    startproject``: a second of CPU less a project.)"""
     package = path / name
     (package / "spiders").mkdir(parents=True)
     (path / "scrapy.cfg").write_text(f"[settings]\ndefault = {name}.settings\n")
@@ -109,7 +110,8 @@ def user_project(path: Path, name: str, spiders: str, extra_settings: str = "") 
     (package / "settings.py").write_text(
         f'BOT_NAME = "{name}"\nSPIDER_MODULES = ["{name}.spiders"]\n'
         f'NEWSPIDER_MODULE = "{name}.spiders"\nROBOTSTXT_OBEY = True\n\n'
-        + readme_settings_block() + "\n" + extra_settings)
+        + readme_settings_block() + '\nDOWNLOAD_ALLOWED_NETWORKS = ["loopback"]\n'
+        + extra_settings)
     return path
 
 
