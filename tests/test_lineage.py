@@ -13,6 +13,7 @@ from crawlproject.frontier.client import Entry
 from crawlproject.frontier.retrypolicy import LEASE_META, PARENT_META
 from crawlproject.middlewares.lineage import LineageMiddleware
 from crawlproject.scheduler import RedisScheduler
+from crawlproject.signing import unwrap
 
 
 class LinkSpider(Spider):
@@ -68,5 +69,5 @@ def test_the_scheduler_records_a_request_s_parent_only_if_it_holds_it(redis_url)
     assert list(client._children) == [mine]
     payloads = [a[3] for batch in client.outbox for a in batch.adds]
     assert len(payloads) == 2
-    assert all(PARENT_META not in json.loads(p).get("meta", {}) for p in payloads)
+    assert all(PARENT_META not in json.loads(unwrap(p)).get("meta", {}) for p in payloads)
     assert sum(len(q) for q in client._unsent_orphans) == 1     # the one not ours
