@@ -53,6 +53,7 @@ from crawlproject.defaults import SCHEDULER_DEAD_MAX, SCHEDULER_INVALID_MAX
 from crawlproject.frontier.bloom import BloomConfig, filter_estimates, fingerprint_hex
 from crawlproject.frontier.politeness import (UNLIMITED, Limits, Override, PolitenessConfig,
                                               parse_override, safe_key)
+from crawlproject.frontier.library import LibraryMissingError, script
 from crawlproject.frontier.scripts import REPLAY_DEAD, SET_LIMITS, SYNC
 from crawlproject.keys import FrontierKeys
 from crawlproject.keys import as_text as _s
@@ -246,9 +247,9 @@ class Frontier:
         self.bloom = bloom or BloomConfig()
         # clock() -> ms; None means Redis server time (node clocks never matter).
         self.clock = clock
-        self._sync = client.register_script(SYNC)
-        self._replay = client.register_script(REPLAY_DEAD)
-        self._set_limits = client.register_script(SET_LIMITS)
+        self._sync = script(client, SYNC)
+        self._replay = script(client, REPLAY_DEAD)
+        self._set_limits = script(client, SET_LIMITS)
 
     # -- the one round trip ---------------------------------------------------
     def _sync_call(self, batch: Batch, leaving: bool):
@@ -591,6 +592,7 @@ def fresh_payload(payload: str) -> str:
 #: Error replies of calls that did not run, or stopped before their first write
 #: (a script is refused under OOM at its first write): nothing of the call is in Redis.
 _NOT_STARTED = (redis.exceptions.OutOfMemoryError, redis.exceptions.NoScriptError,
+                LibraryMissingError,
                 redis.exceptions.ReadOnlyError, redis.exceptions.AskError,
                 redis.exceptions.MovedError, redis.exceptions.TryAgainError,
                 redis.exceptions.ClusterDownError, redis.exceptions.ClusterCrossSlotError,

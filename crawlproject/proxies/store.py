@@ -345,7 +345,9 @@ class ProxyStore:
         self.retire_after, self.alpha = retire_after, latency_alpha
         self.forget_ms = int(forget_after * 1000)
         self.node, self.ban_changes = node, ban_changes
-        self._refresh = client.register_script(REFRESH)
+        from crawlproject.frontier.library import script  # (it reads REFRESH from here)
+
+        self._refresh = script(client, REFRESH)
 
     def _args(self, batch: HealthBatch | None, now_ms: int | None, since: int,
               empty_since_ms: int | None, with_health: bool = True) -> list:
