@@ -42,6 +42,14 @@ LOAD_COMMAND = "crawlctl functions load"
 _UNKNOWN_COMMAND = "unknown command"
 _NOT_FOUND = "function not found"
 _EXISTS = "already exists"
+#: The commands that run a script, as ``INFO commandstats`` names them (without ``cmdstat_``).
+SCRIPT_COMMANDS = ("fcall", "fcall_ro", "evalsha", "eval")
+
+
+def script_calls(commandstats: dict) -> int:
+    """Script calls that ran, in redis-py's ``info("commandstats")``."""
+    return sum(s.get("calls", 0) - s.get("failed_calls", 0) for name, s in commandstats.items()
+               if name.removeprefix("cmdstat_") in SCRIPT_COMMANDS)
 
 
 class LibraryMissingError(ResponseError):
