@@ -161,6 +161,16 @@ class _Base:
     def _fcall_args(self, keys, args) -> tuple:
         return ("FCALL", self.function, len(keys), *keys, *args)
 
+    def _route(self, keys) -> dict:
+        """A cluster's node for FCALL, from the slot cache: redis-py would ask
+        the server (``COMMAND GETKEYS``) before every FCALL, as it does not for
+        EVALSHA."""
+        if not _is_cluster(self.client):
+            return {}
+        node = (self.client.get_node_from_key(keys[0]) if keys
+                else self.client.get_random_node())
+        return {"target_nodes": node}
+
     def _evalsha_args(self, keys, args) -> tuple:
         return ("EVALSHA", self.sha, len(keys), *keys, *args)
 
@@ -181,14 +191,16 @@ class Function(_Base):
         keys, args = list(keys), list(args)
         if self._functions is not False:
             try:
-                result = self.client.execute_command(*self._fcall_args(keys, args))
+                result = self.client.execute_command(*self._fcall_args(keys, args),
+                                                     **self._route(keys))
                 self._functions = True
                 return result
             except ResponseError as exc:
                 kind = _classify(exc)
                 if kind == "missing":
                     load(self.client)
-                    return self.client.execute_command(*self._fcall_args(keys, args))
+                    return self.client.execute_command(*self._fcall_args(keys, args),
+                                                       **self._route(keys))
                 if kind != "no functions":
                     raise
                 self._functions = False
@@ -206,14 +218,18 @@ class AsyncFunction(_Base):
         keys, args = list(keys), list(args)
         if self._functions is not False:
             try:
-                result = await self.client.execute_command(*self._fcall_args(keys, args))
+                if getattr(self.client, "_initialize", False):   # no slot cache yet
+                    await self.client.initialize()
+                result = await self.client.execute_command(*self._fcall_args(keys, args),
+                                                           **self._route(keys))
                 self._functions = True
                 return result
             except ResponseError as exc:
                 kind = _classify(exc)
                 if kind == "missing":
                     await load_async(self.client)
-                    return await self.client.execute_command(*self._fcall_args(keys, args))
+                    return await self.client.execute_command(*self._fcall_args(keys, args),
+                                                             **self._route(keys))
                 if kind != "no functions":
                     raise
                 self._functions = False
