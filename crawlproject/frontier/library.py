@@ -109,18 +109,23 @@ _HAS_FUNCTIONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _user(client) -> str:
-    pool = getattr(client, "connection_pool", None)
-    kwargs = getattr(pool, "connection_kwargs", None) or {}
+    pool = (getattr(client, "connection_pool", None)          # one server
+            or getattr(client, "nodes_manager", None))         # a cluster
+    kwargs = getattr(pool, "connection_kwargs", None) or getattr(client, "connection_kwargs",
+                                                                  None) or {}
     return kwargs.get("username") or "default"
 
 
 _told: set[str] = set()
 
 
-def _missing(client, what: str, exc: BaseException) -> LibraryMissingError:
-    message = (f"Redis has no {what} of this crawlproject version and Redis user "
-               f"{_user(client)!r} may not load it ({exc}): run `{LOAD_COMMAND}` with the "
-               "operator's credentials (docs/deploy.md, \"Redis functions\"); the node retries")
+def _missing(client, what: str, command: str) -> LibraryMissingError:
+    # (the refusal's own words are left out: they would read as a missing right
+    # of the node, crawlproject.acl.refusal, when the fix is the operator's load)
+    message = (f"Redis has no {what} of this crawlproject version, and Redis user "
+               f"{_user(client)!r} may not load it ({command} refused): run `{LOAD_COMMAND}` "
+               "with the operator's credentials (docs/deploy.md, \"Redis functions\"); "
+               "the node retries")
     if what not in _told:  # one ERROR per process: the outage log repeats the rest
         _told.add(what)
         logger.error("%s", message)
@@ -252,13 +257,13 @@ def load(client) -> dict:
             client.execute_command("FUNCTION", "LOAD", code, **_load_args(target))
             loaded += 1
         except ResponseError as exc:
-            new, functions = _loaded(client, exc, name, functions)
+            functions = _loaded(client, exc, name, functions)
             if not functions:
                 for text in scripts().values():
                     try:
                         client.execute_command("SCRIPT", "LOAD", text, **_load_args(target))
                     except NoPermissionError as exc2:
-                        raise _missing(client, "script cache entry", exc2) from exc2
+                        raise _missing(client, "scripts", "SCRIPT LOAD") from exc2
                 loaded += 1
     return {"library": name, "functions": functions, "loaded": loaded, "masters": len(targets)}
 
@@ -272,26 +277,26 @@ async def load_async(client) -> dict:
             await client.execute_command("FUNCTION", "LOAD", code, **_load_args(target))
             loaded += 1
         except ResponseError as exc:
-            new, functions = _loaded(client, exc, name, functions)
+            functions = _loaded(client, exc, name, functions)
             if not functions:
                 for text in scripts().values():
                     try:
                         await client.execute_command("SCRIPT", "LOAD", text,
                                                      **_load_args(target))
                     except NoPermissionError as exc2:
-                        raise _missing(client, "script cache entry", exc2) from exc2
+                        raise _missing(client, "scripts", "SCRIPT LOAD") from exc2
                 loaded += 1
     return {"library": name, "functions": functions, "loaded": loaded, "masters": len(targets)}
 
 
-def _loaded(client, exc: ResponseError, name: str, functions: bool) -> tuple[bool, bool]:
-    """A refused ``FUNCTION LOAD``: (new, the server has functions) when it is
-    harmless (the library exists; no functions: Redis 6.2), else raised."""
+def _loaded(client, exc: ResponseError, name: str, functions: bool) -> bool:
+    """A refused ``FUNCTION LOAD``: whether the server has functions, when the
+    refusal is harmless (the library exists; no functions: Redis 6.2), else raised."""
     text = str(exc).lower()
     if _EXISTS in text:
-        return False, functions
+        return functions
     if _UNKNOWN_COMMAND in text:
-        return False, False
+        return False
     if isinstance(exc, NoPermissionError):
-        raise _missing(client, f"functions library {name}", exc) from exc
+        raise _missing(client, f"functions library {name}", "FUNCTION LOAD") from exc
     raise exc
