@@ -212,7 +212,7 @@ class Function(_Base):
         try:
             return self.client.execute_command(*self._evalsha_args(keys, args))
         except NoScriptError:
-            load(self.client)
+            load(self.client, functions=False)
             return self.client.execute_command(*self._evalsha_args(keys, args))
 
 
@@ -241,60 +241,68 @@ class AsyncFunction(_Base):
         try:
             return await self.client.execute_command(*self._evalsha_args(keys, args))
         except NoScriptError:
-            await load_async(self.client)
+            await load_async(self.client, functions=False)
             return await self.client.execute_command(*self._evalsha_args(keys, args))
 
 
-def load(client) -> dict:
+def load(client, functions: bool = True) -> dict:
     """Load this version's code where *client* points (every master of a
-    cluster): the library on Redis 7, the scripts (``SCRIPT LOAD``) on 6.2.
-    Returns ``{"library", "functions": bool, "loaded": masters where it was
-    new, "masters"}``. Raises :class:`LibraryMissingError` when the user may not."""
+    cluster): the library on Redis 7, the scripts (``SCRIPT LOAD``) on 6.2
+    (or with *functions* False). Returns ``{"library", "functions": bool,
+    "loaded": masters where it was new, "masters"}``. Raises
+    :class:`LibraryMissingError` when the user may not."""
     name, code = library()
-    loaded, targets, functions = 0, _targets(client), True
+    loaded, targets = 0, _targets(client)
     for target in targets:
-        try:
-            client.execute_command("FUNCTION", "LOAD", code, **_load_args(target))
-            loaded += 1
-        except ResponseError as exc:
-            functions = _loaded(client, exc, name, functions)
-            if not functions:
-                for text in scripts().values():
-                    try:
-                        client.execute_command("SCRIPT", "LOAD", text, **_load_args(target))
-                    except NoPermissionError as exc2:
-                        raise _missing(client, "scripts", "SCRIPT LOAD") from exc2
+        kwargs = _load_args(target)
+        if functions:
+            try:
+                client.execute_command("FUNCTION", "LOAD", code, **kwargs)
                 loaded += 1
+                continue
+            except ResponseError as exc:
+                functions = _has_functions(client, exc, name)
+            if functions:  # the library was there
+                continue
+        for text in scripts().values():
+            try:
+                client.execute_command("SCRIPT", "LOAD", text, **kwargs)
+            except NoPermissionError as exc:
+                raise _missing(client, "scripts", "SCRIPT LOAD") from exc
+        loaded += 1
     return {"library": name, "functions": functions, "loaded": loaded, "masters": len(targets)}
 
 
-async def load_async(client) -> dict:
+async def load_async(client, functions: bool = True) -> dict:
     """:func:`load` with an asyncio client."""
     name, code = library()
-    loaded, targets, functions = 0, _targets(client), True
+    loaded, targets = 0, _targets(client)
     for target in targets:
-        try:
-            await client.execute_command("FUNCTION", "LOAD", code, **_load_args(target))
-            loaded += 1
-        except ResponseError as exc:
-            functions = _loaded(client, exc, name, functions)
-            if not functions:
-                for text in scripts().values():
-                    try:
-                        await client.execute_command("SCRIPT", "LOAD", text,
-                                                     **_load_args(target))
-                    except NoPermissionError as exc2:
-                        raise _missing(client, "scripts", "SCRIPT LOAD") from exc2
+        kwargs = _load_args(target)
+        if functions:
+            try:
+                await client.execute_command("FUNCTION", "LOAD", code, **kwargs)
                 loaded += 1
+                continue
+            except ResponseError as exc:
+                functions = _has_functions(client, exc, name)
+            if functions:
+                continue
+        for text in scripts().values():
+            try:
+                await client.execute_command("SCRIPT", "LOAD", text, **kwargs)
+            except NoPermissionError as exc:
+                raise _missing(client, "scripts", "SCRIPT LOAD") from exc
+        loaded += 1
     return {"library": name, "functions": functions, "loaded": loaded, "masters": len(targets)}
 
 
-def _loaded(client, exc: ResponseError, name: str, functions: bool) -> bool:
+def _has_functions(client, exc: ResponseError, name: str) -> bool:
     """A refused ``FUNCTION LOAD``: whether the server has functions, when the
     refusal is harmless (the library exists; no functions: Redis 6.2), else raised."""
     text = str(exc).lower()
     if _EXISTS in text:
-        return functions
+        return True
     if _UNKNOWN_COMMAND in text:
         return False
     if isinstance(exc, NoPermissionError):
