@@ -197,13 +197,13 @@ def test_scrapyd_refuses_loopback_too_without_credentials(daemons):
     credentials, no scrapyd (any local process, or a request a crawl is made to
     send, could post one)."""
     node = daemons(bind="127.0.0.1", credentials=False)
-    deadline = time.monotonic() + 30
-    while node.proc.poll() is None and time.monotonic() < deadline:
+    deadline, answered = time.monotonic() + 30, False
+    while node.proc.poll() is None and time.monotonic() < deadline and not answered:
         try:  # an event either way: it exits, or it answers
-            requests.get(node.url, timeout=1)
-            break
+            answered = requests.get(node.url, timeout=1) is not None
         except requests.ConnectionError:
             time.sleep(0.05)
+    assert not answered, "scrapyd started on 127.0.0.1 without credentials"
     assert node.proc.wait(30) == 1, node.out.read_text()
     out = node.out.read_text()
     assert f"refusing to start: scrapyd would listen on 127.0.0.1:{node.port} without " \
