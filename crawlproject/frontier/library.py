@@ -32,6 +32,7 @@ import inspect
 import logging
 import weakref
 from functools import lru_cache
+from importlib.resources import files
 
 from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 
@@ -60,12 +61,13 @@ class LibraryMissingError(ResponseError):
 def scripts() -> dict[str, str]:
     """Script name -> its text, every script a node or ``crawlctl`` runs."""
     from crawlproject.frontier import scripts as s
-    from crawlproject.proxies.store import REFRESH
 
+    refresh = files("crawlproject.proxies").joinpath("lua", "refresh.lua").read_text(
+        encoding="utf-8")   # (as crawlproject.proxies.store reads it)
     return {"sync": s.SYNC, "bloom_add": s.BLOOM_ADD, "replay_dead": s.REPLAY_DEAD,
             "set_limits": s.SET_LIMITS, "claim_seeds": s.CLAIM_SEEDS,
             "renew_claims": s.RENEW_CLAIMS, "clear_drain": s.CLEAR_DRAIN,
-            "proxy_refresh": REFRESH}
+            "proxy_refresh": refresh}
 
 
 @lru_cache(maxsize=None)
