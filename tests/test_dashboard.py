@@ -113,6 +113,27 @@ def http(url: str, method: str = "GET", data: bytes | None = None, **headers):
         return err.code, err.headers, err.read().decode()
 
 
+def in_own_loop(coroutine_function) -> None:
+    """Run it in a thread of its own: a Playwright test before it on this worker
+    leaves its event loop running in the main thread (asyncio.run refuses)."""
+    import asyncio
+
+    failure = []
+
+    def run():
+        try:
+            asyncio.run(coroutine_function())
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name="in-process-dashboard")
+    thread.start()
+    thread.join(300)
+    assert not thread.is_alive(), "the in-process dashboard test did not end"
+    if failure:
+        raise failure[0]
+
+
 def basic(user: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
@@ -576,6 +597,27 @@ class InProcessDashboard:
             return answer.status, dict(answer.headers)
 
 
+def in_own_loop(coroutine_function) -> None:
+    """Run it in a thread of its own: a Playwright test before it on this worker
+    leaves its event loop running in the main thread (asyncio.run refuses)."""
+    import asyncio
+
+    failure = []
+
+    def run():
+        try:
+            asyncio.run(coroutine_function())
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name="in-process-dashboard")
+    thread.start()
+    thread.join(300)
+    assert not thread.is_alive(), "the in-process dashboard test did not end"
+    if failure:
+        raise failure[0]
+
+
 def basic(user: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
@@ -587,8 +629,6 @@ def test_wrong_basic_passwords_get_429_long_before_a_thousand(redis, redis_url):
     """1,000 wrong Basic passwords were 1,000 answers of 401 in 0.87 s: now the
     11th is refused (429, Retry-After), and so is the right password, the right
     Bearer token and the session cookie from that client until the lock ends."""
-    import asyncio
-
     async def run():
         async with InProcessDashboard(redis, redis_url, BASIC_ENV) as dash:
             statuses = [(await dash.get(Authorization=basic("op", f"guess-{i:04d}")))[0]
@@ -604,13 +644,11 @@ def test_wrong_basic_passwords_get_429_long_before_a_thousand(redis, redis_url):
             dash.now[0] += 1      # the lock ends with the window of the 10 failures
             assert (await dash.get(Authorization=basic("op", PASSWORD)))[0] == 200
 
-    asyncio.run(run())
+    in_own_loop(run)
 
 
 @pytest.mark.parametrize("kind", ["bearer", "cookie"])
 def test_wrong_bearer_tokens_and_cookies_are_limited_too(redis, redis_url, kind):
-    import asyncio
-
     def wrong(i):
         return ({"Authorization": f"Bearer wrong-token-{i:012d}"} if kind == "bearer"
                 else {"Cookie": f"{COOKIE}={'0' * 60}{i:04d}"})
@@ -623,15 +661,13 @@ def test_wrong_bearer_tokens_and_cookies_are_limited_too(redis, redis_url, kind)
             # no credential at all (a browser's first request) is no guess
             assert dash.limiter.retry_after("127.0.0.2") == 0
 
-    asyncio.run(run())
+    in_own_loop(run)
 
 
 def test_a_locked_client_stays_locked_whatever_other_addresses_do(redis, redis_url):
     """A limiter that tracked 10,000 clients forgot the oldest to make room, a
     locked one included: an attacker rotating addresses unlocked itself. Now
     20,000 other addresses (IPv4 and IPv6) failing do not unlock it."""
-    import asyncio
-
     async def run():
         async with InProcessDashboard(redis, redis_url, BASIC_ENV,
                                       global_limit=10**9) as dash:
@@ -646,7 +682,7 @@ def test_a_locked_client_stays_locked_whatever_other_addresses_do(redis, redis_u
             dash.now[0] += 60
             assert (await dash.get(Authorization=basic("op", PASSWORD)))[0] == 200
 
-    asyncio.run(run())
+    in_own_loop(run)
 
 
 def test_guessing_from_ever_new_addresses_is_throttled_for_all_but_signed_in_clients():
