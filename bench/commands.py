@@ -17,6 +17,7 @@ import time
 
 import psutil
 
+from crawlproject.frontier.library import SCRIPT_COMMANDS
 from crawlproject.keys import start_urls_key
 from devtools.demo.site import DemoSite
 from bench.common import (LABELS, BenchRedis, base_parser, crawl_commands, mode_of, ratio,
@@ -54,7 +55,7 @@ def one_run(redis: BenchRedis, site: DemoSite, system: str, nodes: int, products
     slow = client.slowlog_get(200_000)
     client.config_set("slowlog-log-slower-than", 10_000)
     syncs = [e["duration"] for e in slow
-             if (e.get("command") or b"").split(b" ")[0].lower() in (b"evalsha", b"eval")]
+             if (e.get("command") or b"").split(b" ")[0].lower().decode() in SCRIPT_COMMANDS]
     pages = run["pages"]
     calls = sum(v["calls"] for v in stats.values())
     run.update({

@@ -80,9 +80,9 @@ def median(values):
 class BenchRedis:
     """A private redis-server for one benchmark (no persistence)."""
 
-    def __init__(self, modules=()):
+    def __init__(self, modules=(), executable=None):
         self.dir = Path(tempfile.mkdtemp(prefix="bench-redis-"))
-        self.server = RedisServer(data_dir=self.dir, modules=modules)
+        self.server = RedisServer(data_dir=self.dir, modules=modules, executable=executable)
         self.client: redis_lib.Redis | None = None
 
     def __enter__(self) -> "BenchRedis":

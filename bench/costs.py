@@ -6,7 +6,7 @@ Measured directly on a private Redis with :class:`crawlproject.frontier.queue.Fr
 * payload bytes of a typical product request (our JSON; scrapy-redis' pickle);
 * Redis memory per queued request (``MEMORY USAGE`` of the queue zset and the
   payloads hash / entries), and per request in scrapy-redis' PriorityQueue;
-* server time of one SYNC call (``INFO commandstats`` usec of EVALSHA) for
+* server time of one SYNC call (``INFO commandstats`` usec of FCALL or EVALSHA) for
   typical batches: the steady state of a crawl node (adds with ~75 %
   duplicates, acks, a take), and bigger batches (how long one call blocks
   Redis);
@@ -14,6 +14,9 @@ Measured directly on a private Redis with :class:`crawlproject.frontier.queue.Fr
   Python command packer and with hiredis' (what the project installs);
 * the reclaim path: a SYNC that finds an expired node scans the whole
   ``inflight`` hash (HGETALL) — its time for several inflight sizes;
+* FCALL against EVALSHA on Redis 7 (when a 7.x binary is found): the same
+  steady-state SYNC call through the functions library and as a cached script,
+  rounds interleaved: Redis server time and round trip per call;
 * a node's CPU per request outside Redis: Scrapy's request fingerprint, the
   local dedupe's set lookup of a URL already sent (what replaces it for a
   repeat), the JSON encode of a new request and the decode of a leased one.
@@ -33,7 +36,10 @@ from crawlproject.frontier.bloom import BloomConfig
 from crawlproject.frontier.queue import Batch, Frontier
 from crawlproject.keys import FrontierKeys
 from crawlproject.serialization import request_to_json
-from bench.common import BenchRedis, base_parser, mode_of, table, finish
+from bench.common import BenchRedis, base_parser, median, mode_of, table, finish
+from crawlproject.frontier import library
+from crawlproject.frontier.library import SCRIPT_COMMANDS
+from devtools.services import ServiceError, find_redis_server, redis_server_version
 
 NAME = "costs"
 QUEUED = {"full": 20_000, "quick": 5_000, "smallest": 500}
@@ -65,8 +71,56 @@ def steady_batch(take: int) -> Batch:
 
 
 def evalsha_usec(client) -> tuple[int, int]:
-    stats = client.info("commandstats").get("cmdstat_evalsha", {"calls": 0, "usec": 0})
-    return int(stats["calls"]), int(stats["usec"])
+    """Script calls (FCALL or EVALSHA) and their server µs so far."""
+    stats = client.info("commandstats")
+    calls = usec = 0
+    for name, s in stats.items():
+        if name.removeprefix("cmdstat_") in SCRIPT_COMMANDS:
+            calls, usec = calls + int(s["calls"]), usec + int(s["usec"])
+    return calls, usec
+
+
+def fcall_vs_evalsha(spider, calls: int, rounds: int = 5) -> dict | None:
+    """The steady-state SYNC call (7 new requests, 7 acks, a take of 7) on
+    Redis 7, as FCALL of the library and as EVALSHA of the same script, in
+    interleaved rounds: median server µs and client µs per call of each."""
+    try:
+        executable = find_redis_server(7)
+    except ServiceError:
+        return None
+    payload = request_to_json(typical_request(1, spider), spider)
+    results: dict[str, list] = {"fcall": [], "evalsha": []}
+    with BenchRedis(executable=executable) as redis:
+        client = redis.client
+        for r in range(rounds):
+            for kind in ("fcall", "evalsha") if r % 2 else ("evalsha", "fcall"):
+                redis.reset()
+                f = Frontier(client, "costs", "node-a", bloom=BloomConfig())
+                library._HAS_FUNCTIONS[client] = kind == "fcall"
+                pre = Batch()
+                for j in range(calls * 7 + 100):
+                    pre.add(payload, fingerprint=f"pre{j}")
+                f.sync(pre)
+                c0, u0 = evalsha_usec(client)
+                wall, to_ack = 0.0, []
+                for i in range(calls):
+                    b = steady_batch(7)
+                    for j in range(7):
+                        b.add(payload, fingerprint=f"new{r}-{i}-{j}")
+                    b.acks = to_ack
+                    t = time.perf_counter()
+                    to_ack = [m for m, _ in f.sync(b).taken]
+                    wall += time.perf_counter() - t
+                c1, u1 = evalsha_usec(client)
+                stats = client.info("commandstats")
+                assert f"cmdstat_{kind}" in stats, kind     # the kind measured
+                results[kind].append(((u1 - u0) / max(1, c1 - c0), 1e6 * wall / calls))
+    out = {"redis": ".".join(map(str, redis_server_version(executable))), "calls": calls,
+           "rounds": rounds}
+    for kind, rows in results.items():
+        out[f"{kind}_server_us"] = round(median([x for x, _ in rows]), 1)
+        out[f"{kind}_client_us"] = round(median([y for _, y in rows]), 1)
+    return out
 
 
 def payload_sizes(spider) -> dict:
@@ -302,8 +356,9 @@ def main(argv=None) -> dict:
         syncs = sync_costs(redis, spider, SYNC_CALLS[mode])
         client_cpu = client_cpu_costs(redis, spider, CLIENT_CALLS[mode])
         reclaim = reclaim_costs(redis, INFLIGHT_SIZES[mode])
+    calls = fcall_vs_evalsha(spider, SYNC_CALLS[mode], 5 if mode == "full" else 3)
     data = {"mode": mode, "node": node, "payload": sizes, "queued": queued, "sync": syncs,
-            "client_cpu": client_cpu, "reclaim": reclaim,
+            "client_cpu": client_cpu, "reclaim": reclaim, "fcall_vs_evalsha": calls,
             "duration_s": time.monotonic() - t0}
     return finish(NAME, data, args.out, render)
 
@@ -332,6 +387,12 @@ def render(data: dict) -> str:
             ["decode of a leased payload into a Request", n["decode_us"]],
             ["Scrapy's stats.inc_value (per-request counts: now once a loop turn)",
              n.get("stats_inc_us", "-")]])
+    c = data.get("fcall_vs_evalsha")
+    if c:
+        out += "\n\n" + table([f"steady SYNC call on Redis {c['redis']} ({c['calls']} calls, "
+                               f"median of {c['rounds']} rounds)", "FCALL", "EVALSHA"], [
+            ["Redis server µs per call", c["fcall_server_us"], c["evalsha_server_us"]],
+            ["client µs per call (round trip)", c["fcall_client_us"], c["evalsha_client_us"]]])
     out += "\n\n" + table(["inflight entries", "reclaimed", "reclaiming SYNC µs", "normal SYNC µs"],
                           [[r["inflight"], r["reclaimed"], r["reclaim_sync_us"], r["normal_sync_us"]]
                            for r in data["reclaim"]])

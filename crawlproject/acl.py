@@ -5,7 +5,8 @@ docs/deploy.md, "Redis users (ACL)"). Redis' ACL file takes no comments, so
 :func:`render` turns the template into a file Redis loads::
 
     CRAWL_NODE_PASSWORD=... CRAWL_SEEDER_PASSWORD=... CRAWL_OPERATOR_PASSWORD=... \\
-    python -m crawlproject.acl shop news > users.acl
+    python -m crawlproject.acl shop news > users.acl     # Redis 7
+    ... python -m crawlproject.acl --redis-version 6.2 shop news > users.acl
 
 When Redis refuses a call for lack of a permission (``NOPERM``),
 :func:`refusal` says what was refused. Redis 6.2 does not name a command
@@ -44,14 +45,25 @@ _SCRIPT_COMMAND = "can't run this command"
 SCRIPT_COMMAND_REFUSED = "a command of a Lua script (Redis 6.2 does not say which: ACL LOG does)"
 
 
+#: The template's Redis 7 rules and what stands for them on Redis 6.2, which has
+#: no functions: nodes call the operator's ``SCRIPT LOAD``-ed scripts by SHA.
+REDIS_6_RULES = ((" +fcall +fcall_ro ", " +evalsha "),
+                 (" -function +function|load", " +script|load"))
+
+
 def render(spiders: list[str], passwords: dict[str, str], admin_password: str | None = None,
-           template: str | None = None) -> str:
+           template: str | None = None, redis_version: tuple[int, ...] = (7,)) -> str:
     """The ACL file for *spiders*: the template's user lines once per spider,
     passwords (by role: ``NODE``, ``SEEDER``, ``OPERATOR``) as SHA-256, and the
     ``default`` user: ``off`` without *admin_password* (a file that leaves it
-    out gives it every right and no password)."""
+    out gives it every right and no password). The template is for Redis 7;
+    *redis_version* ``(6, 2)`` renders it for Redis 6.2 (:data:`REDIS_6_RULES`)."""
     text = TEMPLATE.read_text() if template is None else template
-    lines = [line for line in text.splitlines() if line.startswith("user ")]
+    lines = [line + " " for line in text.splitlines() if line.startswith("user ")]
+    if tuple(redis_version) < (7,):
+        for new, old in REDIS_6_RULES:
+            lines = [line.replace(new, old) for line in lines]
+    lines = [line.rstrip() for line in lines]
     for role in ROLES:
         if not passwords.get(role):
             raise ValueError(f"no password for the {role.lower()} role ({PASSWORD_ENV[role]})")
@@ -125,14 +137,23 @@ def redis_user(url: str, params: dict | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m crawlproject.acl SPIDER [SPIDER ...]``: print the ACL file."""
-    spiders = sys.argv[1:] if argv is None else argv
+    """``python -m crawlproject.acl [--redis-version 6.2] SPIDER [SPIDER ...]``:
+    print the ACL file (for Redis 7 unless told)."""
+    spiders = list(sys.argv[1:] if argv is None else argv)
+    version = (7,)
+    if spiders[:1] == ["--redis-version"] and len(spiders) > 1:
+        try:
+            version = tuple(int(x) for x in spiders[1].split("."))
+        except ValueError:
+            spiders = ["-"]
+        spiders = spiders[2:]
     if not spiders or any(s.startswith("-") for s in spiders):
         print(__doc__, file=sys.stderr)
         return 2
     passwords = {role: os.environ.get(env, "") for role, env in PASSWORD_ENV.items()}
     try:
-        sys.stdout.write(render(spiders, passwords, os.environ.get(ADMIN_PASSWORD_ENV)))
+        sys.stdout.write(render(spiders, passwords, os.environ.get(ADMIN_PASSWORD_ENV),
+                                redis_version=version))
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

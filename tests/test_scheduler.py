@@ -11,6 +11,7 @@ from scrapy import Request, Spider, signals
 from scrapy.utils.test import get_crawler
 
 from devtools.demo.site import DemoSite, expected_items
+from crawlproject.frontier import library
 from crawlproject.frontier.queue import Frontier
 from crawlproject.keys import FrontierKeys, reset_spider, start_urls_key
 from crawlproject.scheduler import RedisScheduler
@@ -453,8 +454,7 @@ def test_many_host_limits_are_published_in_bounded_calls(redis, redis_url):
     hosts = {f"h{i}.example": {"delay": 1 + i % 5} for i in range(2 * LIMITS_CHUNK + 7)}
     scheduler, _ = _scheduler(redis_url, FRONTIER_HOST_LIMITS=hosts)
     def script_calls():  # that ran (a first NOSCRIPT attempt is a failed call)
-        stat = redis.info("commandstats").get("cmdstat_evalsha", {})
-        return stat.get("calls", 0) - stat.get("failed_calls", 0)
+        return library.script_calls(redis.info("commandstats"))
 
     before = script_calls()
 

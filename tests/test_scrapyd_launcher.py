@@ -18,7 +18,7 @@ import requests
 from scrapyd.config import Config
 from scrapyd.exceptions import ConfigError
 
-from crawlproject.scrapyd_launcher import refuse_open_node
+from crawlproject.scrapyd_launcher import refuse_without_credentials
 
 ROOT = Path(__file__).resolve().parents[1]
 USER, PASSWORD = "ops", "Launcher-Test-Pass"
@@ -192,6 +192,37 @@ def test_scrapyd_refuses_a_non_loopback_address_without_credentials(daemons):
     assert "scrapyd.env" in out and "Traceback" not in out
 
 
+def test_scrapyd_refuses_loopback_too_without_credentials(daemons):
+    """scrapyd runs any egg posted to addversion.json: on 127.0.0.1 as well, no
+    credentials, no scrapyd (any local process, or a request a crawl is made to
+    send, could post one)."""
+    node = daemons(bind="127.0.0.1", credentials=False)
+    deadline, answered = time.monotonic() + 30, False
+    while node.proc.poll() is None and time.monotonic() < deadline and not answered:
+        try:  # an event either way: it exits, or it answers
+            answered = requests.get(node.url, timeout=1) is not None
+        except requests.ConnectionError:
+            time.sleep(0.05)
+    assert not answered, "scrapyd started on 127.0.0.1 without credentials"
+    assert node.proc.wait(30) == 1, node.out.read_text()
+    out = node.out.read_text()
+    assert f"refusing to start: scrapyd would listen on 127.0.0.1:{node.port} without " \
+           "credentials" in out, out
+    assert "SCRAPYD_USERNAME and SCRAPYD_PASSWORD" in out and "scrapyd.env" in out
+    assert "scrapyd.conf" in out and "Traceback" not in out
+
+
+def test_an_unauthenticated_egg_upload_gets_401(daemons, tmp_path):
+    node = daemons()
+    node.wait_ready()
+    egg = {"egg": ("evil.egg", b"PK\x05\x06" + b"\0" * 18, "application/octet-stream")}
+    for auth in (None, (USER, "wrong")):
+        answer = requests.post(node.url + "addversion.json", auth=auth, timeout=10,
+                               data={"project": "evil", "version": "1"}, files=egg)
+        assert answer.status_code == 401, answer.text
+    assert "evil" not in node.call("listprojects.json")["projects"]
+
+
 @pytest.mark.parametrize("bind, environ, refused", [
     ("0.0.0.0", {}, True),
     ("0.0.0.0", {"SCRAPYD_USERNAME": "u"}, True),
@@ -199,19 +230,21 @@ def test_scrapyd_refuses_a_non_loopback_address_without_credentials(daemons):
     ("10.1.2.3", {}, True),
     ("::", {}, True),
     ("crawler-7.internal", {}, True),
-    ("127.0.0.1", {}, False),
-    ("127.0.0.2", {}, False),
-    ("::1", {}, False),
-    ("localhost", {}, False),
+    ("127.0.0.1", {}, True),
+    ("127.0.0.1", {"SCRAPYD_PASSWORD": "p"}, True),
+    ("127.0.0.1", {"SCRAPYD_USERNAME": "u", "SCRAPYD_PASSWORD": "p"}, False),
+    ("127.0.0.2", {}, True),
+    ("::1", {}, True),
+    ("localhost", {}, True),
     ("127.0.0.1", {"SCRAPYD_BIND_ADDRESS": "0.0.0.0"}, True),
 ])
-def test_the_open_node_check(bind, environ, refused):
+def test_the_credentials_check(bind, environ, refused):
     config = Config(values={"bind_address": bind, "http_port": "6800"})
     if refused:
         with pytest.raises(ConfigError, match="without credentials"):
-            refuse_open_node(config, environ)
+            refuse_without_credentials(config, environ)
     else:
-        refuse_open_node(config, environ)
+        refuse_without_credentials(config, environ)
     # scrapyd.conf's own username/password count too
     credentials = Config(values={"bind_address": bind, "username": "u", "password": "p"})
-    refuse_open_node(credentials, {k: v for k, v in environ.items() if "BIND" in k})
+    refuse_without_credentials(credentials, {k: v for k, v in environ.items() if "BIND" in k})

@@ -12,6 +12,7 @@
     python -m crawlproject.cli drain products --then-clear        # ... then back to run
     python -m crawlproject.cli reset products --yes [--keep-seeds] [--drop-proxy-pool]
     python -m crawlproject.cli recrawl products [--pattern REGEX] [--now]   # revisit pages
+    python -m crawlproject.cli functions load     # the project's Redis functions (operator)
     python -m crawlproject.cli spool-replay [--mongo-uri URI] [--database DB] [--spool-dir DIR] [--spider products]
     python -m crawlproject.cli deploy [TARGET...] [--targets-file F] [--version V]
     python -m crawlproject.cli schedule products [TARGET...] -s MAX_IDLE_TIME_BEFORE_CLOSE=60
@@ -37,7 +38,7 @@ Errors are one line on stderr: exit 1 for Redis, 2 for bad input.
 
 One module per command group (``status``, ``control``, ``politeness``,
 ``proxies``, ``seed``, ``dead``, ``reset``, ``storage``, ``dashboard``,
-``scrapyd``); what they read and do is :mod:`crawlproject.ops`, shared with the
+``scrapyd``, ``functions``); what they read and do is :mod:`crawlproject.ops`, shared with the
 dashboard. This module holds the parser and :func:`main`.
 """
 
@@ -51,6 +52,7 @@ import sys
 from crawlproject.cli.common import _spider_name
 from crawlproject.cli.control import cmd_control
 from crawlproject.cli.dashboard import cmd_dashboard
+from crawlproject.cli.functions import cmd_functions
 from crawlproject.cli.dead import cmd_dead, cmd_invalid, cmd_invalid_seeds, cmd_replay
 from crawlproject.cli.politeness import cmd_politeness
 from crawlproject.cli.proxies import cmd_proxies
@@ -162,6 +164,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mongo-uri", help="default: MONGO_URI (setting, then environment)")
     p.add_argument("--database", help="default: MONGO_DATABASE (setting, then environment)")
     p.set_defaults(func=cmd_recrawl)
+    p = sub.add_parser("functions", help="load this version's Redis functions library (Redis "
+                       "7; the scripts on 6.2) on every master: nodes call only that code")
+    p.add_argument("action", choices=("load",))
+    p.set_defaults(func=cmd_functions)
     p = sub.add_parser("dashboard", help="live dashboard in the browser (127.0.0.1; any other "
                        "address needs DASHBOARD_TOKEN or DASHBOARD_USERNAME/_PASSWORD)")
     p.add_argument("spiders", nargs="*", help="spiders to show (default: the project's)")

@@ -142,9 +142,21 @@ async def _guard(request, handler):
         raise web.HTTPForbidden(text="cross-origin request refused\n")
     public = request.path.startswith("/static/") or request.path == "/login"
     if creds.configured and not public:
+        limiter: SignInLimiter = request.app["signins"]
+        presented = _presented(request)
+        wait = limiter.retry_after(request.remote)
+        if wait:   # every credential check counts: Basic, Bearer and cookie as the form
+            if presented:
+                limiter.failed(request.remote, refused=True)
+                _report_signins(limiter)
+            raise _too_many(request, wait)
         user = _user(request, creds)
         if user is None:
+            if presented:   # (none at all: a browser's first request, not a guess)
+                limiter.failed(request.remote)
+                _report_signins(limiter)
             raise _unauthorized(request, creds)
+        limiter.succeeded(request.remote)
         request["user"] = user
     if request.method == "POST" and request.path.startswith("/api/") and not hmac.compare_digest(
             request.headers.get("X-CSRF-Token", "").encode(), request.app["csrf"].encode()):
@@ -157,6 +169,21 @@ def _user(request, creds: Credentials) -> str | None:
     if user is None and creds.check_cookie(request.cookies.get(COOKIE)):
         user = "token"
     return user
+
+
+def _presented(request) -> bool:
+    return bool(request.headers.get("Authorization") or request.cookies.get(COOKIE))
+
+
+def _too_many(request, wait: int) -> web.HTTPException:
+    headers = {"Retry-After": str(wait)}
+    if "text/html" in request.headers.get("Accept", "") and request.method == "GET":
+        return web.HTTPTooManyRequests(
+            text=render.login_page(f"Too many wrong credentials: try again in {wait} s."),
+            content_type="text/html", headers=headers)
+    return web.HTTPTooManyRequests(text='{"error": "too many wrong credentials", '
+                                   f'"retry_after": {wait}}}', content_type="application/json",
+                                   headers=headers)
 
 
 def _unauthorized(request, creds: Credentials) -> web.HTTPException:
@@ -296,7 +323,7 @@ async def login(request):
     if not creds.token:
         raise web.HTTPNotFound(text="no token sign-in on this dashboard\n")
     limiter: SignInLimiter = request.app["signins"]
-    client = request.remote or "unknown"
+    client = request.remote
     wait = limiter.retry_after(client)
     if wait:
         limiter.failed(client, refused=True)
@@ -310,6 +337,7 @@ async def login(request):
         _report_signins(limiter)
         return web.Response(text=render.login_page("Wrong token."), status=401,
                             content_type="text/html")
+    limiter.succeeded(client)
     response = web.HTTPSeeOther("/")
     response.set_cookie(COOKIE, creds.cookie_value(), httponly=True, samesite="Strict",
                         secure=request.secure, path="/")
@@ -318,11 +346,21 @@ async def login(request):
 
 def _report_signins(limiter: SignInLimiter) -> None:
     """One WARNING per client and window with its count of failed sign-ins;
-    counts still open are reported when the window has passed."""
+    counts still open are reported when the window has passed; one for a lock
+    of every client."""
     for client, count in limiter.due_reports():
-        logger.warning("Dashboard sign-in with a wrong token from %s: %d attempt(s) failed or "
-                       "refused since the last report (one report per %.0f s; after %d wrong "
-                       "tokens in that time: 429)", client, count, limiter.window, limiter.limit)
+        logger.warning("Dashboard sign-in with a wrong token or password from %s: %d attempt(s) "
+                       "failed or refused since the last report (one report per %.0f s; after "
+                       "%d wrong credentials in that time: 429)", client, count, limiter.window,
+                       limiter.limit)
+    until = limiter.global_until()
+    if until is not None and (limiter.global_reported_at is None
+                              or limiter.clock() - limiter.global_reported_at >= limiter.window):
+        limiter.global_reported_at = limiter.clock()
+        logger.warning("Dashboard: %d wrong credentials from all clients within %.0f s: every "
+                       "client but those signed in before gets 429 for %.0f s (guessing from "
+                       "many addresses)", limiter.global_limit, limiter.window,
+                       until - limiter.clock())
     if limiter.pending and limiter.timer is None:
         def again():
             limiter.timer = None

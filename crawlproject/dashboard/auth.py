@@ -18,10 +18,11 @@ import base64
 import binascii
 import hashlib
 import hmac
+import ipaddress
 import math
 import os
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,43 +116,105 @@ def _same(given: str, secret: str | None) -> bool:
                                                       secret.encode("utf-8"))
 
 
+def client_key(address: str | None) -> str:
+    """Whom the limiter counts: the client's address; an IPv6 address by its
+    /64 (one host or subscriber picks any address of its /64 at will), an
+    IPv4-mapped one as IPv4."""
+    try:
+        ip = ipaddress.ip_address((address or "").split("%")[0])
+    except ValueError:
+        return address or "unknown"
+    if ip.version == 6 and ip.ipv4_mapped:
+        return str(ip.ipv4_mapped)
+    if ip.version == 6:
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
+
+
 class SignInLimiter:
-    """Failed sign-ins per client (its address): after *limit* failures within
-    *window* seconds the client is refused (429) until the oldest leaves the
-    window, right token or not, so guessing runs at *limit* a window. Failures
-    and refusals are counted for the log: :meth:`due_reports` gives each
-    client's count at most once a window (its first failure at once), not a
-    line per attempt. At most *max_clients* are tracked (the oldest go first).
-    *clock* is injectable for tests."""
+    """Wrong credentials, counted per client for every credential check (the
+    sign-in form, Basic, Bearer, the session cookie).
+
+    After *limit* failures within *window* seconds a client (:func:`client_key`)
+    is locked: refused (429) until the oldest leaves the window, right
+    credential or not, so guessing runs at *limit* a window. Locked clients are
+    kept apart from the others: tracking a new client never makes room by
+    forgetting a lock (the others' partial counts, at most *max_clients*, go
+    oldest first; locks expire by themselves, at most *max_locked* at once, and
+    past that every client but those that signed in before waits). Across all
+    clients, *global_limit* failures within the window lock every client but
+    those that signed in before (at most *max_trusted*, the most recent): guessing
+    from ever new addresses runs at *global_limit* a window.
+
+    Failures and refusals are counted for the log: :meth:`due_reports` gives
+    each client's count at most once a window (its first failure at once), not
+    a line per attempt. *clock* is injectable for tests."""
 
     def __init__(self, limit: int = 10, window: float = 60.0, clock=time.monotonic,
-                 max_clients: int = 10_000):
+                 max_clients: int = 10_000, global_limit: int = 100, max_locked: int = 10_000,
+                 max_trusted: int = 1_000):
         self.limit, self.window, self.clock, self.max_clients = limit, window, clock, max_clients
-        self._failures: dict[str, deque] = {}
-        self._unreported: dict[str, int] = {}
+        self.global_limit, self.max_locked, self.max_trusted = (global_limit, max_locked,
+                                                                max_trusted)
+        self._failures: OrderedDict[str, deque] = OrderedDict()  # unlocked clients' failures
+        self._locked: dict[str, float] = {}          # client -> locked until (clock)
+        self._global: deque = deque(maxlen=global_limit)   # the latest failures' times
+        self._trusted: OrderedDict[str, None] = OrderedDict()
+        self._unreported: OrderedDict[str, int] = OrderedDict()
         self._reported_at: dict[str, float] = {}
+        self.global_reported_at: float | None = None
         self.timer = None   # the caller's pending report call, if any
 
-    def retry_after(self, client: str) -> int:
-        """Seconds *client* must wait before its next try (0: it may try now)."""
-        if client not in self._failures:
+    def retry_after(self, address: str | None) -> int:
+        """Seconds the client at *address* must wait before its next try (0: it may try now)."""
+        key, now = client_key(address), self.clock()
+        until = self._locked.get(key)
+        if until is not None:
+            if until > now:
+                return max(1, math.ceil(until - now))
+            del self._locked[key]
+        if key in self._trusted:
             return 0
-        failures = self._recent(client)
-        if len(failures) < self.limit:
-            return 0
-        return max(1, math.ceil(failures[0] + self.window - self.clock()))
+        until = self.global_until()
+        if until is None and len(self._expire_locks(now)) >= self.max_locked:
+            until = now + self.window   # no room to lock one more: everyone waits
+        return 0 if until is None else max(1, math.ceil(until - now))
 
-    def failed(self, client: str, refused: bool = False) -> None:
-        """A wrong token from *client*; with *refused*, a try refused by
+    def global_until(self) -> float | None:
+        """When the lock over all clients ends (None: there is none)."""
+        if len(self._global) < self.global_limit:
+            return None
+        until = self._global[0] + self.window
+        return until if until > self.clock() else None
+
+    def failed(self, address: str | None, refused: bool = False) -> None:
+        """A wrong credential from *address*; with *refused*, a try refused by
         :meth:`retry_after` (counted for the log only: the wait it was told
         does not grow)."""
-        if client not in self._failures and len(self._failures) >= self.max_clients:
-            oldest = next(iter(self._failures))
-            for table in (self._failures, self._unreported, self._reported_at):
-                table.pop(oldest, None)
-        if not refused:
-            self._recent(client).append(self.clock())
-        self._unreported[client] = self._unreported.get(client, 0) + 1
+        key, now = client_key(address), self.clock()
+        self._unreported[key] = self._unreported.pop(key, 0) + 1
+        while len(self._unreported) > self.max_clients + self.max_locked:
+            self._unreported.popitem(last=False)   # a count for the log, not a lock
+        if refused:
+            return
+        self._global.append(now)
+        failures = self._failures.pop(key, None) or deque()
+        self._drop_old(failures, now)
+        failures.append(now)
+        if len(failures) >= self.limit and len(self._expire_locks(now)) < self.max_locked:
+            self._locked[key] = failures[0] + self.window
+            failures.popleft()   # the next try after the lock is judged on the rest
+        self._failures[key] = failures
+        while len(self._failures) > self.max_clients:
+            self._failures.popitem(last=False)
+
+    def succeeded(self, address: str | None) -> None:
+        """*address* proved a credential: it may try during a lock of all clients."""
+        key = client_key(address)
+        self._trusted.pop(key, None)
+        self._trusted[key] = None
+        while len(self._trusted) > self.max_trusted:
+            self._trusted.popitem(last=False)
 
     def due_reports(self) -> list[tuple[str, int]]:
         """(client, attempts since its last report) for each client whose last
@@ -165,7 +228,8 @@ class SignInLimiter:
         for client in [c for c, at in self._reported_at.items()
                        if now - at >= self.window and c not in self._unreported]:
             del self._reported_at[client]
-            if client in self._failures and not self._recent(client):
+            failures = self._failures.get(client)
+            if failures is not None and not self._drop_old(failures, now):
                 del self._failures[client]
         return due
 
@@ -174,8 +238,13 @@ class SignInLimiter:
         """Whether some attempts are counted but not reported yet."""
         return bool(self._unreported)
 
-    def _recent(self, client: str) -> deque:
-        failures = self._failures.setdefault(client, deque())
-        while failures and failures[0] <= self.clock() - self.window:
+    def _drop_old(self, failures: deque, now: float) -> deque:
+        while failures and failures[0] <= now - self.window:
             failures.popleft()
         return failures
+
+    def _expire_locks(self, now: float) -> dict[str, float]:
+        if len(self._locked) >= self.max_locked:
+            for key in [k for k, until in self._locked.items() if until <= now]:
+                del self._locked[key]
+        return self._locked

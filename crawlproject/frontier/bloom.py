@@ -42,6 +42,7 @@ from typing import Iterable
 
 from crawlproject import defaults
 from crawlproject.defaults import setting
+from crawlproject.frontier.library import script
 from crawlproject.frontier.scripts import BLOOM_ADD
 from crawlproject.keys import bloom_shard_key
 from crawlproject.keys import as_text as _s
@@ -147,7 +148,7 @@ class BloomFilter:
         self.client = client
         self.meta_key = meta_key
         self.config = config or BloomConfig()
-        self._script = client.register_script(BLOOM_ADD)
+        self._script = script(client, BLOOM_ADD)
 
     def add_many(self, fingerprints: Iterable[bytes | str]) -> list[bool]:
         """Check-and-add; True for each fingerprint that was not seen before."""

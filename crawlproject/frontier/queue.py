@@ -57,6 +57,7 @@ from crawlproject.frontier.deadletters import (ATTEMPT_META_KEYS, DeadLetter,  #
                                                replay_args)
 from crawlproject.frontier.politeness import (UNLIMITED, Limits, Override, PolitenessConfig,
                                               parse_override, partition_of, safe_key)
+from crawlproject.frontier.library import LibraryMissingError, script
 from crawlproject.frontier.scripts import (BLOOM_ADD, COUNTER_PATTERN, REPLAY_DEAD, SET_LIMITS,
                                            SYNC)
 from crawlproject.keys import FrontierKeys
@@ -262,10 +263,10 @@ class Frontier:
         self.bloom = bloom or BloomConfig()
         # clock() -> ms; None means Redis server time (node clocks never matter).
         self.clock = clock
-        self._sync = client.register_script(SYNC)
-        self._replay = client.register_script(REPLAY_DEAD)
-        self._set_limits = client.register_script(SET_LIMITS)
-        self._bloom_add = client.register_script(BLOOM_ADD)
+        self._sync = script(client, SYNC)
+        self._replay = script(client, REPLAY_DEAD)
+        self._set_limits = script(client, SET_LIMITS)
+        self._bloom_add = script(client, BLOOM_ADD)
 
     # -- the one round trip ---------------------------------------------------
     def _sync_call(self, batch: Batch, leaving: bool):
@@ -685,6 +686,7 @@ def _objects(raws: list) -> list[dict]:
 #: Error replies of calls that did not run, or stopped before their first write
 #: (a script is refused under OOM at its first write): nothing of the call is in Redis.
 _NOT_STARTED = (redis.exceptions.OutOfMemoryError, redis.exceptions.NoScriptError,
+                LibraryMissingError,
                 redis.exceptions.ReadOnlyError, redis.exceptions.AskError,
                 redis.exceptions.MovedError, redis.exceptions.TryAgainError,
                 redis.exceptions.ClusterDownError, redis.exceptions.ClusterCrossSlotError,

@@ -1,4 +1,5 @@
-"""Lua scripts of the frontier, each with its KEYS/ARGV/return contract.
+"""Lua scripts of the frontier, each with its KEYS/ARGV/return contract (nodes call them
+as Redis functions: :mod:`crawlproject.frontier.library`).
 
 The Lua lives in ``crawlproject/frontier/lua/``: one file per script (its
 header says its KEYS, ARGV and return value) and ``lua/lib/`` for the

@@ -79,6 +79,7 @@ from scrapy.utils.misc import build_from_crawler
 from crawlproject.connection import redis_from_settings
 from crawlproject.defaults import setting
 from crawlproject.frontier.retrypolicy import RETRY_DELAY_META
+from crawlproject.frontier.library import script
 from crawlproject.frontier.scripts import ROBOTS_FETCH_LOCK
 from crawlproject.keys import RobotsKeys
 from crawlproject.node import node_id
@@ -157,7 +158,7 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
         if self._redis is None:
             self._redis = redis_from_settings(self.crawler.settings, asyncio=True)
             self._keys = RobotsKeys(self.crawler.spider.name)
-            self._take_lock = self._redis.register_script(ROBOTS_FETCH_LOCK)
+            self._take_lock = script(self._redis, ROBOTS_FETCH_LOCK)
         return self._redis
 
     def _opened(self, spider=None) -> None:
