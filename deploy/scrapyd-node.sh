@@ -103,6 +103,9 @@ if [ ! -e "$ENV_FILE" ]; then
   install -m 600 /dev/null "$ENV_FILE"
   {
     printf 'SCRAPYD_USERNAME=crawl\nSCRAPYD_PASSWORD=%s\n' "$PASSWORD"
+    # The crawl's secret, the same on every node (never generated here: one
+    # per node would let no node prove what another stored).
+    printf 'FRONTIER_SECRET=%s\n' "${FRONTIER_SECRET:-}"
     cat <<'ENV'
 REDIS_URL=redis://redis.internal:6379/0
 MONGO_URI=mongodb://mongo.internal:27017/
@@ -111,6 +114,8 @@ ENV
   } > "$ENV_FILE"
   echo "Generated scrapyd's credentials (user crawl, a random password) in $ENV_FILE (mode 600)"
   echo "Fill in REDIS_URL, MONGO_URI and MONGO_DATABASE in $ENV_FILE, then start scrapyd"
+  [ -n "${FRONTIER_SECRET:-}" ] || echo "Set FRONTIER_SECRET in $ENV_FILE, the same on every node" \
+    "(crawlctl secret prints one; or run this script with FRONTIER_SECRET exported)"
 elif ! grep -Eq '^SCRAPYD_PASSWORD=.+' "$ENV_FILE"; then  # kept from an older run
   echo "WARNING: no SCRAPYD_PASSWORD in $ENV_FILE: scrapyd refuses to start without it," \
        "on any address, loopback too (set one, e.g. openssl rand -base64 24)" >&2
