@@ -299,16 +299,25 @@ def _to_json(d: dict[str, Any]) -> str:
 def decode_request_dict(d: Any, policy: InputPolicy = _NO_SPIDER) -> dict[str, Any]:
     """Validate and decode a stored payload that no node proved it wrote
     into ``request_from_dict`` input: the seed policy (*policy*)."""
+    return _decode(d, policy, _unproven)
+
+
+def decode_node_dict(d: Any, policy: NodePolicy) -> dict[str, Any]:
+    """Decode a payload a node of this crawl proved it wrote: whole, but
+    callbacks must be methods of the running spider and the class a request
+    class; process-local meta is dropped."""
+    return _decode(d, policy, _proven)
+
+
+def _decode(d: Any, policy: InputPolicy | NodePolicy, finish) -> dict[str, Any]:
+    """The fields of payload *d* decoded, its callbacks checked by *policy*,
+    then ``finish(out, policy)``; raises :class:`RequestDecodeError` only."""
     if not isinstance(d, dict) or not isinstance(d.get("url"), str):
         raise RequestDecodeError("payload is not an object with a string 'url'")
-    if "_class" in d and d["_class"] not in ALLOWED_CLASSES:
-        raise RequestDecodeError(f"request class {str(d['_class'])[:100]!r} is not allowed",
-                                 "class_not_allowed")
     try:
         for key in ("callback", "errback"):
             if d.get(key) is not None:
                 policy.check_callback(d[key], key)
-        policy.check_url(d["url"])
         out = dict(d)
         out.pop("v", None)
         out["body"] = base64.b64decode(d.get("body") or "", validate=True)
@@ -320,13 +329,7 @@ def decode_request_dict(d: Any, policy: InputPolicy = _NO_SPIDER) -> dict[str, A
         out["cb_kwargs"] = decode_value(d.get("cb_kwargs") or {}, policy)
         if not isinstance(out["meta"], dict) or not isinstance(out["cb_kwargs"], dict):
             raise TypeError("meta and cb_kwargs must be objects")
-        # Keys that only make sense inside one process are never stored: one read
-        # from Redis was written by someone else (a lease, a parent, Scrapy's
-        # proxy bookkeeping) and is dropped; every other key must pass the policy.
-        policy.check_meta(out["meta"])  # a stored playwright_page too: refused, not dropped
-        out["meta"] = policy.check_stored_meta(_stored_meta(out["meta"]))
-        policy.check_request(out.get("method", "GET"), out["headers"], out["body"],
-                             out.get("cookies"))
+        finish(out, policy)
     except RequestDecodeError:
         raise
     except Refused as exc:
@@ -336,35 +339,26 @@ def decode_request_dict(d: Any, policy: InputPolicy = _NO_SPIDER) -> dict[str, A
     return out
 
 
-def decode_node_dict(d: Any, policy: NodePolicy) -> dict[str, Any]:
-    """Decode a payload a node of this crawl proved it wrote: whole, but
-    callbacks must be methods of the running spider and the class a request
-    class; process-local meta is dropped."""
-    if not isinstance(d, dict) or not isinstance(d.get("url"), str):
-        raise RequestDecodeError("payload is not an object with a string 'url'")
-    try:
-        for key in ("callback", "errback"):
-            if d.get(key) is not None:
-                policy.check_callback(d[key], key)
-        out = dict(d)
-        out.pop("v", None)
-        if "_class" in d and d["_class"] not in ALLOWED_CLASSES:
-            policy.request_class(d["_class"])   # request_from_dict loads it again
-        out["body"] = base64.b64decode(d.get("body") or "", validate=True)
-        out["headers"] = {
-            k.encode("latin-1"): [v.encode("latin-1") for v in vs]
-            for k, vs in (d.get("headers") or {}).items()
-        }
-        out["meta"] = decode_value(d.get("meta") or {}, policy)
-        out["cb_kwargs"] = decode_value(d.get("cb_kwargs") or {}, policy)
-        if not isinstance(out["meta"], dict) or not isinstance(out["cb_kwargs"], dict):
-            raise TypeError("meta and cb_kwargs must be objects")
-        out["meta"] = _stored_meta(out["meta"])
-    except Refused as exc:
-        raise RequestDecodeError(str(exc), exc.code) from None
-    except Exception as exc:  # noqa: BLE001 - a node of another version, a bug
-        raise RequestDecodeError(f"malformed payload: {type(exc).__name__}: {exc}") from None
-    return out
+def _unproven(out: dict, policy: InputPolicy) -> None:
+    """The seed policy on what anyone else wrote (*out* decoded, in place)."""
+    if "_class" in out and out["_class"] not in ALLOWED_CLASSES:
+        raise Refused("class_not_allowed",
+                      f"request class {str(out['_class'])[:100]!r} is not allowed")
+    policy.check_url(out["url"])
+    # Keys that only make sense inside one process are never stored: one read
+    # from Redis was written by someone else (a lease, a parent, Scrapy's
+    # proxy bookkeeping) and is dropped; every other key must pass the policy.
+    policy.check_meta(out["meta"])  # a stored playwright_page too: refused, not dropped
+    out["meta"] = policy.check_stored_meta(_stored_meta(out["meta"]))
+    policy.check_request(out.get("method", "GET"), out["headers"], out["body"],
+                         out.get("cookies"))
+
+
+def _proven(out: dict, policy: NodePolicy) -> None:
+    """What a node's own payload must still be (*out* decoded, in place)."""
+    if "_class" in out and out["_class"] not in ALLOWED_CLASSES:
+        policy.request_class(out["_class"])   # request_from_dict loads it again
+    out["meta"] = _stored_meta(out["meta"])
 
 
 def request_to_dict(request: Request, spider: Spider | None) -> dict[str, Any]:
