@@ -304,13 +304,15 @@ def test_every_kind_of_spider_crawls_its_site_completely_on_two_nodes(
                                 f"scraped {scraped}, upserted {upserted}, wrong {wrong}, "
                                 f"missing {sorted(missing)[:5]}")
         assert not problems, "\n".join(problems)
-        lambdas = sum(json.loads((stats_dir / f"private-node-{n}.json").read_text())
-                      .get("scheduler/kept_local/not_storable", 0) for n in (1, 2))
-        assert lambdas == 1
+        # Each node that parsed the start page (once per node: dont_filter) kept its
+        # lambda request; the cluster's filter let one of them fetch it (above).
+        lambdas = [json.loads((stats_dir / f"private-node-{n}.json").read_text())
+                   .get("scheduler/kept_local/not_storable", 0) for n in (1, 2)]
+        assert lambdas in ([1, 0], [0, 1], [1, 1])
         for text in logs.values():
             assert "Traceback" not in text and "] ERROR:" not in text, text[-3000:]
             assert "FRONTIER_SECRET is not set" not in text
-        assert sum("Kept on this node" in t for t in logs.values()) == 1
+        assert sum("Kept on this node" in t for t in logs.values()) == sum(lambdas)
 
 
 CRAWL_ONLY = '''
