@@ -11,6 +11,8 @@ every setting.
 
 import os
 
+from scrapy.settings import default_settings as _scrapy_defaults
+
 BOT_NAME = "crawlproject"
 SPIDER_MODULES = ["crawlproject.spiders"]
 NEWSPIDER_MODULE = "crawlproject.spiders"
@@ -99,11 +101,15 @@ ITEM_PIPELINES = {
 EXTENSIONS = {"crawlproject.extensions.metrics.PrometheusMetrics": 500,
               "crawlproject.extensions.tracing.RequestTracing": 510,
               "crawlproject.recrawl.extension.RecrawlFeeder": 520,
-              "crawlproject.extensions.gctuning.GcFreeze": 530,
-              # Scrapy's remote control is off (REMOTE_CONTROL_ENABLED above) and
-              # not even loaded: its module imports aiohttp's web server, 0.1-0.2 s
-              # of CPU at every node start. To turn it on, remove this line too.
-              "scrapy.extensions.remote_control.RemoteControl": None}
+              "crawlproject.extensions.gctuning.GcFreeze": 530}
+# Scrapy's remote control is off (REMOTE_CONTROL_ENABLED above) and not even
+# loaded: its module imports aiohttp's web server and makes an SSL context,
+# about 0.2 s of CPU at every node start. Listing it as None in EXTENSIONS is
+# not enough: Scrapy 2.19 imports every listed path to compare it with the base
+# (Settings.get_component_priority_dict_with_base), so it is left out of the
+# base itself. To turn it on, delete these lines.
+EXTENSIONS_BASE = {path: order for path, order in _scrapy_defaults.EXTENSIONS_BASE.items()
+                   if path != "scrapy.extensions.remote_control.RemoteControl"}
 # Freeze the start-up heap for the garbage collector when the spider opens
 # (a quarter of a node's CPU went to walking it: extensions/gctuning.py).
 GC_FREEZE_ENABLED = True
