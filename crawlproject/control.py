@@ -354,7 +354,9 @@ class ControlWatcher:
         self.reports_key = node_reports_key(spider)
         #: this node's report for `crawlctl status` (sent every report_interval)
         self.report, self.node, self.report_interval = report, node, report_interval
-        self._last_report = 0.0
+        # None: not reported yet (never 0.0: a machine up for less than the
+        # interval would wait for it; time.monotonic() counts from boot)
+        self._last_report: float | None = None
         self.on_change = on_change
         #: called once with the first state read (before it, a node takes nothing)
         self.on_ready = on_ready
@@ -395,7 +397,7 @@ class ControlWatcher:
             await self._read_info(new)
             old, self.state = self.state, new
             self.on_change(old, new)
-            self._last_report = 0.0  # `crawlctl status` shows the new state within a second
+            self._last_report = None  # `crawlctl status` shows the new state within a second
         return new
 
     async def _run(self) -> None:
@@ -427,7 +429,8 @@ class ControlWatcher:
 
     async def _send_report(self, final: bool = False) -> None:
         now = time.monotonic()
-        if self.report is None or (now - self._last_report < self.report_interval and not final):
+        if self.report is None or (self._last_report is not None and not final
+                                   and now - self._last_report < self.report_interval):
             return
         self._last_report = now
         try:

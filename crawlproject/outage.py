@@ -45,7 +45,7 @@ class OutageLog:
         # down: one component's success on a healthy master must not end the
         # outage another component still sees.
         self._failing: set[str] = set()
-        self._last_reminder = 0.0
+        self._last_reminder: float | None = None   # set with since (None: no outage yet)
         #: The Redis user the node logs in as (named when Redis refuses a
         #: command for lack of an ACL permission), and what was refused already.
         self.user = user

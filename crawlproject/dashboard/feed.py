@@ -71,15 +71,17 @@ class SpiderFeed:
         self.latest: dict | None = None
         self.error: str | None = None
         self.version = 0
-        self.demanded = 0.0   # monotonic time a page or a stream last asked
+        # monotonic time a page or a stream last asked; None: never (not 0.0:
+        # on a machine up for less than the window, 0.0 read as "just now")
+        self.demanded: float | None = None
         self.keep = window    # seconds the background sampler goes on after that
         self._lock = asyncio.Lock()
         self._updated = asyncio.Event()
-        self._taken = 0.0
+        self._taken: float | None = None   # monotonic time of the last read; None: none yet
 
     def wanted(self) -> bool:
         """Whether someone looked within the window (the sampler keeps it fresh)."""
-        return time.monotonic() - self.demanded < self.keep
+        return self.demanded is not None and time.monotonic() - self.demanded < self.keep
 
     async def current(self) -> SpiderFeed:
         """Read now unless a read is less than an interval old."""
@@ -88,7 +90,7 @@ class SpiderFeed:
         return self
 
     async def refresh_if_stale(self) -> None:
-        if self.version == 0 or time.monotonic() - self._taken >= self.interval * 0.9:
+        if self._taken is None or time.monotonic() - self._taken >= self.interval * 0.9:
             await self.refresh()
 
     async def refresh(self) -> None:

@@ -141,15 +141,17 @@ class _Remote:
     next_ready_ms: int | None = None
     #: Redis time of the last call that reported it, and our clock then
     server_ms: int = -1
-    at: float = 0.0
-    last_poll: float = 0.0
+    at: float | None = None   # None: no call reported it yet
+    #: -inf: never looked at (the first idle look goes at once, however
+    #: recently the machine booted: time.monotonic() counts from boot)
+    last_poll: float = float("-inf")
     #: looks in a row that found nothing to take (the idle pace slows down)
     misses: int = 0
 
     def ready_now(self, now: float) -> bool:
         if self.next_ready_ms is None or self.next_ready_ms == -2:
             return True
-        if self.next_ready_ms < 0 or self.server_ms < 0:
+        if self.next_ready_ms < 0 or self.server_ms < 0 or self.at is None:
             return False
         return self.next_ready_ms <= self.server_ms + (now - self.at) * 1000
 
@@ -195,8 +197,11 @@ class FrontierClient:
         # priority among them, and until when the last free slot is kept for them.
         self._in_transit = 0
         self._transit_priority = 0
-        self._hold_until = 0.0
-        self._last_rush = 0.0
+        # -inf: no hold, no rush, no call, no renewal, no backoff yet; never 0.0
+        # (time.monotonic() counts from boot: on a machine up for less than
+        # the interval, 0.0 would look recent and hold back the first one).
+        self._hold_until = float("-inf")
+        self._last_rush = float("-inf")
         self._lapse: asyncio.TimerHandle | None = None
         # Acknowledgement order across partitions: every add gets a sequence
         # number; an ack waits until the adds it depends on are stored (or go
@@ -211,11 +216,11 @@ class FrontierClient:
         self._children: dict[str, dict[int, int]] = {}
         self._acks: list[tuple[str, int, bool, int, dict[int, int] | None]] = []
         self._fetched: deque[tuple[int, str, float]] = deque()
-        self._last_sync = 0.0
+        self._last_sync = float("-inf")
         # Per partition: when its lease was last renewed, and how its calls fail.
-        self._maintained = [0.0 for _ in partitions]
+        self._maintained = [float("-inf") for _ in partitions]
         self._errors = [0 for _ in partitions]
-        self._retry_at = [0.0 for _ in partitions]
+        self._retry_at = [float("-inf") for _ in partitions]
         # A partition whose last call stopped inside the script is sent its next
         # calls in check mode (every key checked before any write) until one
         # goes through.
@@ -847,7 +852,7 @@ class FrontierClient:
         self._apply(p, result, asked=batch.take, batch=batch)
         if batch.maintenance:
             self._maintained[p] = now
-        self._errors[p], self._retry_at[p] = 0, 0.0
+        self._errors[p], self._retry_at[p] = 0, float("-inf")
         return None
 
     async def _send(self, calls: dict[int, Batch]) -> list:
@@ -1024,7 +1029,7 @@ class FrontierClient:
         # own lease (its own nodes zset): the others keep theirs.
         self._incarnation += 1
         self.partitions[p].node = f"{self.node_base}~{self._incarnation}"
-        self._maintained[p] = 0.0  # register the new id at once
+        self._maintained[p] = float("-inf")  # register the new id at once
 
     def _settled(self, p: int, batch: Batch, now: float) -> None:
         for member, _ in batch.adopt:

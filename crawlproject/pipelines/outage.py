@@ -70,7 +70,7 @@ class OutageHandler:
         self.spider_name = ""
         self.log_extra: dict = {}
         self.active = False  # MongoDB is unavailable: batches go to the spool
-        self._since = 0.0
+        self._since: float | None = None   # when the outage began; None: none yet
         self._held_since: float | None = None
         self._closing = False
         self._probe: asyncio.Task | None = None

@@ -113,7 +113,9 @@ class ProxyPoolMiddleware:
         self._logged: set = set()
         self._task: asyncio.Task | None = None
         self._closing: asyncio.Event | None = None
-        self._last_wait_log = 0.0
+        # None: not logged yet (the first one at once, however recently the
+        # machine booted: time.monotonic() counts from boot)
+        self._last_wait_log: float | None = None
         self._refresh_failed = False
         self.empty_max_wait = empty_max_wait
         self.forget_after = max(3600.0, ban_max * 2)
@@ -122,7 +124,7 @@ class ProxyPoolMiddleware:
         self._last_forget = time.monotonic()
         # no usable proxy since (monotonic, Redis ms), and why; None: there is one
         self._empty_since: tuple[float, int] | None = None
-        self._last_empty_log = 0.0
+        self._last_empty_log: float | None = None   # None: not logged in this state yet
         self._pool_problem = ""
 
     @classmethod
@@ -271,12 +273,13 @@ class ProxyPoolMiddleware:
             self._empty_since = None
         elif self._empty_since is None:
             self._empty_since = (time.monotonic(), now_ms)
-            self._last_empty_log = 0.0
+            self._last_empty_log = None
         self.stats.set_value("proxy/usable", self.view.usable)
 
     def _report_empty(self, now: float) -> None:
         """WARNING each minute while no proxy is usable."""
-        if self._empty_since is None or now - self._last_empty_log < 60:
+        if self._empty_since is None or (self._last_empty_log is not None
+                                         and now - self._last_empty_log < 60):
             return
         self._last_empty_log = now
         waited = now - self._empty_since[0]
@@ -375,7 +378,7 @@ class ProxyPoolMiddleware:
         wait = self.view.next_unban(domain, now)
         wait = min(self.ban_max, max(1.0, wait if wait is not None else 2 * self.refresh_interval))
         self.stats.inc_value("proxy/waits")
-        if now - self._last_wait_log > 30:
+        if self._last_wait_log is None or now - self._last_wait_log > 30:
             self._last_wait_log = now
             logger.warning("No usable proxy for %s (pool of %d, %d retired): requests wait "
                            "%.1fs in the frontier (counted in proxy/waits)", domain,

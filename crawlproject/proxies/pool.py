@@ -38,6 +38,9 @@ SCHEMES = frozenset({"http", "https"})
 #: Schemes an operator may write but Scrapy cannot use.
 UNSUPPORTED_SCHEMES = frozenset({"socks", "socks4", "socks4a", "socks5", "socks5h"})
 MAX_ENTRY_LENGTH = 2048
+#: the ban "deadline" of a proxy not banned: long past on any clock (0.0 only
+#: while time.monotonic(), which counts from boot, is not below it)
+NOT_BANNED = -math.inf
 #: Default ``PROXY_BAN_BODY_PATTERNS`` / ``PROXY_BAN_REDIRECT_PATTERNS``.
 DEFAULT_BODY_PATTERNS = tuple(defaults.PROXY_BAN_BODY_PATTERNS)
 DEFAULT_REDIRECT_PATTERNS = tuple(defaults.PROXY_BAN_REDIRECT_PATTERNS)
@@ -289,10 +292,10 @@ class PoolView:
                     self.unban(pid, domain)
 
     def strikes(self, proxy_id: str, domain: str) -> int:
-        return self.bans.get(domain, {}).get(proxy_id, (0.0, 0))[1]
+        return self.bans.get(domain, {}).get(proxy_id, (NOT_BANNED, 0))[1]
 
     def banned_until(self, proxy_id: str, domain: str, now: float) -> float | None:
-        until = self.bans.get(domain, {}).get(proxy_id, (0.0, 0))[0]
+        until = self.bans.get(domain, {}).get(proxy_id, (NOT_BANNED, 0))[0]
         return until if until > now else None
 
     def choose(self, domain: str, now: float) -> Proxy | None:
@@ -302,7 +305,7 @@ class PoolView:
             candidates, weights = self._live, self._weights
         else:
             pairs = [(p, w) for p, w in zip(self._live, self._weights)
-                     if banned.get(p.id, (0.0, 0))[0] <= now]
+                     if banned.get(p.id, (NOT_BANNED, 0))[0] <= now]
             candidates, weights = [p for p, _ in pairs], [w for _, w in pairs]
         if not candidates:
             return None
@@ -321,7 +324,7 @@ class PoolView:
         home = ranked[0] if ranked else None
         banned = self.bans.get(domain, {})
         for proxy in ranked:
-            if banned.get(proxy.id, (0.0, 0))[0] <= now:
+            if banned.get(proxy.id, (NOT_BANNED, 0))[0] <= now:
                 return proxy, home
         return None, home
 

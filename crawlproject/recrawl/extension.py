@@ -157,7 +157,7 @@ class RecrawlFeeder:
     # -- the loop -------------------------------------------------------------
     async def _run(self) -> None:
         indexed = False
-        next_cycle = 0.0
+        next_cycle = float("-inf")   # the first cycle at once (0.0 relied on the boot time)
         while not self._closing:
             now = time.monotonic()
             if now >= next_cycle or await self._woken():
