@@ -881,7 +881,10 @@ class RedisScheduler(BaseScheduler):
         """The engine has nothing left (start requests handled, nothing here):
         with the cluster's frontier empty too (has_pending_requests), the node
         closes, after SCHEDULER_IDLE_BEFORE_CLOSE seconds of that if set."""
-        if self.control_holds:
+        if self.control_holds or self._stopping:
+            # Stopping closes the spider with its own reason (_stop): an idle close
+            # racing it would say "finished" (a node started into a drain with
+            # CONTROL_ON_START = exit, whose seed reader saw nothing to drain).
             raise DontCloseSpider
         if self.idle_before_close <= 0:
             return
