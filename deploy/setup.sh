@@ -54,6 +54,11 @@ if [ "${1:-}" = "dev" ] && [ ! -x "$VENV/redis7/usr/bin/redis-server" ] \
   }
   redis7 || echo "WARNING: no Redis 7 for the tests of Redis functions (apt-get download redis-tools)" >&2
 fi
+# Tests that name a non-loopback host run in a network namespace of their own
+# (unshare -n, then `ip link set lo up`): iproute2 where a minimal image lacks it.
+if [ "${1:-}" = "dev" ] && ! command -v ip >/dev/null; then
+  apt_install iproute2 || echo "WARNING: no ip command (apt-get install iproute2): the network-namespace tests will fail" >&2
+fi
 # Playwright cannot download its own browsers here: use the distribution's Chromium.
 if ! command -v chromium >/dev/null && [ ! -x /usr/lib/chromium/chromium ]; then
   apt_install chromium || echo "WARNING: Chromium is not installed; JavaScript pages will fail (apt-get install chromium)" >&2
