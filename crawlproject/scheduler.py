@@ -47,6 +47,7 @@ state; its parts that stand alone are in :mod:`crawlproject.scheduling`.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections import deque
@@ -70,7 +71,8 @@ from crawlproject.frontier.client import FrontierClient, Rejected
 from crawlproject.scheduling.burst import StartBurst, default_prefetch
 from crawlproject.scheduling.compat import idle_before_close, scrapy_redis_notes
 from crawlproject.scheduling.errback import LeaseErrback
-from crawlproject.scheduling.local import SLOT_PREFIX, LocalRequests, strip_slot
+from crawlproject.scheduling.local import (KEPT_META, SLOT_PREFIX, LocalRequests, is_kept,
+                                           strip_slot)
 from crawlproject.scheduling.politeness import SitePoliteness
 from crawlproject.scheduling.startstate import StartState
 from crawlproject.control import (ControlWatcher, clear_finished_drain, drain_complete,
@@ -178,6 +180,7 @@ class RedisScheduler(BaseScheduler):
         self.signer: Signer | None = None
         self.client: FrontierClient | None = None
         self.local: LocalRequests | None = None
+        self._kept_dead_tasks: set[asyncio.Future] = set()
         self._redis_url = redis_url_from_settings(crawler.settings)
         self._redis_outage = outage_log(crawler, "redis", f"Redis at {redact_url(self._redis_url)}")
         self._warned_priority = False
@@ -698,6 +701,35 @@ class RedisScheduler(BaseScheduler):
         member = request.meta.get(LEASE_META)
         if member in self.client.held:
             self._failed[member] = (kind, reason)
+        elif is_kept(request):
+            self._kept_failed(request, kind, reason)
+
+    def _kept_failed(self, request: Request, kind: str, reason: str) -> None:
+        """A request this node kept (it cannot be stored) failed for good: a
+        dead letter too, with its URL and reason (no payload to replay)."""
+        if request.meta.get(KEPT_META) == "dead":
+            return   # said already (a callback raising for each of its outputs)
+        request.meta[KEPT_META] = "dead"
+        key = self.politeness.key(request)
+        record = {"member": "", "key": key, "payload": None, "priority": request.priority,
+                  "url": request.url, "kind": kind,
+                  "reason": f"{reason}; kept on this node (not storable): not replayable",
+                  "attempts": request.meta.get("retry_times", 0) + 1,
+                  "node": self.client.node, "at": time.time()}
+        self._count("scheduler/dead")
+        self._count(f"scheduler/dead/{kind}")
+        logger.error("Dead-lettered %s (kept on this node) after %s attempt(s): %s", request,
+                     record["attempts"], reason, extra={"spider": self.spider})
+        frontier = self.client.partitions[self.client.partition_of(key)]
+        task = asyncio.ensure_future(frontier.keep_dead(json.dumps(record)))
+        self._kept_dead_tasks.add(task)
+        task.add_done_callback(self._kept_dead_written)
+
+    def _kept_dead_written(self, task: asyncio.Future) -> None:
+        self._kept_dead_tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:   # logged above already
+            logger.warning("Could not write a kept request's dead letter to Redis: %s",
+                           task.exception(), extra={"spider": self.spider})
 
     def slow_down(self, request: Request, retry_after: float | None) -> None:
         """*request*'s site answered a slow-down status: block its politeness key
@@ -771,9 +803,11 @@ class RedisScheduler(BaseScheduler):
     def _on_spider_error(self, failure, response, spider):
         request = getattr(response, "request", None)
         member = request.meta.get(LEASE_META) if request is not None else None
+        exc = failure.value
         if member in self.client.held:
-            exc = failure.value
             self._failed[member] = ("callback", f"{type(exc).__name__}: {exc}")
+        elif request is not None and is_kept(request):
+            self._kept_failed(request, "callback", f"{type(exc).__name__}: {exc}")
 
     # -- the loop's hooks --------------------------------------------------------
     def _count(self, name: str, value: int = 1) -> None:
@@ -1081,6 +1115,8 @@ class RedisScheduler(BaseScheduler):
             await asyncio.gather(self._report_task, return_exceptions=True)
         await self.control.stop()
         await self.local.close()
+        if self._kept_dead_tasks:   # dead letters of kept requests, written before leaving
+            await asyncio.gather(*self._kept_dead_tasks, return_exceptions=True)
         leftovers = await self.client.close()
         self.flush_counts()   # the final calls' (the engine may have asked once more)
         if self.control.state == "drain":   # the last draining node out ends a --then-clear drain

@@ -75,7 +75,8 @@ ALLOWED_CLASSES: dict[str, type[Request]] = {
 TRANSIENT_META_KEYS = frozenset(
     {"playwright_page", "download_latency", "_crawlproject_lease", "_crawlproject_retry_delay",
      "_crawlproject_slow_down", "_auth_proxy", "_scheme_proxy", "_crawlproject_render_context",
-     "_crawlproject_payload", "_crawlproject_recrawl_visit", "_crawlproject_parent"}
+     "_crawlproject_payload", "_crawlproject_recrawl_visit", "_crawlproject_parent",
+     "_crawlproject_kept"}
 ) | SESSION_TRANSIENT
 #: Headers never stored: Scrapy's HttpProxyMiddleware puts the proxy's
 #: credentials in ``Proxy-Authorization`` (compared lower-case).

@@ -55,6 +55,33 @@ def test_a_request_that_cannot_be_stored_is_kept_on_its_node_not_dropped(redis_u
     assert scheduler.has_pending_requests()
 
 
+def test_a_kept_request_that_fails_for_good_is_dead_lettered_with_its_reason(redis_url, redis):
+    """A kept request is never silently done: retries exhausted (or a callback
+    that raised) make a dead letter, as for a leased one, with its URL and why."""
+    import asyncio
+    import json as json_
+
+    crawler = get_crawler(MetaSpider, {"REDIS_URL": redis_url, "FRONTIER_SECRET": "s" * 16})
+    crawler.spider = MetaSpider.from_crawler(crawler)
+    scheduler = RedisScheduler.from_crawler(crawler)
+    scheduler.setup(crawler.spider)
+    crawler.stats.open_spider()
+
+    async def fail_it():
+        request = Request("http://127.0.0.1/gone", callback=lambda r: None)
+        assert scheduler.enqueue_request(request)
+        scheduler.mark_failed(request, "TimeoutError: took too long")
+        scheduler.mark_failed(request, "said twice")          # one letter, not two
+        await asyncio.gather(*scheduler._kept_dead_tasks)
+        await scheduler.client.partitions[0].client.aclose()
+    asyncio.run(fail_it())
+    dead = [json_.loads(r) for r in redis.lrange("{meta}:dead", 0, -1)]
+    assert [(d["url"], d["kind"], d["payload"]) for d in dead] == [
+        ("http://127.0.0.1/gone", "download", None)]
+    assert dead[0]["reason"].startswith("TimeoutError: took too long")
+    assert crawler.stats.get_value("scheduler/dead/download") == 1
+
+
 @pytest.mark.slow
 def test_retries_backoff_and_dead_letters(redis, redis_url, mongo_uri, database, tmp_path):
     dead_url = f"http://127.0.0.1:{closed_port()}/gone"

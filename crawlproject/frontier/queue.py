@@ -623,6 +623,15 @@ class AsyncFrontier(Frontier):
     async def bloom_estimates(self) -> dict:
         return filter_estimates(await self.client.hgetall(self.keys.bloom))
 
+    async def keep_dead(self, record: str) -> None:
+        """Add *record* to this partition's dead letters (at most ``dead_max``
+        kept, newest first): a request no frontier entry stands for (one a
+        node kept, crawlproject.scheduling.local) whose retries ran out."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.lpush(self.keys.dead, record)
+            pipe.ltrim(self.keys.dead, 0, self.dead_max - 1)
+            await pipe.execute()
+
     async def mark_seen(self, fingerprints: list) -> list[bool]:
         """Check-and-add *fingerprints* to this partition's Bloom filter (the
         one SYNC dedupes with), queueing nothing: True for each that was new.

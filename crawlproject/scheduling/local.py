@@ -19,7 +19,10 @@ keeps such a request in memory; so does this one. Such a request is
 * counted (``scheduler/kept_local``, ``scheduler/kept_local/<reason>``) and
   logged once per reason.
 
-What it loses: it is not leased, so it is lost if the node dies, and the
+When its retries run out or its callback raises, it is dead-lettered like a
+leased request (``{spider}:dead``, with its URL and reason; without a payload
+to replay, since it cannot be stored). What it loses: it is not leased, so it
+is lost if the node dies, its retries do not wait out a backoff, and the
 frontier's cluster-wide politeness does not count it.
 """
 
@@ -37,15 +40,23 @@ logger = logging.getLogger(__name__)
 
 #: download slots of kept requests (never a politeness key: see strip_slot)
 SLOT_PREFIX = "crawlproject-local:"
+#: meta key marking a kept request (process-local: never stored)
+KEPT_META = "_crawlproject_kept"
 BATCH = 500
 
 
 def strip_slot(request: Request) -> None:
-    """Forget the download slot :class:`LocalRequests` gave *request* (it is
-    enqueued again: a redirect, a retry)."""
+    """Forget what :class:`LocalRequests` gave *request*, its download slot
+    and its mark (it is enqueued again: a redirect, a retry)."""
+    request.meta.pop(KEPT_META, None)
     slot = request.meta.get("download_slot")
     if isinstance(slot, str) and slot.startswith(SLOT_PREFIX):
         del request.meta["download_slot"]
+
+
+def is_kept(request: Request) -> bool:
+    """Whether *request* is one this node keeps (not leased from the frontier)."""
+    return KEPT_META in request.meta
 
 
 class LocalRequests:
@@ -84,7 +95,10 @@ class LocalRequests:
                            "shared with other nodes, lost if this node dies): %s: %s. Counted "
                            "in scheduler/kept_local/%s; said once.", request, reason, code,
                            extra=self.log_extra)
-        request.meta["download_slot"] = self.slot_for(key)
+        request.meta[KEPT_META] = True
+        slot = self.slot_for(key)
+        if slot is not None:
+            request.meta["download_slot"] = slot
         if fingerprint is None:
             self._push(request)
             return
