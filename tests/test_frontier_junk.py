@@ -17,20 +17,7 @@ from crawlproject.frontier.politeness import Limits, PolitenessConfig
 from crawlproject.frontier.queue import Batch, Frontier
 
 
-class Clock:
-    def __init__(self, ms=1_000_000):
-        self.ms = ms
-
-    def __call__(self):
-        return self.ms
-
-    def advance(self, seconds):
-        self.ms += int(seconds * 1000)
-
-
-@pytest.fixture
-def clock():
-    return Clock()
+from tests.test_politeness import Clock, clock  # noqa: F401 - the same Redis-time clock
 
 
 def polite(delay=0.0, concurrency=5, **kw):
