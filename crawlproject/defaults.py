@@ -160,6 +160,10 @@ IMPERSONATE_ENABLED = False                 # identity's browser TLS/HTTP2 (Impe
 IMPERSONATE_DEFAULT_PROFILE = ""            # profile of requests with no identity; "": their UA's
 IMPERSONATE_FALLBACK = False                # impersonation failed: Scrapy's own client may retry it
 
+# --- Download limits (crawlproject/limits/; body: Scrapy's DOWNLOAD_MAXSIZE) ---
+DOWNLOAD_HEADERS_MAXSIZE = 256 * 1024       # bytes of a response's status line and headers
+DOWNLOAD_HEADERS_MAXCOUNT = 1000            # headers of a response; 0: no limit (both)
+
 # --- MongoDB pipelines (crawlproject/pipelines/) -------------------------------
 MONGO_PIPELINE_ENABLED = True               # switch the MongoDB pipeline off
 MONGO_COLLECTION = "%(spider)s"             # also %(item)s: the item class, lower case

@@ -29,7 +29,17 @@ CONCURRENT_REQUESTS_PER_DOMAIN = 16
 # responses, so 32 per response loses nothing; raise it for pages that yield
 # hundreds of items each.
 CONCURRENT_ITEMS = 32
-DOWNLOAD_TIMEOUT = 30
+DOWNLOAD_TIMEOUT = 30   # a deadline for the whole download: a body that drips ends there
+# Scrapy's 1 GiB would let one page take a node's memory: a 2 KB brotli bomb decompressed
+# to 2.1 GiB (issue 46). 16 MiB is far above any HTML page and is checked on the
+# decompressed size while decompressing (LimitedHttpCompressionMiddleware).
+DOWNLOAD_MAXSIZE = 16 * 1024 * 1024
+DOWNLOAD_WARNSIZE = 4 * 1024 * 1024
+# Scrapy's HTTP/1.1 client with a bound on the response headers (DOWNLOAD_HEADERS_MAXSIZE,
+# DOWNLOAD_HEADERS_MAXCOUNT); the rendering and impersonation add-ons replace it with
+# their handlers, which have the same bounds.
+DOWNLOAD_HANDLERS = {"http": "crawlproject.limits.headers.BoundedHTTP11DownloadHandler",
+                     "https": "crawlproject.limits.headers.BoundedHTTP11DownloadHandler"}
 REMOTE_CONTROL_ENABLED = False
 TELNETCONSOLE_ENABLED = False
 FEED_EXPORT_ENCODING = "utf-8"
@@ -46,6 +56,9 @@ DOWNLOADER_MIDDLEWARES = {
     "scrapy.downloadermiddlewares.retry.RetryMiddleware": None,
     "crawlproject.middlewares.retry.BackoffRetryMiddleware": 550,
     "crawlproject.middlewares.politeness.FrontierPolitenessMiddleware": 560,
+    # Scrapy's decompression (bounded by DOWNLOAD_MAXSIZE), its refusals dead-lettered
+    "scrapy.downloadermiddlewares.httpcompression.HttpCompressionMiddleware": None,
+    "crawlproject.limits.compression.LimitedHttpCompressionMiddleware": 590,
     # after HttpCompressionMiddleware (590): checks the page the callback would get
     "crawlproject.rendering.middleware.RenderIfMissingMiddleware": 585,
     "crawlproject.proxies.middleware.ProxyPoolMiddleware": 600,

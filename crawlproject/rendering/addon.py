@@ -40,6 +40,7 @@ from collections import OrderedDict
 from contextlib import suppress
 from urllib.parse import urlsplit
 
+from scrapy.exceptions import DownloadCancelledError
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.misc import load_object
 from scrapy_playwright.handler import ScrapyPlaywrightDownloadHandler
@@ -49,6 +50,7 @@ from crawlproject.defaults import RENDER_BLOCK_RESOURCES, setting
 from crawlproject.egress.browser import MARKER, EgressProxy
 from crawlproject.egress.report import refuse, report_for
 from crawlproject.egress.resolver import active_guard, checked_addresses
+from crawlproject.limits.headers import HeaderLimitsMixin
 from crawlproject.rendering.settings import explicit_chromium_path, rendering_enabled
 
 __all__ = ["ContextPool", "RenderingAddon", "RenderingDownloadHandler", "ResourceBlocker",
@@ -58,6 +60,9 @@ logger = logging.getLogger(__name__)
 
 HANDLER = "crawlproject.rendering.RenderingDownloadHandler"
 PLAYWRIGHT_HANDLER = "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler"
+#: Handlers the add-on replaces with HANDLER (which has the same header bounds).
+REPLACEABLE = (None, PLAYWRIGHT_HANDLER, ScrapyPlaywrightDownloadHandler,
+               "crawlproject.limits.headers.BoundedHTTP11DownloadHandler")
 #: The rendering middlewares and their places (see crawlproject.rendering.middleware).
 MIDDLEWARES = {"crawlproject.rendering.middleware.RenderingMiddleware": 620,
                "crawlproject.rendering.middleware.RenderIfMissingMiddleware": 585}
@@ -144,7 +149,7 @@ async def browser_headers(*, browser_type_name, playwright_request, scrapy_reque
     return {k: v for k, v in headers.items() if k.lower() != "proxy-authorization"}
 
 
-class RenderingDownloadHandler(ScrapyPlaywrightDownloadHandler):
+class RenderingDownloadHandler(HeaderLimitsMixin, ScrapyPlaywrightDownloadHandler):
     """scrapy-playwright's download handler, with the context operations the
     rendering middleware needs to keep the number of browser contexts bounded,
     and, where the process has the address guard (``DOWNLOAD_ALLOWED_NETWORKS``),
@@ -155,7 +160,23 @@ class RenderingDownloadHandler(ScrapyPlaywrightDownloadHandler):
 
     (scrapy-playwright keeps a named context until it is closed, and its own
     ``PLAYWRIGHT_MAX_CONTEXTS`` waits for a free slot while holding its
-    context lock: with named contexts nothing ever frees one.)"""
+    context lock: with named contexts nothing ever frees one.)
+
+    Limits: requests it does not render are Scrapy's downloads with the header
+    bounds of :mod:`crawlproject.limits.headers`; a rendered page whose HTML
+    (``page.content()``) is larger than ``DOWNLOAD_MAXSIZE`` (or its
+    ``meta["download_maxsize"]``) is refused (:class:`RenderedPageTooLarge`,
+    ``limits/rendered_too_large``). What the browser itself downloads is not
+    bounded by size here (scrapy-playwright has no such limit): only by
+    ``RENDER_BLOCK_RESOURCES`` and the navigation timeout."""
+
+    def __init__(self, crawler):
+        super().__init__(crawler)
+        self._bound_headers(crawler)
+
+    async def download_request(self, request):
+        """scrapy-playwright's: rendered by the browser, else Scrapy's download."""
+        return await self._bounded_download(super().download_request, request)
 
     @classmethod
     def from_crawler(cls, crawler):
@@ -181,7 +202,7 @@ class RenderingDownloadHandler(ScrapyPlaywrightDownloadHandler):
         await self._started()
         egress = self.__dict__.get("_egress")
         if egress is None:
-            return await super()._download_request(request, spider)
+            return self._bounded_page(request, await super()._download_request(request, spider))
         await self._check_connection(request)
         since = time.monotonic()
         try:
@@ -192,6 +213,16 @@ class RenderingDownloadHandler(ScrapyPlaywrightDownloadHandler):
             # The page is the egress proxy's own 403: its navigation was refused.
             raise self._navigation_refused(request, egress, since, at_least_latest=True)
         self._navigations.pop(request, None)
+        return self._bounded_page(request, response)
+
+    def _bounded_page(self, request, response):
+        maxsize = request.meta.get("download_maxsize", self._default_maxsize)
+        if maxsize and len(response.body) > maxsize:
+            exc = RenderedPageTooLarge(
+                f"{request.url}: the rendered page ({len(response.body)} bytes) is larger "
+                f"than {maxsize} bytes (DOWNLOAD_MAXSIZE or meta download_maxsize)")
+            self._limit_report.refused(request, exc.reason, "%s", exc)
+            raise exc
         return response
 
     async def _started(self) -> None:
@@ -279,6 +310,13 @@ class RenderingDownloadHandler(ScrapyPlaywrightDownloadHandler):
             await wrapper.context.close()
         self.context_wrappers.pop(name, None)
         return True
+
+
+class RenderedPageTooLarge(DownloadCancelledError):
+    """A rendered page's HTML is larger than its ``DOWNLOAD_MAXSIZE`` (a
+    ``DownloadCancelledError``, as Scrapy's own size refusal: not retried)."""
+
+    reason = "rendered_too_large"
 
 
 def handlers_for(crawler) -> list[RenderingDownloadHandler]:
@@ -370,7 +408,7 @@ class RenderingAddon:
             return
         handlers = settings["DOWNLOAD_HANDLERS"]
         for scheme in ("http", "https"):
-            if handlers.get(scheme) in (None, PLAYWRIGHT_HANDLER, ScrapyPlaywrightDownloadHandler):
+            if handlers.get(scheme) in REPLACEABLE:
                 _extend(handlers, scheme, HANDLER)
         settings.set("PLAYWRIGHT_BROWSER_TYPE", "chromium", "addon")
         settings.set("PLAYWRIGHT_MAX_PAGES_PER_CONTEXT", 4, "addon")
