@@ -12,6 +12,7 @@ every request (names and values in the order received) and serves:
 * ``/headers``: :data:`MANY_HEADERS` distinct headers (``/headers-1500``: 1,500,
   under libcurl's own bound of 5,000); ``/huge-header``: one
   header of 1 MiB; ``/endless-headers``: header lines until the client goes;
+* ``/big-html``: a 300 KB HTML page;
 * anything else: ``200 ok``.
 """
 
@@ -131,6 +132,12 @@ class HostileServer:
     async def _headers(self, writer) -> None:
         lines = b"".join(b"X-Flood-%d: %d\r\n" % (i, i) for i in range(MANY_HEADERS))
         await self._head(writer, lines)
+
+    async def _big_html(self, writer) -> None:
+        body = b"<html><body>" + b"<p>big</p>" * 30_000 + b"</body></html>"
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        await writer.drain()
 
     async def _headers_1500(self, writer) -> None:
         await self._head(writer, b"".join(b"X-Many-%d: %d\r\n" % (i, i) for i in range(1500)))

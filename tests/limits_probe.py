@@ -110,12 +110,48 @@ async def run(server, overrides: dict) -> dict:
     return results
 
 
+async def render(server, overrides: dict) -> dict:
+    """The rendering handler (the system Chromium): a rendered page over its
+    ``download_maxsize``, one under it, and a header flood on its Scrapy path."""
+    from crawlproject.rendering.addon import RenderingAddon, RenderingDownloadHandler
+
+    settings = Settings()
+    settings.setmodule("crawlproject.settings", priority="project")
+    settings.setdict({"RENDER_BLOCK_RESOURCES": [], **overrides}, priority="cmdline")
+    RenderingAddon().update_settings(settings)
+    crawler = get_crawler(Spider, {k: settings[k] for k in settings if k.startswith(
+        ("PLAYWRIGHT_", "DOWNLOAD_"))})
+    crawler.spider = Spider("probe")
+    handler = RenderingDownloadHandler.from_crawler(crawler)
+    results: dict = {"handler": type(handler).__name__}
+    try:
+        for name, path, meta in (("big", "/big-html", {"download_maxsize": 100_000}),
+                                 ("small", "/big-html", {}),
+                                 ("headers", "/headers", {"playwright": False})):
+            request = Request(server.url + path, meta={"playwright": True, **meta})
+            try:
+                response = await handler.download_request(request)
+                results[name] = {"status": response.status, "body": len(response.body)}
+            except Exception as exc:
+                results[name] = {"error": type(exc).__name__, "message": str(exc)[:300]}
+    finally:
+        await handler.close()
+    results["stats"] = {k: v for k, v in crawler.stats.get_stats().items()
+                        if k.startswith("limits/")}
+    return results
+
+
 def main() -> None:
-    overrides = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
-    bomb("gzip"), bomb("br")
+    args = sys.argv[1:]
+    job = run
+    if args[:1] == ["--render"]:
+        job, args = render, args[1:]
+    overrides = json.loads(args[0]) if args else {}
+    if job is run:
+        bomb("gzip"), bomb("br")
     out = {}
     with HostileServer() as server:
-        d = deferred_from_coro(run(server, overrides))
+        d = deferred_from_coro(job(server, overrides))
         d.addCallbacks(out.update, lambda f: out.update(failure=f.getTraceback()))
         d.addBoth(lambda _: reactor.stop())
         reactor.run()

@@ -191,3 +191,24 @@ def test_the_impersonating_handler_ends_drips_refuses_header_floods_and_sends_no
     retry = RetryMiddleware.from_crawler(get_crawler(Spider))
     for exc in (errors.HeadersTooLarge("x"), ResponseHeadersTooLarge("x")):
         assert not isinstance(exc, retry.exceptions_to_retry)
+
+
+# ------------------------------------------------------------ the rendering handler
+
+def test_the_rendering_handler_refuses_a_rendered_page_over_its_maxsize_and_bounds_headers():
+    from crawlproject.rendering.addon import chromium_path
+
+    if chromium_path() is None:
+        pytest.skip("no Chromium here")
+    done = subprocess.run([sys.executable, "-m", "tests.limits_probe", "--render"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    r = json.loads(done.stdout)
+    assert "failure" not in r, r["failure"]
+    # the page's HTML as the browser serialised it, against meta download_maxsize
+    assert r["big"]["error"] == "RenderedPageTooLarge"
+    assert r["small"] == {"status": 200, "body": r["small"]["body"]}
+    assert r["small"]["body"] > 100_000
+    # what it does not render is Scrapy's download, with the header bounds
+    assert r["headers"]["error"] == "ResponseHeadersTooLarge"
+    assert r["stats"] == {"limits/rendered_too_large": 1, "limits/headers_too_large": 1}
