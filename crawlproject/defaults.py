@@ -210,6 +210,7 @@ RENDER_WAIT_IDLE = 2.0                      # no selector: seconds it waits for 
 RENDER_BLOCK_RESOURCES = ["image", "font", "media"]  # never fetched by the browser
 RENDER_MAX_CONTEXTS = 8                     # browser contexts open at most
 RENDER_PROXY_BYPASS = None                  # hosts a proxied browser context reaches directly
+RENDER_MAXSIZE = 64 * 1024 * 1024           # bytes a rendered page may receive in all; 0: no limit
 
 # --- Operations: logs, metrics, tracing, garbage collector ---------------------
 LOG_JSON = False                            # one JSON object per log line (JsonLogsAddon)

@@ -12,7 +12,8 @@ every request (names and values in the order received) and serves:
 * ``/headers``: :data:`MANY_HEADERS` distinct headers (``/headers-1500``: 1,500,
   under libcurl's own bound of 5,000); ``/huge-header``: one
   header of 1 MiB; ``/endless-headers``: header lines until the client goes;
-* ``/big-html``: a 300 KB HTML page;
+* ``/big-html``: a 300 KB HTML page; ``/loads-bomb``: a small page whose
+  script is the gzip bomb;
 * anything else: ``200 ok``.
 """
 
@@ -135,6 +136,12 @@ class HostileServer:
 
     async def _big_html(self, writer) -> None:
         body = b"<html><body>" + b"<p>big</p>" * 30_000 + b"</body></html>"
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        await writer.drain()
+
+    async def _loads_bomb(self, writer) -> None:
+        body = b'<html><body><p>small</p><script src="/gzip-bomb"></script></body></html>'
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\n"
                      b"Content-Length: %d\r\n\r\n" % len(body) + body)
         await writer.drain()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import tracemalloc
 
 from scrapy.utils.reactor import install_reactor
@@ -120,20 +121,27 @@ async def render(server, overrides: dict) -> dict:
     settings.setdict({"RENDER_BLOCK_RESOURCES": [], **overrides}, priority="cmdline")
     RenderingAddon().update_settings(settings)
     crawler = get_crawler(Spider, {k: settings[k] for k in settings if k.startswith(
-        ("PLAYWRIGHT_", "DOWNLOAD_"))})
+        ("PLAYWRIGHT_", "DOWNLOAD_", "RENDER_"))})
     crawler.spider = Spider("probe")
     handler = RenderingDownloadHandler.from_crawler(crawler)
     results: dict = {"handler": type(handler).__name__}
     try:
         for name, path, meta in (("big", "/big-html", {"download_maxsize": 100_000}),
                                  ("small", "/big-html", {}),
+                                 ("bomb", "/gzip-bomb", {}),
+                                 ("loads-bomb", "/loads-bomb", {}),
                                  ("headers", "/headers", {"playwright": False})):
             request = Request(server.url + path, meta={"playwright": True, **meta})
+            tracemalloc.start()
+            start = time.monotonic()
             try:
                 response = await handler.download_request(request)
                 results[name] = {"status": response.status, "body": len(response.body)}
             except Exception as exc:
                 results[name] = {"error": type(exc).__name__, "message": str(exc)[:300]}
+            results[name]["peak"] = tracemalloc.get_traced_memory()[1]
+            results[name]["seconds"] = round(time.monotonic() - start, 2)
+            tracemalloc.stop()
     finally:
         await handler.close()
     results["stats"] = {k: v for k, v in crawler.stats.get_stats().items()
@@ -147,8 +155,7 @@ def main() -> None:
     if args[:1] == ["--render"]:
         job, args = render, args[1:]
     overrides = json.loads(args[0]) if args else {}
-    if job is run:
-        bomb("gzip"), bomb("br")
+    bomb("gzip"), bomb("br")
     out = {}
     with HostileServer() as server:
         d = deferred_from_coro(job(server, overrides))

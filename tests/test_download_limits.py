@@ -195,20 +195,26 @@ def test_the_impersonating_handler_ends_drips_refuses_header_floods_and_sends_no
 
 # ------------------------------------------------------------ the rendering handler
 
-def test_the_rendering_handler_refuses_a_rendered_page_over_its_maxsize_and_bounds_headers():
+def test_the_rendering_handler_stops_pages_over_their_limits_while_they_load():
     from crawlproject.rendering.addon import chromium_path
 
     if chromium_path() is None:
         pytest.skip("no Chromium here")
-    done = subprocess.run([sys.executable, "-m", "tests.limits_probe", "--render"], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "tests.limits_probe", "--render",
+                           json.dumps({"RENDER_MAXSIZE": 24 * MiB})], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     r = json.loads(done.stdout)
     assert "failure" not in r, r["failure"]
-    # the page's HTML as the browser serialised it, against meta download_maxsize
+    # the document against meta download_maxsize, counted by the browser as it arrives
     assert r["big"]["error"] == "RenderedPageTooLarge"
-    assert r["small"] == {"status": 200, "body": r["small"]["body"]}
-    assert r["small"]["body"] > 100_000
+    assert r["small"]["status"] == 200 and r["small"]["body"] > 100_000
+    # a bomb as the page (DOWNLOAD_MAXSIZE) or as its script (RENDER_MAXSIZE) is stopped
+    # in the browser: the node never gets its 64 MiB
+    assert "DOWNLOAD_MAXSIZE" in r["bomb"]["message"]
+    assert "RENDER_MAXSIZE" in r["loads-bomb"]["message"]
+    for name in ("bomb", "loads-bomb"):
+        assert r[name]["error"] == "RenderedPageTooLarge" and r[name]["peak"] < 8 * MiB
     # what it does not render is Scrapy's download, with the header bounds
     assert r["headers"]["error"] == "ResponseHeadersTooLarge"
-    assert r["stats"] == {"limits/rendered_too_large": 1, "limits/headers_too_large": 1}
+    assert r["stats"] == {"limits/rendered_too_large": 3, "limits/headers_too_large": 1}

@@ -51,6 +51,7 @@ from crawlproject.egress.browser import MARKER, EgressProxy
 from crawlproject.egress.report import refuse, report_for
 from crawlproject.egress.resolver import active_guard, checked_addresses
 from crawlproject.limits.headers import HeaderLimitsMixin
+from crawlproject.rendering.limits import PageMeter
 from crawlproject.rendering.settings import explicit_chromium_path, rendering_enabled
 
 __all__ = ["ContextPool", "RenderingAddon", "RenderingDownloadHandler", "ResourceBlocker",
@@ -163,16 +164,18 @@ class RenderingDownloadHandler(HeaderLimitsMixin, ScrapyPlaywrightDownloadHandle
     context lock: with named contexts nothing ever frees one.)
 
     Limits: requests it does not render are Scrapy's downloads with the header
-    bounds of :mod:`crawlproject.limits.headers`; a rendered page whose HTML
-    (``page.content()``) is larger than ``DOWNLOAD_MAXSIZE`` (or its
-    ``meta["download_maxsize"]``) is refused (:class:`RenderedPageTooLarge`,
-    ``limits/rendered_too_large``). What the browser itself downloads is not
-    bounded by size here (scrapy-playwright has no such limit): only by
-    ``RENDER_BLOCK_RESOURCES`` and the navigation timeout."""
+    bounds of :mod:`crawlproject.limits.headers`. A rendered page is refused
+    (:class:`RenderedPageTooLarge`, ``limits/rendered_too_large``) when, while it
+    loads, one of its documents goes over ``DOWNLOAD_MAXSIZE`` (or its
+    ``meta["download_maxsize"]``) decoded or all it received over
+    ``RENDER_MAXSIZE`` (:mod:`crawlproject.rendering.limits` stops it then), or
+    when its HTML (``page.content()``) is larger than ``DOWNLOAD_MAXSIZE``."""
 
     def __init__(self, crawler):
         super().__init__(crawler)
         self._bound_headers(crawler)
+        self._render_maxsize = setting(crawler.settings, "RENDER_MAXSIZE")
+        self._meters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     async def download_request(self, request):
         """scrapy-playwright's: rendered by the browser, else Scrapy's download."""
@@ -199,10 +202,17 @@ class RenderingDownloadHandler(HeaderLimitsMixin, ScrapyPlaywrightDownloadHandle
         return None
 
     async def _download_request(self, request, spider=None):
+        try:
+            response = await self._render(request, spider)
+        except Exception as exc:
+            raise self._oversized(request) or exc
+        return self._bounded_page(request, response)
+
+    async def _render(self, request, spider):
         await self._started()
         egress = self.__dict__.get("_egress")
         if egress is None:
-            return self._bounded_page(request, await super()._download_request(request, spider))
+            return await super()._download_request(request, spider)
         await self._check_connection(request)
         since = time.monotonic()
         try:
@@ -213,17 +223,30 @@ class RenderingDownloadHandler(HeaderLimitsMixin, ScrapyPlaywrightDownloadHandle
             # The page is the egress proxy's own 403: its navigation was refused.
             raise self._navigation_refused(request, egress, since, at_least_latest=True)
         self._navigations.pop(request, None)
-        return self._bounded_page(request, response)
+        return response
+
+    def _maxsize(self, request) -> int:
+        return request.meta.get("download_maxsize", self._default_maxsize)
 
     def _bounded_page(self, request, response):
-        maxsize = request.meta.get("download_maxsize", self._default_maxsize)
+        refusal = self._oversized(request)
+        if refusal is not None:
+            raise refusal
+        maxsize = self._maxsize(request)
         if maxsize and len(response.body) > maxsize:
-            exc = RenderedPageTooLarge(
-                f"{request.url}: the rendered page ({len(response.body)} bytes) is larger "
-                f"than {maxsize} bytes (DOWNLOAD_MAXSIZE or meta download_maxsize)")
-            self._limit_report.refused(request, exc.reason, "%s", exc)
-            raise exc
+            raise self._refuse(request, f"the rendered page ({len(response.body)} bytes) is "
+                                        f"larger than {maxsize} bytes (DOWNLOAD_MAXSIZE or "
+                                        f"meta download_maxsize)")
         return response
+
+    def _oversized(self, request) -> "RenderedPageTooLarge | None":
+        meter = self._meters.pop(request, None)
+        return None if meter is None or meter.over is None else self._refuse(request, meter.over)
+
+    def _refuse(self, request, why: str) -> "RenderedPageTooLarge":
+        exc = RenderedPageTooLarge(f"{request.url}: {why}")
+        self._limit_report.refused(request, exc.reason, "%s", exc)
+        return exc
 
     async def _started(self) -> None:
         # A flag of its own: _launch() sets browser_provider before it has started.
@@ -263,6 +286,10 @@ class RenderingDownloadHandler(HeaderLimitsMixin, ScrapyPlaywrightDownloadHandle
 
     async def _create_page(self, request, spider):
         page = await super()._create_page(request, spider)
+        if self._maxsize(request) or self._render_maxsize:
+            meter = PageMeter(self._maxsize(request), self._render_maxsize)
+            if await meter.attach(page):
+                self._meters[request] = meter
         navigations = self._navigations.setdefault(request, []) if self.__dict__.get(
             "_egress") else None
         if navigations is not None:
