@@ -7,13 +7,14 @@ the decompression middleware a project with these settings (over
 crawlproject/settings.py) has for http, downloads each case of :data:`CASES`,
 hands the response to that middleware, and prints one JSON object: per case the
 outcome (status and body size, or the exception), the decompressed size at
-which a bomb was refused, the heap peak (tracemalloc) during the case, and the
-stats and dead letters (``scheduler.mark_failed``) it left. The scheduler is a
+which a bomb was refused, the heap peak (tracemalloc) during the case, the
+process's peak RSS before and after all cases, and the stats and dead letters (``scheduler.mark_failed``) it left. The scheduler is a
 recorder of ``mark_failed`` calls: the frontier's own is tested elsewhere."""
 
 from __future__ import annotations
 
 import json
+import resource
 import sys
 import time
 import tracemalloc
@@ -156,12 +157,13 @@ def main() -> None:
         job, args = render, args[1:]
     overrides = json.loads(args[0]) if args else {}
     bomb("gzip"), bomb("br")
-    out = {}
+    out = {"maxrss_before": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
     with HostileServer() as server:
         d = deferred_from_coro(job(server, overrides))
         d.addCallbacks(out.update, lambda f: out.update(failure=f.getTraceback()))
         d.addBoth(lambda _: reactor.stop())
         reactor.run()
+    out["maxrss_after"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(json.dumps(out))
 
 
