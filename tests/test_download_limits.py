@@ -1,11 +1,13 @@
 """Bodies, bombs, drips and headers bounded in every download handler (issue 46).
 
 Hostile pages come from tests/hostile_http.py, a real HTTP server on 127.0.0.1.
-Scrapy's own client (Twisted) runs in a process of its own (tests/limits_probe.py:
-the asyncio reactor, a heap measured with tracemalloc) with the project's
-settings; the impersonating handler (curl_cffi) runs here on an asyncio loop.
-Bombs are 64 MiB of zeros (a few KiB on the wire): with Scrapy's 1 GiB limit
-they decompress whole."""
+Scrapy's own client (Twisted) and the rendering handler (the system Chromium)
+run in a process of their own (tests/limits_probe.py: the asyncio reactor, a
+heap measured with tracemalloc) with the project's settings; the impersonating
+handler (curl_cffi) runs here on an asyncio loop. Bombs are 64 MiB of zeros (a
+few KiB on the wire): with Scrapy's 1 GiB limit they decompress whole. The one
+stand-in: the probe's scheduler only records ``mark_failed`` calls (the
+frontier's dead letters are tested with a real Redis elsewhere)."""
 
 from __future__ import annotations
 
