@@ -46,6 +46,12 @@ DOWNLOADER_MIDDLEWARES = {
     "scrapy.downloadermiddlewares.retry.RetryMiddleware": None,
     "crawlproject.middlewares.retry.BackoffRetryMiddleware": 550,
     "crawlproject.middlewares.politeness.FrontierPolitenessMiddleware": 560,
+    # Scrapy's redirects, each hop a request of its own host (its slot, its
+    # robots.txt); loops and over-long chains dead-lettered with the chain
+    "scrapy.downloadermiddlewares.redirect.MetaRefreshMiddleware": None,
+    "crawlproject.middlewares.redirect.FrontierMetaRefreshMiddleware": 580,
+    "scrapy.downloadermiddlewares.redirect.RedirectMiddleware": None,
+    "crawlproject.middlewares.redirect.FrontierRedirectMiddleware": 600,
     # after HttpCompressionMiddleware (590): checks the page the callback would get
     "crawlproject.rendering.middleware.RenderIfMissingMiddleware": 585,
     "crawlproject.proxies.middleware.ProxyPoolMiddleware": 600,
