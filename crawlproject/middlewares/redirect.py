@@ -68,10 +68,10 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.url import strip_url
 from w3lib.url import canonicalize_url
 
+from crawlproject.robots.middleware import FETCH_META as ROBOTS_FETCH_META
+
 logger = logging.getLogger(__name__)
 
-#: meta key of crawlproject.robots' robots.txt fetches (their redirects are theirs)
-ROBOTS_FETCH_META = "robotstxt_fetch"
 #: the dead letters' kind
 KIND = "redirect"
 URL_CHARS = 160      # of each URL in a reason
