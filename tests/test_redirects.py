@@ -9,9 +9,12 @@ on 127.0.0.2 and 127.0.0.3 that record each request's arrival time.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
 
 import pytest
 from scrapy import Request, Spider
@@ -23,6 +26,7 @@ from crawlproject.frontier.queue import Frontier
 from crawlproject.keys import start_urls_key
 from crawlproject.middlewares.redirect import (FrontierMetaRefreshMiddleware,
                                                FrontierRedirectMiddleware, chain_text)
+from crawlproject.scheduler import RedisScheduler
 from crawlproject.scheduling.politeness import SitePoliteness
 from tests.crawl_helpers import Node, node_env
 
@@ -158,6 +162,32 @@ def test_robots_txt_fetches_keep_scrapys_redirects_for_the_robots_middleware():
                        redirect_urls=[f"{A}/robots.txt"])
     hop = mw.process_response(fetch, moved(fetch, f"{A}/robots.txt"))
     assert hop.url == f"{A}/robots.txt" and stat(mw, "loop") == 0
+
+
+def test_a_kept_request_that_loops_is_dead_lettered_with_its_chain(redis, redis_url):
+    """The dead letter of a request the node keeps (not storable: a lambda
+    callback), written by the real scheduler to Redis; a leased one's is the
+    crawl's below."""
+    mw = middleware(FrontierRedirectMiddleware, REDIS_URL=redis_url)
+    crawler = mw.crawler
+    scheduler = RedisScheduler.from_crawler(crawler)
+    scheduler.setup(crawler.spider)
+    crawler.engine = SimpleNamespace(scheduler=scheduler)
+
+    async def loop_once():
+        request = Request(f"{A}/k1", callback=lambda r: None, meta={"download_slot": "x"})
+        assert scheduler.enqueue_request(request)        # kept on this node
+        back = request.replace(url=f"{B}/k2", meta={**request.meta,
+                                                     "redirect_urls": [f"{A}/k1"]})
+        with pytest.raises(IgnoreRequest):
+            mw.process_response(back, moved(back, f"{A}/k1"))
+        await asyncio.gather(*scheduler._kept_dead_tasks)
+        await scheduler.client.partitions[0].client.aclose()
+    asyncio.run(loop_once())
+    (dead,) = [json.loads(r) for r in redis.lrange("{test}:dead", 0, -1)]
+    assert (dead["url"], dead["kind"]) == (f"{B}/k2", "redirect")
+    assert dead["reason"].startswith(f"redirect loop (301): {A}/k1 → {B}/k2 → {A}/k1;")
+    assert crawler.stats.get_value("scheduler/dead/redirect") == 1
 
 
 # ----------------------------------------------------------------- the crawl
