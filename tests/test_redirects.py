@@ -33,7 +33,7 @@ from tests.crawl_helpers import Node, node_env
 A, B = "http://127.0.0.2", "http://127.0.0.3"
 #: the pages site A's home page links to (the crawl's seed is the home page)
 LINKED = ("/p/1", "/p/2", "/proto", "/meta", "/dupe", "/loop", "/self", "/chain/0",
-          "/ftp", "/metaloop", "/p/self")
+          "/ftp", "/metaloop", "/p/self", "/private")
 
 
 def middleware(cls, **settings):
@@ -231,13 +231,15 @@ class Sites:
 
         if host == "127.0.0.3":
             if path == "/robots.txt":
-                return 200, {"Content-Type": "text/plain"}, "User-agent: *\nCrawl-delay: 2\n"
+                return 200, {"Content-Type": "text/plain"}, ("User-agent: *\nCrawl-delay: 2\n"
+                                                         "Disallow: /private\n")
             return page() if path.startswith("/p/") else (404, {}, "")
         routes = {
             "/robots.txt": (200, {"Content-Type": "text/plain"}, "User-agent: *\nAllow: /\n"),
             "/proto": go(f"//127.0.0.3:{self.b.rsplit(':', 1)[1]}/p/3"),
             "/meta": meta(f"{self.b}/p/4"),
             "/dupe": go(f"{self.b}/p/1", 301),       # a page crawled anyway: no error
+            "/private": go(f"{self.b}/private"),     # B's robots.txt forbids it
             "/loop": go("/loop2"), "/loop2": go("/loop"),
             "/self": go("/self"),
             "/ftp": go("ftp://127.0.0.2/file", 301),
@@ -281,7 +283,8 @@ class Sites:
 def test_two_nodes_redirected_to_a_crawl_delay_host_keep_its_delay_and_loops_end_dead(
         redis, redis_url, mongo_uri, database, tmp_path):
     """Every page of A redirects to B (Crawl-delay: 2): B never sees two
-    requests closer than 2 s, robots.txt included, from either node. Run with
+    requests closer than 2 s, robots.txt included (fetched first), from either
+    node, and a hop to a path B's robots.txt disallows is refused. Run with
     FRONTIER_HONOUR_DOWNLOAD_SLOT, under which the hops were queued under A's
     key (A's pace) before the slot was dropped (with it off the key is the
     host anyway: the first test). The loops, the over-long chain and the
@@ -309,6 +312,7 @@ def test_two_nodes_redirected_to_a_crawl_delay_host_keep_its_delay_and_loops_end
     at_b = sorted(t for host, _, t in hits if host == "127.0.0.3")
     paths_b = sorted(p for host, p, _ in hits if host == "127.0.0.3")
     assert paths_b == ["/p/1", "/p/2", "/p/3", "/p/4", "/robots.txt"], paths_b
+    assert min(hits, key=lambda h: (h[0] != "127.0.0.3", h[2]))[1] == "/robots.txt"
     gaps = [later - earlier for earlier, later in zip(at_b, at_b[1:])]
     # (120 ms of measurement, as tests/test_politeness_crawl.py allows on a loaded machine)
     assert min(gaps) >= 2.0 - 0.12, gaps
@@ -324,9 +328,10 @@ def test_two_nodes_redirected_to_a_crawl_delay_host_keep_its_delay_and_loops_end
     total = {name: sum(n.stat(name) for n in nodes) for name in (
         "redirect/loop", "redirect/max_times", "redirect/scheme_refused",
         "redirect/meta_refresh_self", "scheduler/dead/redirect", "item_scraped_count",
-        "retry/count")}
+        "retry/count", "robotstxt/forbidden")}
     assert total == {"redirect/loop": 3, "redirect/max_times": 1,
                      "redirect/scheme_refused": 1, "redirect/meta_refresh_self": 1,
                      "scheduler/dead/redirect": 5, "item_scraped_count": 5,
-                     "retry/count": 0}, total
-    assert sum(n.stat("redirect/other_host") for n in nodes) == 5     # p/1-2, proto, meta, dupe
+                     "retry/count": 0, "robotstxt/forbidden": 1}, total
+    # p/1-2, proto, meta, dupe, private
+    assert sum(n.stat("redirect/other_host") for n in nodes) == 6

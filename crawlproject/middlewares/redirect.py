@@ -14,7 +14,8 @@ and :class:`~scrapy.downloadermiddlewares.redirect.MetaRefreshMiddleware`
   included, which Scrapy's downloader sets on every request it downloads: the
   next hop would be downloaded in the source host's slot and, with
   ``FRONTIER_HONOUR_DOWNLOAD_SLOT``, queued under the source's politeness key,
-  paced by the source's interval rather than the target's ``Crawl-delay``.
+  paced by the source's interval rather than the target's ``Crawl-delay``
+  (Scrapy's own per-process slots too: scrapy/scrapy#2141).
   The slot is dropped when the host changes (``redirect/other_host``): the
   hop goes back through the scheduler to its own host's queue, is leased
   under that host's interval and concurrency for every node, and passes the
