@@ -28,6 +28,7 @@ from crawlproject.middlewares.redirect import (FrontierMetaRefreshMiddleware,
                                                FrontierRedirectMiddleware, chain_text)
 from crawlproject.scheduler import RedisScheduler
 from crawlproject.scheduling.politeness import SitePoliteness
+from crawlproject.signing import unwrap
 from tests.crawl_helpers import Node, node_env
 
 A, B = "http://127.0.0.2", "http://127.0.0.3"
@@ -324,6 +325,10 @@ def test_two_nodes_redirected_to_a_crawl_delay_host_keep_its_delay_and_loops_end
     assert dead["chain/3"]["reason"].startswith("more than 3 redirects")
     assert dead["chain/3"]["reason"].endswith(f"{a}/chain/3 → {a}/chain/4")
     assert "ftp://127.0.0.2/file" in dead["ftp"]["reason"]
+    # stored as a fresh start at its URL: a replay is not refused by the old chain
+    # (redirect_ttl 0 refused the first hop even with REDIRECT_MAX_TIMES raised)
+    stored = json.loads(unwrap(dead["chain/3"]["payload"]))
+    assert not {"redirect_ttl", "redirect_times", "redirect_urls"} & set(stored["meta"])
     assert "(meta refresh)" in dead["metaloop2"]["reason"]
     total = {name: sum(n.stat(name) for n in nodes) for name in (
         "redirect/loop", "redirect/max_times", "redirect/scheme_refused",
