@@ -59,6 +59,12 @@ DOWNLOADER_MIDDLEWARES = {
     # Scrapy's decompression (bounded by DOWNLOAD_MAXSIZE), its refusals dead-lettered
     "scrapy.downloadermiddlewares.httpcompression.HttpCompressionMiddleware": None,
     "crawlproject.limits.compression.LimitedHttpCompressionMiddleware": 590,
+    # Scrapy's redirects, each hop a request of its own host (its slot, its
+    # robots.txt); loops and over-long chains dead-lettered with the chain
+    "scrapy.downloadermiddlewares.redirect.MetaRefreshMiddleware": None,
+    "crawlproject.middlewares.redirect.FrontierMetaRefreshMiddleware": 580,
+    "scrapy.downloadermiddlewares.redirect.RedirectMiddleware": None,
+    "crawlproject.middlewares.redirect.FrontierRedirectMiddleware": 600,
     # after HttpCompressionMiddleware (590): checks the page the callback would get
     "crawlproject.rendering.middleware.RenderIfMissingMiddleware": 585,
     "crawlproject.proxies.middleware.ProxyPoolMiddleware": 600,
