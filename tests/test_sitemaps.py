@@ -33,7 +33,7 @@ from crawlproject.seeds import parse_seed, build_request
 from crawlproject.sitemaps import LASTMOD_META, SITEMAP_META, SitemapSeeds
 from crawlproject.sitemaps.store import SitemapStore
 from crawlproject.spiders.seeded import RedisSpider
-from tests.crawl_helpers import ROOT, node_env
+from tests.crawl_helpers import ROOT, Node, node_env
 
 XML = "application/xml"
 
@@ -43,8 +43,9 @@ XML = "application/xml"
 class Site:
     """Static answers on one loopback address (port 0), every request recorded."""
 
-    def __init__(self, address: str, pages: dict[str, tuple[int, str, bytes]]):
+    def __init__(self, address: str, pages: dict[str, tuple[int, str, bytes]], default=None):
         self.pages = pages
+        self.default = default or (lambda path: (404, "text/plain", b"no"))
         self.hits: list[str] = []
         self.lock = threading.Lock()
         site = self
@@ -53,7 +54,8 @@ class Site:
             def do_GET(self):  # noqa: N802 - http.server's name
                 with site.lock:
                     site.hits.append(self.path)
-                status, ctype, body = site.pages.get(self.path, (404, "text/plain", b"no"))
+                answer = site.pages.get(self.path) or site.default(self.path)
+                status, ctype, body = answer
                 self.send_response(status)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
@@ -129,54 +131,81 @@ def small_site(address: str, other: str) -> Site:
     return site
 
 
-# -- real crawls ----------------------------------------------------------------------
+# -- real crawls: three spiders in one node --------------------------------------------
 
-SETTINGS = ["-s", "SPIDER_MODULES=tests.spiders", "-s", "ROBOTSTXT_OBEY=True",
-            "-s", "MAX_IDLE_TIME_BEFORE_CLOSE=2", "-s", "DOWNLOAD_DELAY=0",
-            "-s", "CONCURRENT_REQUESTS_PER_DOMAIN=4", "-s", "LOG_LEVEL=INFO",
-            "-s", "RANDOMIZE_DOWNLOAD_DELAY=False"]
+FLOOD_PAGES = 20_000
+QUEUED_BOUND = 120   # SITEMAPS_MAX_QUEUED (60) + one look's staleness of the node's count
 
 
-def spiders_process(tmp_path, env, names, extra=()) -> subprocess.Popen:
-    stats = tmp_path / "stats"
-    stats.mkdir(exist_ok=True)
-    cmd = [sys.executable, "-m", "tests.run_spiders", "--stats-dir", str(stats),
-           "-s", f"LOG_FILE={tmp_path / 'node.log'}", "-s", "NODE_ID=sm1", *SETTINGS, *extra,
-           *names]
-    return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+@pytest.fixture(scope="module")
+def crawl(redis_url, mongo_uri, tmp_path_factory):
+    """One node (``tests.run_spiders``) running ``sitemap_on``, ``sitemap_off``
+    and ``sitemap_flood`` against their own sites. While it runs, Redis is
+    watched until the flood site has served 20 pages (the event): the most
+    requests the frontier's queue and the flood spider's seed key held
+    together, the most seeds waiting in the sitemap list."""
+    import redis as redis_lib
 
-
-def stats_of(tmp_path, name) -> dict:
-    return json.loads((tmp_path / "stats" / f"{name}-sm1.json").read_text())
-
-
-def test_a_spider_that_asks_crawls_every_listed_page_once_and_one_that_does_not_no_sitemap(
-        redis, redis_url, mongo_uri, database, tmp_path):
-    """Two spiders in one node. ``sitemap_on`` (``sitemap_seeds = True``),
-    seeded with its site's home page only: robots.txt → index → a sitemap and
-    a gzipped one → every listed page fetched once (page 3 listed twice), the
-    disallowed one not, nor the other host's sitemap or page (counted), and a
-    page's ``lastmod`` reached its request. ``sitemap_off`` (the default:
-    off): its site's robots.txt lists the same kind of sitemaps; none is
-    fetched, only the home page."""
-    env = node_env(redis_url, mongo_uri, database.name)
+    tmp = tmp_path_factory.mktemp("sitemaps")
+    client = redis_lib.Redis.from_url(redis_url)
+    client.flushdb()
+    env = node_env(redis_url, mongo_uri, "sitemaps_test")
+    flood = Site("127.0.0.64", {}, default=lambda path: html(path))
+    flood.pages.update({"/robots.txt": (200, "text/plain",
+                                        f"Sitemap: {flood.origin}/big.xml\n".encode()),
+                        "/big.xml": (200, XML, urlset(
+                            [f"{flood.origin}/p/{i}" for i in range(FLOOD_PAGES)]))})
+    keys = FrontierKeys("sitemap_flood")
+    seeds = start_urls_key("sitemap_flood")
+    pending = SitemapKeys("sitemap_flood", seeds).pending
+    seen = {"queued": 0, "waiting": 0}
     with small_site("127.0.0.61", "127.0.0.63") as on, \
-            small_site("127.0.0.62", "127.0.0.63") as off:
-        redis.lpush(start_urls_key("sitemap_on"), f"{on.origin}/")
-        redis.lpush(start_urls_key("sitemap_off"), f"{off.origin}/")
-        proc = spiders_process(tmp_path, env, ["sitemap_on", "sitemap_off"])
+            small_site("127.0.0.62", "127.0.0.63") as off, flood:
+        client.lpush(start_urls_key("sitemap_on"), f"{on.origin}/")
+        client.lpush(start_urls_key("sitemap_off"), f"{off.origin}/")
+        client.lpush(seeds, f"{flood.origin}/")
+        stats = tmp / "stats"
+        stats.mkdir()
+        cmd = [sys.executable, "-m", "tests.run_spiders", "--stats-dir", str(stats),
+               "-s", f"LOG_FILE={tmp / 'node.log'}", "-s", "NODE_ID=sm1",
+               "-s", "SPIDER_MODULES=tests.spiders", "-s", "ROBOTSTXT_OBEY=True",
+               "-s", "MAX_IDLE_TIME_BEFORE_CLOSE=2", "-s", "LOG_LEVEL=INFO",
+               "sitemap_on", "sitemap_off", "sitemap_flood"]
+        proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
+            deadline = time.monotonic() + 90
+            while flood.served() < 23:   # robots.txt, /, big.xml and 20 pages
+                assert time.monotonic() < deadline and proc.poll() is None, \
+                    proc.stderr.read().decode()[-3000:] if proc.poll() is not None else "slow"
+                queued = int(client.hget(keys.kstate, "||qlen") or 0) + client.llen(seeds)
+                seen["queued"] = max(seen["queued"], queued)
+                seen["waiting"] = max(seen["waiting"], client.llen(pending))
+                time.sleep(0.02)
             assert proc.wait(90) == 0, proc.stderr.read().decode()[-3000:]
         finally:
             proc.kill()
-        on_hits, off_hits = on.counts(), off.counts()
-    log = (tmp_path / "node.log").read_text()
-    assert on_hits == Counter({"/robots.txt": 1, "/": 1, "/sitemap_index.xml": 1,
-                               "/sitemaps/a.xml": 1, "/sitemaps/b.xml.gz": 1,
-                               **{f"/p/{i}": 1 for i in range(1, 11)}}), (on_hits, log[-3000:])
-    assert off_hits == Counter({"/robots.txt": 1, "/": 1}), off_hits
-    stats = stats_of(tmp_path, "sitemap_on")
+            proc.wait()
+    log = (tmp / "node.log").read_text()
+    result = SimpleNamespace(
+        on=on.counts(), off=off.counts(), seen=seen, log=log,
+        stats={name: json.loads((stats / f"{name}-sm1.json").read_text())
+               for name in ("sitemap_on", "sitemap_off", "sitemap_flood")})
+    client.flushdb()
+    client.close()
+    return result
+
+
+def test_a_spider_that_asks_crawls_every_listed_page_once_and_only_those(crawl):
+    """``sitemap_on`` (``sitemap_seeds = True``), seeded with its site's home
+    page only: robots.txt → index → a sitemap and a gzipped one → every listed
+    page fetched once (page 3 is listed twice), the one robots.txt disallows
+    not, nor the other host's sitemap or page (counted, said); a page's
+    ``lastmod`` reached its request."""
+    assert crawl.on == Counter({"/robots.txt": 1, "/": 1, "/sitemap_index.xml": 1,
+                                "/sitemaps/a.xml": 1, "/sitemaps/b.xml.gz": 1,
+                                **{f"/p/{i}": 1 for i in range(1, 11)}}), crawl.on
+    stats = crawl.stats["sitemap_on"]
     assert stats["sitemaps/requested"] == 3 and stats["sitemaps/indexes"] == 1
     assert stats["sitemaps/urlsets"] == 2
     assert stats["sitemaps/urls"] == 12      # 10 pages, page 3 again, the disallowed one
@@ -184,6 +213,22 @@ def test_a_spider_that_asks_crawls_every_listed_page_once_and_one_that_does_not_
     assert stats["sitemaps/refused/other_host_urls"] == 1  # a.xml's page elsewhere
     assert stats["robotstxt/forbidden"] == 1
     assert stats["test/lastmod/p/2"] == "2026-11-30T10:00:00+00:00"
-    assert "Sitemaps of 127.0.0.61: sitemap http://127.0.0.63:9/elsewhere.xml is on another host" \
-        in log
-    assert not any(k.startswith("sitemaps/") for k in stats_of(tmp_path, "sitemap_off"))
+    assert ("Sitemaps of 127.0.0.61: sitemap http://127.0.0.63:9/elsewhere.xml is on another "
+            "host") in crawl.log
+
+
+def test_a_spider_that_does_not_ask_fetches_no_sitemap(crawl):
+    """``sitemap_off`` (the default: off): its site's robots.txt lists the
+    same sitemaps; none is fetched, only the home page."""
+    assert crawl.off == Counter({"/robots.txt": 1, "/": 1}), crawl.off
+    assert not any(k.startswith("sitemaps/") for k in crawl.stats["sitemap_off"])
+
+
+def test_a_sitemap_of_20000_urls_flows_in_at_the_crawl_s_pace_not_at_once(crawl):
+    """One sitemap lists 20,000 pages, ``SITEMAPS_MAX_QUEUED = 60``, the site
+    is crawled at 5 pages a second: until it served 20 pages, the frontier's
+    queue and the seed key together never held more than the bound allows,
+    while the rest of the sitemap waited in Redis."""
+    assert crawl.seen["waiting"] >= FLOOD_PAGES - 200, crawl.seen
+    assert crawl.seen["queued"] <= QUEUED_BOUND, crawl.seen
+    assert crawl.stats["sitemap_flood"]["sitemaps/urls"] == FLOOD_PAGES

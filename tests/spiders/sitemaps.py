@@ -4,12 +4,15 @@ sitemap gave a page is kept in the stats (``test/lastmod/<path>``)."""
 
 from urllib.parse import urlsplit
 
+from scrapy.exceptions import CloseSpider
+
 from crawlproject.spiders.seeded import RedisSpider
 
 
 class SitemapOnSpider(RedisSpider):
     name = "sitemap_on"
     sitemap_seeds = True
+    custom_settings = {"DOWNLOAD_DELAY": 0, "CONCURRENT_REQUESTS_PER_DOMAIN": 4}
 
     def parse(self, response):
         lastmod = response.meta.get("sitemap_lastmod")
@@ -24,4 +27,16 @@ class SitemapOffSpider(SitemapOnSpider):
 
 
 class SitemapFloodSpider(SitemapOnSpider):
+    """A slow crawl (5 pages a second) of a long sitemap, fed 60 at a time;
+    it stops after 22 pages (the test has seen what it needed after 20)."""
+
     name = "sitemap_flood"
+    custom_settings = {"DOWNLOAD_DELAY": 0.2, "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+                       "SITEMAPS_MAX_QUEUED": 60}
+    pages = 0
+
+    def parse(self, response):
+        self.pages += 1
+        if self.pages >= 22:
+            raise CloseSpider("enough")
+        return ()
