@@ -25,8 +25,7 @@ from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.http import Response, XmlResponse
 from scrapy.utils.test import get_crawler
 
-from crawlproject.frontier.library import script
-from crawlproject.frontier.scripts import FEED_SITEMAP_SEEDS
+from crawlproject.frontier.retrypolicy import RETRY_DELAY_META
 from crawlproject.keys import FrontierKeys, SitemapKeys, start_urls_key
 from crawlproject.policy import InputPolicy
 from crawlproject.seeds import parse_seed, build_request
@@ -232,3 +231,215 @@ def test_a_sitemap_of_20000_urls_flows_in_at_the_crawl_s_pace_not_at_once(crawl)
     assert crawl.seen["waiting"] >= FLOOD_PAGES - 200, crawl.seen
     assert crawl.seen["queued"] <= QUEUED_BOUND, crawl.seen
     assert crawl.stats["sitemap_flood"]["sitemaps/urls"] == FLOOD_PAGES
+
+
+# -- the middleware's limits on a real Redis, with a stand-in engine -----------------
+
+SITE = "http://127.0.0.65:8001"
+
+
+class UnitSpider(RedisSpider):
+    name = "smunit"
+    sitemap_seeds = True
+
+
+class Engine:
+    """What the middleware uses of Scrapy's engine, recorded: ``crawl`` (a
+    request into the frontier) and the scheduler's ``mark_failed`` (a dead letter)."""
+
+    def __init__(self):
+        self.crawled, self.failed = [], []
+        self.scheduler = SimpleNamespace(mark_failed=lambda r, reason, kind: self.failed.append(
+            (r.url, reason, kind)), control_state="run")
+
+    def crawl(self, request):
+        self.crawled.append(request)
+
+
+def node(redis_url, **settings) -> SitemapSeeds:
+    crawler = get_crawler(UnitSpider, {"ROBOTSTXT_OBEY": True, "REDIS_URL": redis_url,
+                                       **settings})
+    crawler.spider = UnitSpider.from_crawler(crawler)
+    crawler.engine = Engine()
+    return SitemapSeeds.from_crawler(crawler)
+
+
+def opened(mw) -> SitemapSeeds:
+    mw.spider_opened(mw.crawler.spider)
+    mw._task.cancel()   # the feeder is driven by hand here (feed_once)
+    return mw
+
+
+async def read(mw, url, body, depth=0, hosts=("127.0.0.65",), meta=None):
+    """Download *url* as a sitemap request answered with *body*."""
+    request = Request(url, meta=meta or {SITEMAP_META: {"hosts": list(hosts), "depth": depth}})
+    cls = Response if body[:2] == b"\x1f\x8b" else XmlResponse
+    with pytest.raises(IgnoreRequest):
+        await mw.process_response(request, cls(url, body=body, request=request))
+
+
+def stat(mw, name):
+    return mw.crawler.stats.get_value(f"sitemaps/{name}", 0)
+
+
+def waiting_seeds(redis) -> list[dict]:
+    pending = SitemapKeys("smunit", start_urls_key("smunit")).pending
+    return [json.loads(s) for s in reversed(redis.lrange(pending, 0, -1))]
+
+
+def test_off_unless_the_setting_or_the_spider_asks(redis_url):
+    class Plain(UnitSpider):
+        sitemap_seeds = None
+
+    class Refuses(UnitSpider):
+        sitemap_seeds = False
+
+    for spidercls, settings in ((Plain, {}), (Refuses, {"SITEMAPS_ENABLED": True})):
+        with pytest.raises(NotConfigured):
+            SitemapSeeds.from_crawler(get_crawler(spidercls, {"REDIS_URL": redis_url,
+                                                              **settings}))
+    assert SitemapSeeds.from_crawler(get_crawler(Plain, {"REDIS_URL": redis_url,
+                                                         "SITEMAPS_ENABLED": True}))
+
+
+def test_a_gzip_bomb_is_stopped_while_decompressing_and_dead_lettered(redis, redis_url):
+    """20 MiB of XML in 20 KiB of gzip, ``SITEMAPS_MAX_SIZE`` 1 MiB: refused
+    at the limit, counted, dead-lettered with the reason, nothing queued. The
+    lower of it and ``DOWNLOAD_MAXSIZE`` is the limit (and the sitemap
+    requests' ``download_maxsize``)."""
+    bomb = gzip.compress(b"<urlset>" + b" " * (20 << 20) + b"</urlset>")
+    assert len(bomb) < 64 << 10
+
+    async def scenario():
+        mw = opened(node(redis_url, SITEMAPS_MAX_SIZE=1 << 20))
+        await read(mw, f"{SITE}/bomb.xml.gz", bomb)
+        assert node(redis_url, DOWNLOAD_MAXSIZE=4096).max_size == 4096
+        await mw.spider_closed(mw.crawler.spider)
+        return mw
+
+    mw = asyncio.run(scenario())
+    [(url, reason, kind)] = mw.crawler.engine.failed
+    assert url == f"{SITE}/bomb.xml.gz" and kind == "sitemap"
+    assert "larger than 1048576 bytes decompressed (SITEMAPS_MAX_SIZE)" in reason
+    assert stat(mw, "refused/too_large") == 1 and waiting_seeds(redis) == []
+
+
+def test_a_sitemap_is_read_up_to_its_limit_and_its_seeds_pass_the_seed_policy(
+        redis, redis_url, caplog):
+    """``SITEMAPS_MAX_URLS`` 100 of 150 entries, among them two pages of
+    another host and a ``javascript:`` one: 97 seeds wait, each a JSON seed
+    that is not ``dont_filter`` and carries its valid ``lastmod`` (a junk
+    one is dropped); the seed policy takes them as they are."""
+    urls = ([f"http://127.0.0.66:8001/p/{i}" for i in range(2)] + ["javascript:alert(1)"]
+            + [f"{SITE}/p/{i}" for i in range(147)])
+    lastmods = {f"{SITE}/p/0": "2026-01-02", f"{SITE}/p/1": "yesterday"}
+
+    async def scenario():
+        mw = opened(node(redis_url, SITEMAPS_MAX_URLS=100))
+        await read(mw, f"{SITE}/s.xml", urlset(urls, lastmods))
+        await mw.spider_closed(mw.crawler.spider)
+        return mw
+
+    mw = asyncio.run(scenario())
+    seeds = waiting_seeds(redis)
+    assert [s["url"] for s in seeds] == [f"{SITE}/p/{i}" for i in range(97)]
+    assert seeds[0] == {"url": f"{SITE}/p/0", "dont_filter": False,
+                        "meta": {LASTMOD_META: "2026-01-02"}}
+    assert seeds[1] == {"url": f"{SITE}/p/1", "dont_filter": False}
+    assert (stat(mw, "urls"), stat(mw, "urls_invalid"), stat(mw, "refused/other_host_urls"),
+            stat(mw, "refused/truncated")) == (97, 1, 2, 1)
+    assert "lists more than SITEMAPS_MAX_URLS (100) URLs" in caplog.text
+    policy = InputPolicy.from_settings(mw.crawler.settings, UnitSpider)
+    request = build_request(parse_seed(json.dumps(seeds[0])), None, policy)
+    assert request.meta == {LASTMOD_META: "2026-01-02"} and not request.dont_filter
+
+
+def test_indexes_are_followed_within_the_depth_and_the_site_s_budget_of_every_node(
+        redis, redis_url):
+    """``SITEMAPS_MAX_PER_SITE`` 3, ``SITEMAPS_MAX_DEPTH`` 1. Node 1 parses
+    robots.txt (two sitemaps of the site, one of another host): two requests
+    of the site, first in its queue. Node 2 reads the index: one more of its
+    four sitemaps fits the site's budget (counted in Redis for both nodes). An
+    index one level down: its sitemaps are not requested."""
+    from scrapy.robotstxt import ProtegoRobotParser
+
+    async def scenario():
+        one = opened(node(redis_url, SITEMAPS_MAX_PER_SITE=3, SITEMAPS_MAX_DEPTH=1))
+        two = opened(node(redis_url, SITEMAPS_MAX_PER_SITE=3, SITEMAPS_MAX_DEPTH=1))
+        robots = (f"Sitemap: {SITE}/index.xml\nSitemap: /a.xml\n"
+                  f"Sitemap: http://127.0.0.66/b.xml\n").encode()
+        parser = ProtegoRobotParser.from_crawler(one.crawler, robots)
+        one.robots_parsed(parser, Request(f"{SITE}/robots.txt"))
+        await asyncio.gather(*one._jobs)
+        await read(two, f"{SITE}/index.xml", sitemapindex([f"{SITE}/s{i}.xml" for i in range(4)]))
+        await read(two, f"{SITE}/s0.xml", sitemapindex([f"{SITE}/deep.xml"]), depth=1)
+        for mw in (one, two):
+            await mw.spider_closed(mw.crawler.spider)
+        return one, two
+
+    one, two = asyncio.run(scenario())
+    assert [r.url for r in one.crawler.engine.crawled] == [f"{SITE}/index.xml", f"{SITE}/a.xml"]
+    first = one.crawler.engine.crawled[0]
+    assert first.priority == 100 and not first.dont_filter
+    assert first.meta == {SITEMAP_META: {"hosts": ["127.0.0.65"], "depth": 0},
+                          "download_maxsize": 50 << 20}
+    assert stat(one, "refused/other_host") == 1
+    assert [(r.url, r.meta[SITEMAP_META]["depth"]) for r in two.crawler.engine.crawled] == [
+        (f"{SITE}/s0.xml", 1)]
+    assert stat(two, "refused/per_site") == 3 and stat(two, "refused/depth") == 1
+
+
+def test_a_forged_or_junk_sitemap_is_dead_lettered_and_downloads_wait_for_room(
+        redis, redis_url):
+    """A request whose sitemap meta no node wrote (a depth beyond the bound)
+    and a page that is no sitemap: dead-lettered with the reason. While
+    ``SITEMAPS_MAX_PENDING`` seeds wait, a sitemap is not downloaded: it goes
+    back to the frontier for later (other requests go on)."""
+    async def scenario():
+        mw = opened(node(redis_url, SITEMAPS_MAX_PENDING=10))
+        await read(mw, f"{SITE}/forged.xml", urlset([f"{SITE}/p/1"]),
+                   meta={SITEMAP_META: {"hosts": ["127.0.0.65"], "depth": 99}})
+        await read(mw, f"{SITE}/page.xml", b"just text, no XML")
+        mw.waiting = 10
+        later = mw.process_request(Request(f"{SITE}/s.xml", meta={SITEMAP_META: {}}))
+        page = mw.process_request(Request(f"{SITE}/p/1"))
+        await mw.spider_closed(mw.crawler.spider)
+        return mw, later, page
+
+    mw, later, page = asyncio.run(scenario())
+    assert [(url, kind) for url, _, kind in mw.crawler.engine.failed] == [
+        (f"{SITE}/forged.xml", "sitemap"), (f"{SITE}/page.xml", "sitemap")]
+    assert stat(mw, "refused/invalid_meta") == 1 and stat(mw, "refused/invalid") == 1
+    assert waiting_seeds(redis) == []
+    assert isinstance(later, Request) and later.meta[RETRY_DELAY_META] == 30.0
+    assert page is None and stat(mw, "waits") == 1
+
+
+@pytest.mark.parametrize("kind", ["list", "set", "zset"])
+def test_the_feed_moves_the_oldest_seeds_and_never_fills_the_seed_key_past_its_room(
+        redis, redis_url, kind):
+    """FEED_SITEMAP_SEEDS: at most *count*, and the seed key at most *room*
+    long after the move, oldest first; a seed key of the wrong type: an error
+    and nothing moved."""
+    import redis.asyncio as aioredis
+
+    seeds = start_urls_key("smunit")
+
+    async def scenario():
+        client = aioredis.Redis.from_url(redis_url)
+        store = SitemapStore(client, "smunit", seeds, kind)
+        assert await store.push([f"s{i}" for i in range(10)]) == 10
+        {"list": redis.lpush, "set": redis.sadd}.get(kind, lambda k, v: redis.zadd(k, {v: 5}))(
+            seeds, "user-seed")
+        first = await store.feed(5, 4)      # room for 3 next to the user's seed
+        second = await store.feed(5, 100)
+        redis.delete(seeds)
+        redis.set(seeds, "junk")
+        with pytest.raises(Exception):
+            await store.feed(5, 100)
+        left = await store.waiting()
+        await client.aclose()
+        return first, second, left
+
+    first, second, left = asyncio.run(scenario())
+    assert (first, second, left) == ((3, 7), (5, 2), 2)
