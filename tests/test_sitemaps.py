@@ -443,3 +443,26 @@ def test_the_feed_moves_the_oldest_seeds_and_never_fills_the_seed_key_past_its_r
 
     first, second, left = asyncio.run(scenario())
     assert (first, second, left) == ((3, 7), (5, 2), 2)
+
+
+def test_a_sitemap_s_lastmod_reaches_the_page_record_not_the_revisit_request():
+    """A page fetched from a sitemap seed: its ``lastmod`` is kept in the page
+    record (``sitemap_lastmod``, UTC) for the recrawl schedule; the request
+    stored to revisit the page does not carry it (it was one visit's word)."""
+    from datetime import datetime, timezone
+
+    from crawlproject.recrawl.middleware import page_record
+    from crawlproject.recrawl.schedule import RecrawlPolicy, RevisitRule
+
+    spider = Spider("pages")
+    policy = RecrawlPolicy([RevisitRule(pattern="/p/", interval=3600)])
+    request = Request(f"{SITE}/p/1", meta={LASTMOD_META: "2026-11-30T10:00:00+02:00"})
+    visit = {"outcome": "new", "url": request.url, "status": 200, "hash": "0" * 40,
+             "etag": None, "last_modified": None}
+    record = page_record(spider, request, visit, policy,
+                         InputPolicy.from_settings(get_crawler(Spider).settings, Spider))
+    assert record["sitemap_lastmod"] == datetime(2026, 11, 30, 8, tzinfo=timezone.utc)
+    assert LASTMOD_META not in json.loads(record["request"]).get("meta", {})
+    junk = request.replace(meta={LASTMOD_META: "2026-13-45"})
+    assert "sitemap_lastmod" not in page_record(spider, junk, visit, policy,
+                                                InputPolicy.from_settings(None, Spider))

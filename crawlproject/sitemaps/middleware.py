@@ -53,7 +53,7 @@ from scrapy.exceptions import IgnoreRequest, NotConfigured
 from crawlproject.connection import REDIS_FAILURES, redis_from_settings
 from crawlproject.defaults import setting
 from crawlproject.frontier.retrypolicy import RETRY_DELAY_META
-from crawlproject.sitemaps.parse import (SitemapTooLarge, check_lastmod, check_loc,
+from crawlproject.sitemaps.parse import (LASTMOD_META, SitemapTooLarge, check_lastmod, check_loc,
                                          read_sitemap, robots_sitemaps, site_host, sitemap_body)
 from crawlproject.sitemaps.store import SitemapStore
 
@@ -61,8 +61,6 @@ logger = logging.getLogger(__name__)
 
 #: meta of a sitemap request: ``{"hosts": [the site's hosts], "depth": n}``
 SITEMAP_META = "sitemap"
-#: meta of a page request made from a sitemap: its ``lastmod`` (W3C datetime)
-LASTMOD_META = "sitemap_lastmod"
 #: frontier priority of sitemap requests: before the site's pages (0), after robots.txt
 PRIORITY = 100
 FEED_INTERVAL = 1.0     # seconds between a node's looks at the frontier's room

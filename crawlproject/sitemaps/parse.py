@@ -10,6 +10,7 @@ checked before it goes anywhere.
 from __future__ import annotations
 
 import re
+from datetime import datetime, timezone
 from typing import Any, Iterable, Iterator
 from urllib.parse import urljoin, urlsplit
 
@@ -18,6 +19,9 @@ from scrapy.utils._compression import _DecompressionMaxSizeExceeded
 from scrapy.utils.gz import gunzip, gzip_magic_number
 from scrapy.utils.sitemap import Sitemap
 
+#: meta of a page request made from a sitemap: its ``lastmod`` (W3C datetime);
+#: the recrawl schedule keeps it in the page record (``sitemap_lastmod``)
+LASTMOD_META = "sitemap_lastmod"
 #: sitemaps.org: a ``loc`` is shorter than 2,048 characters.
 MAX_LOC = 2048
 # W3C Datetime, as sitemaps.org asks for ``lastmod``: YYYY, YYYY-MM, YYYY-MM-DD,
@@ -99,6 +103,26 @@ def check_lastmod(value: Any) -> str | None:
     if isinstance(value, str) and len(value) <= 40 and _W3C_DATE.fullmatch(value.strip()):
         return value.strip()
     return None
+
+
+def lastmod_datetime(value: Any) -> datetime | None:
+    """A W3C datetime *value* as an aware UTC datetime (a date alone: its
+    midnight UTC), else None."""
+    text = check_lastmod(value)
+    if text is None:
+        return None
+    text = text.replace("Z", "+00:00")
+    if len(text) == 4:
+        text += "-01-01"
+    elif len(text) == 7:
+        text += "-01"
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:   # 2026-13-45: the right shape, no date
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.astimezone(timezone.utc)
 
 
 def robots_sitemaps(robotparser, robots_url: str) -> Iterable[str]:
