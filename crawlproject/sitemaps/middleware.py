@@ -88,7 +88,6 @@ class SitemapSeeds:
         self.waiting = 0            # seeds waiting in Redis at the last look (every node's)
         self._redis = None
         self._task: asyncio.Task | None = None
-        self._jobs: set[asyncio.Future] = set()
         self._closing = False
         self._said: set[tuple[str, str]] = set()
         self._errors_said_at = float("-inf")
@@ -135,17 +134,17 @@ class SitemapSeeds:
 
     async def spider_closed(self, spider) -> None:
         self._closing = True
-        for job in [self._task, *self._jobs]:
-            if job is not None:
-                job.cancel()
-        await asyncio.gather(*[j for j in [self._task, *self._jobs] if j is not None],
-                             return_exceptions=True)
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
         if self._redis is not None:
             await self._redis.aclose()
 
     # -- robots.txt: where sitemaps come from ---------------------------------
-    def robots_parsed(self, robotparser, request: Request, **kwargs) -> None:
-        """Request the sitemaps a site's robots.txt lists (on the node that parsed it)."""
+    async def robots_parsed(self, robotparser, request: Request, **kwargs) -> None:
+        """Request the sitemaps a site's robots.txt lists (on the node that parsed
+        it). Awaited by the robots.txt middleware: the robots.txt request is
+        done only once its sitemaps' requests are in the scheduler."""
         if self.store is None or self._closing:
             return
         hosts = site_hosts(request)
@@ -161,17 +160,10 @@ class SitemapSeeds:
             urls = [request.url.split("/robots.txt", 1)[0] + "/sitemap.xml"]
         if urls:
             self.stats.inc_value("sitemaps/robots")
-            self._spawn(self._request_all(urls, hosts, 0, request.url))
-
-    def _spawn(self, coro) -> None:
-        job = asyncio.ensure_future(coro)
-        self._jobs.add(job)
-        job.add_done_callback(self._job_done)
-
-    def _job_done(self, job: asyncio.Future) -> None:
-        self._jobs.discard(job)
-        if not job.cancelled() and job.exception() is not None:
-            self._error("requesting sitemaps", job.exception())
+            try:
+                await self._request_all(urls, hosts, 0, request.url)
+            except REDIS_FAILURES as exc:   # its sitemaps are not read; the crawl goes on
+                self._error(f"requesting the sitemaps of {hosts[0]}", exc)
 
     async def _request_all(self, locs, hosts: list[str], depth: int, base: str) -> None:
         """Request the sitemaps *locs* (an index's, robots.txt's) within the site's budget."""
