@@ -359,8 +359,10 @@ def test_indexes_are_followed_within_the_depth_and_the_site_s_budget_of_every_no
     """``SITEMAPS_MAX_PER_SITE`` 3, ``SITEMAPS_MAX_DEPTH`` 1. Node 1 parses
     robots.txt (two sitemaps of the site, one of another host): two requests
     of the site, first in its queue. Node 2 reads the index: one more of its
-    four sitemaps fits the site's budget (counted in Redis for both nodes). An
-    index one level down: its sitemaps are not requested."""
+    four sitemaps fits the site's budget (counted in Redis for both nodes; node
+    2 parsing the same robots.txt again, as nodes without ``FRONTIER_SECRET``
+    do, uses none of it). An index one level down: its sitemaps are not
+    requested."""
     from scrapy.robotstxt import ProtegoRobotParser
 
     async def scenario():
@@ -370,6 +372,8 @@ def test_indexes_are_followed_within_the_depth_and_the_site_s_budget_of_every_no
                   f"Sitemap: http://127.0.0.66/b.xml\n").encode()
         parser = ProtegoRobotParser.from_crawler(one.crawler, robots)
         await one.robots_parsed(parser, Request(f"{SITE}/robots.txt"))
+        # Without FRONTIER_SECRET each node parses robots.txt: repeats, not counted twice.
+        await two.robots_parsed(parser, Request(f"{SITE}/robots.txt"))
         await read(two, f"{SITE}/index.xml", sitemapindex([f"{SITE}/s{i}.xml" for i in range(4)]))
         await read(two, f"{SITE}/s0.xml", sitemapindex([f"{SITE}/deep.xml"]), depth=1)
         for mw in (one, two):
@@ -384,7 +388,7 @@ def test_indexes_are_followed_within_the_depth_and_the_site_s_budget_of_every_no
                           "download_maxsize": 50 << 20}
     assert stat(one, "refused/other_host") == 1
     assert [(r.url, r.meta[SITEMAP_META]["depth"]) for r in two.crawler.engine.crawled] == [
-        (f"{SITE}/s0.xml", 1)]
+        (f"{SITE}/index.xml", 0), (f"{SITE}/a.xml", 0), (f"{SITE}/s0.xml", 1)]
     assert stat(two, "refused/per_site") == 3 and stat(two, "refused/depth") == 1
 
 

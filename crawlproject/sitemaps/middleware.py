@@ -160,23 +160,22 @@ class SitemapSeeds:
             urls = [request.url.split("/robots.txt", 1)[0] + "/sitemap.xml"]
         if urls:
             self.stats.inc_value("sitemaps/robots")
+            urls = [url for url in (self._allowed(u, hosts, request.url) for u in urls) if url]
             try:
-                await self._request_all(urls, hosts, 0, request.url)
+                await self.store.count_listed(hosts[0], len(urls))
+                await self._request_all(urls, hosts, 0, request.url, counted=True)
             except REDIS_FAILURES as exc:   # its sitemaps are not read; the crawl goes on
                 self._error(f"requesting the sitemaps of {hosts[0]}", exc)
 
-    async def _request_all(self, locs, hosts: list[str], depth: int, base: str) -> None:
-        """Request the sitemaps *locs* (an index's, robots.txt's) within the site's budget."""
+    async def _request_all(self, locs, hosts: list[str], depth: int, base: str,
+                           counted: bool = False) -> None:
+        """Request the sitemaps *locs* (an index's, robots.txt's) within the
+        site's budget (*counted*: robots.txt's, already in it)."""
         for n, loc in enumerate(locs):
-            url = check_loc(loc, base)
+            url = loc if counted else self._allowed(loc, hosts, base)
             if url is None:
-                self.stats.inc_value("sitemaps/refused/bad_url")
                 continue
-            if not self.other_hosts and site_host(url) not in hosts:
-                self._refused(hosts[0], "other_host", 1, f"sitemap {url[:200]} is on another "
-                              f"host (SITEMAPS_OTHER_HOSTS is off)")
-                continue
-            if await self.store.count_sitemap(hosts[0]) > self.max_per_site:
+            if not counted and await self.store.count_sitemap(hosts[0]) > self.max_per_site:
                 left = 1 + sum(1 for _ in locs) if not isinstance(locs, list) \
                     else len(locs) - n
                 self._refused(hosts[0], "per_site", left, f"more than SITEMAPS_MAX_PER_SITE "
@@ -187,6 +186,17 @@ class SitemapSeeds:
                 meta["download_maxsize"] = self.max_size
             self.crawler.engine.crawl(Request(url, priority=PRIORITY, meta=meta))
             self.stats.inc_value("sitemaps/requested")
+
+    def _allowed(self, loc, hosts: list[str], base: str) -> str | None:
+        """*loc* as the URL of a sitemap of the site, or None (counted, said)."""
+        url = check_loc(loc, base)
+        if url is None:
+            self.stats.inc_value("sitemaps/refused/bad_url")
+        elif not self.other_hosts and site_host(url) not in hosts:
+            self._refused(hosts[0], "other_host", 1, f"sitemap {url[:200]} is on another "
+                          f"host (SITEMAPS_OTHER_HOSTS is off)")
+            url = None
+        return url
 
     # -- a sitemap's download ---------------------------------------------------
     def process_request(self, request: Request, spider=None):

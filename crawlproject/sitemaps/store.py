@@ -8,7 +8,8 @@
   ``SITEMAPS_MAX_QUEUED``. From the seed key they take the seed path as any
   seed (claims, the seed policy, back-pressure of the node).
 * ``{<spider>}:sitemaps`` (hash): host → how many sitemaps were requested for
-  that site (``SITEMAPS_MAX_PER_SITE``), for every node.
+  that site (``SITEMAPS_MAX_PER_SITE``), for every node: its robots.txt's
+  once, then each sitemap an index names.
 """
 
 from __future__ import annotations
@@ -32,6 +33,13 @@ class SitemapStore:
         self.seed_key = seed_key
         self.kind = kind
         self._feed = script(client, FEED_SITEMAP_SEEDS)
+
+    async def count_listed(self, host: str, count: int) -> bool:
+        """Count the *count* sitemaps *host*'s robots.txt lists, unless its
+        site was counted before (another node parsed the same robots.txt, or
+        it was fetched again after its expiry): those requests are repeats,
+        free (the Bloom filter drops them). True when counted now."""
+        return bool(await self.client.hsetnx(self.keys.sites, host, count))
 
     async def count_sitemap(self, host: str) -> int:
         """One more sitemap requested for *host*'s site; how many so far."""
