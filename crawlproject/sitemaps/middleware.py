@@ -172,12 +172,13 @@ class SitemapSeeds:
         """Request the sitemaps *locs* (an index's, robots.txt's) within the
         site's budget (*counted*: robots.txt's, already in it)."""
         for n, loc in enumerate(locs):
+            if n % YIELD_EVERY == YIELD_EVERY - 1:
+                await asyncio.sleep(0)   # an index of junk does not hold the event loop
             url = loc if counted else self._allowed(loc, hosts, base)
             if url is None:
                 continue
             if not counted and await self.store.count_sitemap(hosts[0]) > self.max_per_site:
-                left = 1 + sum(1 for _ in locs) if not isinstance(locs, list) \
-                    else len(locs) - n
+                left = len(locs) - n if isinstance(locs, list) else 1 + await _count(locs)
                 self._refused(hosts[0], "per_site", left, f"more than SITEMAPS_MAX_PER_SITE "
                               f"({self.max_per_site}) sitemaps")
                 return
@@ -239,7 +240,7 @@ class SitemapSeeds:
     async def _read_index(self, entries, info: dict, base: str) -> None:
         hosts, depth = info["hosts"], info["depth"] + 1
         if depth > self.max_depth:
-            left = sum(1 for _ in islice(entries, self.max_urls))
+            left = await _count(islice(entries, self.max_urls))
             self._refused(hosts[0], "depth", left, f"sitemap index below SITEMAPS_MAX_DEPTH "
                           f"({self.max_depth}) levels: its {left} sitemaps are not read")
             return
@@ -321,8 +322,7 @@ class SitemapSeeds:
     def _dead(self, request: Request, reason: str, message: str):
         """Refuse a whole sitemap: counted, said, dead-lettered with the reason."""
         self.stats.inc_value(f"sitemaps/refused/{reason}")
-        hosts = (request.meta.get(SITEMAP_META) or {}).get("hosts") or [site_host(request.url)]
-        self._refused(str(hosts[0])[:253], reason, 0, message)
+        self._refused(site_host(request.url), reason, 0, message)
         scheduler = getattr(self.crawler.engine, "scheduler", None)
         if getattr(scheduler, "mark_failed", None) is not None:
             scheduler.mark_failed(request, message, kind="sitemap")
@@ -335,6 +335,17 @@ class SitemapSeeds:
             self._errors_said_at = now
             logger.warning("Sitemap seeds: %s failed (%s: %s); trying again", what,
                            type(exc).__name__, exc, extra={"spider": self.crawler.spider})
+
+
+async def _count(entries) -> int:
+    """How many *entries* are left (an index parsed to its end, turning the
+    event loop every ``YIELD_EVERY``)."""
+    n = 0
+    for _ in entries:
+        n += 1
+        if n % YIELD_EVERY == 0:
+            await asyncio.sleep(0)
+    return n
 
 
 def site_hosts(request: Request) -> list[str]:
