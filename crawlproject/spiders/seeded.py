@@ -46,6 +46,8 @@ class RedisSpider(Spider):
     ``redis_batch_size`` (``REDIS_START_URLS_BATCH_SIZE``),
     ``max_idle_time`` (``MAX_IDLE_TIME_BEFORE_CLOSE``),
     ``seed_meta_allow`` (added to ``SEED_META_ALLOW``: the meta keys a seed may set),
+    ``sitemap_seeds`` (``SITEMAPS_ENABLED``: the sitemaps robots.txt lists as
+    seeds, :mod:`crawlproject.sitemaps`),
     ``allowed_callbacks`` (when set, exactly the callbacks seeds and stored
     requests may name; by default every public method of the spider's own
     classes).
