@@ -57,6 +57,7 @@ class RedisSpider(Spider):
     redis_batch_size: int | None = None
     max_idle_time: float | None = None
     seed_meta_allow: tuple[str, ...] = ()
+    sitemap_seeds: bool | None = None     # None: SITEMAPS_ENABLED decides
 
     @classmethod
     def from_crawler(cls, crawler, *args: Any, **kwargs: Any):
