@@ -222,7 +222,8 @@ class SitemapSeeds:
             self._dead(request, "invalid_meta", f"sitemap meta {str(raw)[:100]!r} is not ours")
         self.stats.inc_value("sitemaps/fetched")
         try:
-            body = sitemap_body(response, self.max_size)
+            # Up to SITEMAPS_MAX_SIZE of gunzip: in a thread, not on the event loop.
+            body = await asyncio.to_thread(sitemap_body, response, self.max_size)
         except SitemapTooLarge as exc:
             self._dead(request, "too_large", f"sitemap {request.url[:200]} is larger than "
                        f"{self.max_size} bytes decompressed (SITEMAPS_MAX_SIZE): {exc}")
