@@ -105,9 +105,9 @@ def html(text="page") -> tuple[int, str, bytes]:
 
 
 def small_site(address: str, other: str) -> Site:
-    """robots.txt → an index (and a sitemap of another host) → a sitemap and a
-    gzipped one → pages 1-10; a disallowed page and one of another host listed,
-    page 3 listed twice."""
+    """robots.txt → an index (and a sitemap of another host) → a sitemap, a
+    gzipped one and a gzipped one too large → pages 1-10; a disallowed page and
+    one of another host listed, page 3 listed twice."""
     site = Site(address, {})
     o = site.origin
     site.pages.update({
@@ -116,7 +116,11 @@ def small_site(address: str, other: str) -> Site:
             f"Sitemap: http://{other}:9/elsewhere.xml\n").encode()),
         "/": html("home"),
         "/sitemap_index.xml": (200, XML, sitemapindex([f"{o}/sitemaps/a.xml",
-                                                       f"{o}/sitemaps/b.xml.gz"])),
+                                                       f"{o}/sitemaps/b.xml.gz",
+                                                       f"{o}/sitemaps/bomb.xml.gz"])),
+        # 2 MiB of XML, past the spider's SITEMAPS_MAX_SIZE (1 MiB)
+        "/sitemaps/bomb.xml.gz": (200, "application/x-gzip", gzip.compress(
+            urlset([f"{o}/p/bomb"]) + b" " * (2 << 20))),
         "/sitemaps/a.xml": (200, XML, urlset(
             [f"{o}/p/{i}" for i in range(1, 6)] + [f"{o}/private/secret",
                                                    f"http://{other}:9/p/1"],
@@ -186,7 +190,8 @@ def crawl(redis_url, mongo_uri, tmp_path_factory):
             proc.kill()
             proc.wait()
     log = (tmp / "node.log").read_text()
-    result = SimpleNamespace(
+    dead = [json.loads(d) for d in client.lrange(FrontierKeys("sitemap_on").dead, 0, -1)]
+    result = SimpleNamespace(dead=dead,
         on=on.counts(), off=off.counts(), seen=seen, log=log,
         stats={name: json.loads((stats / f"{name}-sm1.json").read_text())
                for name in ("sitemap_on", "sitemap_off", "sitemap_flood")})
@@ -200,12 +205,19 @@ def test_a_spider_that_asks_crawls_every_listed_page_once_and_only_those(crawl):
     page only: robots.txt → index → a sitemap and a gzipped one → every listed
     page fetched once (page 3 is listed twice), the one robots.txt disallows
     not, nor the other host's sitemap or page (counted, said); a page's
-    ``lastmod`` reached its request."""
+    ``lastmod`` reached its request. The index's third sitemap decompresses
+    past the spider's ``SITEMAPS_MAX_SIZE``: fetched once, dead-lettered with
+    the reason, none of its pages fetched."""
     assert crawl.on == Counter({"/robots.txt": 1, "/": 1, "/sitemap_index.xml": 1,
                                 "/sitemaps/a.xml": 1, "/sitemaps/b.xml.gz": 1,
+                                "/sitemaps/bomb.xml.gz": 1,
                                 **{f"/p/{i}": 1 for i in range(1, 11)}}), crawl.on
+    [dead] = crawl.dead
+    assert dead["url"].endswith("/sitemaps/bomb.xml.gz") and dead["kind"] == "sitemap"
+    assert "larger than 1048576 bytes decompressed (SITEMAPS_MAX_SIZE)" in dead["reason"]
     stats = crawl.stats["sitemap_on"]
-    assert stats["sitemaps/requested"] == 3 and stats["sitemaps/indexes"] == 1
+    assert stats["sitemaps/refused/too_large"] == 1 and stats["scheduler/dead/sitemap"] == 1
+    assert stats["sitemaps/requested"] == 4 and stats["sitemaps/indexes"] == 1
     assert stats["sitemaps/urlsets"] == 2
     assert stats["sitemaps/urls"] == 12      # 10 pages, page 3 again, the disallowed one
     assert stats["sitemaps/refused/other_host"] == 1       # robots.txt's sitemap elsewhere
@@ -469,3 +481,21 @@ def test_a_sitemap_s_lastmod_reaches_the_page_record_not_the_revisit_request():
     junk = request.replace(meta={LASTMOD_META: "2026-13-45"})
     assert "sitemap_lastmod" not in page_record(spider, junk, visit, policy,
                                                 InputPolicy.from_settings(None, Spider))
+
+
+def test_sitemap_xml_is_tried_only_when_asked_and_robots_txt_lists_none(redis, redis_url):
+    """``SITEMAPS_TRY_DEFAULT``: a robots.txt without ``Sitemap:`` lines makes
+    a request of the site's ``/sitemap.xml``; off (the default), nothing."""
+    from scrapy.robotstxt import ProtegoRobotParser
+
+    async def scenario():
+        out = []
+        for guess in (False, True):
+            mw = opened(node(redis_url, SITEMAPS_TRY_DEFAULT=guess))
+            parser = ProtegoRobotParser.from_crawler(mw.crawler, b"User-agent: *\nAllow: /\n")
+            await mw.robots_parsed(parser, Request(f"{SITE}/robots.txt"))
+            await mw.spider_closed(mw.crawler.spider)
+            out.append([r.url for r in mw.crawler.engine.crawled])
+        return out
+
+    assert asyncio.run(scenario()) == [[], [f"{SITE}/sitemap.xml"]]

@@ -12,7 +12,8 @@ from crawlproject.spiders.seeded import RedisSpider
 class SitemapOnSpider(RedisSpider):
     name = "sitemap_on"
     sitemap_seeds = True
-    custom_settings = {"DOWNLOAD_DELAY": 0, "CONCURRENT_REQUESTS_PER_DOMAIN": 4}
+    custom_settings = {"DOWNLOAD_DELAY": 0, "CONCURRENT_REQUESTS_PER_DOMAIN": 4,
+                       "SITEMAPS_MAX_SIZE": 1 << 20}
 
     def parse(self, response):
         lastmod = response.meta.get("sitemap_lastmod")
