@@ -499,3 +499,14 @@ def test_sitemap_xml_is_tried_only_when_asked_and_robots_txt_lists_none(redis, r
         return out
 
     assert asyncio.run(scenario()) == [[], [f"{SITE}/sitemap.xml"]]
+
+
+def test_a_reset_forgets_the_waiting_seeds_and_the_site_counts(redis):
+    """``crawlctl reset`` (:func:`reset_spider`) deletes both keys of sitemap seeds."""
+    from crawlproject.keys import reset_spider
+
+    keys = SitemapKeys("smunit", start_urls_key("smunit"))
+    redis.lpush(keys.pending, '{"url": "http://127.0.0.65/"}')
+    redis.hset(keys.sites, "127.0.0.65", 3)
+    assert reset_spider(redis, "smunit") == 2
+    assert not redis.exists(keys.pending, keys.sites)
