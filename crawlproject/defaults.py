@@ -105,6 +105,17 @@ SEEDS_CLAIM_TTL = 15.0                      # seconds a taken seed stays claimed
 SEEDS_INVALID_MAX = 10_000                  # records kept in <spider>:start_urls:invalid
 MAX_IDLE_TIME_BEFORE_CLOSE = 0.0            # close after N idle seconds cluster-wide; 0: never
 
+# --- Sitemaps as a seed source (crawlproject/sitemaps/; off unless asked) -------
+SITEMAPS_ENABLED = False                    # robots.txt Sitemap: lines as seeds (or sitemap_seeds)
+SITEMAPS_TRY_DEFAULT = False                # /sitemap.xml when robots.txt lists none
+SITEMAPS_MAX_PER_SITE = 50                  # sitemaps (and indexes) requested per site
+SITEMAPS_MAX_DEPTH = 2                      # index levels followed below robots.txt's sitemaps
+SITEMAPS_MAX_URLS = 50_000                  # URLs read per sitemap (sitemaps.org's limit)
+SITEMAPS_MAX_SIZE = 50 * 1024 * 1024        # bytes per sitemap, decompressed (<= DOWNLOAD_MAXSIZE)
+SITEMAPS_OTHER_HOSTS = False                # URLs of another host than the site's: followed
+SITEMAPS_MAX_QUEUED = 2000                  # sitemap seeds fed while frontier + seeds hold fewer
+SITEMAPS_MAX_PENDING = 1_000_000            # seeds waiting in Redis; sitemaps wait beyond it
+
 # --- Untrusted input: what seeds and stored requests may carry (policy.py) ------
 SEED_META_ALLOW: list = []                  # meta keys a seed may set
 SEED_METHODS_ALLOW: list = []               # methods besides GET/HEAD a seed may use (with a body)

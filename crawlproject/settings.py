@@ -77,6 +77,9 @@ DOWNLOADER_MIDDLEWARES = {
     "crawlproject.egress.middleware.EgressMiddleware": 760,
     # after HttpCompressionMiddleware (590) on the way back: hashes the decoded body
     "crawlproject.recrawl.middleware.RecrawlMiddleware": 580,
+    # sitemaps as seeds, off unless SITEMAPS_ENABLED or a spider's sitemap_seeds
+    # (reads decoded bodies: after HttpCompressionMiddleware, before recrawl)
+    "crawlproject.sitemaps.SitemapSeeds": 587,
 }
 SPIDER_MIDDLEWARES = {
     "scrapy.spidermiddlewares.referer.RefererMiddleware": None,
