@@ -373,12 +373,13 @@ def bomb_body(encoding: str) -> bytes:
 
 
 class Bomb(Feature):
-    """``/bomb.gz`` / ``/bomb.br``: 64 MiB of spaces in ~64 KiB (gzip) or
-    ~100 bytes (brotli), ``Content-Encoding`` set, ``text/html``."""
+    """``/bomb-gzip`` / ``/bomb-br``: 64 MiB of spaces in ~64 KiB (gzip) or
+    ~100 bytes (brotli), ``Content-Encoding`` set, ``text/html`` (no file
+    extension: a link extractor must not skip them for it)."""
 
     def __init__(self, name, encoding):
         self.name, self.encoding = name, encoding
-        self.prefix = "/bomb." + ("gz" if encoding == "gzip" else "br")
+        self.prefix = "/" + name
 
     async def answer(self, site, request, path):
         if path != self.prefix:

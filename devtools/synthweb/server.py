@@ -272,13 +272,12 @@ class SyntheticWeb:
 
     async def _serve(self, sockets, context) -> None:
         for site, scheme, sock in sockets:
-            app = aioweb.Application()
-            app.router.add_route("*", "/{tail:.*}", site.handle)
             # Long URLs (the trap goes past 4 KiB) and long cookies are the
             # behaviours under test, not the server's business.
-            runner = aioweb.AppRunner(app, access_log=None, shutdown_timeout=0.5,
-                                      handler_args={"max_line_size": 65536,
-                                                    "max_field_size": 65536})
+            app = aioweb.Application(handler_args={"max_line_size": 65536,
+                                                   "max_field_size": 65536})
+            app.router.add_route("*", "/{tail:.*}", site.handle)
+            runner = aioweb.AppRunner(app, access_log=None, shutdown_timeout=0.5)
             await runner.setup()
             await aioweb.SockSite(runner, sock, ssl_context=context if scheme == "https"
                                   else None).start()
