@@ -364,7 +364,7 @@ class LongUrl(Feature):
 
 @lru_cache(maxsize=None)
 def bomb_body(encoding: str) -> bytes:
-    """BOMB_BYTES of HTML-ish spaces, compressed (gzip ~64 KiB, brotli ~100 B)."""
+    """BOMB_BYTES of HTML-ish spaces, compressed (gzip ~140 KiB, brotli ~100 B)."""
     if encoding == "br":
         import brotli
 
@@ -373,7 +373,7 @@ def bomb_body(encoding: str) -> bytes:
 
 
 class Bomb(Feature):
-    """``/bomb-gzip`` / ``/bomb-br``: 64 MiB of spaces in ~64 KiB (gzip) or
+    """``/bomb-gzip`` / ``/bomb-br``: 64 MiB of spaces in ~140 KiB (gzip) or
     ~100 bytes (brotli), ``Content-Encoding`` set, ``text/html`` (no file
     extension: a link extractor must not skip them for it)."""
 

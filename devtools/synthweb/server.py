@@ -170,6 +170,8 @@ class SyntheticWeb:
         self._thread: threading.Thread | None = None
         self._runners: list[aioweb.AppRunner] = []
         self._tmp: tempfile.TemporaryDirectory | None = None
+        #: the self-signed certificate (PEM) once started: what a client verifying TLS trusts
+        self.cert_file: Path | None = None
 
     # -- the sites ----------------------------------------------------------------------
     @property
@@ -234,6 +236,7 @@ class SyntheticWeb:
     def start(self) -> "SyntheticWeb":
         self._tmp = tempfile.TemporaryDirectory(prefix="synthweb-")
         context = tls_context([s.address for s in self.sites.values()], Path(self._tmp.name))
+        self.cert_file = Path(self._tmp.name) / "cert.pem"
         sockets = self._bind()
         ready = threading.Event()
         failure: list[BaseException] = []

@@ -31,7 +31,7 @@ ROBOTS = {
     "slow": True,            # the rules after ROBOTS_SLOW_S seconds
     "huge": True,            # the rules first, then > 500 KiB of comments, then /late/ (either)
     "gzip": True,            # Content-Encoding: gzip
-    "gzip-bomb": None,       # the rules, then 64 MiB of comments, gzip (~64 KiB on the wire)
+    "gzip-bomb": None,       # the rules, then 64 MiB of comments, gzip (~140 KiB on the wire)
     "none": False,           # no robots.txt at all: 404 (a site-wide redirect's own)
 }
 
