@@ -36,6 +36,8 @@ node peak RSS                                    reported
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -206,7 +208,12 @@ def run(specs, mode: str, timeout: float | None, keep: bool) -> dict:
                 nodes.stop()
             with pymongo.MongoClient(mongo.uri) as mclient:
                 urls = [d["url"] for d in mclient[DATABASE]["web"].find({}, {"url": 1})]
-            figures = score(synth, synth.hits(), urls, limits["delay"], limits["concurrency"])
+            hits = synth.hits()
+            figures = score(synth, hits, urls, limits["delay"], limits["concurrency"])
+            if keep:   # every request the sites saw, for a closer look
+                with open(work / "hits.jsonl", "w") as out:
+                    for hit in hits:
+                        out.write(json.dumps(dataclasses.asdict(hit)) + "\n")
             per_site_ideal = {s.name: site_ideal_seconds(s, limits["delay"], limits["concurrency"],
                                                          limits["jitter"])
                               for s in synth.sites.values()}
@@ -227,7 +234,7 @@ def run(specs, mode: str, timeout: float | None, keep: bool) -> dict:
         data["checks"] = checks(data)
         data["duration_s"] = time.monotonic() - t0
         if keep:
-            print(f"  kept {work}")
+            print(f"  kept {work} (node logs, hits.jsonl)")
         return data
     finally:
         mongo.stop()

@@ -238,6 +238,8 @@ class SyntheticWeb:
         context = tls_context([s.address for s in self.sites.values()], Path(self._tmp.name))
         self.cert_file = Path(self._tmp.name) / "cert.pem"
         sockets = self._bind()
+        for site in self.sites.values():
+            B.prepare(site)   # after _bind: a body may name the site's origin
         ready = threading.Event()
         failure: list[BaseException] = []
 
