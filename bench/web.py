@@ -28,7 +28,13 @@ time ÷ ideal (the slowest site's politeness)     ≤ 1.25
 node peak RSS                                    reported
 ==============================================  ======
 
-    python -m bench.web [--quick | --smallest] [--sites N] [--timeout S] [--keep]
+    python -m bench.web [--quick | --smallest] [--sites N] [--timeout S] [--keep] [--addresses]
+
+Run as root (with ``unshare``, ``ip``), the sites have host names
+(``<site>.synth.test``, in an ``/etc/hosts`` of a network namespace the run
+makes for itself), so that a link's trailing dot, capitals or ``user:secret@``
+is a spelling of the same host; ``--addresses`` (and any non-root run) names
+them by address (no trailing-dot link then).
 
 ``--quick`` (the QUICK table, < 90 s) and ``--smallest`` write to
 ``bench/results/<mode>/web.json``; a full run to ``bench/results/web.json``.
@@ -39,6 +45,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -61,6 +68,9 @@ from devtools.synthweb.truth import ideal_seconds, site_ideal_seconds, site_must
 from tests.crawl_helpers import node_env, readme_settings_block, user_project
 
 NAME = "web"
+ROOT = Path(__file__).resolve().parents[1]
+#: set in the environment of the run inside its network namespace
+NETNS_ENV = "BENCH_WEB_NETNS"
 NODES = 3
 DATABASE = "synthweb"
 FLOOR_TIME = 1.25
@@ -168,7 +178,6 @@ class Nodes:
         return "\n".join(self.text(i).splitlines()[-lines:])
 
     def stats(self, name: str) -> int:
-        import re
         return sum(int(m.group(1)) for i in range(len(self.procs))
                    for m in [re.search(rf"'{re.escape(name)}': (\d+)", self.text(i))] if m)
 
@@ -177,7 +186,28 @@ class Nodes:
                 if "] ERROR:" in line][:10]
 
 
-def run(specs, mode: str, timeout: float | None, keep: bool) -> dict:
+def namespaces_available() -> bool:
+    """Whether this process can make a network namespace of its own (root, unshare, ip)."""
+    return os.geteuid() == 0 and all(shutil.which(tool) for tool in ("unshare", "ip", "mount"))
+
+
+def run_in_namespace(specs, argv: list[str]) -> int:
+    """Run this benchmark again inside ``unshare -n -m``: only ``lo``, and an
+    ``/etc/hosts`` naming every site (what resolves ``<site>.synth.test`` and
+    ``<site>.synth.test.``). Every server and node starts inside."""
+    hosts = Path(tempfile.mkdtemp(prefix="bench-web-hosts-")) / "hosts"
+    hosts.write_text(SyntheticWeb(specs, hostnames=True).hosts_file())
+    script = (f"mount --bind {hosts} /etc/hosts && ip link set lo up && "
+              'exec "$@"')
+    try:
+        return subprocess.run(["unshare", "-n", "-m", "bash", "-c", script, "netns",
+                               sys.executable, "-m", "bench.web", *argv], cwd=ROOT,
+                              env={**os.environ, NETNS_ENV: "1"}).returncode
+    finally:
+        shutil.rmtree(hosts.parent, ignore_errors=True)
+
+
+def run(specs, mode: str, timeout: float | None, keep: bool, hostnames: bool = False) -> dict:
     limits = readme_limits()
     work = Path(tempfile.mkdtemp(prefix="bench-web-"))
     redis = RedisServer(data_dir=work / "redis")
@@ -186,7 +216,7 @@ def run(specs, mode: str, timeout: float | None, keep: bool) -> dict:
     try:
         redis.start()
         mongo.start()
-        with SyntheticWeb(specs) as synth:
+        with SyntheticWeb(specs, hostnames=hostnames) as synth:
             ideal, slowest = ideal_seconds(synth, limits["delay"], limits["concurrency"],
                                            limits["jitter"])
             budget = timeout or DEADLINE_FACTOR * ideal + DEADLINE_GRACE_S
@@ -222,6 +252,7 @@ def run(specs, mode: str, timeout: float | None, keep: bool) -> dict:
         elapsed = figures["elapsed_s"] if finished else max(figures["elapsed_s"] or 0, budget)
         data = {
             "mode": mode, "nodes": NODES, "sites": len(specs), "limits": limits,
+            "hostnames": hostnames,
             "ideal_s": ideal, "slowest_site": slowest, "deadline_s": budget,
             "finished": finished, "elapsed_s": elapsed,
             "time_over_ideal": elapsed / ideal if ideal else None,
@@ -260,7 +291,10 @@ def checks(d: dict) -> list[dict]:
             d["fetched_ratio"] >= 1.0),
         row("disallowed pages fetched", d["forbidden"], "0", d["forbidden"] == 0),
         row("trap pages fetched past the allowance", d["trap_over"], "0", d["trap_over"] == 0),
-        row("duplicates", d["duplicates"], "0", d["duplicates"] == 0),
+        row(f"duplicates ({d['seed_refetches']} a seed's page again through a link)",
+            d["duplicates"], "0", d["duplicates"] == 0),
+        row("requests with credentials / items with them", d["credentials_sent"] + d["credentials_stored"],
+            "0", d["credentials_sent"] + d["credentials_stored"] == 0),
         row("required pages stored ÷ ground truth", d["stored_ratio"], "= 1.00",
             d["stored_ratio"] >= 1.0),
         row("items that must not exist", d["wrongly_stored"], "0", d["wrongly_stored"] == 0),
@@ -305,6 +339,10 @@ def main(argv=None) -> dict:
                         help="sites of the catalogue (padded with plain sites); default all")
     parser.add_argument("--timeout", type=float, default=None, help="crawl deadline, seconds")
     parser.add_argument("--keep", action="store_true", help="keep the nodes' logs and data")
+    parser.add_argument("--addresses", action="store_true",
+                        help="sites by address only (default where this process may make a "
+                             "network namespace: by host name, <site>.synth.test, in one)")
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     mode = mode_of(args)
     if args.sites is not None:
@@ -315,7 +353,13 @@ def main(argv=None) -> dict:
         specs = synth_table.web(names=SMALLEST)
     else:
         specs = synth_table.web()
-    data = run(specs, mode, args.timeout, args.keep)
+    hostnames = not args.addresses and (bool(os.environ.get(NETNS_ENV)) or namespaces_available())
+    if hostnames and not os.environ.get(NETNS_ENV):
+        code = run_in_namespace(specs, argv)
+        if code:
+            raise SystemExit(code)
+        return {}
+    data = run(specs, mode, args.timeout, args.keep, hostnames)
     return finish(NAME, data, args.out, render)
 
 

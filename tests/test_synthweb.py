@@ -16,7 +16,6 @@ import http.client
 import re
 import socket
 import ssl
-import threading
 import time
 import tomllib
 import zlib
@@ -28,7 +27,7 @@ import brotli
 import pytest
 
 from devtools.synthweb import table as T
-from devtools.synthweb.behaviours import Kind, canonical
+from devtools.synthweb.behaviours import Kind, canonical, home_links
 from devtools.synthweb.check import politeness, score
 from devtools.synthweb.server import Hit, SyntheticWeb
 from devtools.synthweb.truth import (classify, expected_requests, ideal_seconds, limits,
@@ -378,10 +377,14 @@ def test_score_counts_what_it_claims(synth):
                 good["stored_ratio"], good["wrongly_stored"]) == (1.0, 0, 0, 1.0, 0)
         get(small.site("control").url("/private/1"), small)
         get(small.site("meta").url("/meta/nf/1"), small)
-        get(small.site("control").url("/p/2"), small)
-        bad = score(small, small.hits(), stored + [small.site("meta").url("/meta/noindex")],
-                    delay=0.0)
-        assert (bad["forbidden"], bad["duplicates"], bad["wrongly_stored"]) == (2, 1, 1)
+        get(small.site("control").url("/p/2"), small, {"Authorization": "Basic dXNlcjpzZWNyZXQ="})
+        get(small.site("control").url("/"), small)
+        with_userinfo = small.site("gone").url("/").replace("://", "://user:secret@")
+        bad = score(small, small.hits(), stored + [small.site("meta").url("/meta/noindex"),
+                                                   with_userinfo], delay=0.0)
+        assert (bad["forbidden"], bad["duplicates"], bad["seed_refetches"],
+                bad["wrongly_stored"]) == (2, 2, 1, 1)
+        assert (bad["credentials_sent"], bad["credentials_stored"]) == (1, 1)
         partial = score(small, hits[1:], stored[1:], delay=0.0)
         assert partial["fetched_ratio"] < 1.0 and partial["stored_ratio"] < 1.0
 
@@ -410,3 +413,26 @@ def test_synthweb_is_not_shipped():
     find = config["tool"]["setuptools"]["packages"]["find"]
     for module in ("devtools", "devtools.synthweb"):
         assert not any(fnmatch(module, pattern) for pattern in find["include"]), module
+
+
+def test_host_names_and_their_spellings():
+    """With host names, URLs name ``<site>.synth.test``; the hosts file a namespace
+    mounts resolves the name and its trailing-dot spelling; every spelling of a
+    site's origin (capitals, trailing dot, userinfo) is that site."""
+    named = SyntheticWeb(T.web(names=("control", "host-variants")), hostnames=True)
+    site = named.site("host-variants")
+    site.ports.update(http=8080, https=8443)
+    assert site.url("/p/1") == "http://host-variants.synth.test:8080/p/1"
+    assert f"{site.address} host-variants.synth.test host-variants.synth.test." in (
+        named.hosts_file().splitlines())
+    entry = [h for h in home_links(site) if "://" in h]
+    assert entry == ["http://host-variants.synth.test.:8080/p/1",
+                     "http://HOST-VARIANTS.SYNTH.TEST:8080/p/2",
+                     "http://user:secret@host-variants.synth.test:8080/p/3",
+                     "http://host-variants.synth.test:8080/p/4#part"]
+    assert {named.site_of(urlsplit(u).netloc) for u in entry} == {site}
+    assert named.site_of(f"{site.address}:8080") is site
+    assert named.site_of("control.synth.test:8080") is None      # not its port
+    by_address = SyntheticWeb(T.web(names=("host-variants",)))
+    plain = by_address.site("host-variants")
+    assert not any(".:" in h for h in home_links(plain))          # no dotted address

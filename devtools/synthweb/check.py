@@ -6,7 +6,11 @@ URLs, what was stored) with the ground truth (:mod:`devtools.synthweb.truth`):
 * ``fetched_ratio``: must-fetch pages answered ÷ must-fetch pages (1.0);
 * ``forbidden``: requests to pages a correct crawler never requests (0);
 * ``trap_over``: trap pages requested past TRAP_ALLOWANCE, summed over sites (0);
-* ``duplicates``: a must-fetch page answered more than once (0);
+* ``duplicates``: a must-fetch page answered more than once (0), and of
+  them ``seed_refetches``: a seed's page fetched again through a link;
+* ``credentials_sent`` / ``credentials_stored``: requests that carried an
+  ``Authorization`` header (the sites never ask for one: it came from a
+  link's ``user:secret@``), item URLs with userinfo (0);
 * ``stored_ratio`` / ``wrongly_stored``: required pages stored ÷ required;
   items of pages never to be stored (noindex, gone, forbidden, hostile);
 * ``peak_over_limit``: per site, the larger of interval ÷ shortest gap
@@ -52,6 +56,7 @@ def score(web, hits, stored_urls=None, delay: float = 1.0, concurrency: int = 2)
             answered[key] += 1
     missing = sorted(k for k in must if not answered[k])
     dupes = {f"{s}{p}": n - 1 for (s, p), n in answered.items() if n > 1}
+    seeds = {f"{s.name}/" for s in web.sites.values() if s.spec.seed}
     per_site = {name: politeness(web.sites[name], by_site.get(name, []), delay, concurrency)
                 for name in web.sites}
     for name, row in per_site.items():
@@ -69,6 +74,8 @@ def score(web, hits, stored_urls=None, delay: float = 1.0, concurrency: int = 2)
         "trap_fetched": sum(traps.values()),
         "trap_over": sum(max(0, n - T.TRAP_ALLOWANCE) for n in traps.values()),
         "duplicates": sum(dupes.values()), "duplicate_examples": dict(list(dupes.items())[:10]),
+        "seed_refetches": sum(n for key, n in dupes.items() if key in seeds),
+        "credentials_sent": sum(1 for h in hits if "authorization" in h.headers),
         "peak_over_limit": per_site[worst]["peak_over_limit"], "worst_site": worst,
         "retry_after_ratio": min(ra) if ra else None,
         "requests": len(hits),
@@ -104,9 +111,10 @@ def politeness(site, hits, delay: float, concurrency: int) -> dict:
 def stored(web, must, urls) -> dict:
     """Required pages stored, and items that should not exist."""
     required = {k for k, kind in must.items() if kind is Kind.REQUIRED}
-    seen, wrong = set(), []
+    seen, wrong, credentials = set(), [], 0
     for url in urls:
         parts = urlsplit(url)
+        credentials += "@" in parts.netloc
         site = web.site_of(parts.netloc)
         if site is None:
             wrong.append(url)
@@ -118,4 +126,5 @@ def stored(web, must, urls) -> dict:
             wrong.append(url)
     return {"stored": len(seen & required), "stored_ratio": len(seen & required) / len(required)
             if required else 1.0, "not_stored": sorted(f"{s}{p}" for s, p in required - seen)[:20],
-            "wrongly_stored": len(wrong), "wrongly_stored_examples": wrong[:10]}
+            "wrongly_stored": len(wrong), "wrongly_stored_examples": wrong[:10],
+            "credentials_stored": credentials}

@@ -37,9 +37,13 @@ from devtools.synthweb import behaviours as B
 from devtools.synthweb.table import SiteSpec
 
 FIRST_ADDRESS = 40          # 127.0.0.40 ...
+#: site names under this domain with ``hostnames=True`` (resolved by :meth:`SyntheticWeb.hosts_file`)
+HOST_DOMAIN = "synth.test"
 LAST_ADDRESS = 250
 #: request headers kept in the log (lower case); all of them with record_all_headers
 KEPT_HEADERS = ("host", "user-agent", "accept-encoding", "cookie", "referer", "authorization")
+#: features that act on every page of their site (not on paths of their own)
+SITE_WIDE = ("cookies", "retry-after")
 #: response headers kept in the log
 KEPT_RESPONSE = ("Location", "Retry-After", "Content-Encoding", "X-Robots-Tag", "Set-Cookie")
 
@@ -70,6 +74,8 @@ class RunningSite:
 
     def __init__(self, web: "SyntheticWeb", spec: SiteSpec, address: str):
         self.web, self.spec, self.address = web, spec, address
+        #: the name in its URLs: the address, or ``<name>.synth.test`` (``hostnames=True``)
+        self.host = f"{spec.name}.{HOST_DOMAIN}" if web.hostnames else address
         self.ports: dict[str, int] = {}
         self.counters: Counter = Counter()
 
@@ -83,7 +89,7 @@ class RunningSite:
 
     def origin(self, scheme: str | None = None) -> str:
         scheme = scheme or self.scheme
-        return f"{scheme}://{self.address}:{self.ports.get(scheme, 0)}"
+        return f"{scheme}://{self.host}:{self.ports.get(scheme, 0)}"
 
     def url(self, path: str = "/", scheme: str | None = None) -> str:
         return self.origin(scheme) + path
@@ -124,7 +130,7 @@ class RunningSite:
             response = await handler(self, request, path)
             if response is not None:
                 return response
-        for name in ("cookies", "retry-after"):   # site-wide: before any page
+        for name in SITE_WIDE:   # before any page
             if name in spec.features:
                 response = await B.FEATURES[name].answer(self, request, path)
                 if response is not None:
@@ -133,7 +139,7 @@ class RunningSite:
         if response is not None:
             return response
         for name in spec.features:
-            if name not in ("cookies", "retry-after"):
+            if name not in SITE_WIDE:
                 response = await B.FEATURES[name].answer(self, request, path)
                 if response is not None:
                     return response
@@ -145,11 +151,14 @@ class SyntheticWeb:
 
     ``sitemaps``: the ground truth counts sitemap-only pages as required (a
     spider that reads sitemaps). ``port``: every address serves http on
-    *port* and https on *port* + 1 (default: a free port per listener)."""
+    *port* and https on *port* + 1 (default: a free port per listener).
+    ``hostnames``: the sites' URLs name ``<site>.synth.test`` instead of the
+    address; only a process whose ``/etc/hosts`` is :meth:`hosts_file` (a
+    network namespace: ``unshare -n -m``) reaches them."""
 
     def __init__(self, specs: Iterable[SiteSpec], sitemaps: bool = False,
                  port: int | None = None, first_address: int = FIRST_ADDRESS,
-                 record_all_headers: bool = False):
+                 record_all_headers: bool = False, hostnames: bool = False):
         specs = list(specs)
         if first_address + len(specs) - 1 > LAST_ADDRESS:
             raise ValueError(f"at most {LAST_ADDRESS - first_address + 1} sites")
@@ -157,12 +166,14 @@ class SyntheticWeb:
         if len(set(names)) != len(names):
             raise ValueError("site names must be unique")
         self.sitemaps = sitemaps
+        self.hostnames = hostnames
         self.port = port
         self.record_all_headers = record_all_headers
         self.sites: dict[str, RunningSite] = {
             s.name: RunningSite(self, s, f"127.0.0.{first_address + i}")
             for i, s in enumerate(specs)}
-        self.by_address = {s.address: s for s in self.sites.values()}
+        self.by_host = {**{s.address: s for s in self.sites.values()},
+                        **{s.host: s for s in self.sites.values()}}
         self.closing = False
         self._hits: list[Hit] = []
         self._lock = threading.Lock()
@@ -187,10 +198,20 @@ class SyntheticWeb:
         another one are not seeds)."""
         return [s.seed() for s in self.sites.values() if s.spec.seed]
 
+    def hosts_file(self) -> str:
+        """``/etc/hosts`` lines naming every site (with ``hostnames=True``): its
+        name, and the name with a trailing dot (the resolver of a namespace
+        without DNS would not strip it)."""
+        lines = ["127.0.0.1 localhost"]
+        lines += [f"{s.address} {s.spec.name}.{HOST_DOMAIN} {s.spec.name}.{HOST_DOMAIN}."
+                  for s in self.sites.values()]
+        return "\n".join(lines) + "\n"
+
     def site_of(self, netloc: str) -> RunningSite | None:
-        """The site serving *netloc* (``address:port``)."""
-        host, _, port = netloc.rpartition(":")
-        site = self.by_address.get(host.strip("[]").rstrip("."))
+        """The site serving *netloc* (``host:port``; a host name in any case,
+        with or without a trailing dot; userinfo ignored)."""
+        host, _, port = netloc.rpartition("@")[2].rpartition(":")
+        site = self.by_host.get(host.strip("[]").rstrip(".").lower())
         return site if site and int(port or 0) in site.ports.values() else None
 
     # -- the log -------------------------------------------------------------------------
@@ -235,7 +256,8 @@ class SyntheticWeb:
     # -- start / stop --------------------------------------------------------------------
     def start(self) -> "SyntheticWeb":
         self._tmp = tempfile.TemporaryDirectory(prefix="synthweb-")
-        context = tls_context([s.address for s in self.sites.values()], Path(self._tmp.name))
+        context = tls_context([s.address for s in self.sites.values()], Path(self._tmp.name),
+                              [s.host for s in self.sites.values()] if self.hostnames else [])
         self.cert_file = Path(self._tmp.name) / "cert.pem"
         sockets = self._bind()
         for site in self.sites.values():
@@ -311,9 +333,9 @@ async def _call(fn):
     return fn()
 
 
-def tls_context(addresses: list[str], directory: Path) -> ssl.SSLContext:
+def tls_context(addresses: list[str], directory: Path, names: list[str] = ()) -> ssl.SSLContext:
     """A server context with a self-signed certificate (EC P-256, one day)
-    naming every address in *addresses*."""
+    naming every address in *addresses* and host name in *names*."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -327,7 +349,8 @@ def tls_context(addresses: list[str], directory: Path) -> ssl.SSLContext:
             .not_valid_before(now - datetime.timedelta(hours=1))
             .not_valid_after(now + datetime.timedelta(days=1))
             .add_extension(x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address(a)) for a in addresses]), critical=False)
+                [x509.IPAddress(ipaddress.ip_address(a)) for a in addresses]
+                + [x509.DNSName(n) for n in names]), critical=False)
             .sign(key, hashes.SHA256()))
     cert_file, key_file = directory / "cert.pem", directory / "key.pem"
     cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))

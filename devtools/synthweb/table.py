@@ -38,7 +38,7 @@ ROBOTS = {
 #: page features a site can have (each a handler in :mod:`devtools.synthweb.behaviours`)
 FEATURES = ("calendar", "repeat", "sessionid", "longurl", "bomb-gzip", "bomb-br", "drip",
             "headers", "flood", "cookies", "gone", "retry-after", "meta", "sitemap",
-            "chain", "loop")
+            "chain", "loop", "host-variants")
 
 
 @dataclass(frozen=True)
@@ -112,6 +112,7 @@ def catalogue() -> list[SiteSpec]:
         SiteSpec("robots-huge", robots="huge"),
         SiteSpec("robots-gzip", robots="gzip"),
         SiteSpec("crawl-delay", crawl_delay=2.0, pages=4),
+        SiteSpec("host-variants", features=("host-variants",)),
         SiteSpec("meta", features=("meta",)),
         SiteSpec("sessionid", features=("sessionid",)),
         SiteSpec("repeat", features=("repeat",)),
@@ -144,7 +145,7 @@ def catalogue() -> list[SiteSpec]:
 #: scheme redirect, meta robots, session ids, a trap, a bomb, Retry-After, crawl delay
 QUICK = ("control", "robots-redirect-same", "robots-redirect-other", "robots-chain", "apex",
          "www", "scheme", "robots-loop", "robots-404", "robots-5xx", "robots-gzip",
-         "crawl-delay", "meta", "sessionid", "repeat", "longurl", "gone", "retry-after",
+         "crawl-delay", "host-variants", "meta", "sessionid", "repeat", "longurl", "gone", "retry-after",
          "bombs", "redirect-chain", "hop-a", "hop-b", "to-slow", "slow-target")
 
 
