@@ -436,3 +436,13 @@ def test_host_names_and_their_spellings():
     by_address = SyntheticWeb(T.web(names=("host-variants",)))
     plain = by_address.site("host-variants")
     assert not any(".:" in h for h in home_links(plain))          # no dotted address
+
+
+def test_certificate_names_the_host_names():
+    from cryptography import x509
+
+    with SyntheticWeb(T.web(names=("control",)), hostnames=True) as named:
+        cert = x509.load_pem_x509_certificate(named.cert_file.read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.DNSName) == ["control.synth.test"]
+    assert [str(a) for a in san.get_values_for_type(x509.IPAddress)] == ["127.0.0.40"]
