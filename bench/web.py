@@ -54,6 +54,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import psutil
 import pymongo
@@ -236,6 +237,7 @@ def run(specs, mode: str, timeout: float | None, keep: bool, hostnames: bool = F
                 finished = nodes.wait_done(pushed + budget)
             finally:
                 nodes.stop()
+            dead = dead_letters(client, synth)
             with pymongo.MongoClient(mongo.uri) as mclient:
                 urls = [d["url"] for d in mclient[DATABASE]["web"].find({}, {"url": 1})]
             hits = synth.hits()
@@ -258,7 +260,7 @@ def run(specs, mode: str, timeout: float | None, keep: bool, hostnames: bool = F
             "time_over_ideal": elapsed / ideal if ideal else None,
             "node_peak_rss_mb": [round(r / 2**20, 1) for r in nodes.peak_rss],
             "exit_codes": [p.returncode for p in nodes.procs],
-            "items": len(urls), "errors": nodes.errors(),
+            "items": len(urls), "errors": nodes.errors(), "dead_letters": dead,
             "per_site_ideal_s": per_site_ideal, "must": musts, "behaviours": behaviours,
             **figures,
         }
@@ -272,6 +274,24 @@ def run(specs, mode: str, timeout: float | None, keep: bool, hostnames: bool = F
         redis.stop()
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def dead_letters(client, synth) -> dict[str, dict[str, int]]:
+    """The frontier's dead letters: per site, how many for each reason (its
+    first words: a reason names the URL it is about)."""
+    out: dict[str, dict[str, int]] = {}
+    for key in client.scan_iter(match="*:dead"):
+        for raw in client.lrange(key, 0, -1):
+            try:
+                record = json.loads(raw)
+            except ValueError:
+                continue
+            url = str(record.get("url") or "")
+            site = synth.site_of(urlsplit(url).netloc) if url else None
+            reason = re.sub(r"\S+://\S+", "<url>", str(record.get("reason")))[:80]
+            bucket = out.setdefault(site.name if site else "?", {})
+            bucket[reason] = bucket.get(reason, 0) + 1
+    return out
 
 
 def describe(spec) -> str:
@@ -327,7 +347,7 @@ def render(d: dict) -> str:
              f"{fmt(d['elapsed_s'])} s, finished {d['finished']}, items {d['items']}, "
              f"requests {d['requests']}, node peak RSS MB {d['node_peak_rss_mb']}"]
     for key in ("missing", "forbidden_examples", "duplicate_examples", "wrongly_stored_examples",
-                "not_stored", "errors"):
+                "not_stored", "dead_letters", "errors"):
         if d.get(key):
             notes.append(f"{key}: {d[key] if not isinstance(d[key], list) else d[key][:8]}")
     return out + "\n\n" + "\n".join(notes)
