@@ -108,6 +108,7 @@ from crawlproject.serialization import (
     request_to_json,
 )
 from crawlproject.signing import Signer, signer_from_settings
+from crawlproject.urls import UrlCanonicalizer, canonicalizer_for
 
 logger = logging.getLogger(__name__)
 
@@ -171,6 +172,9 @@ class RedisScheduler(BaseScheduler):
                              is scrapy_fingerprint)
         self.bloom = bloom
         self.retry = retry
+        #: every request's URL in its canonical form (crawlproject/urls.py), shared
+        #: with the seed reader and robots.txt through the crawler
+        self.urls: UrlCanonicalizer = canonicalizer_for(crawler)
         self.politeness = politeness
         self.node = node_id
         self.dead_max, self.invalid_max = dead_max, invalid_max
@@ -519,6 +523,9 @@ class RedisScheduler(BaseScheduler):
             return False
 
     def _enqueue(self, request: Request) -> bool:
+        # One URL a page, one host a site: what is fetched, fingerprinted, keyed
+        # for politeness and robots.txt, logged and stored (no credentials).
+        request = self.urls.request(request)
         strip_slot(request)
         member = request.meta.pop(LEASE_META, None)
         parent = request.meta.pop(PARENT_META, None)
@@ -826,6 +833,8 @@ class RedisScheduler(BaseScheduler):
             raise Rejected(str(exc)) from None
         if not proven:
             self._unproven += 1
+        # Written by anyone (or an older version): canonical before it is fetched.
+        request = self.urls.request(request)
         request.meta[LEASE_META] = member
         request.errback = LeaseErrback(self._download_failed, member, request.errback)
         # What the frontier stored, before downloader middlewares added their

@@ -211,7 +211,10 @@ class ImpersonateDownloadHandler(BaseStreamingDownloadHandler):
         pool = self.pools.acquire(request)
         opened = False
         try:
-            async with pool.session.stream(request.method, request.url, **kwargs) as response:
+            from crawlproject.urls import strip_userinfo   # libcurl would send a URL's
+
+            url = strip_userinfo(request.url)   # user:pw@ as Authorization: never
+            async with pool.session.stream(request.method, url, **kwargs) as response:
                 opened = True
                 try:
                     yield response

@@ -1,0 +1,310 @@
+"""URLs and hosts in one canonical form, for fetching, dedupe, politeness and robots.txt.
+
+One page should be one URL and one site one host, whatever spelling a link, a
+seed or a redirect used: ``http://User:pw@Example.COM.:80/a;jsessionid=1`` is
+``http://example.com/a``. :func:`canonicalize` makes that form once, when a
+request enters the frontier (:class:`~crawlproject.scheduler.RedisScheduler`)
+or a seed becomes a request (:mod:`crawlproject.seeds`), so that the URL
+fetched, its fingerprint (Scrapy's ``canonicalize_url`` of it), its politeness
+key (:func:`canonical_host`) and its robots.txt origin (:func:`origin`) agree.
+
+What changes in the URL fetched (what Nutch's and Heritrix's default rules do):
+
+* the host: lower case, IDN as punycode (w3lib's ``safe_url_string``, which
+  Scrapy's ``Request`` applies already), trailing dots removed (``host.`` is
+  the same server, and was a second politeness slot and robots.txt fetch),
+  IPv6 in its RFC 5952 form; the port when it is the scheme's default;
+* credentials (``user:pw@``): removed, counted, logged once per host without
+  them. A site listed in ``URL_CREDENTIALS_HOSTS`` gets them as an
+  ``Authorization: Basic`` header instead (see :class:`UrlCanonicalizer`);
+* session ids: path parameters (``;jsessionid=...``) and query parameters
+  whose name matches ``URL_SESSION_PARAMS`` (a regex, whole name, any case)
+  are removed; the other parameters keep their order and spelling (Scrapy's
+  fingerprint sorts them already; the site gets the query it linked to).
+
+Nothing else is rewritten (no sorting, no ``www.``, no trailing slash): those
+name other resources on some sites. A request with ``meta["verbatim_url"]``
+(Scrapy 2.19: sent as written) only loses its credentials.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import re
+import unicodedata
+from functools import lru_cache
+from ipaddress import ip_address
+from typing import NamedTuple
+from urllib.parse import unquote_plus, urlsplit, urlunsplit
+
+from crawlproject.defaults import setting
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["canonical_host", "canonicalize", "origin", "redact_userinfo", "strip_userinfo",
+           "Canonical",
+           "UrlCanonicalizer", "canonicalizer_for", "DEFAULT_PORTS"]
+
+DEFAULT_PORTS = {"http": 80, "https": 443}
+#: stat of each kind of change (``urls/<kind>``)
+CREDENTIALS, SESSION_PATH, SESSION_QUERY, HOST, PORT = (
+    "credentials", "session_id_path", "session_id_query", "host", "port")
+# Hosts whose stripped credentials were logged: at most this many lines a node.
+_LOGGED_HOSTS_MAX = 1000
+_USERINFO = re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://)[^/?#@\s]*@")
+
+
+@lru_cache(maxsize=65536)
+def canonical_host(host: str) -> str:
+    """*host* as every part of the crawl names it: lower case, without
+    brackets or trailing dots, an IDN as punycode, an IPv6 address in its
+    RFC 5952 form (``[::0:1]`` → ``::1``). ``""`` stays ``""``; a name IDNA
+    cannot encode stays as it is, lower-cased."""
+    host = host.strip()
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if ":" in host:
+        try:
+            return ip_address(host.split("%", 1)[0]).compressed if "%" not in host \
+                else host.lower()
+        except ValueError:
+            return host.lower()
+    host = host.rstrip(".") or host
+    if not host.isascii():
+        try:  # what w3lib (so Scrapy's Request) does to a host name
+            host = unicodedata.normalize("NFKC", host).encode("idna").decode("ascii")
+        except UnicodeError:
+            pass
+    return host.lower()
+
+
+def _netloc(host: str, port: int | None) -> str:
+    host = f"[{host}]" if ":" in host else host
+    return host if port is None else f"{host}:{port}"
+
+
+def origin(url: str) -> str:
+    """``scheme://host[:port]`` of *url* in the canonical form (robots.txt
+    applies per origin): no credentials, the default port left out."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port
+    except ValueError:   # not a number: kept as written, it names no other site
+        return f"{scheme}://{canonical_host(parts.netloc.rpartition('@')[2])}"
+    if port == DEFAULT_PORTS.get(scheme):
+        port = None
+    return f"{scheme}://{_netloc(canonical_host(parts.hostname or ''), port)}"
+
+
+def redact_userinfo(text: str) -> str:
+    """*text* (a URL, a seed, a log argument) without the ``user:pw@`` of any
+    URL in it: for what is logged or stored of input that is not a request."""
+    return _USERINFO.sub(r"\1", text) if "@" in text else text
+
+
+def strip_userinfo(url: str) -> str:
+    """*url* without ``user:pw@`` in its authority, otherwise as it is."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+class Canonical(NamedTuple):
+    """What :func:`canonicalize` made of a URL."""
+
+    url: str
+    #: the kinds of change made (``credentials``, ``session_id_path``,
+    #: ``session_id_query``, ``host``, ``port``)
+    changes: tuple
+    #: ``"user:password"`` removed (URL-decoded), or None: for a site allowed
+    #: to receive them only; never log it
+    userinfo: str | None = None
+
+
+def session_matcher(names: str) -> re.Pattern:
+    """The regex of session-id parameter names (a whole name, any case);
+    ValueError naming the setting if *names* does not compile."""
+    try:
+        return re.compile(f"(?:{names})", re.IGNORECASE)
+    except re.error as exc:
+        raise ValueError(f"URL_SESSION_PARAMS is not a regular expression: {exc}") from None
+
+
+def _strip_path_sessions(path: str, names: re.Pattern) -> str:
+    # ;name=value path parameters (Java's ;jsessionid=, also after any segment)
+    def keep(match: re.Match) -> str:
+        return "" if names.fullmatch(unquote_plus(match.group(1))) else match.group(0)
+    return re.sub(r";([^/;=?#]*)(?:=[^/;?#]*)?", keep, path)
+
+
+def _strip_query_sessions(query: str, names: re.Pattern) -> str:
+    # Only whole name=value pairs go; the others keep their order and spelling.
+    pairs = query.split("&")
+    kept = [p for p in pairs if not names.fullmatch(unquote_plus(p.partition("=")[0]))]
+    return query if len(kept) == len(pairs) else "&".join(kept)
+
+
+def canonicalize(url: str, session_params: re.Pattern | None = None, *,
+                 hosts: bool = True) -> Canonical:
+    """*url* in its canonical form (see the module docstring) and what changed.
+
+    *session_params*: the names of session-id parameters to remove (None:
+    none); *hosts*: also the host and port (False: only credentials and
+    session ids). A URL that is not http(s), or whose port is not a number,
+    only loses its credentials."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    changes = []
+    userinfo, sep, hostport = parts.netloc.rpartition("@")
+    if userinfo:
+        changes.append(CREDENTIALS)
+    netloc, path, query = hostport, parts.path, parts.query
+    if hosts and scheme in DEFAULT_PORTS:
+        netloc = _canonical_netloc(scheme, hostport, changes)
+    if session_params is not None and scheme in DEFAULT_PORTS:
+        if ";" in path:
+            stripped = _strip_path_sessions(path, session_params)
+            if stripped != path:
+                changes.append(SESSION_PATH)
+                path = stripped
+        if query:
+            stripped = _strip_query_sessions(query, session_params)
+            if stripped != query:
+                changes.append(SESSION_QUERY)
+                query = stripped
+    if not changes and not sep:
+        return Canonical(url, ())
+    rebuilt = urlunsplit((parts.scheme, netloc, path, query, parts.fragment))
+    if not query and url.partition("#")[0].endswith("?"):
+        rebuilt = rebuilt.replace("#", "?#", 1) if parts.fragment else rebuilt + "?"
+    return Canonical(rebuilt, tuple(changes), unquote_plus(userinfo) if userinfo else None)
+
+
+def _canonical_netloc(scheme: str, hostport: str, changes: list) -> str:
+    """*hostport* (``host[:port]``) canonical; the kinds of change added to *changes*."""
+    if hostport.startswith("["):
+        end = hostport.find("]") + 1
+        if not end:
+            return hostport
+        host, port_text = hostport[:end], hostport[end:]
+    else:
+        host, _, port_text = hostport.partition(":")
+        port_text = _ and ":" + port_text
+    digits = port_text[1:]
+    if digits and not (digits.isascii() and digits.isdigit()):
+        return hostport   # not a port: Scrapy refuses it, nothing to spell otherwise
+    port = int(digits) if digits else None
+    if port == DEFAULT_PORTS[scheme]:
+        port = None
+    canonical = canonical_host(host) or host
+    if _netloc(canonical, None) != host:
+        changes.append(HOST)
+    if port_text != (f":{port}" if port is not None else ""):
+        changes.append(PORT)
+    return _netloc(canonical, port)
+
+
+class UrlCanonicalizer:
+    """Canonicalises Scrapy requests for one crawl: counts what it changes
+    (``urls/<kind>`` stats), logs credentials removed once per host (never the
+    credentials), and hands the credentials of a host listed in
+    ``URL_CREDENTIALS_HOSTS`` on as an ``Authorization: Basic`` header, as
+    Scrapy's ``HttpAuthMiddleware`` does with ``http_user``/``http_pass``
+    for its ``http_auth_domain``.
+
+    Settings: ``URL_CANONICAL_ENABLED`` (host and port in the URL fetched),
+    ``URL_STRIP_SESSION_IDS`` and ``URL_SESSION_PARAMS``, ``URL_CREDENTIALS_HOSTS``.
+    Get the crawl's one instance with :func:`canonicalizer_for`.
+    """
+
+    def __init__(self, *, hosts: bool = True, session_params: re.Pattern | None = None,
+                 credential_hosts=(), stats=None):
+        self.hosts = hosts
+        self.session_params = session_params
+        self.credential_hosts = frozenset(canonical_host(h) for h in credential_hosts)
+        self.stats = stats
+        self._logged: set[str] = set()
+        # A fast "nothing to do" for the usual URL (most links a page yields):
+        # no userinfo, upper case, trailing dot or port in the authority, and
+        # no ";" or session parameter name after it.
+        sessions = session_params.pattern if session_params is not None else "(?!)"
+        self._suspect = re.compile(
+            r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*(?:[@:A-Z]|\.(?=[/?#]|$))"
+            rf"|(?i:[;?&](?:{sessions})(?=[=&;#/]|$))")
+
+    @classmethod
+    def from_settings(cls, settings, stats=None) -> "UrlCanonicalizer":
+        """Read the settings once (ValueError for a bad ``URL_SESSION_PARAMS``)."""
+        sessions = (session_matcher(setting(settings, "URL_SESSION_PARAMS"))
+                    if setting(settings, "URL_STRIP_SESSION_IDS") else None)
+        return cls(hosts=setting(settings, "URL_CANONICAL_ENABLED"), session_params=sessions,
+                   credential_hosts=setting(settings, "URL_CREDENTIALS_HOSTS"), stats=stats)
+
+    def needs_work(self, url: str) -> bool:
+        """False when *url* is canonical for sure (a cheap test: most are)."""
+        return self._suspect.search(url) is not None
+
+    def canonical(self, request) -> Canonical:
+        """What :func:`canonicalize` makes of *request*'s URL under these
+        settings (nothing counted, nothing logged)."""
+        url = request.url
+        if not self.needs_work(url):
+            return Canonical(url, ())
+        verbatim = bool(request.meta.get("verbatim_url"))
+        return canonicalize(url, None if verbatim else self.session_params,
+                            hosts=self.hosts and not verbatim)
+
+    def request(self, request):
+        """*request* with its canonical URL (the same object when nothing
+        changes, else a copy made with ``replace``), counted (``urls/<kind>``)."""
+        url = request.url
+        if not self.needs_work(url):
+            return request
+        result = self.canonical(request)
+        if result.url == url:
+            return request
+        for kind in result.changes:
+            if self.stats is not None:
+                self.stats.inc_value(f"urls/{kind}")
+        headers = None
+        if result.userinfo is not None:
+            headers = self._credentials(result, request)
+        if headers is None:
+            return request.replace(url=result.url)
+        return request.replace(url=result.url, headers=headers)
+
+    def _credentials(self, result: Canonical, request):
+        """The headers *request* gets for the credentials removed from its
+        URL: an ``Authorization`` header for a host that is allowed them
+        (unless it has one), else None (they are dropped, said once a host)."""
+        host = canonical_host(urlsplit(result.url).hostname or "")
+        if host in self.credential_hosts:
+            if self.stats is not None:
+                self.stats.inc_value("urls/credentials_sent")
+            if b"Authorization" in request.headers:
+                return None
+            headers = request.headers.copy()
+            user, _, password = result.userinfo.partition(":")
+            token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+            headers[b"Authorization"] = f"Basic {token}"
+            return headers
+        if host not in self._logged and len(self._logged) < _LOGGED_HOSTS_MAX:
+            self._logged.add(host)
+            logger.warning("Credentials removed from the URLs of %s (counted in "
+                           "urls/credentials; list the host in URL_CREDENTIALS_HOSTS to send "
+                           "them as an Authorization header)", host or "(no host)")
+        return None
+
+
+def canonicalizer_for(crawler) -> UrlCanonicalizer:
+    """The crawl's one :class:`UrlCanonicalizer` (built at the first call:
+    the scheduler, the seed reader and the robots.txt middleware share its
+    stats and its once-per-host log)."""
+    found = getattr(crawler, "_crawlproject_urls", None)
+    if found is None:
+        found = UrlCanonicalizer.from_settings(crawler.settings, getattr(crawler, "stats", None))
+        crawler._crawlproject_urls = found
+    return found
