@@ -306,7 +306,7 @@ def test_a_crawl_of_every_spelling_fetches_each_page_once_and_the_password_nowhe
     settings = {"SPIDER_MODULES": "tests.spiders", "DOWNLOAD_ALLOWED_NETWORKS": "loopback",
                 "RETRY_TIMES": 0, "MAX_IDLE_TIME_BEFORE_CLOSE": 2, "LOG_LEVEL": "DEBUG",
                 "DOWNLOAD_DELAY": 0}
-    redis.lpush(start_urls_key("urlvariants"),
+    redis.rpush(start_urls_key("urlvariants"), f"http://{HOST}/",
                 f"http://u:{PASSWORD}@{HOST}.:80/;jsessionid=1")
     node = Node("v1", tmp_path, env, spider="urlvariants", settings=settings)
     try:
