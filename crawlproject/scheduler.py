@@ -523,20 +523,22 @@ class RedisScheduler(BaseScheduler):
             return False
 
     def _enqueue(self, request: Request) -> bool:
+        url_key = self._url_key(request)
+        if self._sent_here(url_key):   # a canonical URL this node sent: no more work
+            return False
         # One URL a page, one host a site: what is fetched, fingerprinted, keyed
         # for politeness and robots.txt, logged and stored (no credentials).
-        request = self.urls.request(request)
+        canonical = self.urls.request(request)
+        if canonical is not request:
+            request, url_key = canonical, self._url_key(canonical)
+            if self._sent_here(url_key):
+                return False
         strip_slot(request)
         member = request.meta.pop(LEASE_META, None)
         parent = request.meta.pop(PARENT_META, None)
         retried = RETRY_DELAY_META in request.meta
         delay = request.meta.pop(RETRY_DELAY_META, 0)
         request.meta.pop(SLOW_DOWN_META, None)
-        url_key = self._url_key(request)
-        if url_key is not None and (url_key in self._recent_urls
-                                    or url_key in self._recent_urls_old):
-            self._filtered_locally += 1
-            return False
         fp = None if request.dont_filter else self.fingerprinter.fingerprint(request)
         if fp is not None and self._seen_here(fp):
             # This node already sent it: the shared filter has it (or will have
@@ -659,6 +661,13 @@ class RedisScheduler(BaseScheduler):
         if self._unproven:
             self.stats.inc_value("scheduler/unproven", self._unproven)
             self._unproven = 0
+
+    def _sent_here(self, url_key: int | None) -> bool:
+        if url_key is not None and (url_key in self._recent_urls
+                                    or url_key in self._recent_urls_old):
+            self._filtered_locally += 1
+            return True
+        return False
 
     def _seen_here(self, fp: bytes) -> bool:
         key = hash(fp)
