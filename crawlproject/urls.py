@@ -15,8 +15,12 @@ What changes in the URL fetched (what Nutch's and Heritrix's default rules do):
   the same server, and was a second politeness slot and robots.txt fetch),
   IPv6 in its RFC 5952 form; the port when it is the scheme's default;
 * credentials (``user:pw@``): removed, counted, logged once per host without
-  them. A site listed in ``URL_CREDENTIALS_HOSTS`` gets them as an
-  ``Authorization: Basic`` header instead (see :class:`UrlCanonicalizer`);
+  them. For a host listed in ``URL_CREDENTIALS_HOSTS`` they travel sealed in
+  ``meta["url_credentials"]`` (AES-GCM under a key derived from
+  ``FRONTIER_SECRET``, bound to the host: never in clear in Redis, a dead
+  letter or a log line) and :class:`~crawlproject.middlewares.urlcredentials.UrlCredentialsMiddleware`
+  sends them as ``Authorization: Basic`` to that host only, as Scrapy's
+  ``HttpAuthMiddleware`` does for its ``http_auth_domain``;
 * session ids: path parameters (``;jsessionid=...``) and query parameters
   whose name matches ``URL_SESSION_PARAMS`` (a regex, whole name, any case)
   are removed; the other parameters keep their order and spelling (Scrapy's
@@ -30,7 +34,11 @@ name other resources on some sites. A request with ``meta["verbatim_url"]``
 from __future__ import annotations
 
 import base64
+import binascii
+import hashlib
+import hmac
 import logging
+import os
 import re
 import unicodedata
 from functools import lru_cache
@@ -43,13 +51,15 @@ from crawlproject.defaults import setting
 logger = logging.getLogger(__name__)
 
 __all__ = ["canonical_host", "canonicalize", "origin", "redact_userinfo", "strip_userinfo",
-           "Canonical",
+           "Canonical", "CredentialSeal", "CREDENTIALS_META",
            "UrlCanonicalizer", "canonicalizer_for", "DEFAULT_PORTS"]
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
 #: stat of each kind of change (``urls/<kind>``)
 CREDENTIALS, SESSION_PATH, SESSION_QUERY, HOST, PORT = (
     "credentials", "session_id_path", "session_id_query", "host", "port")
+#: meta key of a request's sealed URL credentials (URL_CREDENTIALS_HOSTS)
+CREDENTIALS_META = "url_credentials"
 # Hosts whose stripped credentials were logged: at most this many lines a node.
 _LOGGED_HOSTS_MAX = 1000
 _USERINFO = re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://)[^/?#@\s]*@")
@@ -110,6 +120,57 @@ def strip_userinfo(url: str) -> str:
     if "@" not in parts.netloc:
         return url
     return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+class CredentialSeal:
+    """URL credentials sealed for the frontier: AES-GCM (``cryptography``,
+    a Scrapy dependency) under a key derived from each ``FRONTIER_SECRET``
+    (the first seals, any opens), the host as associated data: a token opens
+    only for the host it was made for, and only on a node of the crawl."""
+
+    PREFIX = "c1:"
+
+    def __init__(self, secrets):
+        self._keys = [hmac.new(bytes(s), b"crawlproject url credentials",
+                               hashlib.sha256).digest() for s in secrets]
+        if not self._keys:
+            raise ValueError("a CredentialSeal needs at least one secret")
+
+    def seal(self, host: str, userinfo: str) -> str:
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+        nonce = os.urandom(12)
+        sealed = AESGCM(self._keys[0]).encrypt(nonce, userinfo.encode(), host.encode())
+        return self.PREFIX + base64.urlsafe_b64encode(nonce + sealed).decode("ascii")
+
+    def open(self, host: str, token) -> str | None:
+        """The ``user:password`` of *token* for *host*, or None (another host,
+        another crawl's secret, altered, not a token)."""
+        from cryptography.exceptions import InvalidTag
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+        if not isinstance(token, str) or not token.startswith(self.PREFIX):
+            return None
+        try:
+            raw = base64.urlsafe_b64decode(token[len(self.PREFIX):])
+        except (binascii.Error, ValueError):
+            return None
+        if len(raw) < 12 + 16:
+            return None
+        for key in self._keys:
+            try:
+                return AESGCM(key).decrypt(raw[:12], raw[12:], host.encode()).decode()
+            except (InvalidTag, UnicodeDecodeError):
+                continue
+        return None
+
+
+def seal_from_settings(settings) -> CredentialSeal | None:
+    """The crawl's :class:`CredentialSeal`, None without ``FRONTIER_SECRET``."""
+    from crawlproject.signing import secrets_from_settings
+
+    keys = secrets_from_settings(settings)
+    return CredentialSeal(keys) if keys else None
 
 
 class Canonical(NamedTuple):
@@ -221,11 +282,12 @@ class UrlCanonicalizer:
     """
 
     def __init__(self, *, hosts: bool = True, session_params: re.Pattern | None = None,
-                 credential_hosts=(), stats=None):
+                 credential_hosts=(), stats=None, seal: CredentialSeal | None = None):
         self.hosts = hosts
         self.session_params = session_params
         self.credential_hosts = frozenset(canonical_host(h) for h in credential_hosts)
         self.stats = stats
+        self.seal = seal
         self._logged: set[str] = set()
         # A fast "nothing to do" for the usual URL (most links a page yields):
         # no userinfo, upper case, trailing dot or port in the authority, and
@@ -240,8 +302,10 @@ class UrlCanonicalizer:
         """Read the settings once (ValueError for a bad ``URL_SESSION_PARAMS``)."""
         sessions = (session_matcher(setting(settings, "URL_SESSION_PARAMS"))
                     if setting(settings, "URL_STRIP_SESSION_IDS") else None)
+        hosts = setting(settings, "URL_CREDENTIALS_HOSTS")
         return cls(hosts=setting(settings, "URL_CANONICAL_ENABLED"), session_params=sessions,
-                   credential_hosts=setting(settings, "URL_CREDENTIALS_HOSTS"), stats=stats)
+                   credential_hosts=hosts, stats=stats,
+                   seal=seal_from_settings(settings) if hosts else None)
 
     def needs_work(self, url: str) -> bool:
         """False when *url* is canonical for sure (a cheap test: most are)."""
@@ -264,41 +328,53 @@ class UrlCanonicalizer:
         """*request* with its canonical URL (the same object when nothing
         changes, else a copy made with ``replace``), counted (``urls/<kind>``)."""
         url = request.url
-        if not self.needs_work(url):
-            return request
-        result = self._canonical(request)
-        if result.url == url:
-            return request
-        for kind in result.changes:
-            if self.stats is not None:
-                self.stats.inc_value(f"urls/{kind}")
-        headers = None
-        if result.userinfo is not None:
-            headers = self._credentials(result, request)
-        if headers is None:
-            return request.replace(url=result.url)
-        return request.replace(url=result.url, headers=headers)
+        if self.needs_work(url):
+            result = self._canonical(request)
+            if result.url != url:
+                for kind in result.changes:
+                    if self.stats is not None:
+                        self.stats.inc_value(f"urls/{kind}")
+                token = (self._credentials(result, request) if result.userinfo is not None
+                         else None)
+                if token is not None:
+                    request = request.replace(url=result.url,
+                                              meta={**request.meta, CREDENTIALS_META: token})
+                else:
+                    request = request.replace(url=result.url)
+        if self.credential_hosts and CREDENTIALS_META in request.meta:
+            request = self._unsent(request)
+        return request
 
-    def _credentials(self, result: Canonical, request):
-        """The headers *request* gets for the credentials removed from its
-        URL: an ``Authorization`` header for a host that is allowed them
-        (unless it has one), else None (they are dropped, said once a host)."""
+    def _unsent(self, request):
+        # The Authorization header UrlCredentialsMiddleware made of the sealed
+        # credentials (a retry's, a redirect's copy): never stored, made again.
+        if b"Authorization" in request.headers:
+            request = request.replace(headers=request.headers.copy())
+            del request.headers[b"Authorization"]
+        return request
+
+    def _credentials(self, result: Canonical, request) -> str | None:
+        """The sealed credentials *request* keeps for a host allowed them
+        (unless it has an ``Authorization`` header of its own), else None:
+        they are dropped, said once a host (never themselves)."""
         host = canonical_host(urlsplit(result.url).hostname or "")
-        if host in self.credential_hosts:
-            if self.stats is not None:
-                self.stats.inc_value("urls/credentials_sent")
+        allowed = host in self.credential_hosts
+        if allowed and self.seal is not None:
             if b"Authorization" in request.headers:
-                return None
-            headers = request.headers.copy()
-            user, _, password = result.userinfo.partition(":")
-            token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
-            headers[b"Authorization"] = f"Basic {token}"
-            return headers
+                return None   # its own header wins, as with HttpAuthMiddleware
+            if self.stats is not None:
+                self.stats.inc_value("urls/credentials_sealed")
+            return self.seal.seal(host, result.userinfo)
         if host not in self._logged and len(self._logged) < _LOGGED_HOSTS_MAX:
             self._logged.add(host)
-            logger.warning("Credentials removed from the URLs of %s (counted in "
-                           "urls/credentials; list the host in URL_CREDENTIALS_HOSTS to send "
-                           "them as an Authorization header)", host or "(no host)")
+            if allowed:
+                logger.warning("Credentials removed from the URLs of %s: URL_CREDENTIALS_HOSTS "
+                               "lists it, but without FRONTIER_SECRET they could only be "
+                               "stored in clear (counted in urls/credentials)", host)
+            else:
+                logger.warning("Credentials removed from the URLs of %s (counted in "
+                               "urls/credentials; list the host in URL_CREDENTIALS_HOSTS to "
+                               "send them as an Authorization header)", host or "(no host)")
         return None
 
 

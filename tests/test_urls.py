@@ -4,8 +4,8 @@ the dedupe and the seeds using it; one real crawl of a local site linked to unde
 many spellings, with credentials and session ids, that must be one site of
 one page each, and whose password must be found nowhere."""
 
+import base64
 import json
-import re
 import threading
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -187,21 +187,51 @@ def test_a_url_kept_verbatim_only_loses_its_credentials(redis_url):
             "URL_SESSION_PARAMS": "(unclosed"}).settings)
 
 
-def test_credentials_go_only_to_a_listed_host_as_basic_auth(caplog):
-    crawler = get_crawler(settings_dict={"URL_CREDENTIALS_HOSTS": ["Intranet.Example."]})
+def test_credentials_go_sealed_and_only_to_a_listed_host_as_basic_auth(caplog, monkeypatch):
+    """A listed host's URL credentials travel sealed (nothing of them in the
+    stored payload), become Basic auth for that host only (not after a redirect
+    elsewhere, not from an altered token, not without the secret), and the
+    header is dropped again when the request goes back to the frontier."""
+    from crawlproject.middlewares.urlcredentials import UrlCredentialsMiddleware
+    from crawlproject.serialization import request_to_json
+    from crawlproject.signing import Signer
+
+    crawler = get_crawler(VariantsSpider, {"URL_CREDENTIALS_HOSTS": ["Intranet.Example."],
+                                           "FRONTIER_SECRET": "s" * 16})
     crawler.stats.open_spider()
+    spider = VariantsSpider.from_crawler(crawler)
     urls = UrlCanonicalizer.from_settings(crawler.settings, crawler.stats)
-    sent = urls.request(Request("http://user:s3cret@intranet.example/a"))
-    assert sent.url == "http://intranet.example/a"
-    assert sent.headers[b"Authorization"] == b"Basic dXNlcjpzM2NyZXQ="
+    sealed = urls.request(Request("http://user:s3cret@intranet.example/a"))
+    assert sealed.url == "http://intranet.example/a" and b"Authorization" not in sealed.headers
+    payload = request_to_json(sealed, spider, InputPolicy.from_settings(
+        crawler.settings, VariantsSpider), Signer([b"s" * 16], spider.name))
+    assert "s3cret" not in payload and "dXNlcjpzM2NyZXQ" not in payload
+    middleware = UrlCredentialsMiddleware.from_crawler(crawler)
+    middleware.process_request(sealed)
+    assert sealed.headers[b"Authorization"] == b"Basic dXNlcjpzM2NyZXQ="
+    retried = urls.request(sealed.copy())                  # back to the frontier: no header
+    assert b"Authorization" not in retried.headers and retried.meta["url_credentials"]
+    elsewhere = retried.replace(url="http://other.example/a")     # a redirect keeps the meta
+    middleware.process_request(elsewhere)
+    assert b"Authorization" not in elsewhere.headers
+    altered = retried.replace(meta={"url_credentials": retried.meta["url_credentials"][:-4]})
+    middleware.process_request(altered)
+    assert b"Authorization" not in altered.headers
+    assert crawler.stats.get_value("urls/credentials_refused") == 1
     with caplog.at_level("DEBUG"):
         for _ in range(3):
             other = urls.request(Request("http://user:s3cret@other.example/a"))
-    assert other.url == "http://other.example/a" and b"Authorization" not in other.headers
+    assert other.url == "http://other.example/a" and "url_credentials" not in other.meta
     lines = [r.getMessage() for r in caplog.records if "Credentials removed" in r.getMessage()]
     assert len(lines) == 1 and "other.example" in lines[0] and "s3cret" not in caplog.text
     assert crawler.stats.get_value("urls/credentials_sent") == 1
     assert crawler.stats.get_value("urls/credentials") == 4
+    monkeypatch.delenv("FRONTIER_SECRET", raising=False)
+    unsecret = get_crawler(VariantsSpider, {"URL_CREDENTIALS_HOSTS": ["intranet.example"]})
+    without = UrlCanonicalizer.from_settings(unsecret.settings)
+    assert without.seal is None
+    assert "url_credentials" not in without.request(
+        Request("http://user:s3cret@intranet.example/a")).meta
 
 
 def test_the_standalone_dupefilter_sees_one_page_for_every_spelling(redis_url):
@@ -233,13 +263,16 @@ def test_a_seed_becomes_a_canonical_request_and_a_bad_one_is_kept_without_creden
 
 PASSWORD = "Pw0rdNeverSent"
 HOST = "127.0.0.221"   # this test's own address; port 80, to spell its default port
+#: a host of URL_CREDENTIALS_HOSTS (this helper's own port)
+PRIVATE, PRIVATE_PORT = "127.0.0.222", 22001
+BASIC = "Basic " + base64.b64encode(f"user:{PASSWORD}".encode()).decode()
 
 
 class _Site(BaseHTTPRequestHandler):
     hits: list = []
 
     def do_GET(self):
-        self.hits.append((self.path, dict(self.headers)))
+        self.hits.append((self.server.server_address[0], self.path, dict(self.headers)))
         if self.path == "/robots.txt":
             body, status = b"User-agent: *\nAllow: /\n", 200
         elif self.path.startswith("/fail"):
@@ -248,7 +281,8 @@ class _Site(BaseHTTPRequestHandler):
             links = [f"http://user:{PASSWORD}@{HOST}./a", f"http://{HOST}:80/a;jsessionid=XYZ",
                      f"HTTP://{HOST.upper()}/a?PHPSESSID=1", f"http://{HOST}./a?sid=2", "/a",
                      f"http://USER:{PASSWORD}@{HOST}/fail", f"http://{HOST}/b?x=1&sid=9&y=2",
-                     f"http://{HOST}.:80/b?x=1&y=2"]
+                     f"http://{HOST}.:80/b?x=1&y=2",
+                     f"http://user:{PASSWORD}@{PRIVATE}:{PRIVATE_PORT}/private"]
             body = "".join(f'<a href="{u}">l</a>' for u in links).encode()
             status = 200
         else:
@@ -266,15 +300,17 @@ class _Site(BaseHTTPRequestHandler):
 @pytest.fixture
 def variants_site():
     try:
-        server = ThreadingHTTPServer((HOST, 80), _Site)
+        servers = [ThreadingHTTPServer((HOST, 80), _Site),
+                   ThreadingHTTPServer((PRIVATE, PRIVATE_PORT), _Site)]
     except OSError as exc:   # port 80 needs root (the suite's machines run as root)
         pytest.skip(f"cannot listen on {HOST}:80: {exc}")
     _Site.hits = []
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
     yield _Site.hits
-    server.shutdown()
-    server.server_close()
+    for server in servers:
+        server.shutdown()
+        server.server_close()
 
 
 def _redis_dump(redis) -> bytes:
@@ -298,14 +334,15 @@ def test_a_crawl_of_every_spelling_fetches_each_page_once_and_the_password_nowhe
     """One server linked to as `HOST.`, upper case, with `:80`, credentials and
     session ids: one robots.txt fetch, each page fetched once as its canonical
     URL, no Authorization header, and the password in no Redis key or value, no
-    log line, no dead letter and no item."""
+    log line, no dead letter and no item. A host of URL_CREDENTIALS_HOSTS gets
+    them as Basic auth, for its page only, and never in clear in Redis."""
     from crawlproject.frontier.queue import Frontier
     from crawlproject.keys import start_urls_key
 
     env = node_env(redis_url, mongo_uri, database.name)
     settings = {"SPIDER_MODULES": "tests.spiders", "DOWNLOAD_ALLOWED_NETWORKS": "loopback",
                 "RETRY_TIMES": 0, "MAX_IDLE_TIME_BEFORE_CLOSE": 2, "LOG_LEVEL": "DEBUG",
-                "DOWNLOAD_DELAY": 0}
+                "DOWNLOAD_DELAY": 0, "URL_CREDENTIALS_HOSTS": PRIVATE}
     redis.rpush(start_urls_key("urlvariants"), f"http://{HOST}/",
                 f"http://u:{PASSWORD}@{HOST}.:80/;jsessionid=1")
     node = Node("v1", tmp_path, env, spider="urlvariants", settings=settings)
@@ -313,23 +350,30 @@ def test_a_crawl_of_every_spelling_fetches_each_page_once_and_the_password_nowhe
         assert node.wait(120) == 0, node.tail()
     finally:
         node.stop()
-    fetched = Counter(path for path, _ in variants_site)
+    fetched = Counter(path for host, path, _ in variants_site if host == HOST)
     # Two seeds of "/": seeds are dont_filter (scrapy-redis' way), both fetched as "/".
     assert fetched == {"/robots.txt": 1, "/": 2, "/a": 1, "/b?x=1&y=2": 1, "/fail": 1}, fetched
-    for path, headers in variants_site:
-        assert "Authorization" not in headers and headers["Host"] == HOST, (path, headers)
-        assert PASSWORD not in json.dumps(headers)
+    for host, path, headers in variants_site:
+        if host == HOST:
+            assert "Authorization" not in headers and headers["Host"] == HOST, (path, headers)
+            assert PASSWORD not in json.dumps(headers)
+    private = {path: headers.get("Authorization") for host, path, headers in variants_site
+               if host == PRIVATE}
+    assert private == {"/robots.txt": None, "/private": BASIC}
     log = node.text()
     assert PASSWORD not in log and PASSWORD.lower() not in log.lower()
     assert log.count(f"Credentials removed from the URLs of {HOST} ") == 1
     # Counted per request made: the spelled seed, and the links of each of the two "/"
     assert [node.stat(f"urls/{kind}") for kind in (
         "credentials", "session_id_path", "session_id_query", "host", "port")] == \
-        [1 + 2 * 2, 1 + 2 * 1, 2 * 3, 1 + 2 * 3, 1 + 2 * 2]
+        [1 + 2 * 3, 1 + 2 * 1, 2 * 3, 1 + 2 * 3, 1 + 2 * 2]
+    assert node.stat("urls/credentials_sealed") == 2 and node.stat("urls/credentials_sent") == 1
     dead = Frontier(redis, "urlvariants", "test").dead_letters()
     assert [d["url"] for d in dead] == [f"http://{HOST}/fail"]
     dump = _redis_dump(redis)
     assert PASSWORD.encode() not in dump and f"{HOST}.".encode() not in dump
+    assert BASIC.split()[1].encode()[:-2] not in dump
     assert f"{HOST}:80".encode() not in dump and b"jsessionid" not in dump.lower()
     items = sorted(d["url"] for d in database["urlvariants"].find())
-    assert items == [f"http://{HOST}/", f"http://{HOST}/a", f"http://{HOST}/b?x=1&y=2"]
+    assert items == [f"http://{HOST}/", f"http://{HOST}/a", f"http://{HOST}/b?x=1&y=2",
+                     f"http://{PRIVATE}:{PRIVATE_PORT}/private"]
