@@ -377,3 +377,24 @@ def test_a_crawl_of_every_spelling_fetches_each_page_once_and_the_password_nowhe
     items = sorted(d["url"] for d in database["urlvariants"].find())
     assert items == [f"http://{HOST}/", f"http://{HOST}/a", f"http://{HOST}/b?x=1&y=2",
                      f"http://{PRIVATE}:{PRIVATE_PORT}/private"]
+
+
+def test_the_impersonating_handler_never_sends_url_credentials():
+    """A request that never went through the frontier (another scheduler, a
+    middleware's own download) still has its user:pw@: libcurl would send it
+    as Authorization: Basic. The handler sends the URL without it."""
+    pytest.importorskip("curl_cffi")
+    from tests.test_impersonate import impersonated, run
+    from tests.tls_fingerprint import FingerprintServer
+
+    with FingerprintServer() as server:
+        url = server.url.replace("https://", f"https://user:{PASSWORD}@") + "/private"
+
+        async def fetch(handler, crawler):
+            return await handler.download_request(impersonated(url))
+
+        response = run(fetch)
+        seen = server.requests
+    assert response.status == 200 and len(seen) == 1
+    assert seen[0].header("authorization") is None
+    assert PASSWORD not in repr(seen[0].headers)
