@@ -40,6 +40,7 @@ import hmac
 import logging
 import os
 import re
+import socket
 import unicodedata
 from functools import lru_cache
 from ipaddress import ip_address
@@ -62,6 +63,11 @@ CREDENTIALS, SESSION_PATH, SESSION_QUERY, HOST, PORT = (
 CREDENTIALS_META = "url_credentials"
 # Hosts whose stripped credentials were logged: at most this many lines a node.
 _LOGGED_HOSTS_MAX = 1000
+# An IPv4 address in another notation (127.1, 0x7f.0.0.1, 2130706433): 1 to 4
+# numeric labels, as the resolver's inet_aton reads them.
+_IPV4_NUMBERS = re.compile(r"(?:0x[0-9a-f]*|[0-9]+)(?:\.(?:0x[0-9a-f]*|[0-9]+)){0,3}", re.I)
+_DOTTED_QUAD = (r"(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}"
+                r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])")
 _USERINFO = re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://)[^/?#@\s]*@")
 
 
@@ -69,8 +75,10 @@ _USERINFO = re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://)[^/?#@\s]*@")
 def canonical_host(host: str) -> str:
     """*host* as every part of the crawl names it: lower case, without
     brackets or trailing dots, an IDN as punycode, an IPv6 address in its
-    RFC 5952 form (``[::0:1]`` → ``::1``). ``""`` stays ``""``; a name IDNA
-    cannot encode stays as it is, lower-cased."""
+    RFC 5952 form (``[::0:1]`` → ``::1``), an IPv4 address written another
+    way as its dotted quad (``127.1``, ``0x7f.0.0.1``, ``2130706433``: the
+    server the resolver connects to, as browsers read them too). ``""``
+    stays ``""``; a name IDNA cannot encode stays as it is, lower-cased."""
     host = host.strip()
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
@@ -81,6 +89,11 @@ def canonical_host(host: str) -> str:
         except ValueError:
             return host.lower()
     host = host.rstrip(".") or host
+    if _IPV4_NUMBERS.fullmatch(host):
+        try:
+            return socket.inet_ntoa(socket.inet_aton(host))
+        except OSError:   # 256, 08...: no address; a name as any other
+            return host.lower()
     if not host.isascii():
         try:  # what w3lib (so Scrapy's Request) does to a host name
             host = unicodedata.normalize("NFKC", host).encode("idna").decode("ascii")
@@ -292,8 +305,12 @@ class UrlCanonicalizer:
         # A fast "nothing to do" for the usual URL (most links a page yields):
         # no userinfo, upper case, trailing dot or port in the authority, and
         # no ";" or session parameter name after it.
-        # (Two regexes: the first anchored, ~0.5 us each on a usual URL.)
-        self._authority = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*(?:[@:A-Z]|\.(?=[/?#]|$))")
+        # (Two regexes: the first anchored, ~0.5 us each on a usual URL.) The
+        # authority: userinfo, a port, upper case, a trailing dot, or an IPv4
+        # address in another notation than its dotted quad.
+        self._authority = re.compile(
+            r"[A-Za-z][A-Za-z0-9+.-]*://(?:[^/?#]*(?:[@:A-Z]|\.(?=[/?#]|$))"
+            rf"|(?!{_DOTTED_QUAD}(?=[/?#]|$))(?i:{_IPV4_NUMBERS.pattern})(?=[/?#]|$))")
         self._session = (re.compile(rf"[;?&](?:{session_params.pattern})(?=[=&;#/]|$)",
                                     re.IGNORECASE) if session_params is not None else None)
 

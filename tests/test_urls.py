@@ -31,6 +31,9 @@ from tests.crawl_helpers import Node, node_env
 SESSIONS = session_matcher(defaults.URL_SESSION_PARAMS)
 
 
+URLS = UrlCanonicalizer(session_params=SESSIONS)
+
+
 def canon(url):
     return canonicalize(url, SESSIONS).url
 
@@ -48,6 +51,12 @@ def canon(url):
     ("http://[::0:1]:80/x", "http://[::1]/x", ("host", "port")),
     ("http://[2001:DB8::1]:8080/", "http://[2001:db8::1]:8080/", ("host",)),
     ("http://bücher.DE./", "http://xn--bcher-kva.de/", ("host",)),
+    ("http://127.1/", "http://127.0.0.1/", ("host",)),
+    ("http://0x7F.0.0.1.:80/", "http://127.0.0.1/", ("host", "port")),
+    ("http://2130706433/", "http://127.0.0.1/", ("host",)),
+    ("http://0177.0.0.01/", "http://127.0.0.1/", ("host",)),
+    ("http://127.0.0.256/", "http://127.0.0.256/", ()),
+    ("http://cafe.bad/", "http://cafe.bad/", ()),
     ("http://user:pw@example.com/", "http://example.com/", ("credentials",)),
     ("http://user@example.com/", "http://example.com/", ("credentials",)),
     ("http://@example.com/", "http://example.com/", ()),
@@ -69,6 +78,8 @@ def test_canonical_form(url, expected, changes):
     result = canonicalize(url, SESSIONS)
     assert (result.url, result.changes) == (expected, changes)
     assert canonicalize(result.url, SESSIONS).changes == ()                 # idempotent
+    # the scheduler's cheap "nothing to do" never skips a URL that has something
+    assert URLS.needs_work(url) or not changes
 
 
 def test_hosts_keys_and_origins_of_one_server_are_one():
@@ -112,13 +123,17 @@ _session = st.tuples(st.sampled_from(["jsessionid", "PHPSESSID", "sid", "Session
        sessions=st.lists(st.tuples(st.integers(0, 3), _session), max_size=3),
        path_session=st.one_of(st.none(), _session), upper=st.booleans(),
        dots=st.integers(0, 2), port=st.booleans(), userinfo=st.sampled_from(
-           ["", "u@", "u:pw@", "U%40x:p%3Aw@"]))
+           ["", "u@", "u:pw@", "U%40x:p%3Aw@"]),
+       notation=st.sampled_from(["127.0.0.5", "127.5", "0x7f.0.0.5", "2130706437",
+                                 "0177.0.0.05", "127.0.5"]))
 def test_any_spelling_of_a_page_is_the_page(host, scheme, path, params, sessions,
-                                             path_session, upper, dots, port, userinfo):
+                                             path_session, upper, dots, port, userinfo,
+                                             notation):
     page = f"{scheme}://{host}/" + "/".join(path)
     query = "&".join(f"{k}={v}" for k, v in params)
     plain = page + (f"?{query}" if query else "")
-    spelled_host = (host.upper() if upper else host) + "." * dots
+    written = notation if host == "127.0.0.5" else host    # an IPv4 address, any notation
+    spelled_host = (written.upper() if upper else written) + "." * dots
     spelled_port = {"http": ":80", "https": ":443"}[scheme] if port else ""
     pairs = [f"{k}={v}" for k, v in params]
     for position, (name, value) in sessions:
@@ -130,6 +145,8 @@ def test_any_spelling_of_a_page_is_the_page(host, scheme, path, params, sessions
         "?" + "&".join(pairs) if pairs else "")
     result = canonicalize(spelled, SESSIONS)
     assert result.url == canon(plain)
+    assert URLS.needs_work(spelled) or not result.changes
+    assert URLS.request(Request(spelled)).url == result.url
     assert canonicalize(result.url, SESSIONS).changes == ()
     assert "@" not in urlsplit(result.url).netloc
     # the fetched URL, its fingerprint, its politeness key and its origin agree
