@@ -110,7 +110,11 @@ def _netloc(host: str, port: int | None) -> str:
 def origin(url: str) -> str:
     """``scheme://host[:port]`` of *url* in the canonical form (robots.txt
     applies per origin): no credentials, the default port left out."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:   # "http://[x/": no request has it (Scrapy refuses it)
+        scheme, _, rest = url.partition("://")
+        return f"{scheme}://{rest.split('/', 1)[0].rpartition('@')[2]}".lower()
     scheme = parts.scheme.lower()
     try:
         port = parts.port
@@ -229,7 +233,10 @@ def canonicalize(url: str, session_params: re.Pattern | None = None, *,
     none); *hosts*: also the host and port (False: only credentials and
     session ids). A URL that is not http(s), or whose port is not a number,
     only loses its credentials."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:   # "http://[x/": no request has it (Scrapy refuses it)
+        return Canonical(url, ())
     scheme = parts.scheme.lower()
     changes = []
     userinfo, sep, hostport = parts.netloc.rpartition("@")

@@ -155,6 +155,27 @@ def test_any_spelling_of_a_page_is_the_page(host, scheme, path, params, sessions
     assert canonical_host(urlsplit(spelled).hostname) == host
 
 
+_url_chars = st.sampled_from(list("aZ09.:@;=?&#/[]%-_~ ") + ["jsessionid", "sid", "xn--", "ü"])
+
+
+@hsettings(max_examples=500, deadline=None)
+@given(scheme=st.sampled_from(["http://", "https://", "HTTP://", "ftp://"]),
+       rest=st.lists(_url_chars, max_size=20).map("".join))
+def test_whatever_a_page_links_to_the_canonical_form_is_stable_and_has_no_credentials(
+        scheme, rest):
+    try:
+        request = Request(scheme + rest)
+    except ValueError:   # Scrapy refuses it: it never reaches the frontier
+        return
+    first = URLS.request(request)
+    assert URLS.request(first).url == first.url
+    parts = urlsplit(first.url)
+    assert "@" not in parts.netloc
+    if parts.scheme in ("http", "https") and parts.hostname:
+        assert origin(first.url) == origin(request.url)
+        assert canonical_host(parts.hostname) == canonical_host(urlsplit(request.url).hostname)
+
+
 # -- the scheduler, the dedupe filter and the seeds ------------------------------------
 
 class VariantsSpider(Spider):
