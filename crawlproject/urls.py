@@ -69,6 +69,7 @@ _IPV4_NUMBERS = re.compile(r"(?:0x[0-9a-f]*|[0-9]+)(?:\.(?:0x[0-9a-f]*|[0-9]+)){
 _DOTTED_QUAD = (r"(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}"
                 r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])")
 _USERINFO = re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://)[^/?#@\s]*@")
+_USERINFO_BYTES = re.compile(_USERINFO.pattern.encode())
 
 
 @lru_cache(maxsize=65536)
@@ -125,9 +126,12 @@ def origin(url: str) -> str:
     return f"{scheme}://{_netloc(canonical_host(parts.hostname or ''), port)}"
 
 
-def redact_userinfo(text: str) -> str:
-    """*text* (a URL, a seed, a log argument) without the ``user:pw@`` of any
-    URL in it: for what is logged or stored of input that is not a request."""
+def redact_userinfo(text: str | bytes) -> str | bytes:
+    """*text* (a URL, a raw seed, a log argument; str or bytes) without the
+    ``user:pw@`` of any URL in it: for what is logged or stored of input that
+    is not a request."""
+    if isinstance(text, bytes):
+        return _USERINFO_BYTES.sub(rb"\1", text) if b"@" in text else text
     return _USERINFO.sub(r"\1", text) if "@" in text else text
 
 

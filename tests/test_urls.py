@@ -102,6 +102,7 @@ def test_hosts_keys_and_origins_of_one_server_are_one():
 def test_credentials_are_redacted_from_free_text_and_from_a_url_s_authority_only():
     assert redact_userinfo("seed http://u:pw@h/x and https://a@b.c/") == \
         "seed http://h/x and https://b.c/"
+    assert redact_userinfo(b'{"url": "HTTP://u:pw@h/"}') == b'{"url": "HTTP://h/"}'   # a raw seed
     assert strip_userinfo("http://u:p@h/a?next=http://x:y@z/") == "http://h/a?next=http://x:y@z/"
     assert strip_userinfo("http://h/a@b") == "http://h/a@b"
 
@@ -382,7 +383,8 @@ def test_a_crawl_of_every_spelling_fetches_each_page_once_and_the_password_nowhe
                 "RETRY_TIMES": 0, "MAX_IDLE_TIME_BEFORE_CLOSE": 2, "LOG_LEVEL": "DEBUG",
                 "DOWNLOAD_DELAY": 0, "URL_CREDENTIALS_HOSTS": PRIVATE}
     redis.rpush(start_urls_key("urlvariants"), f"http://{HOST}/",
-                f"http://u:{PASSWORD}@{HOST}.:80/;jsessionid=1")
+                f"http://u:{PASSWORD}@{HOST}.:80/;jsessionid=1",
+                json.dumps({"url": f"http://u:{PASSWORD}@{HOST}/", "method": "EXPLODE"}))
     node = Node("v1", tmp_path, env, spider="urlvariants", settings=settings)
     try:
         assert node.wait(120) == 0, node.tail()
@@ -406,6 +408,7 @@ def test_a_crawl_of_every_spelling_fetches_each_page_once_and_the_password_nowhe
         "credentials", "session_id_path", "session_id_query", "host", "port")] == \
         [1 + 2 * 3, 1 + 2 * 1, 2 * 3, 1 + 2 * 3, 1 + 2 * 2]
     assert node.stat("urls/credentials_sealed") == 2 and node.stat("urls/credentials_sent") == 1
+    assert node.stat("seeds/invalid") == 1    # kept in the invalid list, without the password
     dead = Frontier(redis, "urlvariants", "test").dead_letters()
     assert [d["url"] for d in dead] == [f"http://{HOST}/fail"]
     dump = _redis_dump(redis)
