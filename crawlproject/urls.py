@@ -83,10 +83,9 @@ def canonical_host(host: str) -> str:
     host = host.strip()
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    if ":" in host:
+    if ":" in host:   # IPv6 (a zone id, fe80::1%eth0, kept)
         try:
-            return ip_address(host.split("%", 1)[0]).compressed if "%" not in host \
-                else host.lower()
+            return ip_address(host).compressed
         except ValueError:
             return host.lower()
     host = host.rstrip(".") or host
@@ -295,10 +294,9 @@ def _canonical_netloc(scheme: str, hostport: str, changes: list) -> str:
 class UrlCanonicalizer:
     """Canonicalises Scrapy requests for one crawl: counts what it changes
     (``urls/<kind>`` stats), logs credentials removed once per host (never the
-    credentials), and hands the credentials of a host listed in
-    ``URL_CREDENTIALS_HOSTS`` on as an ``Authorization: Basic`` header, as
-    Scrapy's ``HttpAuthMiddleware`` does with ``http_user``/``http_pass``
-    for its ``http_auth_domain``.
+    credentials), and keeps those of a host listed in ``URL_CREDENTIALS_HOSTS``
+    sealed in ``meta["url_credentials"]`` (``FRONTIER_SECRET``; without it they
+    are dropped too) for :class:`~crawlproject.middlewares.urlcredentials.UrlCredentialsMiddleware`.
 
     Settings: ``URL_CANONICAL_ENABLED`` (host and port in the URL fetched),
     ``URL_STRIP_SESSION_IDS`` and ``URL_SESSION_PARAMS``, ``URL_CREDENTIALS_HOSTS``.
@@ -313,12 +311,10 @@ class UrlCanonicalizer:
         self.stats = stats
         self.seal = seal
         self._logged: set[str] = set()
-        # A fast "nothing to do" for the usual URL (most links a page yields):
-        # no userinfo, upper case, trailing dot or port in the authority, and
-        # no ";" or session parameter name after it.
-        # (Two regexes: the first anchored, ~0.5 us each on a usual URL.) The
-        # authority: userinfo, a port, upper case, a trailing dot, or an IPv4
-        # address in another notation than its dotted quad.
+        # A cheap "nothing to do" for the usual URL (most links a page yields;
+        # two regexes, ~0.6 us each): an authority without userinfo, port,
+        # upper case, trailing dot or IPv4 address in another notation than
+        # its dotted quad, and no session parameter name after it.
         self._authority = re.compile(
             r"[A-Za-z][A-Za-z0-9+.-]*://(?:[^/?#]*(?:[@:A-Z]|\.(?=[/?#]|$))"
             rf"|(?!{_DOTTED_QUAD}(?=[/?#]|$))(?i:{_IPV4_NUMBERS.pattern})(?=[/?#]|$))")
@@ -408,8 +404,8 @@ class UrlCanonicalizer:
 
 def canonicalizer_for(crawler) -> UrlCanonicalizer:
     """The crawl's one :class:`UrlCanonicalizer` (built at the first call:
-    the scheduler, the seed reader and the robots.txt middleware share its
-    stats and its once-per-host log)."""
+    the scheduler, the seed reader and the dupefilter share its stats and its
+    once-per-host log)."""
     found = getattr(crawler, "_crawlproject_urls", None)
     if found is None:
         found = UrlCanonicalizer.from_settings(crawler.settings, getattr(crawler, "stats", None))
