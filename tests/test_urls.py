@@ -316,12 +316,18 @@ class _Site(BaseHTTPRequestHandler):
             body, status = b"User-agent: *\nAllow: /\n", 200
         elif self.path.startswith("/fail"):
             body, status = b"broken", 500
+        elif self.path == "/moved":   # a redirect with credentials in its Location
+            self.send_response(302)
+            self.send_header("Location", f"http://user:{PASSWORD}@{HOST}.:80/a?sid=5")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         elif self.path == "/":
             links = [f"http://user:{PASSWORD}@{HOST}./a", f"http://{HOST}:80/a;jsessionid=XYZ",
                      f"HTTP://{HOST.upper()}/a?PHPSESSID=1", f"http://{HOST}./a?sid=2", "/a",
                      f"http://USER:{PASSWORD}@{HOST}/fail", f"http://{HOST}/b?x=1&sid=9&y=2",
                      f"http://{HOST}.:80/b?x=1&y=2",
-                     f"http://user:{PASSWORD}@{PRIVATE}:{PRIVATE_PORT}/private"]
+                     f"http://user:{PASSWORD}@{PRIVATE}:{PRIVATE_PORT}/private", "/moved"]
             body = "".join(f'<a href="{u}">l</a>' for u in links).encode()
             status = 200
         else:
@@ -392,7 +398,8 @@ def test_a_crawl_of_every_spelling_fetches_each_page_once_and_the_password_nowhe
         node.stop()
     fetched = Counter(path for host, path, _ in variants_site if host == HOST)
     # Two seeds of "/": seeds are dont_filter (scrapy-redis' way), both fetched as "/".
-    assert fetched == {"/robots.txt": 1, "/": 2, "/a": 1, "/b?x=1&y=2": 1, "/fail": 1}, fetched
+    assert fetched == {"/robots.txt": 1, "/": 2, "/a": 1, "/b?x=1&y=2": 1, "/fail": 1,
+                       "/moved": 1}, fetched
     for host, path, headers in variants_site:
         if host == HOST:
             assert "Authorization" not in headers and headers["Host"] == HOST, (path, headers)
@@ -406,7 +413,7 @@ def test_a_crawl_of_every_spelling_fetches_each_page_once_and_the_password_nowhe
     # Counted per request made: the spelled seed, and the links of each of the two "/"
     assert [node.stat(f"urls/{kind}") for kind in (
         "credentials", "session_id_path", "session_id_query", "host", "port")] == \
-        [1 + 2 * 3, 1 + 2 * 1, 2 * 3, 1 + 2 * 3, 1 + 2 * 2]
+        [1 + 2 * 3 + 1, 1 + 2 * 1, 2 * 3 + 1, 1 + 2 * 3 + 1, 1 + 2 * 2 + 1]   # + /moved's hop
     assert node.stat("urls/credentials_sealed") == 2 and node.stat("urls/credentials_sent") == 1
     assert node.stat("seeds/invalid") == 1    # kept in the invalid list, without the password
     dead = Frontier(redis, "urlvariants", "test").dead_letters()

@@ -129,6 +129,8 @@ class _ChainRules:
             raise _NotHttp(url) from None
         if urlparse_cached(redirected).scheme not in ("http", "https"):
             raise _NotHttp(url)
+        from crawlproject.urls import canonicalizer_for   # the URL the scheduler will store:
+        redirected = canonicalizer_for(self.crawler).request(redirected)   # no credentials
         if urlparse_cached(redirected).hostname != urlparse_cached(source_request).hostname:
             # Scrapy's downloader set the source host's slot in meta: not this host's.
             if redirected.meta.pop("download_slot", None) is not None:
