@@ -42,7 +42,7 @@ class UrlCredentialsMiddleware:
     def from_crawler(cls, crawler):
         hosts = setting(crawler.settings, "URL_CREDENTIALS_HOSTS")
         if not hosts:
-            raise NotConfigured("URL_CREDENTIALS_HOSTS is empty")
+            raise NotConfigured  # off by choice: bare, as Scrapy's own (no WARNING each start)
         seal = seal_from_settings(crawler.settings)
         if seal is None:   # the canonicaliser says so, once a host, and drops them
             raise NotConfigured("URL_CREDENTIALS_HOSTS needs FRONTIER_SECRET")
