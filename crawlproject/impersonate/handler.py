@@ -211,9 +211,9 @@ class ImpersonateDownloadHandler(BaseStreamingDownloadHandler):
         pool = self.pools.acquire(request)
         opened = False
         try:
-            from crawlproject.urls import strip_userinfo   # libcurl would send a URL's
-
-            url = strip_userinfo(request.url)   # user:pw@ as Authorization: never
+            # libcurl would send a URL's user:pw@ as Authorization (crawlproject.urls)
+            from crawlproject.urls import strip_userinfo
+            url = strip_userinfo(request.url)
             async with pool.session.stream(request.method, url, **kwargs) as response:
                 opened = True
                 try:
