@@ -418,6 +418,10 @@ def test_a_crawl_of_every_spelling_fetches_each_page_once_and_the_password_nowhe
     assert node.stat("seeds/invalid") == 1    # kept in the invalid list, without the password
     dead = Frontier(redis, "urlvariants", "test").dead_letters()
     assert [d["url"] for d in dead] == [f"http://{HOST}/fail"]
+    # one politeness key a server, whatever spelling its links used
+    from crawlproject.keys import FrontierKeys
+    fields = {f.decode() for f in redis.hkeys(FrontierKeys("urlvariants").kstate)}
+    assert {f for f in fields if not f.startswith("|")} == {HOST, PRIVATE}, fields
     dump = _redis_dump(redis)
     assert PASSWORD.encode() not in dump and f"{HOST}.".encode() not in dump
     assert BASIC.split()[1].encode()[:-2] not in dump
