@@ -19,18 +19,16 @@ from scrapy.utils.test import get_crawler
 
 from crawlproject import defaults
 from crawlproject.frontier.politeness import host_key
+from crawlproject.policy import InputPolicy
 from crawlproject.robots.middleware import origin_of
 from crawlproject.scheduler import RedisScheduler
 from crawlproject.scheduling.politeness import SitePoliteness
 from crawlproject.seeds import InvalidSeed, invalid_record, request_from_seed
-from crawlproject.policy import InputPolicy
 from crawlproject.urls import (UrlCanonicalizer, canonical_host, canonicalize, origin,
                                redact_userinfo, session_matcher, strip_userinfo)
 from tests.crawl_helpers import Node, node_env
 
 SESSIONS = session_matcher(defaults.URL_SESSION_PARAMS)
-
-
 URLS = UrlCanonicalizer(session_params=SESSIONS)
 
 
@@ -214,7 +212,7 @@ def test_the_scheduler_stores_one_canonical_request_for_every_spelling(redis_url
     assert stats["urls/port"] == 2
 
 
-def test_a_url_kept_verbatim_only_loses_its_credentials(redis_url):
+def test_a_url_kept_verbatim_only_loses_its_credentials():
     urls = UrlCanonicalizer.from_settings(None)
     request = Request("http://u:p@H./a;jsessionid=1", meta={"verbatim_url": True})
     assert urls.request(request).url == "http://H./a;jsessionid=1"
