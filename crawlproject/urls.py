@@ -88,7 +88,7 @@ def canonical_host(host: str) -> str:
             return ip_address(host).compressed
         except ValueError:
             return host.lower()
-    host = host.rstrip(".") or host
+    host = host.rstrip(". \t\r\n\f\v") or host   # (junk spaces too: idempotent)
     if _IPV4_NUMBERS.fullmatch(host):
         try:
             return socket.inet_ntoa(socket.inet_aton(host))
