@@ -93,6 +93,14 @@ ROBOTSTXT_MAX_WAIT = 900.0                  # seconds in all before a page is de
 ROBOTSTXT_FETCH_LOCK_TTL = 120.0            # seconds one node holds a site's fetch lock
 ROBOTSTXT_LOCAL_SITES = 10_000              # sites whose parsed rules a node keeps
 
+_session_params = (r"jsessionid|phpsessid|sid|sessid|sessionid|session_id|session-id"
+                   r"|aspsessionid[a-z]{8}|cfid|cftoken|zenid|oscsid")
+# --- URLs and hosts in one canonical form (crawlproject/urls.py) ----------------
+URL_CANONICAL_ENABLED = True                # host (case, IDN, trailing dot) and port in the URL
+URL_STRIP_SESSION_IDS = True                # session-id parameters removed from URLs
+URL_SESSION_PARAMS = _session_params        # session-id parameter names (a regex, any case)
+URL_CREDENTIALS_HOSTS: list = []            # hosts whose URL credentials become Basic auth
+
 # --- Seeds (crawlproject/spiders/seeded.py, crawlproject/policy.py) ------------
 REDIS_START_URLS_KEY = keys.START_URLS      # where seeds are read (scrapy-redis' name)
 REDIS_START_URLS_AS_SET = False             # seeds in a set

@@ -54,6 +54,8 @@ DOWNLOADER_MIDDLEWARES = {
     "scrapy.downloadermiddlewares.robotstxt.RobotsTxtMiddleware": None,
     "crawlproject.robots.ClusterRobotsTxtMiddleware": 100,
     "scrapy.downloadermiddlewares.retry.RetryMiddleware": None,
+    # URL credentials as Basic auth, for the hosts of URL_CREDENTIALS_HOSTS only
+    "crawlproject.middlewares.urlcredentials.UrlCredentialsMiddleware": 310,
     "crawlproject.middlewares.retry.BackoffRetryMiddleware": 550,
     "crawlproject.middlewares.politeness.FrontierPolitenessMiddleware": 560,
     # Scrapy's decompression (bounded by DOWNLOAD_MAXSIZE), its refusals dead-lettered

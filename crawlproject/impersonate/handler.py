@@ -241,7 +241,10 @@ class ImpersonateDownloadHandler(BaseStreamingDownloadHandler):
         pool = self.pools.acquire(request)
         opened = False
         try:
-            async with pool.session.stream(request.method, request.url, **kwargs) as response:
+            # libcurl would send a URL's user:pw@ as Authorization (crawlproject.urls)
+            from crawlproject.urls import strip_userinfo
+            url = strip_userinfo(request.url)
+            async with pool.session.stream(request.method, url, **kwargs) as response:
                 opened = True
                 try:
                     yield response

@@ -129,6 +129,10 @@ class _ChainRules:
             raise _NotHttp(url) from None
         if urlparse_cached(redirected).scheme not in ("http", "https"):
             raise _NotHttp(url)
+        # The URL the scheduler stores (crawlproject.urls), before Scrapy logs it:
+        # no credentials in the log line, one spelling in the chain.
+        from crawlproject.urls import canonicalizer_for
+        redirected = canonicalizer_for(self.crawler).request(redirected)
         if urlparse_cached(redirected).hostname != urlparse_cached(source_request).hostname:
             # Scrapy's downloader set the source host's slot in meta: not this host's.
             if redirected.meta.pop("download_slot", None) is not None:

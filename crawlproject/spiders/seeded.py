@@ -34,6 +34,7 @@ from crawlproject.policy import InputPolicy
 from crawlproject.seeds import (InvalidSeed, Seed, SeedQueue, build_request, request_from_seed,
                                seed_key)
 from crawlproject.serialization import node_storable, request_to_json
+from crawlproject.urls import redact_userinfo
 
 logger = logging.getLogger(__name__)
 
@@ -226,8 +227,9 @@ class RedisSpider(Spider):
             request = request_from_seed(raw, self, self.seed_policy, self.seed_encoding,
                                         check=self._check_storable)
         except InvalidSeed as exc:
-            logger.warning("Invalid seed %r moved to %s: %s", raw[:200],
-                           self.seed_queue.invalid_key, exc, extra={"spider": self})
+            logger.warning("Invalid seed %r moved to %s: %s", redact_userinfo(raw[:200]),
+                           self.seed_queue.invalid_key, redact_userinfo(str(exc)),
+                           extra={"spider": self})
             stats.inc_value("seeds/invalid")
             stats.inc_value(f"seeds/invalid/{exc.code}")
             try:
