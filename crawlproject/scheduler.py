@@ -562,11 +562,16 @@ class RedisScheduler(BaseScheduler):
             parent = member  # its ack waits for this one, not for every add before it
         elif parent is not None and parent not in self.client.held:
             parent = None    # not ours (any more): this add keeps the wait for everything
+        unfiltered = False
         if fp is None and not (replaces or retried or request.meta.get("recrawl")
                                or request.meta.get("robotstxt_fetch")):
-            fp = NEW_UNFILTERED   # a new page (a seed, dont_filter): it counts for budgets
+            # A new page not deduplicated (a seed, dont_filter): queued, counted
+            # for budgets, and its fingerprint recorded, so that a link back to
+            # it (a start URL linked from its own pages) is not fetched again.
+            fp, unfiltered = self.fingerprinter.fingerprint(request), True
+            self._remember(fp, url_key)
         self.client.add(payload, fp, request.priority, int(delay * 1000),
-                        self.politeness.key(request), parent=parent)
+                        self.politeness.key(request), parent=parent, unfiltered=unfiltered)
         if replaces:
             # A downloader middleware (redirect, retry) replaced a leased request:
             # the old entry is done once the new one is stored (the client sends
