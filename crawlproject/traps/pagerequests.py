@@ -8,6 +8,10 @@ each, and a frontier that then holds mostly that site. The first
 rest are dropped, counted (``traps/page_requests_dropped``, and the pages in
 ``traps/pages_over_limit``) and said once per site. Items are never held back:
 the callback's whole output is read, only requests over the limit are left out.
+Placed next to the spider (960, after meta robots), it drops what is over
+before any other middleware spends work on it (Scrapy's referer policy alone
+cost 80 µs a request: 100,000 requests held the chain 10 s, 90,000 dropped
+first 1.4 s); dropping lets the event loop turn (:mod:`crawlproject.traps.pace`).
 
 What it cannot shorten is the callback's own work before its first yield: a
 ``LinkExtractor`` extracts every link of the page at once (about 40 µs each:
