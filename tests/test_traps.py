@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from scrapy import Request, Spider
@@ -164,7 +162,6 @@ def test_a_page_of_100000_links_adds_the_limit_and_the_loop_turns_while_the_rest
     dropped, another site's page (a real local HTTP server, fetched once the
     limit is reached) arrives: without loop turns while dropping (11 s held
     in a measured crawl), it could arrive only after the last drop."""
-    other = _OtherSite()
     events: list[str] = []
 
     def callback(response):
@@ -178,16 +175,16 @@ def test_a_page_of_100000_links_adds_the_limit_and_the_loop_turns_while_the_rest
         chain = await mw.scrape_response_async(
             lambda resp, req: _resolved(callback(resp)), page(), page().request)
         kept, fetch = [], None
-        async for output in chain:
-            kept.append(output)
-            if len(kept) == 10_000:   # the limit is reached: fetch the other site's page
-                fetch = asyncio.ensure_future(other.fetch(events))
-            await asyncio.sleep(0)    # the engine takes each output in a loop turn
-        await fetch
+        async with _OtherSite() as other:
+            async for output in chain:
+                kept.append(output)
+                if len(kept) == 10_000:   # the limit is reached: fetch the other site's page
+                    fetch = asyncio.ensure_future(other.fetch(events))
+                await asyncio.sleep(0)    # the engine takes each output in a loop turn
+            await fetch
         return kept, crawler.stats.get_stats()
 
-    with other:
-        kept, stats = asyncio.run(scenario())
+    kept, stats = asyncio.run(scenario())
     assert len([o for o in kept if isinstance(o, Request)]) == 10_000
     assert kept[-1] == {"url": f"{SITE}/"}
     assert stats["traps/page_requests_dropped"] == 90_000
@@ -200,30 +197,28 @@ async def _resolved(value):
 
 
 class _OtherSite:
-    """Another site on 127.0.0.52: one page, fetched over a real socket."""
+    """Another site on 127.0.0.52: an HTTP server on the test's own event loop
+    (its answer needs only loop turns, not another thread's share of the
+    CPU), fetched over a real socket."""
 
-    def __enter__(self):
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                body = b"<html><body>other</body></html>"
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+    async def __aenter__(self):
+        async def answer(reader, writer):
+            await reader.readuntil(b"\r\n\r\n")
+            body = b"<html><body>other</body></html>"
+            writer.write(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
+            writer.close()
 
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.52", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server = await asyncio.start_server(answer, "127.0.0.52", 0)
+        self.address = self.server.sockets[0].getsockname()[:2]
         return self
 
-    def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
+    async def __aexit__(self, *exc):
+        self.server.close()
+        await self.server.wait_closed()
 
     async def fetch(self, events: list[str]) -> None:
-        reader, writer = await asyncio.open_connection(*self.server.server_address)
+        reader, writer = await asyncio.open_connection(*self.address)
         writer.write(b"GET / HTTP/1.0\r\nHost: 127.0.0.52\r\n\r\n")
         await writer.drain()
         assert b"other" in await reader.read()

@@ -14,8 +14,8 @@ cost 80 µs a request: 100,000 requests held the chain 10 s, 90,000 dropped
 first 1.4 s); dropping lets the event loop turn (:mod:`crawlproject.traps.pace`).
 
 What it cannot shorten is the callback's own work before its first yield: a
-``LinkExtractor`` extracts every link of the page at once (about 40 µs each:
-BENCHMARKS.md, docs/traps.md); the body-size limit bounds that.
+``LinkExtractor`` extracts every link of the page at once (about 40 µs each,
+docs/traps.md); the body-size limit bounds that.
 
 A sitemap (Scrapy's ``SitemapSpider``) may list 50,000 URLs by its protocol:
 its responses get at least :data:`SITEMAP_LIMIT`. A request may carry its own
