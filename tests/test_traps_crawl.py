@@ -153,7 +153,7 @@ def test_traps_end_and_meta_robots_hold_in_a_crawl(redis_url, redis, mongo_uri, 
         limits = {host: {"budget": n} for host, n in BUDGETS.items()}
         settings = {"REDIS_URL": redis_url, "MONGO_URI": mongo_uri,
                     "MONGO_DATABASE": database.name, "DOWNLOAD_DELAY": "0",
-                    "CONCURRENT_REQUESTS_PER_DOMAIN": "8", "LOG_LEVEL": os.environ.get("TRAPS_LOG", "INFO"),
+                    "CONCURRENT_REQUESTS_PER_DOMAIN": "8", "LOG_LEVEL": "INFO",
                     "FRONTIER_HOST_LIMITS": json.dumps(limits), "NODE_ID": "node-1",
                     "LOG_FILE": str(stats_dir / "node-1.log")}
         cmd = [sys.executable, "-m", "tests.run_spiders", "--stats-dir", str(stats_dir)]
