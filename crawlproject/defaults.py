@@ -80,7 +80,7 @@ FRONTIER_BACKOFF_WINDOW = 10                # answers in that moving average, ab
 FRONTIER_BACKOFF_BASE = 1.0                 # first backoff interval (s), or twice the delay
 FRONTIER_DELAY_MARGIN = 0.02                # intervals this much longer than asked,
 FRONTIER_DELAY_MARGIN_MIN = 0.02            # ... and at least this many seconds longer
-FRONTIER_SITE_BUDGET = 0                    # most new pages queued per site; 0: no budget
+FRONTIER_SITE_BUDGET = 100_000              # most new pages queued per site; 0: no budget
 FRONTIER_CRAWL_BUDGET = 0                   # most new pages queued by the crawl; 0: no budget
 FRONTIER_PARTITIONS = 1                     # hash-tagged partitions (Redis Cluster masters)
 FRONTIER_LINEAGE_ENABLED = True             # with partitions: an ack waits for its own requests
@@ -100,6 +100,15 @@ URL_CANONICAL_ENABLED = True                # host (case, IDN, trailing dot) and
 URL_STRIP_SESSION_IDS = True                # session-id parameters removed from URLs
 URL_SESSION_PARAMS = _session_params        # session-id parameter names (a regex, any case)
 URL_CREDENTIALS_HOSTS: list = []            # hosts whose URL credentials become Basic auth
+
+# --- Crawler traps and meta robots (crawlproject/traps/) -----------------------
+# (URLLENGTH_LIMIT, Scrapy's: 2083 characters; links only, seeds pass)
+PATH_REPEAT_LIMIT = 2                       # times a segment run may occur in a row; 0: off
+PAGE_REQUESTS_LIMIT = 10_000                # requests one response may add; 0: no limit
+META_ROBOTS_ENABLED = True                  # meta robots and X-Robots-Tag obeyed
+META_ROBOTS_NOFOLLOW = True                 # a nofollow page's requests are dropped
+META_ROBOTS_NOINDEX = True                  # a noindex page's items are dropped
+META_ROBOTS_NAMES: list = []                # our names; []: ROBOTSTXT_USER_AGENT's, else BOT_NAME
 
 # --- Seeds (crawlproject/spiders/seeded.py, crawlproject/policy.py) ------------
 REDIS_START_URLS_KEY = keys.START_URLS      # where seeds are read (scrapy-redis' name)

@@ -88,6 +88,16 @@ SPIDER_MIDDLEWARES = {
     "crawlproject.middlewares.referer.SeedRefererMiddleware": 700,
     "crawlproject.identity.cookies.SessionCookiesSpiderMiddleware": 650,
     "crawlproject.recrawl.middleware.RecrawlSpiderMiddleware": 950,   # sees the callback's output
+    # Crawler traps and meta robots (crawlproject/traps/, docs/traps.md), on every
+    # callback's output, next to the spider: meta robots first, then the cap on the
+    # requests of one response (what is over costs no other middleware's work), both
+    # before the recrawl's page record (950) sees the items; Scrapy's URL-length check
+    # replaced by one that spares seeds and logs once per site.
+    "crawlproject.traps.metarobots.MetaRobotsMiddleware": 970,
+    "crawlproject.traps.pagerequests.PageRequestsMiddleware": 960,
+    "scrapy.spidermiddlewares.urllength.UrlLengthMiddleware": None,
+    "crawlproject.traps.urllength.UrlLengthMiddleware": 800,
+    "crawlproject.traps.pathrepeat.PathRepeatMiddleware": 810,
     # with FRONTIER_PARTITIONS > 1: an ack waits only for the requests its own callback made
     "crawlproject.middlewares.lineage.LineageMiddleware": 990,
 }
