@@ -214,17 +214,33 @@ def session_matcher(names: str) -> re.Pattern:
         raise ValueError(f"URL_SESSION_PARAMS is not a regular expression: {exc}") from None
 
 
+#: Names that are a session id only with a token for value: ``sid`` is also a
+#: story, site or search id (``?sid=12`` names a page: removing it would merge
+#: distinct pages, a loss; a session's ``sid`` is a long random token).
+AMBIGUOUS_SESSION_NAMES = frozenset({"sid"})
+_TOKEN = re.compile(r"[0-9A-Za-z_.-]{16,}")
+
+
+def _is_session(name: str, value: str, names: re.Pattern) -> bool:
+    name = unquote_plus(name)
+    if not names.fullmatch(name):
+        return False
+    return name.lower() not in AMBIGUOUS_SESSION_NAMES or bool(
+        _TOKEN.fullmatch(unquote_plus(value)))
+
+
 def _strip_path_sessions(path: str, names: re.Pattern) -> str:
     # ;name=value path parameters (Java's ;jsessionid=, also after any segment)
     def keep(match: re.Match) -> str:
-        return "" if names.fullmatch(unquote_plus(match.group(1))) else match.group(0)
-    return re.sub(r";([^/;=?#]*)(?:=[^/;?#]*)?", keep, path)
+        return ("" if _is_session(match.group(1), match.group(2) or "", names)
+                else match.group(0))
+    return re.sub(r";([^/;=?#]*)(?:=([^/;?#]*))?", keep, path)
 
 
 def _strip_query_sessions(query: str, names: re.Pattern) -> str:
     # Only whole name=value pairs go; the others keep their order and spelling.
     pairs = query.split("&")
-    kept = [p for p in pairs if not names.fullmatch(unquote_plus(p.partition("=")[0]))]
+    kept = [p for p in pairs if not _is_session(*p.partition("=")[::2], names)]
     return query if len(kept) == len(pairs) else "&".join(kept)
 
 

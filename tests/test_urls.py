@@ -62,8 +62,9 @@ def canon(url):
      ("credentials", "host", "port", "session_id_path", "session_id_query")),
     ("http://h/a;JSESSIONID=AB12;v=2/b", "http://h/a;v=2/b", ("session_id_path",)),
     ("http://h/a;jsessionid=1;phpsessid=2", "http://h/a", ("session_id_path",)),
-    ("http://h/a?sid=1", "http://h/a", ("session_id_query",)),
-    ("http://h/a?b=2&sid=1&a=1", "http://h/a?b=2&a=1", ("session_id_query",)),  # order kept
+    ("http://h/a?sid=0123456789abcdef0", "http://h/a", ("session_id_query",)),
+    ("http://h/a?sid=12", "http://h/a?sid=12", ()),   # a short sid names a page: kept
+    ("http://h/a?b=2&sid=0123456789abcdef0&a=1", "http://h/a?b=2&a=1", ("session_id_query",)),  # order kept
     ("http://h/a?ASPSESSIONIDQQGGQGPG=x&q=%20", "http://h/a?q=%20", ("session_id_query",)),
     ("http://h/a?CFID=1&CFTOKEN=2", "http://h/a", ("session_id_query",)),
     ("http://h/a?side=1&sids=2&mysid=3", "http://h/a?side=1&sids=2&mysid=3", ()),  # whole names
@@ -113,7 +114,7 @@ _param = st.tuples(st.sampled_from(["q", "page", "side", "Sids", "x_id"]),
                    st.text("abc123", max_size=4))
 _session = st.tuples(st.sampled_from(["jsessionid", "PHPSESSID", "sid", "SessionId", "CFTOKEN",
                                       "ASPSESSIONIDABCDEFGH", "session_id"]),
-                     st.text("ABC0123456789abcdef", min_size=1, max_size=12))
+                     st.text("ABC0123456789abcdef", min_size=16, max_size=32))
 
 
 @hsettings(max_examples=300, deadline=None)
@@ -194,7 +195,7 @@ def _scheduler(redis_url, **settings):
 
 
 VARIANTS = ["http://127.0.0.5/a", "http://127.0.0.5./a", "http://127.0.0.5.:80/a",
-            "HTTP://127.0.0.5:80/a;jsessionid=ABC", "http://u:secretpw@127.0.0.5/a?sid=1",
+            "HTTP://127.0.0.5:80/a;jsessionid=ABC", "http://u:secretpw@127.0.0.5/a?sid=0123456789abcdef0",
             "http://127.0.0.5/a?PHPSESSID=9"]
 
 
@@ -316,14 +317,14 @@ class _Site(BaseHTTPRequestHandler):
             body, status = b"broken", 500
         elif self.path == "/moved":   # a redirect with credentials in its Location
             self.send_response(302)
-            self.send_header("Location", f"http://user:{PASSWORD}@{HOST}.:80/a?sid=5")
+            self.send_header("Location", f"http://user:{PASSWORD}@{HOST}.:80/a?sid=0123456789abcdef0")
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
         elif self.path == "/":
             links = [f"http://user:{PASSWORD}@{HOST}./a", f"http://{HOST}:80/a;jsessionid=XYZ",
-                     f"HTTP://{HOST.upper()}/a?PHPSESSID=1", f"http://{HOST}./a?sid=2", "/a",
-                     f"http://USER:{PASSWORD}@{HOST}/fail", f"http://{HOST}/b?x=1&sid=9&y=2",
+                     f"HTTP://{HOST.upper()}/a?PHPSESSID=1", f"http://{HOST}./a?sid=0123456789abcdef0", "/a",
+                     f"http://USER:{PASSWORD}@{HOST}/fail", f"http://{HOST}/b?x=1&sid=0123456789abcdef0&y=2",
                      f"http://{HOST}.:80/b?x=1&y=2",
                      f"http://user:{PASSWORD}@{PRIVATE}:{PRIVATE_PORT}/private", "/moved"]
             body = "".join(f'<a href="{u}">l</a>' for u in links).encode()
