@@ -37,6 +37,7 @@ SIGNER = Signer([SECRET.encode()], "hosts")
 SITE, OTHER_SITE = "http://127.0.0.2:8001", "http://127.0.0.3:8001"
 KEYS = RobotsKeys("hosts")
 DISALLOW_P = b"User-agent: *\nDisallow: /p/\n"
+NORMAL_P = b"user-agent: *\ndisallow: /p/\n"   # as a record keeps it
 LOG = "crawlproject.robots.middleware"
 
 
@@ -46,7 +47,8 @@ def stored(origin, status, body=b"", *, signer=SIGNER, expires_in=3600.0, named=
     now = time.time()
     data = json.dumps({"origin": named or origin, "status": status,
                        "body": base64.b64encode(zlib.compress(body)).decode(),
-                       "fetched": now, "expires": now + expires_in}, separators=(",", ":"))
+                       "fetched": now, "expires": now + expires_in, "keep": now + expires_in,
+                       "failures": 0, "reason": ""}, separators=(",", ":"))
     return signer.sign(data, "robots")
 
 
@@ -54,7 +56,7 @@ def stored(origin, status, body=b"", *, signer=SIGNER, expires_in=3600.0, named=
 
 def test_a_record_round_trips_and_says_what_the_status_means():
     for status, state in ((200, RULES), (404, ALLOW_ALL), (401, ALLOW_ALL), (429, UNAVAILABLE),
-                          (503, UNAVAILABLE), (0, UNAVAILABLE), (301, UNAVAILABLE)):
+                          (503, UNAVAILABLE), (0, UNAVAILABLE), (301, ALLOW_ALL)):
         record = rec.RobotsRecord(status, DISALLOW_P, 1.5, 2.5, SITE)
         assert rec.decode_record(rec.encode_record(record, SIGNER), SIGNER, SITE) == record
         assert record.state == state
@@ -65,17 +67,19 @@ def test_a_record_round_trips_and_says_what_the_status_means():
 
 @pytest.mark.parametrize("data", [
     "", "null", "[]", "{}", '{"status": 200}',
-    '{"status": 200, "body": "", "fetched": 1, "expires": 2}',
-    '{"origin": "", "status": 200, "body": "", "fetched": 1, "expires": 2}',
-    '{"origin": "@", "status": "200", "body": "", "fetched": 1, "expires": 2}',
-    '{"origin": "@", "status": true, "body": "", "fetched": 1, "expires": 2}',
-    '{"origin": "@", "status": 700, "body": "", "fetched": 1, "expires": 2}',
-    '{"origin": "@", "status": 200, "body": 5, "fetched": 1, "expires": 2}',
-    '{"origin": "@", "status": 200, "body": "not base64!", "fetched": 1, "expires": 2}',
-    '{"origin": "@", "status": 200, "body": "eJw=", "fetched": 1, "expires": 2}',
-    '{"origin": "@", "status": 200, "body": "", "fetched": 1, "expires": 1e999}',
-    '{"origin": "@", "status": 200, "body": "", "fetched": -1, "expires": 2}',
-    '{"origin": "@", "status": 200, "body": "", "fetched": 1, "expires": 2, "x": 1}',
+    '{"status": 200, "body": "", "fetched": 1, "expires": 2, "keep": 2, "failures": 0, "reason": ""}',
+    '{"origin": "", "status": 200, "body": "", "fetched": 1, "expires": 2, "keep": 2, "failures": 0, "reason": ""}',
+    '{"origin": "@", "status": "200", "body": "", "fetched": 1, "expires": 2, "keep": 2, "failures": 0, "reason": ""}',
+    '{"origin": "@", "status": true, "body": "", "fetched": 1, "expires": 2, "keep": 2, "failures": 0, "reason": ""}',
+    '{"origin": "@", "status": 700, "body": "", "fetched": 1, "expires": 2, "keep": 2, "failures": 0, "reason": ""}',
+    '{"origin": "@", "status": 200, "body": 5, "fetched": 1, "expires": 2, "keep": 2, "failures": 0, "reason": ""}',
+    '{"origin": "@", "status": 200, "body": "not base64!", "fetched": 1, "expires": 2, "keep": 2, "failures": 0, "reason": ""}',
+    '{"origin": "@", "status": 200, "body": "eJw=", "fetched": 1, "expires": 2, "keep": 2, "failures": 0, "reason": ""}',
+    '{"origin": "@", "status": 200, "body": "", "fetched": 1, "expires": 1e999, "keep": 2, "failures": 0, "reason": ""}',
+    '{"origin": "@", "status": 200, "body": "", "fetched": -1, "expires": 2, "keep": 2, "failures": 0, "reason": ""}',
+    '{"origin": "@", "status": 200, "body": "", "fetched": 1, "expires": 2, "keep": 2, "failures": -1, "reason": ""}',
+    '{"origin": "@", "status": 200, "body": "", "fetched": 1, "expires": 2, "keep": 2, "failures": 0, "reason": 5}',
+    '{"origin": "@", "status": 200, "body": "", "fetched": 1, "expires": 2, "keep": 2, "failures": 0, "reason": "", "x": 1}',
 ])
 def test_anything_else_stored_is_refused_even_signed(data):
     with pytest.raises(ValueError):
@@ -84,7 +88,7 @@ def test_anything_else_stored_is_refused_even_signed(data):
 
 @pytest.mark.parametrize("raw", [
     json.dumps({"origin": SITE, "status": 404, "body": "eJwDAAAAAAE=", "fetched": 1.0,
-                "expires": 9e9}),
+                "expires": 9e9, "keep": 9e9, "failures": 0, "reason": ""}),
     stored(SITE, 404, signer=Signer([b"another-secret-0123456789"], "hosts")),
     stored(SITE, 404, signer=Signer([SECRET.encode()], "products")),
     stored(SITE, 404, named=OTHER_SITE),
@@ -116,7 +120,8 @@ def test_a_record_is_bounded_when_stored_and_refused_unread_when_longer():
     with pytest.raises(ValueError, match="too long"):
         rec.decode_record("~" * (rec.MAX_RECORD + 1), Refuses(), SITE)
     packed = base64.b64encode(zlib.compress(b"\0" * (rec.MAX_BODY + 1))).decode()
-    data = json.dumps({"origin": SITE, "status": 200, "body": packed, "fetched": 1, "expires": 2})
+    data = json.dumps({"origin": SITE, "status": 200, "body": packed, "fetched": 1, "expires": 2,
+                       "keep": 2, "failures": 0, "reason": ""})
     with pytest.raises(ValueError, match="too long"):
         rec.decode_record(SIGNER.sign(data, "robots"), SIGNER, SITE)
 
@@ -125,7 +130,8 @@ _JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats()
                      | st.text(max_size=20) | st.sampled_from([SITE, OTHER_SITE, "eJwDAAAAAAE="]),
                      lambda inner: st.lists(inner, max_size=4)
                      | st.dictionaries(st.sampled_from(["origin", "status", "body", "fetched",
-                                                        "expires", "x"]), inner, max_size=6))
+                                                        "expires", "keep", "failures", "reason",
+                                                        "x"]), inner, max_size=9))
 
 
 @hsettings(max_examples=300, deadline=None)
@@ -151,7 +157,7 @@ def test_fuzz_a_stored_record_decodes_or_raises_value_error(raw, signed):
        st.floats(min_value=0, max_value=4e9), st.text(min_size=1, max_size=60))
 def test_fuzz_a_node_s_record_round_trips_for_its_site_only(status, body, fetched, origin):
     record = rec.RobotsRecord(status if status == 0 or status >= 100 else 200, body, fetched,
-                              fetched + 1, origin)
+                              fetched + 1, origin, fetched + 2, status % 7, origin[:5])
     value = rec.encode_record(record, SIGNER)
     assert rec.decode_record(value, SIGNER, origin) == record
     with pytest.raises(rec.UnprovenRecord):
@@ -247,7 +253,7 @@ def test_a_record_no_node_wrote_for_the_site_is_not_trusted(redis, redis_url, ca
         await first._closed(), await second._closed()
 
     asyncio.run(scenario())
-    assert rec.decode_record(redis.get(KEYS.record(SITE)), SIGNER, SITE).body == DISALLOW_P
+    assert rec.decode_record(redis.get(KEYS.record(SITE)), SIGNER, SITE).body == NORMAL_P
     [said] = warnings_about(caplog, f"Ignoring the stored robots.txt of {SITE} (")
     assert ("another site" in said.getMessage()) == (OTHER_SITE in raw)
 
