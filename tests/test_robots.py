@@ -189,10 +189,11 @@ class Engine:
         return TextResponse(request.url, status=status, body=body, request=request)
 
 
-def node(redis_url, secret=SECRET, robots=None, name="n1"):
+def node(redis_url, secret=SECRET, robots=None, name="n1", settings=None):
     """A node's middleware, as Scrapy builds it, with a stand-in engine."""
     crawler = get_crawler(HostsSpider, {"ROBOTSTXT_OBEY": True, "REDIS_URL": redis_url,
-                                        "NODE_ID": name, "FRONTIER_SECRET": secret})
+                                        "NODE_ID": name, "FRONTIER_SECRET": secret,
+                                        **(settings or {})})
     crawler.spider = HostsSpider.from_crawler(crawler)
     crawler.engine = Engine(robots)
     return ClusterRobotsTxtMiddleware.from_crawler(crawler)

@@ -196,8 +196,11 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
         self.local_sites = max(1, setting(s, "ROBOTSTXT_LOCAL_SITES"))
         self.max_rules = max(1, setting(s, "ROBOTSTXT_MAX_RULES"))
         self.max_redirects = max(5, setting(s, "ROBOTSTXT_MAX_REDIRECTS"))   # RFC: at least 5
-        #: whose groups a record keeps (and the scheduler's Crawl-delay reads)
+        #: whose groups a record keeps (and the scheduler's Crawl-delay reads);
+        #: pages are checked as this agent too, whatever User-Agent header a
+        #: page is sent with (a rotated identity is not another crawler)
         self.agent = self._robotstxt_useragent or self._default_useragent or "*"
+        self._robotstxt_useragent = self.agent
         #: None without FRONTIER_SECRET: nothing in Redis is trusted, each node fetches
         self.signer = signer_from_settings(s, crawler.spider.name)
         self._known: OrderedDict[str, _Known] = OrderedDict()

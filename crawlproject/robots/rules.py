@@ -28,7 +28,7 @@ _FIELDS = {
     "user-agent": "user-agent", "useragent": "user-agent", "user agent": "user-agent",
     "allow": "allow",
     "disallow": "disallow", "dissallow": "disallow", "dissalow": "disallow",
-    "disalow": "disallow", "diallow": "disallow", "disallaw": "disallow",
+    "disalow": "disallow", "diasllow": "disallow", "disallaw": "disallow",
     "crawl-delay": "crawl-delay", "crawl delay": "crawl-delay",
     "sitemap": "sitemap", "sitemaps": "sitemap", "site-map": "sitemap",
     # not kept, but read: a group's other lines end its user-agent lines; host
