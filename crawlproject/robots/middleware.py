@@ -280,7 +280,12 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
             return None
         if self._scheduler() is None:       # not the shared frontier: Scrapy's way
             return await super().process_request(request)
-        known = await self._site(origin_of(request))
+        origin = origin_of(request)
+        if self._waited_enough(request):
+            # Its last look: what is known now decides, no new fetch is asked for.
+            known = await self._last_look(origin)
+        else:
+            known = await self._site(origin)
         if known is None or not known.usable:
             return self._wait(request, known)
         self.process_request_2(known.parser, request)   # IgnoreRequest if forbidden
@@ -298,6 +303,19 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
             reading = self._reading[origin] = asyncio.ensure_future(self._read(origin))
             reading.add_done_callback(lambda _f: self._reading.pop(origin, None))
         return await asyncio.shield(reading)
+
+    def _waited_enough(self, request: Request) -> bool:
+        since = request.meta.get(SINCE_META)
+        return since is not None and time.time() - _since(since, time.time()) >= self.max_wait
+
+    async def _last_look(self, origin: str) -> _Known | None:
+        known = self._known.get(origin)
+        if known is not None and known.expires > time.time():
+            return known
+        if self.signer is None:
+            return known
+        record = await self._stored(origin)
+        return self._remember(origin, record) if record is not None else known
 
     async def _read(self, origin: str) -> _Known | None:
         if self.signer is None:     # nothing stored can be proven: fetched here
@@ -638,13 +656,14 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
                                   failures=failures, reason=reason)
             kept = f"its rules of {time.ctime(previous.fetched)} are used meanwhile"
         else:
-            # Kept past its expiry for its count of failures (the backoff grows).
+            # Kept past its expiry for its count of failures (the backoff grows)
+            # and its reason (a page given up on says it).
             record = RobotsRecord(status, b"", now, expires, origin,
-                                  keep=expires + self.unavailable_max, failures=failures,
-                                  reason=reason)
+                                  keep=expires + max(self.unavailable_max, self.max_wait),
+                                  failures=failures, reason=reason)
             kept = "its pages wait"
         logger.warning("robots.txt of %s is unavailable (%s, %d time(s) in a row): %s, and "
-                       "it is fetched again in %.0f s", origin, reason or status, failures,
+                       "it is fetched again in %.1f s", origin, reason or status, failures,
                        kept, backoff, extra={"spider": self.crawler.spider})
         return record
 
