@@ -93,7 +93,7 @@ ROBOTSTXT_UNAVAILABLE_MAX_TTL = 3_600.0     # ... doubled per failure in a row, 
 ROBOTSTXT_WAIT = 0.5                        # seconds a page waits first, then twice as long...
 ROBOTSTXT_MAX_WAIT = 900.0                  # seconds since it first waited: dead-lettered
 ROBOTSTXT_MAX_REDIRECTS = 5                 # redirects of robots.txt followed (RFC: at least 5)
-ROBOTSTXT_MAX_RULES = 2_000                 # allow/disallow rules kept for this crawler
+ROBOTSTXT_MAX_RULES = 1_000                 # allow/disallow rules kept for this crawler
 ROBOTSTXT_FETCH_LOCK_TTL = 120.0            # seconds one node holds a site's fetch lock
 ROBOTSTXT_LOCAL_SITES = 10_000              # sites whose parsed rules a node keeps
 
