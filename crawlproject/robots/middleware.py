@@ -296,7 +296,8 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
         if known is not None and known.expires > time.time():
             self._known.move_to_end(origin)
             return known
-        self._known.pop(origin, None)
+        # (An expired one stays until replaced: its failures and rules are what
+        # a failed fetch builds on without FRONTIER_SECRET.)
         # One read per site at a time: its other requests wait for the same one.
         reading = self._reading.get(origin)
         if reading is None:
