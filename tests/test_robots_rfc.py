@@ -303,18 +303,28 @@ def test_a_page_waits_at_most_max_wait_seconds_then_is_dead_lettered(redis, redi
 
 # -- bodies and records bounded --------------------------------------------------------
 
-def test_a_gzip_bomb_robots_txt_is_decoded_no_further_than_500_kib(redis, redis_url):
-    """A 64 MiB gzip robots.txt (65 KiB on the wire): its rules are obeyed, the
-    middleware decodes it itself (Scrapy's HttpCompressionMiddleware never sees
-    the encoding) and no more than 500 KiB of it; memory stays bounded."""
-    body = gzip.compress(DISALLOW_P + b"#" * (64 << 20), 9)
+@pytest.mark.parametrize("encoding", ["gzip", "br"])
+def test_a_bomb_robots_txt_is_decoded_no_further_than_500_kib(redis, redis_url, encoding):
+    """A 64 MiB gzip or brotli robots.txt (65 KiB or less on the wire): its rules
+    are obeyed, the middleware decodes it itself (Scrapy's
+    HttpCompressionMiddleware never sees the encoding) and no more than 500 KiB
+    of it; memory stays bounded."""
+    plain = DISALLOW_P + b"#" * (64 << 20)
+    if encoding == "gzip":
+        body = gzip.compress(plain, 9)
+    else:
+        try:
+            import brotli
+        except ImportError:
+            import brotlicffi as brotli
+        body = brotli.compress(plain, quality=1)
 
     async def scenario():
         mw = node(redis_url)
         assert await look(mw, f"{SITE}/p/1") == "waits"
         [fetch] = fetches(mw)
         tracemalloc.start()
-        await reply(mw, fetch, 200, body, headers={"Content-Encoding": "gzip"})
+        await reply(mw, fetch, 200, body, headers={"Content-Encoding": encoding})
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
         assert peak < 8 << 20, peak
@@ -412,3 +422,42 @@ def test_normalised_rules_mean_what_the_whole_file_means_for_this_crawler():
     empty = b"User-agent: crawlproject\nAllow:\n\nUser-agent: *\nDisallow: /\n"
     assert Protego.parse(empty.decode()).can_fetch("http://h/a", agent)
     assert Protego.parse(normalise(empty, agent, 9).text.decode()).can_fetch("http://h/a", agent)
+
+
+# -- without FRONTIER_SECRET: each node fetches, the same rules ------------------------
+
+def test_without_a_secret_a_node_follows_redirects_and_waits_out_a_5xx_itself(
+        redis, redis_url, clock, monkeypatch):
+    """No secret: the node downloads robots.txt itself (outside the frontier),
+    follows its redirects to the rules of the original site; a 503 holds the
+    site's pages (never dead-lettered) until it is fetched again and answers."""
+    monkeypatch.delenv("FRONTIER_SECRET", raising=False)
+    answers = {f"{SITE}/robots.txt": [(503, {}, b""), (301, {"Location": "/moved"}, b"")],
+               f"{SITE}/moved": [(302, {"Location": f"{OTHER_SITE}/robots.txt"}, b"")],
+               f"{OTHER_SITE}/robots.txt": [(200, {}, DISALLOW_P)]}
+    downloaded = []
+
+    async def download_async(request):
+        downloaded.append(request.url)
+        assert request.meta["dont_redirect"] and request.meta["dont_obey_robotstxt"]
+        queue = answers[request.url]
+        status, headers, body = queue.pop(0) if len(queue) > 1 else queue[0]
+        return Response(request.url, status=status, headers=headers, body=body,
+                        request=request)
+
+    async def scenario():
+        mw = node(redis_url, None)
+        mw.crawler.engine.download_async = download_async
+        assert await look(mw, f"{SITE}/p/1") == "waits"
+        assert await look(mw, f"{SITE}/list/1") == "waits"
+        assert downloaded == [f"{SITE}/robots.txt"]
+        clock.now += mw.unavailable_ttl + 1
+        assert await look(mw, f"{SITE}/p/1") == "forbidden"
+        assert await look(mw, f"{SITE}/list/1") == "allowed"
+        assert downloaded[1:] == [f"{SITE}/robots.txt", f"{SITE}/moved",
+                                  f"{OTHER_SITE}/robots.txt"]
+        assert mw.crawler.engine.failed == [] and mw.crawler.engine.crawled == []
+        await mw._closed()
+
+    asyncio.run(scenario())
+    assert redis.keys("*") == []

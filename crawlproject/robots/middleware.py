@@ -18,7 +18,7 @@ and ``FRONTIER_SECRET``:
    the site: it counts against the site's interval and concurrency, for every
    node, and a 429/503 to it slows the site down. Meanwhile the page goes back
    to the frontier (its slot is free) and looks again after ``ROBOTSTXT_WAIT``
-   seconds, twice as long each time (at most 30 s, or until the site's record
+   seconds, twice as long each time (at most 10 s, or until the site's record
    is due to be fetched again); a page that has waited ``ROBOTSTXT_MAX_WAIT``
    seconds since it first waited (wall time, in its meta: any node may take
    it) is dead-lettered with its reason (``crawlctl dead``, ``crawlctl
@@ -41,7 +41,8 @@ and ``FRONTIER_SECRET``:
    ``ROBOTSTXT_MAX_RULES``, ``robotstxt/rules_dropped`` counts the rest), read
    from at most 500 KiB of body (RFC 9309 §2.5: the download stops there,
    ``robotstxt/truncated``; ``Content-Encoding`` is undone here, never beyond
-   500 KiB, so a decompression bomb costs that much), for
+   500 KiB, so a decompression bomb costs that much; one that cannot be
+   decoded has no rules: ``robotstxt/undecodable``), for
    ``ROBOTSTXT_CACHE_TTL`` (24 h); 4xx but 429, and given-up redirects —
    allow all, as long; 429, 5xx and no answer at all (connection refused, DNS,
    timeouts), each only after the retry middleware's retries through the
@@ -65,7 +66,10 @@ the wrong type (an ERROR naming it, at most one a minute:
 request carries ``meta["robotstxt_fetch"]``, honoured only on a
 ``/robots.txt`` URL or with a hop value a node signed for that very URL, so a
 stored payload cannot use it to skip the rules of a page, nor a seed to
-store rules for another site.
+store rules for another site (a hop value that is not a node's is counted:
+``robotstxt/cluster/unproven_hop``). Before issue 46 a site whose robots.txt
+could not be reached had its pages dead-lettered at once
+(``robotstxt/cluster/unreachable_pages``, gone): they wait now, as for a 5xx.
 
 Without ``FRONTIER_SECRET`` no record can be proven, so none is read or
 written: each node fetches each site's robots.txt itself (redirects followed
@@ -133,7 +137,7 @@ HERE_META = "_robotstxt_here"
 #: seconds between two ERRORs about Redis keys of the wrong type
 BAD_KEY_LOG_INTERVAL = 60.0
 #: longest look interval of a waiting page (seconds)
-MAX_LOOK = 30.0
+MAX_LOOK = 10.0
 #: longest redirect target followed (characters)
 MAX_TARGET = 8192
 #: a record whose time is up (its fetch is on the way) is read again this often
