@@ -338,7 +338,8 @@ def test_a_bomb_robots_txt_is_decoded_no_further_than_500_kib(redis, redis_url, 
 
 def test_a_robots_txt_download_stops_after_500_kib():
     """The bytes_received handler stops a robots.txt download once 500 KiB came
-    (what came is parsed: RFC 9309 §2.5); other downloads are left alone."""
+    (what came is parsed: RFC 9309 §2.5); other downloads are left alone, a
+    page that claims to be a fetch in its meta too."""
     mw = node("redis://127.0.0.1:1/0")
     fetch = Request(f"{SITE}/robots.txt", meta={"robotstxt_fetch": True})
     chunk = b"x" * (100 << 10)
@@ -347,8 +348,12 @@ def test_a_robots_txt_download_stops_after_500_kib():
     with pytest.raises(StopDownload) as stopped:
         mw._bytes_received(chunk, fetch)
     assert stopped.value.fail is False
-    for _ in range(10):
-        mw._bytes_received(chunk, Request(f"{SITE}/p/1"))
+    for page in (Request(f"{SITE}/p/1"), Request(f"{SITE}/p/1", meta={"robotstxt_fetch": True})):
+        for _ in range(10):
+            mw._bytes_received(chunk, page)
+        response = Response(page.url, headers={"Content-Encoding": "gzip"}, request=page)
+        mw._downloaded(response, page)
+        assert response.headers["Content-Encoding"] == b"gzip"   # Scrapy decodes it
 
 
 def test_a_record_keeps_what_robots_txt_means_not_its_padding(redis, redis_url):

@@ -218,6 +218,7 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
         # Per robots.txt download in flight: bytes received, Content-Encoding set aside.
         self._received: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._encodings: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._downloads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         crawler.signals.connect(self._opened, signal=signals.spider_opened)
         crawler.signals.connect(self._closed, signal=signals.spider_closed)
         crawler.signals.connect(self._bytes_received, signal=signals.bytes_received)
@@ -250,7 +251,13 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
     # -- the body of a robots.txt download -------------------------------------
 
     def _is_download(self, request: Request) -> bool:
-        return bool(request.meta.get(HERE_META) or request.meta.get(FETCH_META))
+        """Whether *request* downloads a robots.txt for this middleware (not a
+        page whose stored meta claims so): asked once per request."""
+        known = self._downloads.get(request)
+        if known is None:
+            known = self._downloads[request] = bool(request.meta.get(HERE_META)
+                                                    or self._fetch_of(request) is not None)
+        return known
 
     def _bytes_received(self, data, request, spider=None, **kwargs) -> None:
         # The first MAX_BODY bytes are all that is parsed (RFC 9309 §2.5): the
