@@ -12,7 +12,7 @@ import time
 import tracemalloc
 
 import pytest
-from scrapy import Request
+from scrapy import Request, signals
 from scrapy.exceptions import IgnoreRequest, StopDownload
 from scrapy.http import Response, TextResponse
 
@@ -94,8 +94,12 @@ def test_a_redirected_robots_txt_rules_its_original_site(redis, redis_url, chain
     """Each hop is a request of its own site in the frontier (its politeness),
     marked as a fetch of the original site; the rules reached are stored
     under the ORIGINAL site's key (none under the target's), for every node."""
+    parsed = []
+
     async def scenario():
         first, second = node(redis_url), node(redis_url, name="n2")
+        first.crawler.signals.connect(lambda robotparser, request: parsed.append(request),
+                                      signal=signals.robots_parsed, weak=False)
         assert await look(first, f"{SITE}/p/1") == "waits"
         [fetch] = fetches(first)
         for location in chain:
@@ -114,6 +118,8 @@ def test_a_redirected_robots_txt_rules_its_original_site(redis, redis_url, chain
     asyncio.run(scenario())
     assert record_of(redis, SITE).body == NORMAL_P
     assert record_of(redis, OTHER_SITE) is None and record_of(redis, HTTPS_SITE) is None
+    # the scheduler applies the Crawl-delay to the site of the request it is given
+    assert [mw_module.origin_of(r) for r in parsed] == [SITE]
     assert redis.exists(KEYS.fetch_lock(SITE)) == 0
 
 

@@ -513,6 +513,10 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
             return None
         return {"origin": origin, "chain": chain}
 
+    def _chain(self, request: Request) -> list:
+        fetch = self._fetch_of(request)
+        return fetch[1] if fetch is not None else [request.url]
+
     def _fetch_of(self, request: Request) -> tuple[str, list] | None:
         """``(original site, URLs so far)`` of a robots.txt fetch, or None."""
         if not request.meta.get(FETCH_META):
@@ -596,6 +600,11 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
         reason = gave_up or ("" if state_of(status) != UNAVAILABLE else f"status {status}")
         known = await self._store(origin, status, rules, reason)
         if state_of(status) == RULES:
+            if origin_of(request) != origin:
+                # Reached by redirects: the rules (their Crawl-delay: the
+                # scheduler's politeness key) are the original site's.
+                request = Request(f"{origin}/robots.txt", dont_filter=True,
+                                  meta={"robotstxt_redirects": list(self._chain(request))})
             await self.crawler.signals.send_catch_log_async(
                 signal=signals.robots_parsed, robotparser=known.parser, request=request)
         return known
