@@ -188,6 +188,7 @@ def test_sites_whose_robots_txt_redirects_fails_or_explodes_are_crawled_by_the_r
     # The gzip bomb: its rules obeyed, never decompressed beyond 500 KiB.
     assert set(web.paths(13)) - {"/robots.txt"} == RULED
     assert node.stat("httpcompression/response_bytes") < 1 << 20
+    assert len(redis.get(KEYS.record(http(13)))) < 1024
     assert node.stat("robotstxt/truncated") == 2      # the bomb, the padded file
     # The padded robots.txt: read up to 500 KiB, a record the size of its one rule.
     assert set(web.paths(15)) - {"/robots.txt"} == RULED

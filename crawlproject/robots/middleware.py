@@ -253,6 +253,8 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
     def _is_download(self, request: Request) -> bool:
         """Whether *request* downloads a robots.txt for this middleware (not a
         page whose stored meta claims so): asked once per request."""
+        if not (request.meta.get(FETCH_META) or request.meta.get(HERE_META)):
+            return False         # a page: nothing remembered for it
         known = self._downloads.get(request)
         if known is None:
             known = self._downloads[request] = bool(request.meta.get(HERE_META)
