@@ -63,9 +63,9 @@ async def reply(mw, fetch, status, body=b"", headers=None):
     assert await mw.process_request(fetch) is None, "a robots.txt fetch is never held back"
     response = Response(fetch.url, status=status, body=body, headers=headers or {},
                         request=fetch)
-    downloaded = getattr(mw, "_downloaded", None)   # the signal's handler
-    if downloaded is not None:
-        downloaded(response, fetch)
+    bodies = getattr(mw, "_bodies", None)   # the response_downloaded handler
+    if bodies is not None:
+        bodies.downloaded(response, fetch)
     with pytest.raises(IgnoreRequest):
         await mw.process_response(fetch, response)
 
@@ -350,15 +350,15 @@ def test_a_robots_txt_download_stops_after_500_kib():
     fetch = Request(f"{SITE}/robots.txt", meta={"robotstxt_fetch": True})
     chunk = b"x" * (100 << 10)
     for _ in range(4):
-        mw._bytes_received(chunk, fetch)
+        mw._bodies.bytes_received(chunk, fetch)
     with pytest.raises(StopDownload) as stopped:
-        mw._bytes_received(chunk, fetch)
+        mw._bodies.bytes_received(chunk, fetch)
     assert stopped.value.fail is False
     for page in (Request(f"{SITE}/p/1"), Request(f"{SITE}/p/1", meta={"robotstxt_fetch": True})):
         for _ in range(10):
-            mw._bytes_received(chunk, page)
+            mw._bodies.bytes_received(chunk, page)
         response = Response(page.url, headers={"Content-Encoding": "gzip"}, request=page)
-        mw._downloaded(response, page)
+        mw._bodies.downloaded(response, page)
         assert response.headers["Content-Encoding"] == b"gzip"   # Scrapy decodes it
 
 

@@ -90,59 +90,44 @@ With another scheduler it behaves as Scrapy's middleware.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import time
 import weakref
 from collections import OrderedDict
-from urllib.parse import urljoin
 
-from redis.exceptions import ResponseError
 from scrapy import Request, signals
 from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
-from scrapy.exceptions import IgnoreRequest, StopDownload
+from scrapy.exceptions import IgnoreRequest
 from scrapy.http.request import NO_CALLBACK
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler
-from w3lib.url import safe_url_string
 
-from crawlproject.connection import redis_from_settings
 from crawlproject.defaults import setting
-from crawlproject.frontier.library import script
 from crawlproject.frontier.retrypolicy import RETRY_DELAY_META
-from crawlproject.frontier.scripts import ROBOTS_FETCH_LOCK
-from crawlproject.keys import RobotsKeys
 from crawlproject.node import node_id
-from crawlproject.robots.record import (ALLOW_ALL, MAX_BODY, MAX_RECORD, RULES, UNAVAILABLE,
-                                        RobotsRecord, UnprovenRecord, decode_record,
-                                        encode_record, state_of)
-from crawlproject.robots.rules import decode_body, normalise
+from crawlproject.robots.body import Bodies
+from crawlproject.robots.hops import HOP_META, GiveUp, hop_value, next_hop, read_hop
+from crawlproject.robots.record import (ALLOW_ALL, MAX_BODY, RULES, UNAVAILABLE, RobotsRecord,
+                                        state_of)
+from crawlproject.robots.rules import normalise
+from crawlproject.robots.store import RobotsStore
 from crawlproject.signing import signer_from_settings
 
 logger = logging.getLogger(__name__)
 
 #: meta of the robots.txt request a node puts in the frontier
 FETCH_META = "robotstxt_fetch"
-#: meta of a redirect hop of a robots.txt fetch: the original site, the URLs
-#: so far, signed by a node (purpose :data:`HOP_PURPOSE`)
-HOP_META = "robotstxt_hop"
-HOP_PURPOSE = "robots-hop"
 #: meta of a page that went back to the frontier to wait for its site's
 #: robots.txt: how many times it looked, and since when it waits (epoch s)
 WAITS_META = "robotstxt_waits"
 SINCE_META = "robotstxt_since"
 #: meta of a robots.txt download a node makes itself (no FRONTIER_SECRET)
 HERE_META = "_robotstxt_here"
-#: seconds between two ERRORs about Redis keys of the wrong type
-BAD_KEY_LOG_INTERVAL = 60.0
 #: longest look interval of a waiting page (seconds)
 MAX_LOOK = 10.0
-#: longest redirect target followed (characters)
-MAX_TARGET = 8192
 #: a record whose time is up (its fetch is on the way) is read again this often
 STALE_RECHECK = 2.0
-_REDIRECTS = (301, 302, 303, 307, 308)
 
 
 class _Known:
@@ -169,10 +154,6 @@ def origin_of(request: Request) -> str:
 def is_robots_url(request: Request) -> bool:
     url = urlparse_cached(request)
     return url.path == "/robots.txt" and not url.query and url.scheme in ("http", "https")
-
-
-def _wrong_type(exc: ResponseError) -> bool:
-    return str(exc).startswith("WRONGTYPE")
 
 
 def _since(value, now: float) -> float:
@@ -210,32 +191,18 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
         self._known: OrderedDict[str, _Known] = OrderedDict()
         self._reading: dict[str, asyncio.Future] = {}
         self._warned: set[str] = set()
-        self._bad_key_said: float | None = None   # monotonic time of the last ERROR
-        self._bad_keys_unsaid = 0
-        self._redis = None
-        self._keys: RobotsKeys | None = None
-        self._take_lock = None
-        # Per robots.txt download in flight: bytes received, Content-Encoding set aside.
-        self._received: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._encodings: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._records = (RobotsStore(s, crawler.spider, self.signer, crawler.stats,
+                                   self.local_sites) if self.signer is not None else None)
         self._downloads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._bodies = Bodies(crawler, self._is_download)   # at most 500 KiB of each
         crawler.signals.connect(self._opened, signal=signals.spider_opened)
         crawler.signals.connect(self._closed, signal=signals.spider_closed)
-        crawler.signals.connect(self._bytes_received, signal=signals.bytes_received)
-        crawler.signals.connect(self._downloaded, signal=signals.response_downloaded)
 
     # -- which mode ------------------------------------------------------------
 
     def _scheduler(self):
         scheduler = getattr(self.crawler.engine, "scheduler", None)
         return scheduler if getattr(scheduler, "mark_failed", None) is not None else None
-
-    def _client(self):
-        if self._redis is None:
-            self._redis = redis_from_settings(self.crawler.settings, asyncio=True)
-            self._keys = RobotsKeys(self.crawler.spider.name)
-            self._take_lock = script(self._redis, ROBOTS_FETCH_LOCK)
-        return self._redis
 
     def _opened(self, spider=None) -> None:
         if self.signer is None and self._scheduler() is not None:
@@ -245,8 +212,8 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
                            "limits, and keeps it in memory", extra={"spider": self.crawler.spider})
 
     async def _closed(self, spider=None) -> None:
-        if self._redis is not None:
-            await self._redis.aclose()
+        if self._records is not None:
+            await self._records.close()
 
     # -- the body of a robots.txt download -------------------------------------
 
@@ -261,31 +228,10 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
                                                     or self._fetch_of(request) is not None)
         return known
 
-    def _bytes_received(self, data, request, spider=None, **kwargs) -> None:
-        # The first MAX_BODY bytes are all that is parsed (RFC 9309 §2.5): the
-        # download stops there, keeping what came (never the rest of a huge file).
-        if not self._is_download(request):
-            return
-        received = self._received.get(request, 0) + len(data)
-        self._received[request] = received
-        if received >= MAX_BODY:
-            raise StopDownload(fail=False)
-
-    def _downloaded(self, response, request, spider=None, **kwargs) -> None:
-        # Sent before the downloader middlewares see the response: the body is
-        # decompressed here (process_response), never beyond MAX_BODY, and not
-        # by HttpCompressionMiddleware (up to DOWNLOAD_MAXSIZE, or an
-        # IgnoreRequest this middleware would never see).
-        if self._is_download(request) and b"Content-Encoding" in response.headers:
-            self._encodings[request] = [e.decode("latin-1") for e in
-                                        response.headers.getlist(b"Content-Encoding")]
-            del response.headers[b"Content-Encoding"]
-
     # -- requests --------------------------------------------------------------
 
     async def process_request(self, request: Request, spider=None):
-        if request.meta.get(FETCH_META) and (is_robots_url(request)
-                                             or self._hop(request) is not None):
+        if self._fetch_of(request) is not None:
             return None                     # the fetch itself, or one of its redirects
         if request.meta.get("dont_obey_robotstxt"):
             return None
@@ -341,36 +287,7 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
 
     async def _stored(self, origin: str) -> RobotsRecord | None:
         """The proven record of *origin* in Redis, or None."""
-        client = self._client()
-        key = self._keys.record(origin)
-        try:
-            # GETRANGE: a huge value is never read whole (refused for its length)
-            raw = await client.getrange(key, 0, MAX_RECORD)
-        except ResponseError as exc:
-            if not _wrong_type(exc):
-                raise
-            await self._bad_key(key, "a string", "ignored, the site's robots.txt is fetched "
-                                "again and stored over it")
-            raw = b""
-        return self._decode(origin, raw) if raw else None
-
-    def _decode(self, origin: str, raw) -> RobotsRecord | None:
-        try:
-            record = decode_record(raw, self.signer, origin)
-        except UnprovenRecord as exc:
-            return self._refused(origin, "unproven_record", str(exc))
-        except ValueError as exc:
-            return self._refused(origin, "invalid_record", str(exc))
-        if record.usable_until <= time.time():   # a node's record is gone by then: replayed
-            return self._refused(origin, "unproven_record", "its time has passed: stored "
-                                 "again, or this node's clock is ahead")
-        return record
-
-    def _refused(self, origin: str, stat: str, why: str) -> None:
-        self.crawler.stats.inc_value(f"robotstxt/cluster/{stat}")
-        if self._once(origin):
-            logger.warning("Ignoring the stored robots.txt of %s (%s): fetching it again",
-                           origin, why, extra={"spider": self.crawler.spider})
+        return await self._records.read(origin, time.time())
 
     def _once(self, what: str) -> bool:
         """Whether *what* (a site, a site and a reason) is said for the first time."""
@@ -380,24 +297,6 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
             self._warned.clear()
         self._warned.add(what)
         return True
-
-    async def _bad_key(self, key: str, expected: str, then: str) -> None:
-        """Say that *key* holds another type than *expected*, at most once a
-        minute (whoever wrote it may write many)."""
-        self.crawler.stats.inc_value("robotstxt/cluster/bad_key")
-        now = time.monotonic()
-        if self._bad_key_said is not None and now - self._bad_key_said < BAD_KEY_LOG_INTERVAL:
-            self._bad_keys_unsaid += 1
-            return
-        self._bad_key_said, unsaid, self._bad_keys_unsaid = now, self._bad_keys_unsaid, 0
-        try:
-            kind = await self._client().type(key)
-            kind = kind.decode() if isinstance(kind, bytes) else kind
-        except Exception:   # noqa: BLE001 - only for the message
-            kind = "key of another type"
-        logger.error("Redis key %s is a %s, not %s: %s (%d more key(s) of the wrong type "
-                     "since the last such message)", key, kind, expected, then, unsaid,
-                     extra={"spider": self.crawler.spider})
 
     def _remember(self, origin: str, record: RobotsRecord) -> _Known:
         now = time.time()
@@ -423,9 +322,7 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
     async def _ask_for_fetch(self, origin: str) -> None:
         """Put *origin*'s robots.txt request in the frontier, unless another
         node holds its fetch lock (ROBOTS_FETCH_LOCK: free or stale locks only)."""
-        self._client()
-        taken = await self._take_lock(keys=[self._keys.fetch_lock(origin)],
-                                      args=[node_id(self.crawler), int(self.lock_ttl * 1000)])
+        taken = await self._records.take_lock(origin, node_id(self.crawler), self.lock_ttl)
         if not taken:
             return
         if taken == 2:
@@ -495,37 +392,20 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
 
     # -- the fetch's answer --------------------------------------------------------
 
-    def _hop(self, request: Request) -> dict | None:
-        """The redirect hop *request* is, if a node of the crawl signed it for
-        this very URL: ``{"origin", "chain"}`` (the URLs so far, this one last)."""
-        raw = request.meta.get(HOP_META)
-        if not isinstance(raw, str) or self.signer is None or len(raw) > 16 * MAX_TARGET:
-            return None
-        data, proven = self.signer.open(raw, HOP_PURPOSE)
-        if not proven:
-            self.crawler.stats.inc_value("robotstxt/cluster/unproven_hop")
-            return None
-        try:
-            hop = json.loads(data)
-            origin, chain = hop["origin"], hop["chain"]
-        except (ValueError, TypeError, KeyError):
-            return None
-        if (not isinstance(origin, str) or not isinstance(chain, list) or not chain
-                or chain[-1] != request.url):
-            return None
-        return {"origin": origin, "chain": chain}
-
     def _chain(self, request: Request) -> list:
         fetch = self._fetch_of(request)
         return fetch[1] if fetch is not None else [request.url]
 
     def _fetch_of(self, request: Request) -> tuple[str, list] | None:
-        """``(original site, URLs so far)`` of a robots.txt fetch, or None."""
+        """``(original site, URLs so far)`` of a robots.txt fetch (the first,
+        or a redirect hop a node signed: :mod:`.hops`), or None."""
         if not request.meta.get(FETCH_META):
             return None
-        hop = self._hop(request)
-        if hop is not None:
-            return hop["origin"], hop["chain"]
+        hop = read_hop(self.signer, request)
+        if isinstance(hop, tuple):
+            return hop
+        if hop is False:
+            self.crawler.stats.inc_value("robotstxt/cluster/unproven_hop")
         if is_robots_url(request):
             return origin_of(request), [request.url]
         return None
@@ -539,10 +419,8 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
         if isinstance(hop, Request):
             # A request of the target's own site, under its politeness; the
             # original site's fetch lock is held on meanwhile.
-            hop.meta[HOP_META] = self.signer.sign(
-                json.dumps({"origin": origin, "chain": [*chain, hop.url]}), HOP_PURPOSE)
-            await self._client().pexpire(self._keys.fetch_lock(origin),
-                                          int(self.lock_ttl * 1000))
+            hop.meta[HOP_META] = hop_value(self.signer, origin, [*chain, hop.url])
+            await self._records.renew_lock(origin, self.lock_ttl)
             self.crawler.engine.crawl(hop)
             raise IgnoreRequest(f"robots.txt of {origin} redirected to {hop.url}")
         await self._answered(origin, request, response, hop)
@@ -551,38 +429,23 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
     def _next_hop(self, origin: str, chain: list, response) -> Request | str | None:
         """The request a redirect of *response* leads to; a reason to stop
         following (allow all: RFC 9309 §2.3.1.2); None when not a redirect."""
-        location = response.headers.get(b"Location")
-        if response.status not in _REDIRECTS or not location:
+        hop = next_hop(response, chain, self.max_redirects, priority=self.DOWNLOAD_PRIORITY,
+                       dont_filter=True, meta={FETCH_META: True, "dont_redirect": True})
+        if hop is None:
             return None
         self.crawler.stats.inc_value("robotstxt/response_count")
         self.crawler.stats.inc_value(f"robotstxt/response_status_count/{response.status}")
-        try:   # as Scrapy's RedirectMiddleware reads Location
-            target = urljoin(response.url, safe_url_string(location))
-            request = Request(target, priority=self.DOWNLOAD_PRIORITY, dont_filter=True,
-                              meta={FETCH_META: True, "dont_redirect": True})
-        except (ValueError, TypeError) as exc:
-            return self._gave_up(origin, "bad_target", f"a redirect to an unusable URL ({exc})")
-        if urlparse_cached(request).scheme not in ("http", "https") or len(request.url) > \
-                MAX_TARGET:
-            return self._gave_up(origin, "bad_target",
-                                 f"a redirect to {request.url[:100]!r} (not followed)")
-        if request.url in chain:
-            return self._gave_up(origin, "loop", f"a redirect loop back to {request.url[:200]}")
-        if len(chain) > self.max_redirects:
-            return self._gave_up(origin, "too_many",
-                                 f"more than {self.max_redirects} redirects")
+        if isinstance(hop, GiveUp):
+            self.crawler.stats.inc_value(f"robotstxt/redirect/{hop.stat}")
+            logger.info("robots.txt of %s: %s; unavailable, so allow all (RFC 9309)", origin,
+                        hop, extra={"spider": self.crawler.spider})
+            return str(hop)
         self.crawler.stats.inc_value("robotstxt/redirects")
         if self.signer is not None:
             self.crawler.stats.inc_value("robotstxt/request_count")
-        logger.debug("robots.txt of %s: redirect %d to %s", origin, len(chain), request.url,
+        logger.debug("robots.txt of %s: redirect %d to %s", origin, len(chain), hop.url,
                      extra={"spider": self.crawler.spider})
-        return request
-
-    def _gave_up(self, origin: str, stat: str, reason: str) -> str:
-        self.crawler.stats.inc_value(f"robotstxt/redirect/{stat}")
-        logger.info("robots.txt of %s: %s; unavailable, so allow all (RFC 9309)", origin,
-                    reason, extra={"spider": self.crawler.spider})
-        return reason
+        return hop
 
     async def process_exception(self, request: Request, exception, spider=None):
         fetch = self._fetch_of(request)
@@ -613,22 +476,19 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
 
     def _rules_of(self, origin: str, request: Request, response) -> bytes:
         """What *response*'s robots.txt means for this crawler (:mod:`.rules`)."""
-        body = response.body
-        encodings = self._encodings.pop(request, None)
-        truncated = "download_stopped" in response.flags
         try:
-            body = decode_body(body, encodings or [], MAX_BODY + 1)
+            body, truncated = self._bodies.read(request, response)
         except ValueError as exc:
             self.crawler.stats.inc_value("robotstxt/undecodable")
             logger.warning("robots.txt of %s cannot be decoded (%s): no rules", origin, exc,
                            extra={"spider": self.crawler.spider})
-            body = b""
-        if truncated or len(body) > MAX_BODY:
+            body, truncated = b"", False
+        if truncated:
             self.crawler.stats.inc_value("robotstxt/truncated")
             logger.info("robots.txt of %s is longer than %d KiB: the rest is not read (RFC "
                         "9309 §2.5)", origin, MAX_BODY // 1024,
                         extra={"spider": self.crawler.spider})
-        rules = normalise(body[:MAX_BODY], self.agent, self.max_rules)
+        rules = normalise(body, self.agent, self.max_rules)
         if rules.dropped:
             self.crawler.stats.inc_value("robotstxt/rules_dropped", rules.dropped)
             logger.warning("robots.txt of %s has more than ROBOTSTXT_MAX_RULES (%d) rules for "
@@ -659,7 +519,7 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
         else:
             record = await self._unreachable(origin, status, reason, now)
         if self.signer is not None:
-            await self._share(record, max(1.0, record.keep - now))
+            await self._records.share(record, max(1.0, record.keep - now))
         return self._remember(origin, record)
 
     async def _unreachable(self, origin: str, status: int, reason: str,
@@ -689,31 +549,6 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
                        "it is fetched again in %.1f s", origin, reason or status, failures,
                        kept, backoff, extra={"spider": self.crawler.spider})
         return record
-
-    async def _share(self, record: RobotsRecord, ttl: float) -> None:
-        """*record* for every node (SET replaces a key of any type), the
-        site's fetch lock released, the index for ``crawlctl politeness``."""
-        origin = record.origin
-        host = (origin.split("://", 1)[1].rsplit(":", 1)[0] if not origin.endswith("]")
-                else origin.split("://", 1)[1])
-        pipe = self._client().pipeline(transaction=False)
-        pipe.set(self._keys.record(origin), encode_record(record, self.signer),
-                 px=int(ttl * 1000))
-        pipe.delete(self._keys.fetch_lock(origin))
-        pipe.hset(self._keys.index, host,
-                  json.dumps({"origin": origin, "status": record.status,
-                              "fetched": record.fetched, "expires": record.expires,
-                              "failures": record.failures}))
-        stored, released, indexed = await pipe.execute(raise_on_error=False)
-        for result in (stored, released):
-            if isinstance(result, Exception):
-                raise result
-        if isinstance(indexed, Exception):
-            if not (isinstance(indexed, ResponseError) and _wrong_type(indexed)):
-                raise indexed
-            await self._bad_key(self._keys.index, "a hash", "skipped, crawlctl politeness "
-                                "shows no robots.txt state until it is deleted")
-        self.crawler.stats.inc_value(f"robotstxt/cluster/stored/{record.state}")
 
 
 __all__ = ["ClusterRobotsTxtMiddleware", "FETCH_META", "HOP_META", "SINCE_META", "WAITS_META",
