@@ -6,6 +6,7 @@ answers 404, 503 then recovers, refuses the first connections, is a gzip bomb,
 is padded, or always answers 503. The in-process cases are in
 tests/test_robots_rfc.py."""
 
+import functools
 import gzip
 import os
 import ssl
@@ -38,6 +39,19 @@ def moved(location, status=301):
     return status, {"Location": location}, b""
 
 
+@functools.cache
+def _bomb() -> bytes:
+    """32 MiB of robots.txt, 33 KiB of gzip."""
+    return gzip.compress(RULES + b"#" * (32 << 20), 6)
+
+
+@functools.cache
+def _padded() -> bytes:
+    """One rule, then 770 KiB of comments and groups for other crawlers."""
+    return RULES + b"".join(b"# %s\nUser-agent: bot-%d\nDisallow: /%s\n" % (
+        os.urandom(40).hex().encode(), i, os.urandom(8).hex().encode()) for i in range(6000))
+
+
 #: host number -> path -> answer (status, headers, body), or a callable of the
 #: count of that path's requests so far
 SITES = {
@@ -55,13 +69,9 @@ SITES = {
     10: {"/robots.txt": (404, {}, b"")},
     11: {"/robots.txt": lambda n: (503, {}, b"") if n < 2 else (200, {}, RULES)},
     12: {"/robots.txt": (200, {}, RULES)},                                  # refused at first
-    13: {"/robots.txt": (200, {"Content-Encoding": "gzip"},                 # gzip bomb
-                         gzip.compress(RULES + b"#" * (32 << 20), 6))},
+    13: {"/robots.txt": lambda n: (200, {"Content-Encoding": "gzip"}, _bomb())},  # gzip bomb
     14: {"/robots.txt": (503, {}, b"")},                                    # always 503
-    15: {"/robots.txt": (200, {}, RULES + b"".join(                         # padded, 700 KiB
-        b"# %s\nUser-agent: bot-%d\nDisallow: /%s\n" % (os.urandom(40).hex().encode(), i,
-                                                          os.urandom(8).hex().encode())
-        for i in range(6000)))},
+    15: {"/robots.txt": lambda n: (200, {}, _padded())},                     # padded
     16: {"/robots.txt": (200, {}, RULES)},                                  # control
 }
 TLS_SITE = {"/robots.txt": (200, {}, RULES)}   # https://127.0.0.4
@@ -140,7 +150,7 @@ def test_sites_whose_robots_txt_redirects_fails_or_explodes_are_crawled_by_the_r
         redis, redis_url, mongo_uri, database, tmp_path):
     env = node_env(redis_url, mongo_uri, database.name)
     settings = {"SPIDER_MODULES": "tests.spiders", "ROBOTSTXT_OBEY": True,
-                "MAX_IDLE_TIME_BEFORE_CLOSE": 2, "RANDOMIZE_DOWNLOAD_DELAY": False,
+                "MAX_IDLE_TIME_BEFORE_CLOSE": 1, "DOWNLOAD_DELAY_JITTER": 0,
                 "DOWNLOAD_DELAY": 0, "CONCURRENT_REQUESTS": 32, "LOG_LEVEL": "INFO",
                 "RETRY_TIMES": 1, "RETRY_BACKOFF_BASE": 0.1, "FRONTIER_BACKOFF_BASE": 0.2,
                 "FRONTIER_BACKOFF_MAX": 1,
