@@ -74,6 +74,7 @@ SECTIONS = (
     Section("backoff (issue 38)", "backoff.json", "python -m bench.backoff", "", "–"),
     Section("whole product (issue 38)", "product.json", "python -m bench.product", "", "–"),
     Section("§15 impersonation", "impersonate.json", "python -m bench.impersonate", "", "–"),
+    Section("synthetic web (issue 46)", "web.json", "python -m bench.web", "", "–"),
 )
 
 HEADERS = ["benchmark", "figure", "value", "floor", "result", "command", "measured"]

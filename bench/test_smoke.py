@@ -11,7 +11,7 @@ import json
 import pytest
 
 from bench import (commands, costs, crawl, dedupe, frontier_capacity, kstate, memory, polite, seeds,
-                   status_reads)
+                   status_reads, web)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -222,3 +222,12 @@ def test_summary_write_replaces_the_marked_table(tmp_path):
     assert polite == ["| §7 polite crawl | ours: crawl time ÷ ideal | 1.08 | ≤ 1.15 | PASS | "
                       "`python -m bench.polite` | 2026-12-05 17:00 |"]
     assert any("not measured since 2026-12-04" in row for row in rows)
+
+
+def test_web_smallest(tmp_path):
+    data = web.main(["--smallest", "--addresses", "--timeout", "40",
+                     "--out", str(tmp_path / "web.json")])
+    assert (tmp_path / "web.json").exists()
+    assert {"checks", "per_site", "fetched_ratio", "node_peak_rss_mb", "ideal_s"} <= set(data)
+    assert positive(data["requests"]) and positive(data["ideal_s"])
+    assert all("pass" in c for c in data["checks"])

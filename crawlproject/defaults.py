@@ -80,7 +80,7 @@ FRONTIER_BACKOFF_WINDOW = 10                # answers in that moving average, ab
 FRONTIER_BACKOFF_BASE = 1.0                 # first backoff interval (s), or twice the delay
 FRONTIER_DELAY_MARGIN = 0.02                # intervals this much longer than asked,
 FRONTIER_DELAY_MARGIN_MIN = 0.02            # ... and at least this many seconds longer
-FRONTIER_SITE_BUDGET = 0                    # most new pages queued per site; 0: no budget
+FRONTIER_SITE_BUDGET = 100_000              # most new pages queued per site; 0: no budget
 FRONTIER_CRAWL_BUDGET = 0                   # most new pages queued by the crawl; 0: no budget
 FRONTIER_PARTITIONS = 1                     # hash-tagged partitions (Redis Cluster masters)
 FRONTIER_LINEAGE_ENABLED = True             # with partitions: an ack waits for its own requests
@@ -97,6 +97,23 @@ ROBOTSTXT_MAX_RULES = 1_000                 # allow/disallow rules kept for this
 ROBOTSTXT_FETCH_LOCK_TTL = 120.0            # seconds one node holds a site's fetch lock
 ROBOTSTXT_LOCAL_SITES = 10_000              # sites whose parsed rules a node keeps
 
+_session_params = (r"jsessionid|phpsessid|sid|sessid|sessionid|session_id|session-id"
+                   r"|aspsessionid[a-z]{8}|cfid|cftoken|zenid|oscsid")
+# --- URLs and hosts in one canonical form (crawlproject/urls.py) ----------------
+URL_CANONICAL_ENABLED = True                # host (case, IDN, trailing dot) and port in the URL
+URL_STRIP_SESSION_IDS = True                # session-id parameters removed from URLs
+URL_SESSION_PARAMS = _session_params        # session-id parameter names (a regex, any case)
+URL_CREDENTIALS_HOSTS: list = []            # hosts whose URL credentials become Basic auth
+
+# --- Crawler traps and meta robots (crawlproject/traps/) -----------------------
+# (URLLENGTH_LIMIT, Scrapy's: 2083 characters; links only, seeds pass)
+PATH_REPEAT_LIMIT = 2                       # times a segment run may occur in a row; 0: off
+PAGE_REQUESTS_LIMIT = 10_000                # requests one response may add; 0: no limit
+META_ROBOTS_ENABLED = True                  # meta robots and X-Robots-Tag obeyed
+META_ROBOTS_NOFOLLOW = True                 # a nofollow page's requests are dropped
+META_ROBOTS_NOINDEX = True                  # a noindex page's items are dropped
+META_ROBOTS_NAMES: list = []                # our names; []: ROBOTSTXT_USER_AGENT's, else BOT_NAME
+
 # --- Seeds (crawlproject/spiders/seeded.py, crawlproject/policy.py) ------------
 REDIS_START_URLS_KEY = keys.START_URLS      # where seeds are read (scrapy-redis' name)
 REDIS_START_URLS_AS_SET = False             # seeds in a set
@@ -108,6 +125,17 @@ SEEDS_MAX_PENDING = 0                       # back-pressure; 0: 2 x REDIS_START_
 SEEDS_CLAIM_TTL = 15.0                      # seconds a taken seed stays claimed
 SEEDS_INVALID_MAX = 10_000                  # records kept in <spider>:start_urls:invalid
 MAX_IDLE_TIME_BEFORE_CLOSE = 0.0            # close after N idle seconds cluster-wide; 0: never
+
+# --- Sitemaps as a seed source (crawlproject/sitemaps/; off unless asked) -------
+SITEMAPS_ENABLED = False                    # robots.txt Sitemap: lines as seeds (or sitemap_seeds)
+SITEMAPS_TRY_DEFAULT = False                # /sitemap.xml when robots.txt lists none
+SITEMAPS_MAX_PER_SITE = 50                  # sitemaps (and indexes) requested per site
+SITEMAPS_MAX_DEPTH = 2                      # index levels followed below robots.txt's sitemaps
+SITEMAPS_MAX_URLS = 50_000                  # URLs read per sitemap (sitemaps.org's limit)
+SITEMAPS_MAX_SIZE = 50 * 1024 * 1024        # bytes per sitemap, decompressed (<= DOWNLOAD_MAXSIZE)
+SITEMAPS_OTHER_HOSTS = False                # URLs of another host than the site's: followed
+SITEMAPS_MAX_QUEUED = 2000                  # sitemap seeds fed while frontier + seeds hold fewer
+SITEMAPS_MAX_PENDING = 1_000_000            # seeds waiting in Redis; sitemaps wait beyond it
 
 # --- Untrusted input: what seeds and stored requests may carry (policy.py) ------
 SEED_META_ALLOW: list = []                  # meta keys a seed may set
@@ -164,6 +192,10 @@ IMPERSONATE_ENABLED = False                 # identity's browser TLS/HTTP2 (Impe
 IMPERSONATE_DEFAULT_PROFILE = ""            # profile of requests with no identity; "": their UA's
 IMPERSONATE_FALLBACK = False                # impersonation failed: Scrapy's own client may retry it
 
+# --- Download limits (crawlproject/limits/; body: Scrapy's DOWNLOAD_MAXSIZE) ---
+DOWNLOAD_HEADERS_MAXSIZE = 256 * 1024       # bytes of a response's status line and headers
+DOWNLOAD_HEADERS_MAXCOUNT = 1000            # headers of a response; 0: no limit (both)
+
 # --- MongoDB pipelines (crawlproject/pipelines/) -------------------------------
 MONGO_PIPELINE_ENABLED = True               # switch the MongoDB pipeline off
 MONGO_COLLECTION = "%(spider)s"             # also %(item)s: the item class, lower case
@@ -210,6 +242,7 @@ RENDER_WAIT_IDLE = 2.0                      # no selector: seconds it waits for 
 RENDER_BLOCK_RESOURCES = ["image", "font", "media"]  # never fetched by the browser
 RENDER_MAX_CONTEXTS = 8                     # browser contexts open at most
 RENDER_PROXY_BYPASS = None                  # hosts a proxied browser context reaches directly
+RENDER_MAXSIZE = 64 * 1024 * 1024           # bytes a rendered page may receive in all; 0: no limit
 
 # --- Operations: logs, metrics, tracing, garbage collector ---------------------
 LOG_JSON = False                            # one JSON object per log line (JsonLogsAddon)

@@ -26,6 +26,7 @@ from crawlproject.connection import (is_cluster_url, redis_cluster_from_settings
                                      redis_from_settings, redis_url_from_settings)
 from crawlproject.defaults import setting
 from crawlproject.frontier.bloom import BloomConfig, BloomFilter
+from crawlproject.urls import UrlCanonicalizer, canonicalizer_for
 
 logger = logging.getLogger(__name__)
 
@@ -56,9 +57,12 @@ class RedisBloomDupeFilter(BaseDupeFilter):
     """Request dedupe in a Redis Bloom filter shared by every node."""
 
     def __init__(self, client, key: str, config: BloomConfig, fingerprinter,
-                 debug: bool = False, stats=None):
+                 debug: bool = False, stats=None, urls: UrlCanonicalizer | None = None):
         self.filter = BloomFilter(client, key, config)
         self.fingerprinter = fingerprinter
+        #: the URL's canonical form is what is seen (crawlproject/urls.py): another
+        #: scheduler fetches the URL as given, but a page is one entry
+        self.urls = urls or UrlCanonicalizer()
         self.debug = debug
         self.stats = stats
         self._logged_dupe = False
@@ -80,9 +84,13 @@ class RedisBloomDupeFilter(BaseDupeFilter):
         s = crawler.settings
         key = dupefilter_key(s, spider_name)
         return cls(redis_from_settings(s), key, BloomConfig.from_settings(s),
-                   crawler.request_fingerprinter, s.getbool("DUPEFILTER_DEBUG"), crawler.stats)
+                   crawler.request_fingerprinter, s.getbool("DUPEFILTER_DEBUG"), crawler.stats,
+                   canonicalizer_for(crawler))
 
     def request_seen(self, request) -> bool:
+        canonical = self.urls.canonical(request).url
+        if canonical != request.url:
+            request = request.replace(url=canonical)
         return not self.filter.add(self.fingerprinter.fingerprint(request))
 
     def clear(self) -> None:

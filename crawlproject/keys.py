@@ -22,6 +22,12 @@ key                                type    contents / written by
 ``{<spider>:start_urls}:claims:due`` zset  claim id → deadline (ms); expired claims are
                                            put back by the next CLAIM_SEEDS
 ``{<spider>:start_urls}:claims:seq`` string claim id counter
+``{<spider>:start_urls}:sitemaps`` list    seeds read from sitemaps, waiting for room in
+                                           the frontier (JSON seeds, LPUSHed); moved
+                                           into the seed key by FEED_SITEMAP_SEEDS
+                                           (:mod:`crawlproject.sitemaps`)
+``{<spider>}:sitemaps``            hash    host → sitemaps requested for that site
+                                           (``SITEMAPS_MAX_PER_SITE``)
 ``{<spider>}:config``              hash    ``partitions``: the partition count the crawl
                                            was started with (a node with another count
                                            refuses to start)
@@ -204,13 +210,16 @@ class SeedKeys:
     def claims_due(self) -> str: return f"{self._tag}:claims:due"
     @property
     def claims_seq(self) -> str: return f"{self._tag}:claims:seq"
+    @property
+    def sitemap_seeds(self) -> str: return f"{self._tag}:sitemaps"
 
     def claim_keys(self) -> list[str]:
         """KEYS of the CLAIM_SEEDS script, in its order."""
         return [self.seeds, self.claims, self.claims_due, self.claims_seq]
 
     def all(self) -> list[str]:
-        return [self.seeds, self.invalid, self.claims, self.claims_due, self.claims_seq]
+        return [self.seeds, self.invalid, self.claims, self.claims_due, self.claims_seq,
+                self.sitemap_seeds]
 
 
 #: Characters no spider name may hold: ``:`` would make ``{shop:1}`` both spider
@@ -374,6 +383,24 @@ class RobotsKeys:
     def fetch_lock(self, origin: str) -> str:
         """Held by the node that asked the frontier to fetch *origin*'s robots.txt."""
         return f"{{{self.spider}}}:robots:{origin}:fetch"
+
+
+@dataclass(frozen=True)
+class SitemapKeys:
+    """The keys of sitemap seeds (:mod:`crawlproject.sitemaps`)."""
+
+    spider: str
+    seed_key: str
+
+    @property
+    def pending(self) -> str:
+        """Seeds read from sitemaps, not yet in the seed key (its slot)."""
+        return SeedKeys(self.seed_key).sitemap_seeds
+
+    @property
+    def sites(self) -> str:
+        """Host → how many sitemaps were requested for that site."""
+        return f"{{{self.spider}}}:sitemaps"
 
 
 def partitions_of(spider: str, partitions: int) -> list[FrontierKeys]:

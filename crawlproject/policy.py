@@ -260,7 +260,11 @@ STORED_META: dict[str, Callable] = {
     "playwright": _bool,
     "robotstxt_fetch": _bool, "robotstxt_waits": _count(MAX_COUNT),
     "robotstxt_since": _epoch,
+    "sitemap": _object, "sitemap_lastmod": _text(40),   # crawlproject.sitemaps checks them
 }
+#: Meta keys any seed may carry without being published: plain data, no
+#: behaviour (a page's ``lastmod`` from a sitemap: crawlproject.sitemaps).
+SEED_DATA_META = frozenset({"sitemap_lastmod"})
 #: Browser keys a stored request may carry only when the spider or the
 #: operator published them: an included page stays open until the callback
 #: closes it (payloads holding every browser context would stall rendering), a
@@ -392,7 +396,7 @@ class InputPolicy:
         """Seed meta: allowed keys only; browser keys checked and page methods
         given as ``{"method", "args", "kwargs"}`` objects made into PageMethods."""
         for key in meta:
-            if key not in self.seed_meta_allow:
+            if key not in self.seed_meta_allow and key not in SEED_DATA_META:
                 raise Refused("meta_not_allowed",
                               f"meta key {_short(key)} is not allowed in seeds (allow it with "
                               f"the SEED_META_ALLOW setting or the spider's seed_meta_allow)")

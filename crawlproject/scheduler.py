@@ -108,6 +108,7 @@ from crawlproject.serialization import (
     request_to_json,
 )
 from crawlproject.signing import Signer, signer_from_settings
+from crawlproject.urls import UrlCanonicalizer, canonicalizer_for
 
 logger = logging.getLogger(__name__)
 
@@ -171,6 +172,9 @@ class RedisScheduler(BaseScheduler):
                              is scrapy_fingerprint)
         self.bloom = bloom
         self.retry = retry
+        #: every request's URL in its canonical form (crawlproject/urls.py), shared
+        #: with the seed reader and robots.txt through the crawler
+        self.urls: UrlCanonicalizer = canonicalizer_for(crawler)
         self.politeness = politeness
         self.node = node_id
         self.dead_max, self.invalid_max = dead_max, invalid_max
@@ -519,17 +523,22 @@ class RedisScheduler(BaseScheduler):
             return False
 
     def _enqueue(self, request: Request) -> bool:
+        url_key = self._url_key(request)
+        if self._sent_here(url_key):   # a canonical URL this node sent: no more work
+            return False
+        # One URL a page, one host a site: what is fetched, fingerprinted, keyed
+        # for politeness and robots.txt, logged and stored (no credentials).
+        canonical = self.urls.request(request)
+        if canonical is not request:
+            request, url_key = canonical, self._url_key(canonical)
+            if self._sent_here(url_key):
+                return False
         strip_slot(request)
         member = request.meta.pop(LEASE_META, None)
         parent = request.meta.pop(PARENT_META, None)
         retried = RETRY_DELAY_META in request.meta
         delay = request.meta.pop(RETRY_DELAY_META, 0)
         request.meta.pop(SLOW_DOWN_META, None)
-        url_key = self._url_key(request)
-        if url_key is not None and (url_key in self._recent_urls
-                                    or url_key in self._recent_urls_old):
-            self._filtered_locally += 1
-            return False
         fp = None if request.dont_filter else self.fingerprinter.fingerprint(request)
         if fp is not None and self._seen_here(fp):
             # This node already sent it: the shared filter has it (or will have
@@ -553,11 +562,16 @@ class RedisScheduler(BaseScheduler):
             parent = member  # its ack waits for this one, not for every add before it
         elif parent is not None and parent not in self.client.held:
             parent = None    # not ours (any more): this add keeps the wait for everything
+        unfiltered = False
         if fp is None and not (replaces or retried or request.meta.get("recrawl")
                                or request.meta.get("robotstxt_fetch")):
-            fp = NEW_UNFILTERED   # a new page (a seed, dont_filter): it counts for budgets
+            # A new page not deduplicated (a seed, dont_filter): queued, counted
+            # for budgets, and its fingerprint recorded, so that a link back to
+            # it (a start URL linked from its own pages) is not fetched again.
+            fp, unfiltered = self.fingerprinter.fingerprint(request), True
+            self._remember(fp, url_key)
         self.client.add(payload, fp, request.priority, int(delay * 1000),
-                        self.politeness.key(request), parent=parent)
+                        self.politeness.key(request), parent=parent, unfiltered=unfiltered)
         if replaces:
             # A downloader middleware (redirect, retry) replaced a leased request:
             # the old entry is done once the new one is stored (the client sends
@@ -652,6 +666,13 @@ class RedisScheduler(BaseScheduler):
         if self._unproven:
             self.stats.inc_value("scheduler/unproven", self._unproven)
             self._unproven = 0
+
+    def _sent_here(self, url_key: int | None) -> bool:
+        if url_key is not None and (url_key in self._recent_urls
+                                    or url_key in self._recent_urls_old):
+            self._filtered_locally += 1
+            return True
+        return False
 
     def _seen_here(self, fp: bytes) -> bool:
         key = hash(fp)
@@ -826,6 +847,8 @@ class RedisScheduler(BaseScheduler):
             raise Rejected(str(exc)) from None
         if not proven:
             self._unproven += 1
+        # Written by anyone (or an older version): canonical before it is fetched.
+        request = self.urls.request(request)
         request.meta[LEASE_META] = member
         request.errback = LeaseErrback(self._download_failed, member, request.errback)
         # What the frontier stored, before downloader middlewares added their

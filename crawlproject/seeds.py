@@ -33,6 +33,7 @@ from crawlproject.frontier.scripts import CLAIM_SEEDS, COUNTER_PATTERN, RENEW_CL
 from crawlproject.keys import SeedKeys, start_urls_key
 from crawlproject.keys import as_text as _s
 from crawlproject.policy import InputPolicy, Refused
+from crawlproject.urls import UrlCanonicalizer, canonicalizer_for, redact_userinfo
 
 MAX_SEED_BYTES = 64 * 1024
 MAX_URL_LENGTH = 8192
@@ -242,6 +243,8 @@ def request_from_seed(raw: bytes | str, spider, policy: InputPolicy,
             seed = parse_seed(raw, encoding)
             make = getattr(spider, "make_request_from_seed", None)
             request = make(seed) if make is not None else build_request(seed, spider, policy)
+        # Canonical before anything reads it (no credentials, no session id).
+        request = _canonicalizer(spider).request(request)
         if check is not None:
             check(request)
         return request
@@ -252,6 +255,13 @@ def request_from_seed(raw: bytes | str, spider, policy: InputPolicy,
     except Exception as exc:  # noqa: BLE001 - untrusted input must not stop a node
         raise InvalidSeed("error", f"cannot build a request: {type(exc).__name__}: "
                                    f"{str(exc)[:300]}") from None
+
+
+def _canonicalizer(spider) -> UrlCanonicalizer:
+    crawler = getattr(spider, "crawler", None)
+    if crawler is not None:
+        return canonicalizer_for(crawler)
+    return UrlCanonicalizer.from_settings(getattr(spider, "settings", None))
 
 
 def _from_data(spider, raw: bytes | str) -> Request:
@@ -288,8 +298,9 @@ def invalid_record(raw: bytes | str, error: InvalidSeed, node: str = "") -> str:
     """The JSON kept in ``<spider>:start_urls:invalid`` for a rejected seed."""
     if isinstance(raw, bytes):
         raw = raw.decode("utf-8", "replace")
-    return json.dumps(
-        {"seed": raw[:MAX_SEED_BYTES], "reason": error.code, "error": str(error),
+    return json.dumps(   # without URL credentials: this list is read by operators
+        {"seed": redact_userinfo(raw[:MAX_SEED_BYTES]), "reason": error.code,
+         "error": redact_userinfo(str(error)),
          "node": node, "at": time.time()},
         separators=(",", ":"),
     )

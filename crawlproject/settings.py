@@ -29,7 +29,17 @@ CONCURRENT_REQUESTS_PER_DOMAIN = 16
 # responses, so 32 per response loses nothing; raise it for pages that yield
 # hundreds of items each.
 CONCURRENT_ITEMS = 32
-DOWNLOAD_TIMEOUT = 30
+DOWNLOAD_TIMEOUT = 30   # a deadline for the whole download: a body that drips ends there
+# Scrapy's 1 GiB would let one page take a node's memory: a 2 KB brotli bomb decompressed
+# to 2.1 GiB (issue 46). 16 MiB is far above any HTML page and is checked on the
+# decompressed size while decompressing (LimitedHttpCompressionMiddleware).
+DOWNLOAD_MAXSIZE = 16 * 1024 * 1024
+DOWNLOAD_WARNSIZE = 4 * 1024 * 1024
+# Scrapy's HTTP/1.1 client with a bound on the response headers (DOWNLOAD_HEADERS_MAXSIZE,
+# DOWNLOAD_HEADERS_MAXCOUNT); the rendering and impersonation add-ons replace it with
+# their handlers, which have the same bounds.
+DOWNLOAD_HANDLERS = {"http": "crawlproject.limits.headers.BoundedHTTP11DownloadHandler",
+                     "https": "crawlproject.limits.headers.BoundedHTTP11DownloadHandler"}
 REMOTE_CONTROL_ENABLED = False
 TELNETCONSOLE_ENABLED = False
 FEED_EXPORT_ENCODING = "utf-8"
@@ -44,8 +54,19 @@ DOWNLOADER_MIDDLEWARES = {
     "scrapy.downloadermiddlewares.robotstxt.RobotsTxtMiddleware": None,
     "crawlproject.robots.ClusterRobotsTxtMiddleware": 100,
     "scrapy.downloadermiddlewares.retry.RetryMiddleware": None,
+    # URL credentials as Basic auth, for the hosts of URL_CREDENTIALS_HOSTS only
+    "crawlproject.middlewares.urlcredentials.UrlCredentialsMiddleware": 310,
     "crawlproject.middlewares.retry.BackoffRetryMiddleware": 550,
     "crawlproject.middlewares.politeness.FrontierPolitenessMiddleware": 560,
+    # Scrapy's decompression (bounded by DOWNLOAD_MAXSIZE), its refusals dead-lettered
+    "scrapy.downloadermiddlewares.httpcompression.HttpCompressionMiddleware": None,
+    "crawlproject.limits.compression.LimitedHttpCompressionMiddleware": 590,
+    # Scrapy's redirects, each hop a request of its own host (its slot, its
+    # robots.txt); loops and over-long chains dead-lettered with the chain
+    "scrapy.downloadermiddlewares.redirect.MetaRefreshMiddleware": None,
+    "crawlproject.middlewares.redirect.FrontierMetaRefreshMiddleware": 580,
+    "scrapy.downloadermiddlewares.redirect.RedirectMiddleware": None,
+    "crawlproject.middlewares.redirect.FrontierRedirectMiddleware": 600,
     # after HttpCompressionMiddleware (590): checks the page the callback would get
     "crawlproject.rendering.middleware.RenderIfMissingMiddleware": 585,
     "crawlproject.proxies.middleware.ProxyPoolMiddleware": 600,
@@ -58,12 +79,25 @@ DOWNLOADER_MIDDLEWARES = {
     "crawlproject.egress.middleware.EgressMiddleware": 760,
     # after HttpCompressionMiddleware (590) on the way back: hashes the decoded body
     "crawlproject.recrawl.middleware.RecrawlMiddleware": 580,
+    # sitemaps as seeds, off unless SITEMAPS_ENABLED or a spider's sitemap_seeds
+    # (reads decoded bodies: after HttpCompressionMiddleware, before recrawl)
+    "crawlproject.sitemaps.SitemapSeeds": 587,
 }
 SPIDER_MIDDLEWARES = {
     "scrapy.spidermiddlewares.referer.RefererMiddleware": None,
     "crawlproject.middlewares.referer.SeedRefererMiddleware": 700,
     "crawlproject.identity.cookies.SessionCookiesSpiderMiddleware": 650,
     "crawlproject.recrawl.middleware.RecrawlSpiderMiddleware": 950,   # sees the callback's output
+    # Crawler traps and meta robots (crawlproject/traps/, docs/traps.md), on every
+    # callback's output, next to the spider: meta robots first, then the cap on the
+    # requests of one response (what is over costs no other middleware's work), both
+    # before the recrawl's page record (950) sees the items; Scrapy's URL-length check
+    # replaced by one that spares seeds and logs once per site.
+    "crawlproject.traps.metarobots.MetaRobotsMiddleware": 970,
+    "crawlproject.traps.pagerequests.PageRequestsMiddleware": 960,
+    "scrapy.spidermiddlewares.urllength.UrlLengthMiddleware": None,
+    "crawlproject.traps.urllength.UrlLengthMiddleware": 800,
+    "crawlproject.traps.pathrepeat.PathRepeatMiddleware": 810,
     # with FRONTIER_PARTITIONS > 1: an ack waits only for the requests its own callback made
     "crawlproject.middlewares.lineage.LineageMiddleware": 990,
 }

@@ -34,6 +34,7 @@ DESCRIBED = {
     "CHROMIUM_PATH": "looked for in the usual places when unset",
     "IDENTITY_OS": "any (an empty list)",
     "PROXY_BAN_BODY_PATTERNS": "regexes, described",
+    "URL_SESSION_PARAMS": "a regex, described",
     "PROXY_BAN_REDIRECT_PATTERNS": "regexes, described",
     "USER_AGENT": "Scrapy's",
 }

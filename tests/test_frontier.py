@@ -66,6 +66,21 @@ def test_identical_dont_filter_requests_are_not_merged(node, redis):
     assert payloads(a.take(10)) == ["same", "same"]
 
 
+def test_an_unfiltered_page_is_queued_every_time_and_recorded_in_the_filter(node):
+    """A seed (``dont_filter``) is queued even if seen, but its fingerprint goes
+    into the filter: a link to it from any node later is a duplicate (Scrapy
+    records nothing for ``dont_filter``, so a start URL linked back from its
+    own pages is fetched twice)."""
+    a, b = node("a"), node("b")
+    for _ in range(2):                           # pushed again: queued again
+        batch = Batch()
+        batch.add("seed", fp("seed"), 0, unfiltered=True)
+        assert a.sync(batch).added == 1
+    res = add_all(b, [("seed", 0), ("other", 0)])   # the link back, from another node
+    assert (res.added, res.duplicates) == (1, 1)
+    assert payloads(b.take(10)) == ["seed", "seed", "other"]
+
+
 def test_duplicates_filtered_atomically_with_enqueue(node):
     a = node("a")
     res = add_all(a, [("u1", 0), ("u2", 0), ("u1", 0)])

@@ -656,8 +656,9 @@ def test_politeness_keys_from_settings():
     config = SitePoliteness.from_settings(Settings({
         "DOWNLOAD_DELAY": 0.25, "CONCURRENT_REQUESTS_PER_DOMAIN": 4,
         "FRONTIER_HOST_LIMITS": {"Slow.Example": {"delay": 3}}}))
-    assert config.default == Limits(0.25, 4)
-    assert config.overrides == {"slow.example": Limits(3.0, 4)}
+    # every site has FRONTIER_SITE_BUDGET's 100,000 new pages unless it says otherwise
+    assert config.default == Limits(0.25, 4, budget=100_000)
+    assert config.overrides == {"slow.example": Limits(3.0, 4, budget=100_000)}
     with pytest.raises(ValueError, match="delay must be 0 to"):
         SitePoliteness.from_settings(Settings({"FRONTIER_HOST_LIMITS": {"h": {"delay": 1e308}}}))
     with pytest.raises(ValueError, match="must be numbers"):
@@ -682,8 +683,9 @@ def test_politeness_keys_from_settings():
                                              "randomize_delay": False},
                            "both.example": {"delay": 9}, "pool-a": {"concurrency": 2}},
         "FRONTIER_HOST_LIMITS": {"both.example": {"delay": 1}}}))
-    assert slots.overrides == {"books.example": Limits(2.0, 1), "both.example": Limits(1.0, 4),
-                               "pool-a": Limits(0.25, 2)}
+    b = 100_000    # FRONTIER_SITE_BUDGET's default
+    assert slots.overrides == {"books.example": Limits(2.0, 1, b), "both.example": Limits(1.0, 4, b),
+                               "pool-a": Limits(0.25, 2, b)}
     with pytest.raises(ValueError, match="DOWNLOAD_SLOTS: bad host limit"):
         SitePoliteness.from_settings(Settings({"DOWNLOAD_SLOTS": {"h": {"delay": -1}}}))
     with pytest.raises(ValueError, match="FRONTIER_HOST_LIMITS: 'http:///' names no host"):
@@ -692,7 +694,7 @@ def test_politeness_keys_from_settings():
     assert huge.overrides["h"].concurrency == UNLIMITED
     off = SitePoliteness.from_settings(Settings({"FRONTIER_POLITENESS": False,
                                                    "DOWNLOAD_DELAY": 5}))
-    assert off.default == Limits() and off.overrides == {}
+    assert off.default == Limits(budget=100_000) and off.overrides == {}   # budgets still count
 
 
 def test_a_finished_download_frees_its_slot_before_the_ack(node, clock):

@@ -296,6 +296,7 @@ def test_a_nodes_own_repeats_are_dropped_before_encoding(redis_url):
     assert scheduler.enqueue_request(Request("http://127.0.0.1/a"))
     assert not scheduler.enqueue_request(Request("http://127.0.0.1/a"))
     assert scheduler.enqueue_request(Request("http://127.0.0.1/a", dont_filter=True))
+    assert scheduler.client.outbox[0].adds[-1][1][0] == "!"   # queued, and recorded in the filter
     for url in ("b", "c", "d", "e"):                    # two generations of 2: "a" is forgotten
         assert scheduler.enqueue_request(Request(f"http://127.0.0.1/{url}"))
     assert scheduler.enqueue_request(Request("http://127.0.0.1/a"))   # the shared filter decides

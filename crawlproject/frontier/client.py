@@ -262,12 +262,13 @@ class FrontierClient:
         return self.politeness.partition(key) if len(self.partitions) > 1 else 0
 
     def add(self, payload: str, fingerprint, priority: int, delay_ms: int, key: str,
-            parent: str | None = None) -> None:
+            parent: str | None = None, unfiltered: bool = False) -> None:
         """A new request for politeness key *key*; *parent*: the member held here
-        whose callback (or redirect, retry) produced it, if known."""
+        whose callback (or redirect, retry) produced it, if known; *unfiltered*:
+        see :meth:`Batch.add`."""
         p = self.partition_of(key)
         batch = self.outbox[p]
-        batch.add(payload, fingerprint, priority, delay_ms, key)
+        batch.add(payload, fingerprint, priority, delay_ms, key, unfiltered)
         self._seq += 1
         self._unsent[p].append(self._seq)
         if parent is None:

@@ -35,8 +35,12 @@ from urllib.parse import urlsplit
 from crawlproject.keys import as_text
 from crawlproject.signing import is_signed, unwrap
 
-#: meta keys that count attempts; a replayed dead letter starts afresh.
-ATTEMPT_META_KEYS = ("retry_times", "crawlproject_callback_attempts", "proxy_ban_tries")
+#: meta keys that count attempts; a replayed dead letter starts afresh. Its
+#: redirect chain too: Scrapy's redirect_ttl at 0 would refuse the replay's
+#: first hop even with REDIRECT_MAX_TIMES raised, and a loop is judged on the
+#: chain the site serves then (the dead letter's reason names the old one).
+ATTEMPT_META_KEYS = ("retry_times", "crawlproject_callback_attempts", "proxy_ban_tries",
+                     "redirect_times", "redirect_ttl", "redirect_urls", "redirect_reasons")
 #: Characters of one value shown (longer ones are cut, with their length said).
 SHOWN_MAX = 200
 #: The largest record read (bytes): a bigger one is reported, not parsed.

@@ -67,7 +67,8 @@ def scripts() -> dict[str, str]:
     return {"sync": s.SYNC, "bloom_add": s.BLOOM_ADD, "replay_dead": s.REPLAY_DEAD,
             "set_limits": s.SET_LIMITS, "claim_seeds": s.CLAIM_SEEDS,
             "renew_claims": s.RENEW_CLAIMS, "clear_drain": s.CLEAR_DRAIN,
-            "robots_fetch_lock": s.ROBOTS_FETCH_LOCK, "proxy_refresh": refresh}
+            "robots_fetch_lock": s.ROBOTS_FETCH_LOCK, "proxy_refresh": refresh,
+            "feed_sitemap_seeds": s.FEED_SITEMAP_SEEDS}
 
 
 @lru_cache(maxsize=None)

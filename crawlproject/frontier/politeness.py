@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from crawlproject import defaults
+from crawlproject.urls import canonical_host
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +64,9 @@ def host_key(given: str) -> str:
     line argument): a host name, also when given as a URL or with a port,
     since requests are keyed by host name as Scrapy's download slots are (a
     limit kept under ``host:8080`` or ``http://host/`` would never apply).
-    Anything else is taken as it is, lower-cased. ValueError if it names no
-    host."""
+    Anything else is taken as it is, in the canonical form of a host
+    (:func:`crawlproject.urls.canonical_host`: lower case, IDN as punycode,
+    no trailing dot). ValueError if it names no host."""
     text = str(given).strip()
     key = text
     try:
@@ -76,7 +78,7 @@ def host_key(given: str) -> str:
             key = text.rsplit(":", 1)[0]
     except ValueError:
         raise ValueError(f"{given!r} is neither a host name nor a URL") from None
-    key = safe_key(key.lower())
+    key = safe_key(canonical_host(key))
     if not key:
         raise ValueError(f"{given!r} names no host")
     return key

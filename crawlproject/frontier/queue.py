@@ -128,14 +128,21 @@ class Batch:
     check: bool = False
 
     def add(self, payload: str, fingerprint: bytes | str | None = None,
-            priority: int = 0, delay_ms: int = 0, key: str = "") -> None:
+            priority: int = 0, delay_ms: int = 0, key: str = "",
+            unfiltered: bool = False) -> None:
         """Queue *payload* in politeness key *key*'s queue (after *delay_ms*,
         counted in Redis server time); with a fingerprint it is deduplicated
         first. Without one (None) it is the same page again (a retry, a
         redirect kept): it counts against no budget; :data:`NEW_UNFILTERED`
-        is a new page not deduplicated (``dont_filter``, a seed): it does."""
+        is a new page not deduplicated: it does. *unfiltered* with a
+        fingerprint: a new page queued even if the filter has it (``dont_filter``,
+        a seed), its fingerprint recorded there all the same, so a link to
+        the page later is a duplicate (Scrapy records nothing for
+        ``dont_filter``: a start URL linked back from its pages is fetched twice)."""
         fp = ("" if fingerprint is None else NEW_UNFILTERED if fingerprint == NEW_UNFILTERED
               else fingerprint_hex(fingerprint))
+        if unfiltered and fp and fp != NEW_UNFILTERED:
+            fp = "!" + fp   # SYNC: added to the filter, queued whatever it said
         self.adds.append((safe_key(key), fp, clamp_priority(priority), payload,
                           max(0, int(delay_ms))))
 

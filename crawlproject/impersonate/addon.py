@@ -38,6 +38,7 @@ REPLACEABLE = (DOWNLOAD_HANDLERS_BASE["https"],
                "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler",
                "crawlproject.rendering.RenderingDownloadHandler",
                "crawlproject.rendering.addon.RenderingDownloadHandler",
+               "crawlproject.limits.headers.BoundedHTTP11DownloadHandler",
                HANDLER, RENDERING_HANDLER)
 
 

@@ -13,6 +13,8 @@ from scrapy.exceptions import (CannotResolveHostError, DownloadConnectionRefused
                                DownloadFailedError, DownloadTimeoutError, ResponseDataLossError,
                                UnsupportedURLSchemeError)
 
+from crawlproject.limits.headers import ResponseHeadersTooLarge
+
 
 class ImpersonateError(Exception):
     """Impersonation itself failed (retried like a download error: RETRY_EXCEPTIONS)."""
@@ -93,3 +95,10 @@ class UnsupportedScheme(ImpersonateNetworkError, UnsupportedURLSchemeError):
     """A URL scheme libcurl does not speak."""
 
     reason = "unsupported_scheme"
+
+
+class HeadersTooLarge(ImpersonateNetworkError, ResponseHeadersTooLarge):
+    """The response's headers went over libcurl's bounds or ``DOWNLOAD_HEADERS_*``
+    (not retried: a ``DownloadCancelledError``, as Scrapy's ``DOWNLOAD_MAXSIZE``)."""
+
+    reason = "headers_too_large"

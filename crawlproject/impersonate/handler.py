@@ -12,13 +12,24 @@ spider pinned) gets the profile of its own User-Agent, else
 
 What stays Scrapy's: redirects, cookies (libcurl's cookie engine is off:
 ``CookiesMiddleware`` and the session cookies are the only source), decoding
-(bodies come back as sent; ``HttpCompressionMiddleware`` decodes them),
-``download_timeout``, ``DOWNLOAD_MAXSIZE``/``WARNSIZE``, the
+(libcurl's is off: bodies come back as sent, ``HttpCompressionMiddleware``
+decodes them within ``DOWNLOAD_MAXSIZE``, so a compression bomb costs no more
+than the limit), ``download_timeout`` (a deadline for the whole download: a
+body that drips for ever ends there), ``DOWNLOAD_MAXSIZE``/``WARNSIZE`` and
+their ``meta`` keys (on the bytes received), the
 ``headers_received``/``bytes_received`` signals and data loss (Scrapy's own
 streaming logic, ``BaseStreamingDownloadHandler``), proxies from
 ``meta["proxy"]`` and the ``Proxy-Authorization`` header (given to libcurl:
 CONNECT for https, absolute form for http), ``DOWNLOAD_BIND_ADDRESS``,
-``DOWNLOAD_VERIFY_CERTIFICATES``.
+``DOWNLOAD_VERIFY_CERTIFICATES``. The header section is bounded by libcurl
+(300 KiB, 5000 headers) and by ``DOWNLOAD_HEADERS_MAXSIZE``/``MAXCOUNT``
+(:mod:`crawlproject.limits.headers`): refused as
+:class:`~crawlproject.impersonate.errors.HeadersTooLarge`, not retried.
+
+Plain-http requests are sent over HTTP/1.1, as a browser sends them: the
+profiles ask libcurl for HTTP/2, which on ``http://`` means an ``Upgrade: h2c``
+request with ``HTTP2-Settings``, a header no browser sends; libcurl's
+"HTTP/2 over TLS only" (``CURL_HTTP_VERSION_2TLS``) keeps https on HTTP/2.
 
 Connections are pooled like a browser's: one pool for the node, and one per
 explicit session (``meta["session"]``) or cookie jar (``meta["cookiejar"]``),
@@ -51,7 +62,6 @@ from urllib.parse import urlsplit
 
 from scrapy.core.downloader.handlers._base_streaming import BaseStreamingDownloadHandler
 from scrapy.http import Headers
-from scrapy.settings.default_settings import DOWNLOAD_HANDLERS_BASE
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler, load_object
 
@@ -62,6 +72,8 @@ from crawlproject.identity.session import IDENTITY, explicit_session
 from crawlproject.identity.useragents import HINT_HEADERS
 import crawlproject.impersonate.errors as errors
 from crawlproject.impersonate.profiles import available_profiles, load_library, profile_for
+from crawlproject.limits import report_for
+from crawlproject.limits.headers import HeaderLimits
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +90,9 @@ _HANDLERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _HTTP_VERSIONS = {1: "HTTP/1.0", 2: "HTTP/1.1", 3: "HTTP/2", 30: "HTTP/3"}
 _TLS_CODES = frozenset({35, 58, 59, 60, 66, 77, 80, 83, 90, 91, 98, 101})
 _LIBRARY_CODES = frozenset({2, 4, 27, 43, 48})
+#: The handler Scrapy's own client is built from for IMPERSONATE_FALLBACK: Scrapy's,
+#: with the header bounds.
+PLAIN_HANDLER = "crawlproject.limits.headers.BoundedHTTP11DownloadHandler"
 
 
 class ImpersonateDownloadHandler(BaseStreamingDownloadHandler):
@@ -110,6 +125,8 @@ class ImpersonateDownloadHandler(BaseStreamingDownloadHandler):
                                   self._pool_size_total, self._pool_size_per_host)
         self._plain = None
         self._told: set[tuple[str, str]] = set()
+        self.header_limits = HeaderLimits.from_settings(s)
+        self.limits = report_for(crawler)
         self._closing = False
 
     # ---- BaseStreamingDownloadHandler
@@ -132,6 +149,8 @@ class ImpersonateDownloadHandler(BaseStreamingDownloadHandler):
             raise
         except (errors.ImpersonateNetworkError, errors.ImpersonateTunnelError) as exc:
             self._failed(request, exc)
+            if isinstance(exc, errors.HeadersTooLarge):
+                self.limits.refused(request, exc.reason, "%s", exc)
             raise
         self._count(request, response, profile)
         return response
@@ -144,6 +163,17 @@ class ImpersonateDownloadHandler(BaseStreamingDownloadHandler):
 
     def _make_request(self, request, timeout):
         return self._open(request, self._profile(request), timeout)
+
+    async def _read_response(self, response, request):
+        # libcurl bounds the header section (300 KiB, 5000 headers): the settings,
+        # when lower, are checked here, before any of the body is read.
+        items = response.headers.multi_items()
+        size = sum(len(name) + len(value) + 4 for name, value in items)
+        try:
+            self.header_limits.check(size, len(items), request.url)
+        except errors.ResponseHeadersTooLarge as exc:
+            raise errors.HeadersTooLarge(str(exc)) from exc
+        return await super()._read_response(response, request)
 
     @staticmethod
     def _extract_headers(response) -> Headers:
@@ -211,7 +241,10 @@ class ImpersonateDownloadHandler(BaseStreamingDownloadHandler):
         pool = self.pools.acquire(request)
         opened = False
         try:
-            async with pool.session.stream(request.method, request.url, **kwargs) as response:
+            # libcurl would send a URL's user:pw@ as Authorization (crawlproject.urls)
+            from crawlproject.urls import strip_userinfo
+            url = strip_userinfo(request.url)
+            async with pool.session.stream(request.method, url, **kwargs) as response:
                 opened = True
                 try:
                     yield response
@@ -258,7 +291,7 @@ class ImpersonateDownloadHandler(BaseStreamingDownloadHandler):
         # meta["proxy"]; libcurl must not add them to requests that have none.
         return _pinned_session_class()(max_clients=connections, trust_env=False,
                                        discard_cookies=True, allow_redirects=False,
-                                       verify=self.verify)
+                                       verify=self.verify, curl_options=_curl_options())
 
     # ---- outcome
 
@@ -289,8 +322,7 @@ class ImpersonateDownloadHandler(BaseStreamingDownloadHandler):
     async def _fall_back(self, request, exc):
         self.stats.inc_value(f"impersonate/fallback/{exc.reason}")
         if self._plain is None:
-            self._plain = build_from_crawler(load_object(DOWNLOAD_HANDLERS_BASE["https"]),
-                                             self.crawler)
+            self._plain = build_from_crawler(load_object(PLAIN_HANDLER), self.crawler)
         response = await self._plain.download_request(request)
         response.flags.append("impersonate_fallback")
         return response
@@ -312,6 +344,16 @@ class ImpersonateDownloadHandler(BaseStreamingDownloadHandler):
 _PIN: contextvars.ContextVar = contextvars.ContextVar("crawlproject_curl_resolve",
                                                       default=None)
 _PINNED_SESSION = None
+
+
+def _curl_options() -> dict:
+    """Set after the profile's own options (curl_cffi applies a session's last)."""
+    from curl_cffi import CurlHttpVersion, CurlOpt
+
+    # HTTP/2 over TLS only, HTTP/1.1 on plain http (no "Upgrade: h2c", as browsers);
+    # no decoding by libcurl, which would decompress with no size limit (Scrapy's
+    # HttpCompressionMiddleware decodes within DOWNLOAD_MAXSIZE).
+    return {CurlOpt.HTTP_VERSION: CurlHttpVersion.V2TLS, CurlOpt.HTTP_CONTENT_DECODING: 0}
 
 
 def _pinned_session_class():
@@ -448,6 +490,9 @@ def translate(exc: Exception, request, proxy: str | None, opened: bool = True) -
         return errors.ConnectionRefused(text)
     if code == 18:
         return errors.DataLoss(text)
+    if (code == 100 and not opened) or (code == 56 and "response headers" in str(exc)):
+        # CURLE_TOO_LARGE before the body: too many headers or one too long
+        return errors.HeadersTooLarge(text)
     if code == 1:
         return errors.UnsupportedScheme(text)
     if code in _LIBRARY_CODES or not code:

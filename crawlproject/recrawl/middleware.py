@@ -54,6 +54,7 @@ from crawlproject.recrawl.schedule import (
 )
 from crawlproject.serialization import RequestEncodeError, request_to_json
 from crawlproject.signing import Signer, signer_from_settings, unwrap
+from crawlproject.sitemaps.parse import LASTMOD_META, lastmod_datetime
 
 logger = logging.getLogger(__name__)
 
@@ -220,11 +221,12 @@ def page_record(spider, request: Request, visit: dict, policy: RecrawlPolicy,
     state = checked_state(request.meta.get(STATE_META))
     return visit_record(visit["url"], rule, state, visit["outcome"], status=visit["status"],
                         now=utc_now(), payload=payload, etag=visit["etag"],
-                        last_modified=visit["last_modified"], body=visit["hash"], items=items)
+                        last_modified=visit["last_modified"], body=visit["hash"], items=items,
+                        sitemap_lastmod=lastmod_datetime(request.meta.get(LASTMOD_META)))
 
 
 #: meta keys of one download (Scrapy's and this project's), not of the page.
-DOWNLOAD_META = frozenset({STATE_META, VISIT_META, PAYLOAD_META, "redirect_urls",
+DOWNLOAD_META = frozenset({STATE_META, VISIT_META, PAYLOAD_META, LASTMOD_META, "redirect_urls",
                            "redirect_times", "redirect_ttl", "redirect_reasons", "retry_times",
                            "depth", "handle_httpstatus_all", "download_timeout", "download_slot",
                            "download_latency", "crawlproject_callback_attempts"})
@@ -269,6 +271,7 @@ def _without_state(payload: bytes | str) -> str:
     meta = data.get("meta")
     if isinstance(meta, dict):
         meta.pop(STATE_META, None)
+        meta.pop(LASTMOD_META, None)   # the sitemap's word on one visit, not the page's request
         if not meta:
             data.pop("meta")
     data["dont_filter"] = True

@@ -264,6 +264,7 @@ class PageVisit(Item):
     changes = Field()
     gone_at = Field()
     items = Field()          # [[collection, key], ...] the page produced
+    sitemap_lastmod = Field()  # datetime (UTC) a sitemap gave the page (crawlproject.sitemaps)
 
 
 class PageCheck(PageVisit):
@@ -290,7 +291,8 @@ class GoneMark(Item):
 def visit_record(url: str, rule: RevisitRule, previous: PageState | None, outcome: str, *,
                  status: int, now: datetime, payload: str | None, etag: str | None,
                  last_modified: str | None, body: str | None,
-                 items: list[list] | None = None) -> PageVisit:
+                 items: list[list] | None = None,
+                 sitemap_lastmod: datetime | None = None) -> PageVisit:
     """The :class:`PageVisit` of one visit (see :func:`next_state`): a
     :class:`PageCheck` when it found the page unchanged or gone."""
     state = next_state(rule, previous, outcome)
@@ -300,6 +302,8 @@ def visit_record(url: str, rule: RevisitRule, previous: PageState | None, outcom
         checks=state["checks"], changes=state["changes"])
     if payload is not None:
         record["request"] = payload
+    if sitemap_lastmod is not None:
+        record["sitemap_lastmod"] = sitemap_lastmod
     if outcome == "gone":
         record["gone_at"] = now
         return record

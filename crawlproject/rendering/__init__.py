@@ -9,7 +9,9 @@ project or any Scrapy project: ``ADDONS = {"crawlproject.rendering.RenderingAddo
   it is read (its required selector, else network idle), and the report of a
   page that lacks its content (``MissingContent``, ``EmptyItemsMiddleware``);
 * :mod:`~crawlproject.rendering.settings`: the settings both read, with no
-  Playwright import.
+  Playwright import;
+* :mod:`~crawlproject.rendering.limits`: the bytes a rendered page receives,
+  counted by Chromium as they arrive (``DOWNLOAD_MAXSIZE``, ``RENDER_MAXSIZE``).
 
 The add-on's names (``crawlproject.rendering.RenderingAddon``,
 ``.RenderingDownloadHandler``, ``.browser_headers``, ...) are importable from

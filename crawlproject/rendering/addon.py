@@ -40,6 +40,7 @@ from collections import OrderedDict
 from contextlib import suppress
 from urllib.parse import urlsplit
 
+from scrapy.exceptions import DownloadCancelledError
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.misc import load_object
 from scrapy_playwright.handler import ScrapyPlaywrightDownloadHandler
@@ -49,6 +50,8 @@ from crawlproject.defaults import RENDER_BLOCK_RESOURCES, setting
 from crawlproject.egress.browser import MARKER, EgressProxy
 from crawlproject.egress.report import refuse, report_for
 from crawlproject.egress.resolver import active_guard, checked_addresses
+from crawlproject.limits.headers import HeaderLimitsMixin
+from crawlproject.rendering.limits import PageMeter
 from crawlproject.rendering.settings import explicit_chromium_path, rendering_enabled
 
 __all__ = ["ContextPool", "RenderingAddon", "RenderingDownloadHandler", "ResourceBlocker",
@@ -58,6 +61,9 @@ logger = logging.getLogger(__name__)
 
 HANDLER = "crawlproject.rendering.RenderingDownloadHandler"
 PLAYWRIGHT_HANDLER = "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler"
+#: Handlers the add-on replaces with HANDLER (which has the same header bounds).
+REPLACEABLE = (None, PLAYWRIGHT_HANDLER, ScrapyPlaywrightDownloadHandler,
+               "crawlproject.limits.headers.BoundedHTTP11DownloadHandler")
 #: The rendering middlewares and their places (see crawlproject.rendering.middleware).
 MIDDLEWARES = {"crawlproject.rendering.middleware.RenderingMiddleware": 620,
                "crawlproject.rendering.middleware.RenderIfMissingMiddleware": 585}
@@ -144,7 +150,7 @@ async def browser_headers(*, browser_type_name, playwright_request, scrapy_reque
     return {k: v for k, v in headers.items() if k.lower() != "proxy-authorization"}
 
 
-class RenderingDownloadHandler(ScrapyPlaywrightDownloadHandler):
+class RenderingDownloadHandler(HeaderLimitsMixin, ScrapyPlaywrightDownloadHandler):
     """scrapy-playwright's download handler, with the context operations the
     rendering middleware needs to keep the number of browser contexts bounded,
     and, where the process has the address guard (``DOWNLOAD_ALLOWED_NETWORKS``),
@@ -155,7 +161,25 @@ class RenderingDownloadHandler(ScrapyPlaywrightDownloadHandler):
 
     (scrapy-playwright keeps a named context until it is closed, and its own
     ``PLAYWRIGHT_MAX_CONTEXTS`` waits for a free slot while holding its
-    context lock: with named contexts nothing ever frees one.)"""
+    context lock: with named contexts nothing ever frees one.)
+
+    Limits: requests it does not render are Scrapy's downloads with the header
+    bounds of :mod:`crawlproject.limits.headers`. A rendered page is refused
+    (:class:`RenderedPageTooLarge`, ``limits/rendered_too_large``) when, while it
+    loads, one of its documents goes over ``DOWNLOAD_MAXSIZE`` (or its
+    ``meta["download_maxsize"]``) decoded or all it received over
+    ``RENDER_MAXSIZE`` (:mod:`crawlproject.rendering.limits` stops it then), or
+    when its HTML (``page.content()``) is larger than ``DOWNLOAD_MAXSIZE``."""
+
+    def __init__(self, crawler):
+        super().__init__(crawler)
+        self._bound_headers(crawler)
+        self._render_maxsize = setting(crawler.settings, "RENDER_MAXSIZE")
+        self._meters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    async def download_request(self, request):
+        """scrapy-playwright's: rendered by the browser, else Scrapy's download."""
+        return await self._bounded_download(super().download_request, request)
 
     @classmethod
     def from_crawler(cls, crawler):
@@ -178,6 +202,13 @@ class RenderingDownloadHandler(ScrapyPlaywrightDownloadHandler):
         return None
 
     async def _download_request(self, request, spider=None):
+        try:
+            response = await self._render(request, spider)
+        except Exception as exc:
+            raise self._oversized(request) or exc
+        return self._bounded_page(request, response)
+
+    async def _render(self, request, spider):
         await self._started()
         egress = self.__dict__.get("_egress")
         if egress is None:
@@ -193,6 +224,29 @@ class RenderingDownloadHandler(ScrapyPlaywrightDownloadHandler):
             raise self._navigation_refused(request, egress, since, at_least_latest=True)
         self._navigations.pop(request, None)
         return response
+
+    def _maxsize(self, request) -> int:
+        return request.meta.get("download_maxsize", self._default_maxsize)
+
+    def _bounded_page(self, request, response):
+        refusal = self._oversized(request)
+        if refusal is not None:
+            raise refusal
+        maxsize = self._maxsize(request)
+        if maxsize and len(response.body) > maxsize:
+            raise self._refuse(request, f"the rendered page ({len(response.body)} bytes) is "
+                                        f"larger than {maxsize} bytes (DOWNLOAD_MAXSIZE or "
+                                        f"meta download_maxsize)")
+        return response
+
+    def _oversized(self, request) -> "RenderedPageTooLarge | None":
+        meter = self._meters.pop(request, None)
+        return None if meter is None or meter.over is None else self._refuse(request, meter.over)
+
+    def _refuse(self, request, why: str) -> "RenderedPageTooLarge":
+        exc = RenderedPageTooLarge(f"{request.url}: {why}")
+        self._limit_report.refused(request, exc.reason, "%s", exc)
+        return exc
 
     async def _started(self) -> None:
         # A flag of its own: _launch() sets browser_provider before it has started.
@@ -232,6 +286,10 @@ class RenderingDownloadHandler(ScrapyPlaywrightDownloadHandler):
 
     async def _create_page(self, request, spider):
         page = await super()._create_page(request, spider)
+        if self._maxsize(request) or self._render_maxsize:
+            meter = PageMeter(self._maxsize(request), self._render_maxsize)
+            if await meter.attach(page):
+                self._meters[request] = meter
         navigations = self._navigations.setdefault(request, []) if self.__dict__.get(
             "_egress") else None
         if navigations is not None:
@@ -279,6 +337,13 @@ class RenderingDownloadHandler(ScrapyPlaywrightDownloadHandler):
             await wrapper.context.close()
         self.context_wrappers.pop(name, None)
         return True
+
+
+class RenderedPageTooLarge(DownloadCancelledError):
+    """A rendered page's HTML is larger than its ``DOWNLOAD_MAXSIZE`` (a
+    ``DownloadCancelledError``, as Scrapy's own size refusal: not retried)."""
+
+    reason = "rendered_too_large"
 
 
 def handlers_for(crawler) -> list[RenderingDownloadHandler]:
@@ -370,7 +435,7 @@ class RenderingAddon:
             return
         handlers = settings["DOWNLOAD_HANDLERS"]
         for scheme in ("http", "https"):
-            if handlers.get(scheme) in (None, PLAYWRIGHT_HANDLER, ScrapyPlaywrightDownloadHandler):
+            if handlers.get(scheme) in REPLACEABLE:
                 _extend(handlers, scheme, HANDLER)
         settings.set("PLAYWRIGHT_BROWSER_TYPE", "chromium", "addon")
         settings.set("PLAYWRIGHT_MAX_PAGES_PER_CONTEXT", 4, "addon")

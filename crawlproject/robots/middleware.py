@@ -147,8 +147,9 @@ class _Known:
 
 def origin_of(request: Request) -> str:
     """``scheme://host[:port]`` of *request*: robots.txt applies per origin."""
-    url = urlparse_cached(request)
-    return f"{url.scheme}://{url.netloc}".lower()
+    from crawlproject.urls import origin   # one canonical host: no credentials, no :80
+
+    return origin(request.url)
 
 
 def is_robots_url(request: Request) -> bool:

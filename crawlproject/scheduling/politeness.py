@@ -19,6 +19,7 @@ from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.httpobj import urlparse_cached
 
 from crawlproject.defaults import setting
+from crawlproject.urls import canonical_host
 from crawlproject.frontier.politeness import (KEY_MODES, MAX_BUDGET, MAX_DELAY, MAX_PARTITIONS,
                                               UNLIMITED,
                                               Limits, PolitenessConfig, host_key, limits_from,
@@ -134,7 +135,9 @@ class SitePoliteness(PolitenessConfig):
             slot = request.meta.get("download_slot")
             if isinstance(slot, str) and slot:
                 return slot[:200]
-        host = (urlparse_cached(request).hostname or "").lower()
+        # Canonical (trailing dot, IPv6 form...) even for a URL that did not
+        # go through the scheduler's enqueue: one server, one key.
+        host = canonical_host(urlparse_cached(request).hostname or "")
         if self.key_mode == "domain":
             return registered_domain(host)
         if self.key_mode == "ip":

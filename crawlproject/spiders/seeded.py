@@ -34,6 +34,7 @@ from crawlproject.policy import InputPolicy
 from crawlproject.seeds import (InvalidSeed, Seed, SeedQueue, build_request, request_from_seed,
                                seed_key)
 from crawlproject.serialization import node_storable, request_to_json
+from crawlproject.urls import redact_userinfo
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,8 @@ class RedisSpider(Spider):
     ``redis_batch_size`` (``REDIS_START_URLS_BATCH_SIZE``),
     ``max_idle_time`` (``MAX_IDLE_TIME_BEFORE_CLOSE``),
     ``seed_meta_allow`` (added to ``SEED_META_ALLOW``: the meta keys a seed may set),
+    ``sitemap_seeds`` (``SITEMAPS_ENABLED``: the sitemaps robots.txt lists as
+    seeds, :mod:`crawlproject.sitemaps`),
     ``allowed_callbacks`` (when set, exactly the callbacks seeds and stored
     requests may name; by default every public method of the spider's own
     classes).
@@ -55,6 +58,7 @@ class RedisSpider(Spider):
     redis_batch_size: int | None = None
     max_idle_time: float | None = None
     seed_meta_allow: tuple[str, ...] = ()
+    sitemap_seeds: bool | None = None     # None: SITEMAPS_ENABLED decides
 
     @classmethod
     def from_crawler(cls, crawler, *args: Any, **kwargs: Any):
@@ -80,6 +84,9 @@ class RedisSpider(Spider):
         self.seed_max_pending = setting(s, "SEEDS_MAX_PENDING") or 2 * self.redis_batch_size
         self.seed_encoding = setting(s, "REDIS_ENCODING")
         self.seed_policy = InputPolicy.from_settings(s, type(self))
+        # Callables saying "more seeds are on their way" (sitemap seeds waiting
+        # for room in the frontier): the node is not idle while one says so.
+        self.seed_sources: list = []
         self.node_id = node_id(crawler)
         url = redact_url(redis_url_from_settings(s))
         self._redis_outage = outage_log(crawler, "redis", f"Redis at {url}")
@@ -129,7 +136,7 @@ class RedisSpider(Spider):
                 # Seeds stay claimed in Redis until their requests are stored.
                 await self._release_when_stored(claims)
                 continue
-            if not self._node_is_idle():
+            if not self._node_is_idle() or any(source() for source in self.seed_sources):
                 idle_since = None
             elif idle_since is None:
                 idle_since = time.monotonic()
@@ -220,8 +227,9 @@ class RedisSpider(Spider):
             request = request_from_seed(raw, self, self.seed_policy, self.seed_encoding,
                                         check=self._check_storable)
         except InvalidSeed as exc:
-            logger.warning("Invalid seed %r moved to %s: %s", raw[:200],
-                           self.seed_queue.invalid_key, exc, extra={"spider": self})
+            logger.warning("Invalid seed %r moved to %s: %s", redact_userinfo(raw[:200]),
+                           self.seed_queue.invalid_key, redact_userinfo(str(exc)),
+                           extra={"spider": self})
             stats.inc_value("seeds/invalid")
             stats.inc_value(f"seeds/invalid/{exc.code}")
             try:

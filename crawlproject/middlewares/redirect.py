@@ -1,0 +1,213 @@
+"""Scrapy's redirects for the shared frontier: each hop is a request of its own
+host, and a chain that goes nowhere ends with a reason.
+
+:class:`FrontierRedirectMiddleware` (3xx ``Location``) and
+:class:`FrontierMetaRefreshMiddleware` (``<meta http-equiv="refresh">``) are
+Scrapy's :class:`~scrapy.downloadermiddlewares.redirect.RedirectMiddleware`
+and :class:`~scrapy.downloadermiddlewares.redirect.MetaRefreshMiddleware`
+(same settings: ``REDIRECT_ENABLED``, ``REDIRECT_MAX_TIMES``,
+``REDIRECT_PRIORITY_ADJUST``, ``METAREFRESH_ENABLED``, ``METAREFRESH_MAXDELAY``,
+``meta["dont_redirect"]``...), with these differences:
+
+* **A hop to another host is a request of that host.** Scrapy copies the
+  source request's ``meta`` into the redirected one, ``download_slot``
+  included, which Scrapy's downloader sets on every request it downloads: the
+  next hop would be downloaded in the source host's slot and, with
+  ``FRONTIER_HONOUR_DOWNLOAD_SLOT``, queued under the source's politeness key,
+  paced by the source's interval rather than the target's ``Crawl-delay``
+  (Scrapy's own per-process slots too: scrapy/scrapy#2141).
+  The slot is dropped when the host changes (``redirect/other_host``): the
+  hop goes back through the scheduler to its own host's queue, is leased
+  under that host's interval and concurrency for every node, and passes the
+  robots.txt middleware for that host when it is downloaded.
+* **A loop ends with a reason.** A hop to a URL already in the chain (the
+  request's ``redirect_urls`` or the request itself; compared canonicalised,
+  without fragment) is given up: counted (``redirect/loop``), and with
+  :class:`~crawlproject.scheduler.RedisScheduler` dead-lettered
+  (``kind = "redirect"``, the reason naming the chain), never retried. Without
+  this the hop was dropped by the dupefilter as a page already seen, silently,
+  or, for a ``dont_filter`` request, followed round the loop
+  ``REDIRECT_MAX_TIMES`` times. A ``303`` that turns a ``POST`` into a ``GET``
+  of the same URL (post/redirect/get) is not a loop. A meta refresh to the
+  page's own URL is a reload, not a redirect: the page itself goes to the
+  spider (``redirect/meta_refresh_self``).
+* **A chain over** ``REDIRECT_MAX_TIMES`` (or ``meta["redirect_ttl"]``) is
+  given up the same way (``redirect/max_times``) instead of an
+  ``IgnoreRequest`` with a DEBUG line.
+* **A 3xx to a scheme other than http/https** (``ftp:``, ``mailto:``,
+  ``javascript:``...) is refused with its reason (``redirect/scheme_refused``),
+  not handed to the spider as an unhandled 3xx. (A meta refresh to one is
+  ignored, as in Scrapy: the page itself is the content.)
+
+A redirect to a page already crawled (another URL) stays what it was, a
+duplicate the frontier filters (``dupefilter/filtered``), not an error. The
+robots.txt fetches of :mod:`crawlproject.robots` (``meta["robotstxt_fetch"]``)
+get Scrapy's behaviour unchanged: their redirects are the robots middleware's
+to judge (RFC 9309). Where each hop may connect is the egress guard's
+(:mod:`crawlproject.egress`): a redirect to a loopback or metadata address is
+refused there like any request.
+
+Enable them in place of Scrapy's::
+
+    DOWNLOADER_MIDDLEWARES = {
+        "scrapy.downloadermiddlewares.redirect.MetaRefreshMiddleware": None,
+        "crawlproject.middlewares.redirect.FrontierMetaRefreshMiddleware": 580,
+        "scrapy.downloadermiddlewares.redirect.RedirectMiddleware": None,
+        "crawlproject.middlewares.redirect.FrontierRedirectMiddleware": 600,
+    }
+"""
+
+from __future__ import annotations
+
+import logging
+
+from scrapy import Request
+from scrapy.downloadermiddlewares.redirect import MetaRefreshMiddleware, RedirectMiddleware
+from scrapy.exceptions import IgnoreRequest
+from scrapy.http import Response
+from scrapy.utils.httpobj import urlparse_cached
+from scrapy.utils.url import strip_url
+from w3lib.url import canonicalize_url
+
+from crawlproject.robots.middleware import FETCH_META as ROBOTS_FETCH_META
+
+logger = logging.getLogger(__name__)
+
+#: the dead letters' kind
+KIND = "redirect"
+URL_CHARS = 160      # of each URL in a reason
+CHAIN_HEAD, CHAIN_TAIL = 3, 2   # URLs of a long chain named in a reason
+SAID_MAX = 1000      # (reason, host) pairs logged at INFO, then DEBUG only
+
+
+def chain_text(urls: list[str]) -> str:
+    """``a → b → c``: the URLs without credentials or fragment, each cut to
+    ``URL_CHARS``, a long chain shortened to its first and last hops."""
+    shown = [_shown(u) for u in urls]
+    if len(shown) > CHAIN_HEAD + CHAIN_TAIL + 1:
+        skipped = len(shown) - CHAIN_HEAD - CHAIN_TAIL
+        shown = [*shown[:CHAIN_HEAD], f"… ({skipped} more) …", *shown[-CHAIN_TAIL:]]
+    return " → ".join(shown)
+
+
+def _shown(url: str) -> str:
+    try:
+        url = strip_url(url, strip_credentials=True, strip_default_port=False)
+    except ValueError:   # not a URL urlparse reads: shown cut, as it is
+        pass
+    return url if len(url) <= URL_CHARS else url[:URL_CHARS - 1] + "…"
+
+
+def _same_page(url: str) -> str:
+    try:
+        return canonicalize_url(url)
+    except ValueError:
+        return url
+
+
+class _Reload(Exception):
+    """A meta refresh to the page itself: the page is kept (internal)."""
+
+
+class _NotHttp(Exception):
+    """A redirect to a URL that is not http(s) (internal): the URL."""
+
+
+class _ChainRules:
+    """What both redirect middlewares add to Scrapy's (see the module docstring)."""
+
+    def __init__(self, settings):
+        super().__init__(settings)
+        self._said: set[tuple[str, str]] = set()
+
+    def _build_redirect_request(self, source_request: Request, response: Response, *,
+                                url: str, **kwargs) -> Request:
+        try:
+            redirected = super()._build_redirect_request(source_request, response, url=url,
+                                                         **kwargs)
+        except ValueError:   # "Missing scheme": mailto:, javascript:, tel:...
+            raise _NotHttp(url) from None
+        if urlparse_cached(redirected).scheme not in ("http", "https"):
+            raise _NotHttp(url)
+        # The URL the scheduler stores (crawlproject.urls), before Scrapy logs it:
+        # no credentials in the log line, one spelling in the chain.
+        from crawlproject.urls import canonicalizer_for
+        redirected = canonicalizer_for(self.crawler).request(redirected)
+        if urlparse_cached(redirected).hostname != urlparse_cached(source_request).hostname:
+            # Scrapy's downloader set the source host's slot in meta: not this host's.
+            if redirected.meta.pop("download_slot", None) is not None:
+                self.crawler.stats.inc_value("redirect/other_host")
+        return redirected
+
+    def _redirect(self, redirected: Request, request: Request, reason) -> Request:
+        if request.meta.get(ROBOTS_FETCH_META):
+            return super()._redirect(redirected, request, reason)
+        chain = [*request.meta.get("redirect_urls", []), request.url]
+        target = _same_page(redirected.url)
+        seen = {_same_page(u) for u in chain}
+        if target in seen and redirected.method == request.method:
+            if reason == "meta refresh" and target == _same_page(request.url):
+                raise _Reload
+            self._give_up(request, "loop", f"redirect loop ({reason}): "
+                          f"{chain_text([*chain, redirected.url])}")
+        try:
+            return super()._redirect(redirected, request, reason)
+        except IgnoreRequest:
+            self._give_up(request, "max_times", f"more than {self.max_redirect_times} "
+                          f"redirects (REDIRECT_MAX_TIMES): "
+                          f"{chain_text([*chain, redirected.url])}")
+
+    def _give_up(self, request: Request, what: str, reason: str):
+        """Count, dead-letter (with the shared frontier) and drop *request*."""
+        stats = self.crawler.stats
+        stats.inc_value(f"redirect/{what}")
+        try:
+            scheduler = self.crawler.engine.scheduler
+        except (AttributeError, RuntimeError):   # no engine (yet): nothing to tell
+            scheduler = None
+        mark_failed = getattr(scheduler, "mark_failed", None)
+        if mark_failed is not None:   # the scheduler logs each dead letter
+            mark_failed(request, reason, kind=KIND)
+        self._say(request, what, reason, dead=mark_failed is not None)
+        raise IgnoreRequest(reason)
+
+    def _say(self, request: Request, what: str, reason: str, dead: bool) -> None:
+        # Once per (kind, host) at INFO: a site whose every page loops would
+        # flood the log (each dead letter is logged by the scheduler anyway).
+        said = self._said
+        host = urlparse_cached(request).hostname or ""
+        level = logging.DEBUG
+        if (what, host) not in said and len(said) < SAID_MAX:
+            said.add((what, host))
+            level = logging.INFO
+        logger.log(level, "Redirect given up (%s): %s; counted in redirect/%s%s; said once "
+                   "per site", what, reason, what, ", dead-lettered" if dead else "",
+                   extra={"spider": self.crawler.spider})
+
+
+class FrontierRedirectMiddleware(_ChainRules, RedirectMiddleware):
+    """Scrapy's 3xx redirects, per host and ending with a reason (module docstring)."""
+
+    def process_response(self, request: Request, response: Response, spider=None):
+        try:
+            return super().process_response(request, response)
+        except _NotHttp as exc:
+            if request.meta.get(ROBOTS_FETCH_META):
+                return response   # Scrapy's way: the robots middleware judges it
+            url = str(exc)
+            self._give_up(request, "scheme_refused",
+                          f"redirect ({response.status}) to a URL that is not http(s): "
+                          f"{chain_text([request.url, url])}")
+
+
+class FrontierMetaRefreshMiddleware(_ChainRules, MetaRefreshMiddleware):
+    """Scrapy's meta refresh, per host and ending with a reason (module docstring)."""
+
+    def process_response(self, request: Request, response: Response, spider=None):
+        try:
+            return super().process_response(request, response)
+        except _NotHttp:   # (Scrapy: ignored, or an error for a URL without "://")
+            return response
+        except _Reload:   # a refresh of the page itself: the page is the content
+            self.crawler.stats.inc_value("redirect/meta_refresh_self")
+            return response
