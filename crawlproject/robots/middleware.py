@@ -18,10 +18,10 @@ and ``FRONTIER_SECRET``:
    the site: it counts against the site's interval and concurrency, for every
    node, and a 429/503 to it slows the site down. Meanwhile the page goes back
    to the frontier (its slot is free) and looks again after ``ROBOTSTXT_WAIT``
-   seconds, twice as long each time (at most 10 s, or until the site's record
-   is due to be fetched again); a page that has waited ``ROBOTSTXT_MAX_WAIT``
-   seconds since it first waited (wall time, in its meta: any node may take
-   it) is dead-lettered with its reason (``crawlctl dead``, ``crawlctl
+   seconds (four times, then twice as long each time: at most 10 s, or until
+   the site's record is due to be fetched again); a page that has waited
+   ``ROBOTSTXT_MAX_WAIT`` seconds since it first waited (wall time, in its
+   meta: any node may take it) is dead-lettered with its reason (``crawlctl dead``, ``crawlctl
    replay``), never dropped, so a site that never answers lets the node idle
    and close. A lock expires after ``ROBOTSTXT_FETCH_LOCK_TTL`` (a node killed
    meanwhile holds no site); one with no expiry or a longer one was not
@@ -359,7 +359,7 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
 
     def _wait(self, request: Request, known: _Known | None) -> Request:
         """*request* back to the frontier until its site's robots.txt is known
-        (looks ``ROBOTSTXT_WAIT`` apart, then twice as long each time), or
+        (looks ``ROBOTSTXT_WAIT`` apart, from the fifth twice as long each time), or
         dead-lettered once it waited ``ROBOTSTXT_MAX_WAIT`` seconds since it
         first waited."""
         now = time.time()
@@ -383,7 +383,9 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
         if known is not None and known.record.expires > now:
             look = known.record.expires - now        # fetched again then, not before
         else:
-            look = self.wait * 2 ** min(looks, 10)
+            # As often as ROBOTSTXT_WAIT while a fetch is likely on its way
+            # (its site's interval), less and less often after that.
+            look = self.wait * 2 ** min(max(0, looks - 3), 10)
         again = request.replace(dont_filter=True)
         again.meta[WAITS_META] = looks + 1
         again.meta[SINCE_META] = since
