@@ -87,9 +87,13 @@ FRONTIER_LINEAGE_ENABLED = True             # with partitions: an ack waits for 
 
 # --- robots.txt once per site for the cluster (crawlproject/robots/) ----------
 ROBOTSTXT_CACHE_TTL = 86_400.0              # seconds a 2xx / 4xx robots.txt is kept
-ROBOTSTXT_UNAVAILABLE_TTL = 300.0           # seconds a 429/5xx/unreachable one holds the site
-ROBOTSTXT_WAIT = 0.5                        # seconds a page waits between looks
-ROBOTSTXT_MAX_WAIT = 900.0                  # seconds in all before a page is dead-lettered
+ROBOTSTXT_CACHE_MAX_AGE = 2_592_000.0       # seconds its rules serve while it is unreachable
+ROBOTSTXT_UNAVAILABLE_TTL = 60.0            # first wait to fetch a 429/5xx/unreachable one again
+ROBOTSTXT_UNAVAILABLE_MAX_TTL = 3_600.0     # ... doubled per failure in a row, at most this
+ROBOTSTXT_WAIT = 0.5                        # seconds a page waits first, then twice as long...
+ROBOTSTXT_MAX_WAIT = 900.0                  # seconds since it first waited: dead-lettered
+ROBOTSTXT_MAX_REDIRECTS = 5                 # redirects of robots.txt followed (RFC: at least 5)
+ROBOTSTXT_MAX_RULES = 1_000                 # allow/disallow rules kept for this crawler
 ROBOTSTXT_FETCH_LOCK_TTL = 120.0            # seconds one node holds a site's fetch lock
 ROBOTSTXT_LOCAL_SITES = 10_000              # sites whose parsed rules a node keeps
 

@@ -164,6 +164,13 @@ def _count(limit: int) -> Callable:
     return check
 
 
+def _epoch(policy: "InputPolicy", key: str, value: Any) -> Any:
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not math.isfinite(value) or value < 0):
+        raise Refused("meta_value_not_allowed", f"meta {key!r} must be a time (epoch seconds)")
+    return value
+
+
 def _text(limit: int) -> Callable:
     def check(policy: "InputPolicy", key: str, value: Any) -> Any:
         if not isinstance(value, str) or len(value) > limit:
@@ -252,6 +259,7 @@ STORED_META: dict[str, Callable] = {
     "recrawl": _object, "render": _bool, "render_wait_for": _text(1000),
     "playwright": _bool,
     "robotstxt_fetch": _bool, "robotstxt_waits": _count(MAX_COUNT),
+    "robotstxt_since": _epoch,
     "sitemap": _object, "sitemap_lastmod": _text(40),   # crawlproject.sitemaps checks them
 }
 #: Meta keys any seed may carry without being published: plain data, no

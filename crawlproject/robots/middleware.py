@@ -2,53 +2,80 @@
 
 A drop-in replacement for ``scrapy.downloadermiddlewares.robotstxt.RobotsTxtMiddleware``
 (same settings: ``ROBOTSTXT_OBEY``, ``ROBOTSTXT_PARSER``, ``ROBOTSTXT_USER_AGENT``,
-``meta["dont_obey_robotstxt"]``; same stats ``robotstxt/forbidden`` and
-``robotstxt/response_status_count/<status>``, and the ``robots_parsed`` signal
-on the node that fetched it). With
-:class:`~crawlproject.scheduler.RedisScheduler` and ``FRONTIER_SECRET``:
+``meta["dont_obey_robotstxt"]``; same stats ``robotstxt/forbidden``,
+``robotstxt/request_count``, ``robotstxt/response_count``,
+``robotstxt/response_status_count/<status>`` and
+``robotstxt/exception_count/<exception>``, and the ``robots_parsed`` signal on
+the node that fetched it). With :class:`~crawlproject.scheduler.RedisScheduler`
+and ``FRONTIER_SECRET``:
 
 1. A request of a site whose robots.txt this node does not know reads the
    site's record in Redis (``{spider}:robots:<origin>``, one read per site and
    node, shared by the site's requests waiting at that moment).
-2. No record: the first node to take the site's fetch lock puts the
-   robots.txt request in the frontier, first in the site's queue
+2. No record, or one whose time is up: the first node to take the site's fetch
+   lock puts the robots.txt request in the frontier, first in the site's queue
    (``priority`` 1000). It is leased, delayed and limited like any request of
    the site: it counts against the site's interval and concurrency, for every
-   node, and a 429/503 to it slows the site down. The page goes back to the
-   frontier for ``ROBOTSTXT_WAIT`` seconds (its slot is free meanwhile), and
-   looks again then. A lock expires after ``ROBOTSTXT_FETCH_LOCK_TTL`` (a node
-   killed meanwhile holds no site); one with no expiry or a longer one was not
+   node, and a 429/503 to it slows the site down. Meanwhile the page goes back
+   to the frontier (its slot is free) and looks again after ``ROBOTSTXT_WAIT``
+   seconds (four times, then twice as long each time: at most 10 s, or until
+   the site's record is due to be fetched again); a page that has waited
+   ``ROBOTSTXT_MAX_WAIT`` seconds since it first waited (wall time, in its
+   meta: any node may take it) is dead-lettered with its reason (``crawlctl dead``, ``crawlctl
+   replay``), never dropped, so a site that never answers lets the node idle
+   and close. A lock expires after ``ROBOTSTXT_FETCH_LOCK_TTL`` (a node killed
+   meanwhile holds no site); one with no expiry or a longer one was not
    written by a node and is taken over (``robotstxt/cluster/stale_lock``).
-3. The node that downloads robots.txt stores the answer for every node, signed
-   and with an expiry (RFC 9309): 2xx — its rules (the first 500 KiB), for
-   ``ROBOTSTXT_CACHE_TTL`` (24 h); 4xx — allow all, as long; 429 or 5xx (after
-   the retry middleware's retries) — *unavailable*: the site's pages keep
-   waiting in the frontier, and robots.txt is fetched again after
-   ``ROBOTSTXT_UNAVAILABLE_TTL``; a page that waited ``ROBOTSTXT_MAX_WAIT``
-   seconds in all is dead-lettered with its reason (``crawlctl dead``,
-   ``crawlctl replay``), never dropped. No answer at all (connection refused,
-   DNS, timeouts): the site's pages are dead-lettered at once, with the reason,
-   for as long.
-4. Each node keeps the parsed rules until the record expires (at most
+3. Redirects (RFC 9309 §2.3.1.2): the fetch is not redirected by the redirect
+   middleware; a 3xx answer's target becomes a request of the target's own
+   site in the frontier (under that site's interval and concurrency, as the
+   first fetch is), carrying the original site and the hops so far in a value
+   only a node of the crawl can sign (``meta["robotstxt_hop"]``), and the rules
+   it reaches are the original site's. Up to ``ROBOTSTXT_MAX_REDIRECTS`` (5)
+   hops; a loop, one more hop or a target that is not http(s) is
+   "unavailable": allow all (``robotstxt/redirect/loop``,
+   ``robotstxt/redirect/too_many``, ``robotstxt/redirects`` counts the hops).
+4. The node that downloads robots.txt stores the answer for every node, signed
+   (:mod:`.record`): 2xx — the rules that apply to this crawler
+   (:mod:`.rules`: its user agent's groups and ``*``, at most
+   ``ROBOTSTXT_MAX_RULES``, ``robotstxt/rules_dropped`` counts the rest), read
+   from at most 500 KiB of body (RFC 9309 §2.5: the download stops there,
+   ``robotstxt/truncated``; ``Content-Encoding`` is undone here, never beyond
+   500 KiB, so a decompression bomb costs that much; one that cannot be
+   decoded has no rules: ``robotstxt/undecodable``), for
+   ``ROBOTSTXT_CACHE_TTL`` (24 h); 4xx but 429, and given-up redirects —
+   allow all, as long; 429, 5xx and no answer at all (connection refused, DNS,
+   timeouts), each only after the retry middleware's retries through the
+   frontier (one node's failure is not the cluster's verdict) — *unreachable*:
+   the last rules the site gave are used until ``ROBOTSTXT_CACHE_MAX_AGE``
+   (30 days) after they were read (``robotstxt/cluster/cached_rules``); without
+   them the site's pages wait. robots.txt is fetched again after
+   ``ROBOTSTXT_UNAVAILABLE_TTL`` seconds, twice as long after each failure in
+   a row, at most ``ROBOTSTXT_UNAVAILABLE_MAX_TTL``.
+5. Each node keeps the parsed rules until the record is due (at most
    ``ROBOTSTXT_LOCAL_SITES`` sites, least recently used first out).
 
 The stored record is untrusted (:mod:`crawlproject.robots.record` reads it):
 one that no node of this crawl signed for this very site (unsigned, another
-secret or spider, altered, moved from another site's key) or whose expiry has
+secret or spider, altered, moved from another site's key) or whose time has
 passed is treated as absent — said once per site, counted
 (``robotstxt/cluster/unproven_record``), fetched again and written over;
 so is a malformed one (``robotstxt/cluster/invalid_record``), and a key of
 the wrong type (an ERROR naming it, at most one a minute:
 ``robotstxt/cluster/bad_key``; a wrong-type index is skipped). The robots.txt
 request carries ``meta["robotstxt_fetch"]``, honoured only on a
-``/robots.txt`` URL, so a stored payload cannot use it to skip the rules of a
-page.
+``/robots.txt`` URL or with a hop value a node signed for that very URL, so a
+stored payload cannot use it to skip the rules of a page, nor a seed to
+store rules for another site (a hop value that is not a node's is counted:
+``robotstxt/cluster/unproven_hop``). Before issue 46 a site whose robots.txt
+could not be reached had its pages dead-lettered at once
+(``robotstxt/cluster/unreachable_pages``, gone): they wait now, as for a 5xx.
 
 Without ``FRONTIER_SECRET`` no record can be proven, so none is read or
-written: each node fetches each site's robots.txt itself, outside the
-frontier (and the site's limits) as Scrapy's middleware does, once per site
-and expiry, and keeps the rules in memory; the rest is as above. A WARNING
-at start says so (``robotstxt/per_node``).
+written: each node fetches each site's robots.txt itself (redirects followed
+the same way), outside the frontier (and the site's limits) as Scrapy's
+middleware does, once per site and expiry, and keeps the rules in memory; the
+rest is as above. A WARNING at start says so (``robotstxt/per_node``).
 
 Enable it in place of Scrapy's::
 
@@ -63,12 +90,12 @@ With another scheduler it behaves as Scrapy's middleware.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
+import math
 import time
+import weakref
 from collections import OrderedDict
 
-from redis.exceptions import ResponseError
 from scrapy import Request, signals
 from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
 from scrapy.exceptions import IgnoreRequest
@@ -76,36 +103,46 @@ from scrapy.http.request import NO_CALLBACK
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler
 
-from crawlproject.connection import redis_from_settings
 from crawlproject.defaults import setting
 from crawlproject.frontier.retrypolicy import RETRY_DELAY_META
-from crawlproject.frontier.library import script
-from crawlproject.frontier.scripts import ROBOTS_FETCH_LOCK
-from crawlproject.keys import RobotsKeys
 from crawlproject.node import node_id
-from crawlproject.robots.record import (ALLOW_ALL, MAX_BODY, MAX_RECORD, RULES, UNAVAILABLE,
-                                        RobotsRecord, UnprovenRecord, decode_record,
-                                        encode_record)
+from crawlproject.robots.body import Bodies
+from crawlproject.robots.hops import HOP_META, GiveUp, hop_value, next_hop, read_hop
+from crawlproject.robots.record import (ALLOW_ALL, MAX_BODY, RULES, UNAVAILABLE, RobotsRecord,
+                                        state_of)
+from crawlproject.robots.rules import normalise
+from crawlproject.robots.store import RobotsStore
 from crawlproject.signing import signer_from_settings
 
 logger = logging.getLogger(__name__)
 
 #: meta of the robots.txt request a node puts in the frontier
 FETCH_META = "robotstxt_fetch"
-#: meta of a page that went back to the frontier to wait for its site's robots.txt
+#: meta of a page that went back to the frontier to wait for its site's
+#: robots.txt: how many times it looked, and since when it waits (epoch s)
 WAITS_META = "robotstxt_waits"
-#: seconds between two ERRORs about Redis keys of the wrong type
-BAD_KEY_LOG_INTERVAL = 60.0
+SINCE_META = "robotstxt_since"
+#: meta of a robots.txt download a node makes itself (no FRONTIER_SECRET)
+HERE_META = "_robotstxt_here"
+#: longest look interval of a waiting page (seconds)
+MAX_LOOK = 10.0
+#: a record whose time is up (its fetch is on the way) is read again this often
+STALE_RECHECK = 2.0
 
 
 class _Known:
-    """What a node knows of one site's robots.txt until *expires*."""
+    """What a node knows of one site's robots.txt until *expires* (when it
+    reads it again): its *record*, the *parser* of its rules, and whether
+    they may be used now (*usable*; else the site's pages wait)."""
 
-    __slots__ = ("state", "parser", "expires", "status", "reason")
+    __slots__ = ("record", "parser", "expires", "usable")
 
-    def __init__(self, state: str, parser, expires: float, status: int = 200, reason: str = ""):
-        self.state, self.parser, self.expires = state, parser, expires
-        self.status, self.reason = status, reason
+    def __init__(self, record: RobotsRecord, parser, expires: float, usable: bool):
+        self.record, self.parser, self.expires, self.usable = record, parser, expires, usable
+
+    @property
+    def state(self) -> str:
+        return self.record.state
 
 
 def origin_of(request: Request) -> str:
@@ -120,8 +157,12 @@ def is_robots_url(request: Request) -> bool:
     return url.path == "/robots.txt" and not url.query and url.scheme in ("http", "https")
 
 
-def _wrong_type(exc: ResponseError) -> bool:
-    return str(exc).startswith("WRONGTYPE")
+def _since(value, now: float) -> float:
+    """When a page first waited, from its meta (a node's clock may be behind
+    another's: never in the future)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return now
+    return min(float(value), now)
 
 
 class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
@@ -131,21 +172,30 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
         super().__init__(crawler)   # NotConfigured unless ROBOTSTXT_OBEY
         s = crawler.settings
         self.cache_ttl = max(1.0, setting(s, "ROBOTSTXT_CACHE_TTL"))
-        self.unavailable_ttl = max(1.0, setting(s, "ROBOTSTXT_UNAVAILABLE_TTL"))
+        self.max_age = max(self.cache_ttl, setting(s, "ROBOTSTXT_CACHE_MAX_AGE"))
+        self.unavailable_ttl = max(0.1, setting(s, "ROBOTSTXT_UNAVAILABLE_TTL"))
+        self.unavailable_max = max(self.unavailable_ttl,
+                                   setting(s, "ROBOTSTXT_UNAVAILABLE_MAX_TTL"))
         self.wait = max(0.05, setting(s, "ROBOTSTXT_WAIT"))
         self.max_wait = max(self.wait, setting(s, "ROBOTSTXT_MAX_WAIT"))
         self.lock_ttl = max(1.0, setting(s, "ROBOTSTXT_FETCH_LOCK_TTL"))
         self.local_sites = max(1, setting(s, "ROBOTSTXT_LOCAL_SITES"))
+        self.max_rules = max(1, setting(s, "ROBOTSTXT_MAX_RULES"))
+        self.max_redirects = max(5, setting(s, "ROBOTSTXT_MAX_REDIRECTS"))   # RFC: at least 5
+        #: whose groups a record keeps (and the scheduler's Crawl-delay reads);
+        #: pages are checked as this agent too, whatever User-Agent header a
+        #: page is sent with (a rotated identity is not another crawler)
+        self.agent = self._robotstxt_useragent or self._default_useragent or "*"
+        self._robotstxt_useragent = self.agent
         #: None without FRONTIER_SECRET: nothing in Redis is trusted, each node fetches
         self.signer = signer_from_settings(s, crawler.spider.name)
         self._known: OrderedDict[str, _Known] = OrderedDict()
         self._reading: dict[str, asyncio.Future] = {}
         self._warned: set[str] = set()
-        self._bad_key_said: float | None = None   # monotonic time of the last ERROR
-        self._bad_keys_unsaid = 0
-        self._redis = None
-        self._keys: RobotsKeys | None = None
-        self._take_lock = None
+        self._records = (RobotsStore(s, crawler.spider, self.signer, crawler.stats,
+                                   self.local_sites) if self.signer is not None else None)
+        self._downloads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._bodies = Bodies(crawler, self._is_download)   # at most 500 KiB of each
         crawler.signals.connect(self._opened, signal=signals.spider_opened)
         crawler.signals.connect(self._closed, signal=signals.spider_closed)
 
@@ -155,13 +205,6 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
         scheduler = getattr(self.crawler.engine, "scheduler", None)
         return scheduler if getattr(scheduler, "mark_failed", None) is not None else None
 
-    def _client(self):
-        if self._redis is None:
-            self._redis = redis_from_settings(self.crawler.settings, asyncio=True)
-            self._keys = RobotsKeys(self.crawler.spider.name)
-            self._take_lock = script(self._redis, ROBOTS_FETCH_LOCK)
-        return self._redis
-
     def _opened(self, spider=None) -> None:
         if self.signer is None and self._scheduler() is not None:
             self.crawler.stats.set_value("robotstxt/per_node", 1)
@@ -170,25 +213,41 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
                            "limits, and keeps it in memory", extra={"spider": self.crawler.spider})
 
     async def _closed(self, spider=None) -> None:
-        if self._redis is not None:
-            await self._redis.aclose()
+        if self._records is not None:
+            await self._records.close()
+
+    # -- the body of a robots.txt download -------------------------------------
+
+    def _is_download(self, request: Request) -> bool:
+        """Whether *request* downloads a robots.txt for this middleware (not a
+        page whose stored meta claims so): asked once per request."""
+        if not (request.meta.get(FETCH_META) or request.meta.get(HERE_META)):
+            return False         # a page: nothing remembered for it
+        known = self._downloads.get(request)
+        if known is None:
+            known = self._downloads[request] = bool(request.meta.get(HERE_META)
+                                                    or self._fetch_of(request) is not None)
+        return known
 
     # -- requests --------------------------------------------------------------
 
     async def process_request(self, request: Request, spider=None):
-        if request.meta.get(FETCH_META) and is_robots_url(request):
-            return None                     # the fetch itself
+        if self._fetch_of(request) is not None:
+            return None                     # the fetch itself, or one of its redirects
         if request.meta.get("dont_obey_robotstxt"):
             return None
         if urlparse_cached(request).scheme not in ("http", "https"):
             return None
         if self._scheduler() is None:       # not the shared frontier: Scrapy's way
             return await super().process_request(request)
-        known = await self._site(origin_of(request))
-        if known is not None and known.state == UNAVAILABLE and known.status == 0:
-            return self._unreachable(request, known)
-        if known is None or known.state == UNAVAILABLE:
-            return self._wait(request)
+        origin = origin_of(request)
+        if self._waited_enough(request):
+            # Its last look: what is known now decides, no new fetch is asked for.
+            known = await self._last_look(origin)
+        else:
+            known = await self._site(origin)
+        if known is None or not known.usable:
+            return self._wait(request, known)
         self.process_request_2(known.parser, request)   # IgnoreRequest if forbidden
         return None
 
@@ -197,7 +256,8 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
         if known is not None and known.expires > time.time():
             self._known.move_to_end(origin)
             return known
-        self._known.pop(origin, None)
+        # (An expired one stays until replaced: its failures and rules are what
+        # a failed fetch builds on without FRONTIER_SECRET.)
         # One read per site at a time: its other requests wait for the same one.
         reading = self._reading.get(origin)
         if reading is None:
@@ -205,84 +265,65 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
             reading.add_done_callback(lambda _f: self._reading.pop(origin, None))
         return await asyncio.shield(reading)
 
+    def _waited_enough(self, request: Request) -> bool:
+        since = request.meta.get(SINCE_META)
+        return since is not None and time.time() - _since(since, time.time()) >= self.max_wait
+
+    async def _last_look(self, origin: str) -> _Known | None:
+        known = self._known.get(origin)
+        if known is not None and known.expires > time.time():
+            return known
+        if self.signer is None:
+            return known
+        record = await self._stored(origin)
+        return self._remember(origin, record) if record is not None else known
+
     async def _read(self, origin: str) -> _Known | None:
         if self.signer is None:     # nothing stored can be proven: fetched here
             return await self._fetch_here(origin)
-        client = self._client()
-        key = self._keys.record(origin)
-        try:
-            # GETRANGE: a huge value is never read whole (refused for its length)
-            raw = await client.getrange(key, 0, MAX_RECORD)
-        except ResponseError as exc:
-            if not _wrong_type(exc):
-                raise
-            await self._bad_key(key, "a string", "ignored, the site's robots.txt is fetched "
-                                "again and stored over it")
-            raw = b""
-        record = self._decode(origin, raw) if raw else None
-        if record is None:
-            await self._ask_for_fetch(origin)
-            return None
-        return self._remember(origin, record)
+        record = await self._stored(origin)
+        if record is None or record.expires <= time.time():
+            await self._ask_for_fetch(origin)   # its time is up: fetched again
+        return self._remember(origin, record) if record is not None else None
 
-    def _decode(self, origin: str, raw) -> RobotsRecord | None:
-        try:
-            record = decode_record(raw, self.signer, origin)
-        except UnprovenRecord as exc:
-            return self._refused(origin, "unproven_record", str(exc))
-        except ValueError as exc:
-            return self._refused(origin, "invalid_record", str(exc))
-        if record.expires <= time.time():   # a node's record is gone by then: replayed
-            return self._refused(origin, "unproven_record", "its expiry has passed: stored "
-                                 "again, or this node's clock is ahead")
-        return record
+    async def _stored(self, origin: str) -> RobotsRecord | None:
+        """The proven record of *origin* in Redis, or None."""
+        return await self._records.read(origin, time.time())
 
-    def _refused(self, origin: str, stat: str, why: str) -> None:
-        self.crawler.stats.inc_value(f"robotstxt/cluster/{stat}")
-        if origin not in self._warned:
-            if len(self._warned) >= self.local_sites:
-                self._warned.clear()
-            self._warned.add(origin)
-            logger.warning("Ignoring the stored robots.txt of %s (%s): fetching it again",
-                           origin, why, extra={"spider": self.crawler.spider})
-
-    async def _bad_key(self, key: str, expected: str, then: str) -> None:
-        """Say that *key* holds another type than *expected*, at most once a
-        minute (whoever wrote it may write many)."""
-        self.crawler.stats.inc_value("robotstxt/cluster/bad_key")
-        now = time.monotonic()
-        if self._bad_key_said is not None and now - self._bad_key_said < BAD_KEY_LOG_INTERVAL:
-            self._bad_keys_unsaid += 1
-            return
-        self._bad_key_said, unsaid, self._bad_keys_unsaid = now, self._bad_keys_unsaid, 0
-        try:
-            kind = await self._client().type(key)
-            kind = kind.decode() if isinstance(kind, bytes) else kind
-        except Exception:   # noqa: BLE001 - only for the message
-            kind = "key of another type"
-        logger.error("Redis key %s is a %s, not %s: %s (%d more key(s) of the wrong type "
-                     "since the last such message)", key, kind, expected, then, unsaid,
-                     extra={"spider": self.crawler.spider})
+    def _once(self, what: str) -> bool:
+        """Whether *what* (a site, a site and a reason) is said for the first time."""
+        if what in self._warned:
+            return False
+        if len(self._warned) >= self.local_sites:
+            self._warned.clear()
+        self._warned.add(what)
+        return True
 
     def _remember(self, origin: str, record: RobotsRecord) -> _Known:
+        now = time.time()
         parser = None
         if record.state == RULES:
             parser = build_from_crawler(self._parserimpl, self.crawler, record.body)
-        reason = record.body[:300].decode("utf-8", "replace") if record.status == 0 else ""
-        known = _Known(record.state, parser, min(record.expires, time.time() + self.cache_ttl),
-                       record.status, reason)
+        # Rules (or "allow all") while fresh, and while the site cannot be
+        # reached, up to ROBOTSTXT_CACHE_MAX_AGE after they were read.
+        usable = record.state != UNAVAILABLE and (record.expires > now
+                                                  or now < record.fetched + self.max_age)
+        # Read again when due; one whose time is up (its fetch on the way) soon.
+        expires = (min(record.expires, now + self.cache_ttl) if record.expires > now
+                   else now + STALE_RECHECK)
+        known = _Known(record, parser, expires, usable)
         self._known[origin] = known
         while len(self._known) > self.local_sites:
             self._known.popitem(last=False)
         self.crawler.stats.inc_value(f"robotstxt/cluster/loaded/{record.state}")
+        if usable and record.failures:
+            self.crawler.stats.inc_value("robotstxt/cluster/cached_rules")
         return known
 
     async def _ask_for_fetch(self, origin: str) -> None:
         """Put *origin*'s robots.txt request in the frontier, unless another
         node holds its fetch lock (ROBOTS_FETCH_LOCK: free or stale locks only)."""
-        self._client()
-        taken = await self._take_lock(keys=[self._keys.fetch_lock(origin)],
-                                      args=[node_id(self.crawler), int(self.lock_ttl * 1000)])
+        taken = await self._records.take_lock(origin, node_id(self.crawler), self.lock_ttl)
         if not taken:
             return
         if taken == 2:
@@ -291,7 +332,7 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
                            "ROBOTSTXT_FETCH_LOCK_TTL (%.0f s): not a node's, taken over",
                            origin, self.lock_ttl, extra={"spider": self.crawler.spider})
         fetch = Request(f"{origin}/robots.txt", priority=self.DOWNLOAD_PRIORITY,
-                        dont_filter=True, meta={FETCH_META: True})
+                        dont_filter=True, meta={FETCH_META: True, "dont_redirect": True})
         self.crawler.engine.crawl(fetch)
         self.crawler.stats.inc_value("robotstxt/request_count")
         logger.debug("Asked the frontier for %s/robots.txt", origin,
@@ -299,111 +340,219 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
 
     async def _fetch_here(self, origin: str) -> _Known:
         """Download *origin*'s robots.txt from this node, outside the frontier,
-        as Scrapy's middleware does (no record can be proven without a secret)."""
-        fetch = Request(f"{origin}/robots.txt", priority=self.DOWNLOAD_PRIORITY,
-                        meta={"dont_obey_robotstxt": True}, callback=NO_CALLBACK)
-        self.crawler.stats.inc_value("robotstxt/request_count")
-        try:
-            response = await self.crawler.engine.download_async(fetch)
-        except Exception as exc:  # noqa: BLE001 - any failure: unreachable, said and stored
-            return await self._failed(origin, exc)
-        return await self._answered(origin, fetch, response)
+        as Scrapy's middleware does (no record can be proven without a secret),
+        following its redirects."""
+        chain = [f"{origin}/robots.txt"]
+        while True:
+            fetch = Request(chain[-1], priority=self.DOWNLOAD_PRIORITY, callback=NO_CALLBACK,
+                            meta={"dont_obey_robotstxt": True, HERE_META: True,
+                                  "dont_redirect": True})
+            self.crawler.stats.inc_value("robotstxt/request_count")
+            try:
+                response = await self.crawler.engine.download_async(fetch)
+            except Exception as exc:  # noqa: BLE001 - any failure: unreachable, said and stored
+                return await self._failed(origin, exc)
+            hop = self._next_hop(origin, chain, response)
+            if not isinstance(hop, Request):
+                return await self._answered(origin, fetch, response, hop)
+            chain.append(hop.url)
 
-    def _unreachable(self, request: Request, known: _Known):
-        """The site did not answer at all (connection refused, DNS, timeouts,
-        after the retry middleware's retries): its pages would only hammer a
-        dead host. Dead-lettered at once with the reason (``crawlctl replay``
-        sends them again), never dropped."""
-        self.crawler.stats.inc_value("robotstxt/cluster/unreachable_pages")
-        self._scheduler().mark_failed(
-            request, f"robots.txt of {origin_of(request)} unreachable: {known.reason}",
-            kind="download")
-        raise IgnoreRequest("robots.txt unreachable")
-
-    def _wait(self, request: Request) -> Request:
-        """*request* back to the frontier for ``ROBOTSTXT_WAIT`` seconds (or
-        dead-lettered once it waited ``ROBOTSTXT_MAX_WAIT`` in all)."""
-        waits = int(request.meta.get(WAITS_META, 0) or 0)
-        if (waits + 1) * self.wait > self.max_wait:
+    def _wait(self, request: Request, known: _Known | None) -> Request:
+        """*request* back to the frontier until its site's robots.txt is known
+        (looks ``ROBOTSTXT_WAIT`` apart, from the fifth twice as long each time), or
+        dead-lettered once it waited ``ROBOTSTXT_MAX_WAIT`` seconds since it
+        first waited."""
+        now = time.time()
+        since = _since(request.meta.get(SINCE_META), now)
+        waited = now - since
+        origin = origin_of(request)
+        if waited >= self.max_wait:
             self.crawler.stats.inc_value("robotstxt/cluster/gave_up")
-            self._scheduler().mark_failed(
-                request, f"robots.txt of {origin_of(request)} not available after "
-                f"{waits * self.wait:.0f} s", kind="download")
+            why = "not fetched yet"
+            if known is not None:
+                record = known.record
+                why = record.reason or f"status {record.status}"
+            reason = f"robots.txt of {origin} not available after {waited:.0f} s ({why})"
+            if self._once(f"{origin} gave up"):
+                logger.warning("Dead-lettering the pages of %s: %s", origin, reason,
+                               extra={"spider": self.crawler.spider})
+            self._scheduler().mark_failed(request, reason, kind="download")
             raise IgnoreRequest("robots.txt not available")
         self.crawler.stats.inc_value("robotstxt/cluster/waits")
+        looks = int(request.meta.get(WAITS_META, 0) or 0)
+        if known is not None and known.record.expires > now:
+            look = known.record.expires - now        # fetched again then, not before
+        else:
+            # As often as ROBOTSTXT_WAIT while a fetch is likely on its way
+            # (its site's interval), less and less often after that.
+            look = self.wait * 2 ** min(max(0, looks - 3), 10)
         again = request.replace(dont_filter=True)
-        again.meta[WAITS_META] = waits + 1
-        again.meta[RETRY_DELAY_META] = self.wait
+        again.meta[WAITS_META] = looks + 1
+        again.meta[SINCE_META] = since
+        again.meta[RETRY_DELAY_META] = max(self.wait, min(look, MAX_LOOK,
+                                                          self.max_wait - waited))
         return again
 
     # -- the fetch's answer --------------------------------------------------------
 
-    async def process_response(self, request: Request, response, spider=None):
-        if not (request.meta.get(FETCH_META) and is_robots_url(request)):
-            return response
-        await self._answered(origin_of(request), request, response)
-        raise IgnoreRequest(f"robots.txt ({response.status}) stored for the cluster")
+    def _chain(self, request: Request) -> list:
+        fetch = self._fetch_of(request)
+        return fetch[1] if fetch is not None else [request.url]
 
-    async def process_exception(self, request: Request, exception, spider=None):
-        if request.meta.get(FETCH_META) and is_robots_url(request):
-            # The retry middleware gave up: unavailable for now, and the
-            # exception goes on (the request is dead-lettered with it).
-            await self._failed(origin_of(request), exception)
+    def _fetch_of(self, request: Request) -> tuple[str, list] | None:
+        """``(original site, URLs so far)`` of a robots.txt fetch (the first,
+        or a redirect hop a node signed: :mod:`.hops`), or None."""
+        if not request.meta.get(FETCH_META):
+            return None
+        hop = read_hop(self.signer, request)
+        if isinstance(hop, tuple):
+            return hop
+        if hop is False:
+            self.crawler.stats.inc_value("robotstxt/cluster/unproven_hop")
+        if is_robots_url(request):
+            return origin_of(request), [request.url]
         return None
 
-    async def _answered(self, origin: str, request: Request, response) -> _Known:
-        status = response.status
+    async def process_response(self, request: Request, response, spider=None):
+        fetch = self._fetch_of(request)
+        if fetch is None:
+            return response
+        origin, chain = fetch
+        hop = self._next_hop(origin, chain, response)
+        if isinstance(hop, Request):
+            # A request of the target's own site, under its politeness; the
+            # original site's fetch lock is held on meanwhile.
+            hop.meta[HOP_META] = hop_value(self.signer, origin, [*chain, hop.url])
+            await self._records.renew_lock(origin, self.lock_ttl)
+            self.crawler.engine.crawl(hop)
+            raise IgnoreRequest(f"robots.txt of {origin} redirected to {hop.url}")
+        await self._answered(origin, request, response, hop)
+        raise IgnoreRequest(f"robots.txt ({response.status}) stored for the cluster")
+
+    def _next_hop(self, origin: str, chain: list, response) -> Request | str | None:
+        """The request a redirect of *response* leads to; a reason to stop
+        following (allow all: RFC 9309 §2.3.1.2); None when not a redirect."""
+        hop = next_hop(response, chain, self.max_redirects, priority=self.DOWNLOAD_PRIORITY,
+                       dont_filter=True, meta={FETCH_META: True, "dont_redirect": True})
+        if hop is None:
+            return None
         self.crawler.stats.inc_value("robotstxt/response_count")
-        self.crawler.stats.inc_value(f"robotstxt/response_status_count/{status}")
-        # The first MAX_BODY bytes are parsed and stored (RFC 9309 2.5), never more.
-        body = response.body[:MAX_BODY] if 200 <= status < 300 else b""
-        known = await self._store(origin, status, body)
-        if known.state == RULES:
+        self.crawler.stats.inc_value(f"robotstxt/response_status_count/{response.status}")
+        if isinstance(hop, GiveUp):
+            self.crawler.stats.inc_value(f"robotstxt/redirect/{hop.stat}")
+            logger.info("robots.txt of %s: %s; unavailable, so allow all (RFC 9309)", origin,
+                        hop, extra={"spider": self.crawler.spider})
+            return str(hop)
+        self.crawler.stats.inc_value("robotstxt/redirects")
+        if self.signer is not None:
+            self.crawler.stats.inc_value("robotstxt/request_count")
+        logger.debug("robots.txt of %s: redirect %d to %s", origin, len(chain), hop.url,
+                     extra={"spider": self.crawler.spider})
+        return hop
+
+    async def process_exception(self, request: Request, exception, spider=None):
+        fetch = self._fetch_of(request)
+        if fetch is not None:
+            # The retry middleware gave up: unreachable for now, and the
+            # exception goes on (the request is dead-lettered with it).
+            await self._failed(fetch[0], exception)
+        return None
+
+    async def _answered(self, origin: str, request: Request, response,
+                        gave_up: str | None = None) -> _Known:
+        status = response.status
+        if gave_up is None:
+            self.crawler.stats.inc_value("robotstxt/response_count")
+            self.crawler.stats.inc_value(f"robotstxt/response_status_count/{status}")
+        rules = self._rules_of(origin, request, response) if 200 <= status < 300 else b""
+        reason = gave_up or ("" if state_of(status) != UNAVAILABLE else f"status {status}")
+        known = await self._store(origin, status, rules, reason)
+        if state_of(status) == RULES:
+            if origin_of(request) != origin:
+                # Reached by redirects: the rules (their Crawl-delay: the
+                # scheduler's politeness key) are the original site's.
+                request = Request(f"{origin}/robots.txt", dont_filter=True,
+                                  meta={"robotstxt_redirects": list(self._chain(request))})
             await self.crawler.signals.send_catch_log_async(
                 signal=signals.robots_parsed, robotparser=known.parser, request=request)
         return known
 
+    def _rules_of(self, origin: str, request: Request, response) -> bytes:
+        """What *response*'s robots.txt means for this crawler (:mod:`.rules`)."""
+        try:
+            body, truncated = self._bodies.read(request, response)
+        except ValueError as exc:
+            self.crawler.stats.inc_value("robotstxt/undecodable")
+            logger.warning("robots.txt of %s cannot be decoded (%s): no rules", origin, exc,
+                           extra={"spider": self.crawler.spider})
+            body, truncated = b"", False
+        if truncated:
+            self.crawler.stats.inc_value("robotstxt/truncated")
+            logger.info("robots.txt of %s is longer than %d KiB: the rest is not read (RFC "
+                        "9309 §2.5)", origin, MAX_BODY // 1024,
+                        extra={"spider": self.crawler.spider})
+        rules = normalise(body, self.agent, self.max_rules)
+        if rules.dropped:
+            self.crawler.stats.inc_value("robotstxt/rules_dropped", rules.dropped)
+            logger.warning("robots.txt of %s has more than ROBOTSTXT_MAX_RULES (%d) rules for "
+                           "this crawler: %d left out", origin, self.max_rules, rules.dropped,
+                           extra={"spider": self.crawler.spider})
+        return rules.text
+
     async def _failed(self, origin: str, exception) -> _Known:
         self.crawler.stats.inc_value(f"robotstxt/exception_count/{type(exception).__name__}")
         reason = f"{type(exception).__name__}: {exception}"[:300]
-        return await self._store(origin, 0, reason.encode("utf-8"))
+        return await self._store(origin, 0, b"", reason)
 
-    async def _store(self, origin: str, status: int, body: bytes) -> _Known:
+    async def _previous(self, origin: str) -> RobotsRecord | None:
+        """The record *origin* had before this answer (its failures so far,
+        the rules it gave last)."""
+        known = self._known.get(origin)
+        if self.signer is None:
+            return known.record if known is not None else None
+        return await self._stored(origin) or (known.record if known is not None else None)
+
+    async def _store(self, origin: str, status: int, body: bytes, reason: str) -> _Known:
         now = time.time()
-        unavailable = RobotsRecord(status, b"", now, now).state == UNAVAILABLE
-        ttl = self.unavailable_ttl if unavailable else self.cache_ttl
-        record = RobotsRecord(status, body, now, now + ttl, origin)
+        if state_of(status) != UNAVAILABLE:
+            expires = now + self.cache_ttl
+            record = RobotsRecord(status, body, now, expires, origin,
+                                  keep=min(now + self.max_age, expires + self.cache_ttl),
+                                  reason=reason)
+        else:
+            record = await self._unreachable(origin, status, reason, now)
         if self.signer is not None:
-            await self._share(record, ttl)
-        if unavailable:
-            logger.warning("robots.txt of %s is unavailable (%s): its pages wait, and it is "
-                           "fetched again in %.0f s", origin, status or "unreachable", ttl,
-                           extra={"spider": self.crawler.spider})
+            await self._records.share(record, max(1.0, record.keep - now))
         return self._remember(origin, record)
 
-    async def _share(self, record: RobotsRecord, ttl: float) -> None:
-        """*record* for every node (SET replaces a key of any type), the
-        site's fetch lock released, the index for ``crawlctl politeness``."""
-        origin = record.origin
-        host = (origin.split("://", 1)[1].rsplit(":", 1)[0] if not origin.endswith("]")
-                else origin.split("://", 1)[1])
-        pipe = self._client().pipeline(transaction=False)
-        pipe.set(self._keys.record(origin), encode_record(record, self.signer),
-                 px=int(ttl * 1000))
-        pipe.delete(self._keys.fetch_lock(origin))
-        pipe.hset(self._keys.index, host,
-                  json.dumps({"origin": origin, "status": record.status,
-                              "fetched": record.fetched, "expires": record.expires}))
-        stored, released, indexed = await pipe.execute(raise_on_error=False)
-        for result in (stored, released):
-            if isinstance(result, Exception):
-                raise result
-        if isinstance(indexed, Exception):
-            if not (isinstance(indexed, ResponseError) and _wrong_type(indexed)):
-                raise indexed
-            await self._bad_key(self._keys.index, "a hash", "skipped, crawlctl politeness "
-                                "shows no robots.txt state until it is deleted")
-        self.crawler.stats.inc_value(f"robotstxt/cluster/stored/{record.state}")
+    async def _unreachable(self, origin: str, status: int, reason: str,
+                           now: float) -> RobotsRecord:
+        """The record of a site whose robots.txt could not be had: fetched
+        again after a backoff that grows with the failures in a row; its last
+        rules kept while they are young enough (RFC 9309 §2.4)."""
+        previous = await self._previous(origin)
+        failures = previous.failures + 1 if previous is not None else 1
+        backoff = min(self.unavailable_ttl * 2 ** min(failures - 1, 30), self.unavailable_max)
+        expires = now + backoff
+        if (previous is not None and previous.state != UNAVAILABLE
+                and now < previous.fetched + self.max_age):
+            record = RobotsRecord(previous.status, previous.body, previous.fetched, expires,
+                                  origin, keep=min(previous.fetched + self.max_age,
+                                                   expires + self.unavailable_max),
+                                  failures=failures, reason=reason)
+            kept = f"its rules of {time.ctime(previous.fetched)} are used meanwhile"
+        else:
+            # Kept past its expiry for its count of failures (the backoff grows)
+            # and its reason (a page given up on says it).
+            record = RobotsRecord(status, b"", now, expires, origin,
+                                  keep=expires + max(self.unavailable_max, self.max_wait),
+                                  failures=failures, reason=reason)
+            kept = "its pages wait"
+        logger.warning("robots.txt of %s is unavailable (%s, %d time(s) in a row): %s, and "
+                       "it is fetched again in %.1f s", origin, reason or status, failures,
+                       kept, backoff, extra={"spider": self.crawler.spider})
+        return record
 
 
-__all__ = ["ClusterRobotsTxtMiddleware", "FETCH_META", "WAITS_META", "ALLOW_ALL"]
+__all__ = ["ClusterRobotsTxtMiddleware", "FETCH_META", "HOP_META", "SINCE_META", "WAITS_META",
+           "ALLOW_ALL", "origin_of"]

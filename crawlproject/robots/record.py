@@ -2,17 +2,24 @@
 
 A value signed by a node (:mod:`crawlproject.signing`, purpose ``"robots"``,
 scope the spider) whose data is JSON ``{"origin": str, "status": int, "body":
-str, "fetched": s, "expires": s}`` (epoch seconds). ``origin`` is the site the
-record is for (``scheme://host[:port]``, as in its key): a record is worth
-nothing under another site's key. ``body`` is the first :data:`MAX_BODY`
-bytes of the robots.txt, zlib-compressed and base64-encoded: a body that
-compresses well, such as a decompression bomb's, costs Redis little, one that
-does not at most 4/3 of what the site sent. ``status`` 0 means the site could
-not be reached (``body`` then says why). What the status means follows RFC
-9309 §2.3.1: 2xx — the rules in ``body``; 4xx — no rules (allow all), except
-429, which is a request to slow down; 429, 5xx, a redirect left unfollowed and
-0 — *unavailable*: the site is treated as disallowed for now and its pages
-wait, until the record expires and it is fetched again.
+str, "fetched": s, "expires": s, "keep": s, "failures": int, "reason": str}``
+(times in epoch seconds, wall clock: it is shared by every node). ``origin`` is
+the site the record is for (``scheme://host[:port]``, as in its key): a record
+is worth nothing under another site's key. ``body`` is what robots.txt means
+for this crawler (:func:`crawlproject.robots.rules.normalise`: the groups that
+apply to its user agent and ``*``, normalised, a bounded number of rules), at
+most :data:`MAX_BODY` bytes, zlib-compressed and base64-encoded: a record's
+size follows the rules that apply, not the file's padding.
+
+What ``status`` means follows RFC 9309 §2.3.1: 2xx — the rules in ``body``;
+4xx but 429 — allow all; 3xx — redirects not followed to the end (a loop, more
+than five): *unavailable* in the RFC's words, allow all; 429, 5xx and 0 (no
+answer at all: ``reason`` says why) — *unreachable*: the site is disallowed for
+now and its pages wait. ``fetched`` is when the rules were read, ``expires``
+when robots.txt is fetched again, ``keep`` the last moment the record may be
+used at all: a site that stops answering keeps its last rules until then
+(``failures`` counts the fetches that failed since, ``reason`` says the last
+one's cause), up to ``ROBOTSTXT_CACHE_MAX_AGE`` (RFC 9309 §2.4: 30 days).
 
 Everything read from Redis is untrusted: :func:`decode_record` refuses a value
 longer than :data:`MAX_RECORD` before anything else, then one no node of this
@@ -42,8 +49,11 @@ MAX_RECORD = 4 * (MAX_BODY + 1024) // 3 + 8 * MAX_ORIGIN
 #: The signature's purpose (part of its MAC).
 PURPOSE = "robots"
 
+#: Characters of a stored reason.
+MAX_REASON = 300
+
 RULES, ALLOW_ALL, UNAVAILABLE = "rules", "allow_all", "unavailable"
-_FIELDS = {"origin", "status", "body", "fetched", "expires"}
+_FIELDS = {"origin", "status", "body", "fetched", "expires", "keep", "failures", "reason"}
 
 
 class UnprovenRecord(ValueError):
@@ -59,15 +69,29 @@ class RobotsRecord:
     fetched: float
     expires: float
     origin: str = ""
+    keep: float = 0.0
+    failures: int = 0
+    reason: str = ""
 
     @property
     def state(self) -> str:
-        """:data:`RULES`, :data:`ALLOW_ALL` or :data:`UNAVAILABLE`."""
-        if 200 <= self.status < 300:
-            return RULES
-        if 400 <= self.status < 500 and self.status != 429:
-            return ALLOW_ALL
-        return UNAVAILABLE
+        """:data:`RULES`, :data:`ALLOW_ALL` or :data:`UNAVAILABLE` (see the
+        module docstring)."""
+        return state_of(self.status)
+
+    @property
+    def usable_until(self) -> float:
+        """The last moment the record may be used (its ``keep``, else its expiry)."""
+        return max(self.keep, self.expires)
+
+
+def state_of(status: int) -> str:
+    """What a robots.txt answer of *status* means (RFC 9309 §2.3.1)."""
+    if 200 <= status < 300:
+        return RULES
+    if 300 <= status < 400 or (400 <= status < 500 and status != 429):
+        return ALLOW_ALL
+    return UNAVAILABLE
 
 
 def encode_record(record: RobotsRecord, signer: Signer) -> str:
@@ -75,8 +99,9 @@ def encode_record(record: RobotsRecord, signer: Signer) -> str:
     :data:`MAX_BODY` bytes)."""
     packed = base64.b64encode(zlib.compress(record.body[:MAX_BODY])).decode("ascii")
     data = json.dumps({"origin": record.origin, "status": record.status, "body": packed,
-                       "fetched": record.fetched, "expires": record.expires},
-                      separators=(",", ":"))
+                       "fetched": record.fetched, "expires": record.expires,
+                       "keep": record.keep, "failures": record.failures,
+                       "reason": record.reason[:MAX_REASON]}, separators=(",", ":"))
     return signer.sign(data, PURPOSE)
 
 
@@ -107,12 +132,18 @@ def parse_record(data: str) -> RobotsRecord:
     if type(status) is not int or not (status == 0 or 100 <= status <= 599):
         raise ValueError(f"bad status {status!r}")
     times = []
-    for name in ("fetched", "expires"):
+    for name in ("fetched", "expires", "keep"):
         value = data[name]
         if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
             raise ValueError(f"bad {name} {value!r}")
         times.append(float(value))
-    return RobotsRecord(status, _unpack(data["body"]), *times, origin)
+    failures, reason = data["failures"], data["reason"]
+    if type(failures) is not int or not 0 <= failures <= 1_000_000:
+        raise ValueError(f"bad failures {failures!r}")
+    if not isinstance(reason, str) or len(reason) > MAX_REASON:
+        raise ValueError("bad reason")
+    return RobotsRecord(status, _unpack(data["body"]), times[0], times[1], origin, times[2],
+                        failures, reason)
 
 
 def _unpack(packed) -> bytes:
