@@ -340,3 +340,22 @@ def test_two_nodes_redirected_to_a_crawl_delay_host_keep_its_delay_and_loops_end
                      "retry/count": 0, "robotstxt/forbidden": 1}, total
     # p/1-2, proto, meta, dupe, private
     assert sum(n.stat("redirect/other_host") for n in nodes) == 6
+
+
+@pytest.mark.parametrize("method, meta, deduplicated", [
+    ("GET", {}, True),                                  # a seed, a start URL
+    ("HEAD", {}, True),
+    ("POST", {}, False),                                # a log-in that redirects
+    ("GET", {"dont_filter_redirects": True}, False),    # the user keeps Scrapy's way
+    ("GET", {"recrawl": True}, False),                  # a revisit
+])
+def test_dont_filter_is_for_the_page_asked_not_where_it_redirects(method, meta, deduplicated):
+    """A seed (``dont_filter``) redirecting to a page another seed or a link
+    already brought (apex → www, http → https) would be fetched twice: its hop
+    is deduplicated like a link, unless the request says otherwise."""
+    mw = middleware(FrontierRedirectMiddleware)
+    request = Request(f"{A}/", method=method, dont_filter=True, meta=meta)
+    hop = mw.process_response(request, moved(request, f"{B}/", 302 if method == "GET" else 307))
+    assert hop.url == f"{B}/"
+    assert hop.dont_filter is not deduplicated
+    assert stat(mw, "deduplicated") == int(deduplicated)

@@ -39,6 +39,15 @@ and :class:`~scrapy.downloadermiddlewares.redirect.MetaRefreshMiddleware`
   not handed to the spider as an unhandled 3xx. (A meta refresh to one is
   ignored, as in Scrapy: the page itself is the content.)
 
+* **``dont_filter`` is for the page asked, not for where it leads.** A ``GET``
+  or ``HEAD`` that is not deduplicated (a seed, a start URL) and redirects to
+  another URL sends a hop that is (``redirect/deduplicated``): a seed
+  ``example.com`` redirecting to ``www.example.com``, which another seed or a
+  link already brought, is not fetched twice. Scrapy carries ``dont_filter``
+  to every hop; ``meta["dont_filter_redirects"] = True`` keeps that for a
+  request, and a revisit (``meta["recrawl"]``) or a ``POST`` (a log-in that
+  redirects) always keeps it.
+
 A redirect to a page already crawled (another URL) stays what it was, a
 duplicate the frontier filters (``dupefilter/filtered``), not an error. The
 robots.txt fetches of :mod:`crawlproject.robots` (``meta["robotstxt_fetch"]``)
@@ -151,11 +160,23 @@ class _ChainRules:
             self._give_up(request, "loop", f"redirect loop ({reason}): "
                           f"{chain_text([*chain, redirected.url])}")
         try:
-            return super()._redirect(redirected, request, reason)
+            hop = super()._redirect(redirected, request, reason)
         except IgnoreRequest:
             self._give_up(request, "max_times", f"more than {self.max_redirect_times} "
                           f"redirects (REDIRECT_MAX_TIMES): "
                           f"{chain_text([*chain, redirected.url])}")
+        return self._deduplicated(hop, request)
+
+    def _deduplicated(self, hop: Request, request: Request) -> Request:
+        """*hop* deduplicated like a link when *request* was not only for its
+        own page (Scrapy copies ``dont_filter`` to every hop)."""
+        if (hop.dont_filter and request.method in ("GET", "HEAD")
+                and not request.meta.get("dont_filter_redirects")
+                and not request.meta.get("recrawl")
+                and _same_page(hop.url) != _same_page(request.url)):
+            hop.dont_filter = False
+            self.crawler.stats.inc_value("redirect/deduplicated")
+        return hop
 
     def _give_up(self, request: Request, what: str, reason: str):
         """Count, dead-letter (with the shared frontier) and drop *request*."""
