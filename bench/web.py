@@ -227,7 +227,11 @@ def run(specs, mode: str, timeout: float | None, keep: bool, hostnames: bool = F
                   f"{limits}; ideal {ideal:.1f}s ({slowest}); deadline {budget:.0f}s", flush=True)
             project = user_project(work / "project", "synthproj", SPIDER,
                                    extra_settings=f"REDIS_URL = {redis.url!r}\n"
-                                   f"MONGO_URI = {mongo.uri!r}\nMONGO_DATABASE = {DATABASE!r}\n")
+                                   f"MONGO_URI = {mongo.uri!r}\nMONGO_DATABASE = {DATABASE!r}\n"
+                                   # What ends an infinite calendar is the site budget; the
+                                   # default (100,000 new pages a site) is a broad crawl's,
+                                   # here every site has fewer real pages than the allowance.
+                                   f"FRONTIER_SITE_BUDGET = {synth_table.TRAP_ALLOWANCE}\n")
             nodes = Nodes(project, work, node_env(redis.url, mongo.uri, DATABASE), NODES)
             try:
                 nodes.wait_ready(90)

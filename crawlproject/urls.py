@@ -85,9 +85,12 @@ def canonical_host(host: str) -> str:
         host = host[1:-1]
     if ":" in host:   # IPv6 (a zone id, fe80::1%eth0, kept)
         try:
-            return ip_address(host).compressed
+            address = ip_address(host)
         except ValueError:
             return host.lower()
+        if address.ipv4_mapped is not None:   # RFC 5952 §5: ::ffff:192.0.2.1
+            return f"::ffff:{address.ipv4_mapped}"
+        return address.compressed
     host = host.rstrip(". \t\r\n\f\v") or host   # (junk spaces too: idempotent)
     if _IPV4_NUMBERS.fullmatch(host):
         try:

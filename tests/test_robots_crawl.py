@@ -199,7 +199,10 @@ def test_sites_whose_robots_txt_redirects_fails_or_explodes_are_crawled_by_the_r
     assert set(web.paths(13)) - {"/robots.txt"} == RULED
     assert node.stat("httpcompression/response_bytes") < 1 << 20
     assert len(redis.get(KEYS.record(http(13)))) < 1024
-    assert node.stat("robotstxt/truncated") == 2      # the bomb, the padded file
+    # every answer of the bomb and the padded file cut (once each, unless a
+    # fetch was retried on a loaded machine), none of another site
+    cut = web.paths(13).count("/robots.txt") + web.paths(15).count("/robots.txt")
+    assert cut >= 2 and node.stat("robotstxt/truncated") == cut
     # The padded robots.txt: read up to 500 KiB, a record the size of its one rule.
     assert set(web.paths(15)) - {"/robots.txt"} == RULED
     raw = redis.get(KEYS.record(http(15)))

@@ -468,7 +468,7 @@ def test_a_junk_limits_key_is_said_and_counted_not_a_stopped_node(redis, redis_u
     assert crawler.stats.get_value("politeness/limits_refused") == 2
     said = [r.getMessage() for r in caplog.records if "FRONTIER_HOST_LIMITS" in r.getMessage()]
     assert len(said) == 1 and "refused" in said[0], said
-    assert redis.hget(limits_key, "slow.example") == b"2000|8|s"
+    assert redis.hget(limits_key, "slow.example") == b"2000|8|100000|s"   # (FRONTIER_SITE_BUDGET 100,000)
 
 
 def test_many_host_limits_are_published_in_bounded_calls(redis, redis_url):
