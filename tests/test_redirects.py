@@ -359,3 +359,22 @@ def test_dont_filter_is_for_the_page_asked_not_where_it_redirects(method, meta, 
     assert hop.url == f"{B}/"
     assert hop.dont_filter is not deduplicated
     assert stat(mw, "deduplicated") == int(deduplicated)
+
+
+def test_a_cookie_wall_is_followed_once_then_it_is_a_loop():
+    """``/`` answers 302 to ``/`` with ``Set-Cookie`` (a consent or session
+    wall): a browser comes back with the cookie, and so does the crawl, once."""
+    mw = middleware(FrontierRedirectMiddleware)
+    request = Request(f"{A}/")
+    wall = Response(request.url, status=302, request=request,
+                    headers={"Location": "/", "Set-Cookie": "consent=1; Path=/"})
+    hop = mw.process_response(request, wall)
+    assert hop.url == f"{A}/" and hop.dont_filter      # past the dupefilter: it is the page
+    assert stat(mw, "cookie_wall") == 1
+    again = Response(hop.url, status=302, request=hop,
+                     headers={"Location": "/", "Set-Cookie": "consent=1; Path=/"})
+    with pytest.raises(IgnoreRequest, match="redirect loop"):
+        mw.process_response(hop, again)
+    plain = Request(f"{A}/x")                            # no cookie: a loop at once
+    with pytest.raises(IgnoreRequest, match="redirect loop"):
+        mw.process_response(plain, moved(plain, "/x", 302))

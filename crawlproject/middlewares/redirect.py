@@ -31,6 +31,8 @@ and :class:`~scrapy.downloadermiddlewares.redirect.MetaRefreshMiddleware`
   of the same URL (post/redirect/get) is not a loop. A meta refresh to the
   page's own URL is a reload, not a redirect: the page itself goes to the
   spider (``redirect/meta_refresh_self``).
+  A redirect to the page itself that sets a cookie (a cookie wall) is
+  followed once (``redirect/cookie_wall``), as a browser does.
 * **A chain over** ``REDIRECT_MAX_TIMES`` (or ``meta["redirect_ttl"]``) is
   given up the same way (``redirect/max_times``) instead of an
   ``IgnoreRequest`` with a DEBUG line.
@@ -128,9 +130,13 @@ class _ChainRules:
     def __init__(self, settings):
         super().__init__(settings)
         self._said: set[tuple[str, str]] = set()
+        #: the response being redirected set a cookie (read by _redirect, in the
+        #: same synchronous call of process_response)
+        self._sets_cookie = False
 
     def _build_redirect_request(self, source_request: Request, response: Response, *,
                                 url: str, **kwargs) -> Request:
+        self._sets_cookie = b"Set-Cookie" in response.headers
         try:
             redirected = super()._build_redirect_request(source_request, response, url=url,
                                                          **kwargs)
@@ -157,6 +163,15 @@ class _ChainRules:
         if target in seen and redirected.method == request.method:
             if reason == "meta refresh" and target == _same_page(request.url):
                 raise _Reload
+            if (self._sets_cookie and target == _same_page(request.url)
+                    and [_same_page(u) for u in chain].count(target) == 1):
+                # A cookie wall: the page sets a cookie and asks for itself
+                # again. Followed once, as a browser does (the cookie goes with
+                # the hop); a second time it is a loop.
+                self.crawler.stats.inc_value("redirect/cookie_wall")
+                hop = super()._redirect(redirected, request, reason)
+                hop.dont_filter = True
+                return hop
             self._give_up(request, "loop", f"redirect loop ({reason}): "
                           f"{chain_text([*chain, redirected.url])}")
         try:

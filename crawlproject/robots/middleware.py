@@ -128,6 +128,16 @@ HERE_META = "_robotstxt_here"
 MAX_LOOK = 10.0
 #: a record whose time is up (its fetch is on the way) is read again this often
 STALE_RECHECK = 2.0
+#: seconds a node waits for the frontier to have a site's Crawl-delay before it
+#: shares the site's rules (Redis away: not longer)
+CRAWL_DELAY_FLUSH_WAIT = 5.0
+
+
+def _crawl_delay(parser, agent: str) -> float | None:
+    try:
+        return parser.crawl_delay(agent)
+    except Exception:  # noqa: BLE001 - a parser that cannot tell: none
+        return None
 
 
 class _Known:
@@ -299,10 +309,9 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
         self._warned.add(what)
         return True
 
-    def _remember(self, origin: str, record: RobotsRecord) -> _Known:
+    def _remember(self, origin: str, record: RobotsRecord, parser=None) -> _Known:
         now = time.time()
-        parser = None
-        if record.state == RULES:
+        if record.state == RULES and parser is None:
             parser = build_from_crawler(self._parserimpl, self.crawler, record.body)
         # Rules (or "allow all") while fresh, and while the site cannot be
         # reached, up to ROBOTSTXT_CACHE_MAX_AGE after they were read.
@@ -466,16 +475,12 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
             self.crawler.stats.inc_value(f"robotstxt/response_status_count/{status}")
         rules = self._rules_of(origin, request, response) if 200 <= status < 300 else b""
         reason = gave_up or ("" if state_of(status) != UNAVAILABLE else f"status {status}")
-        known = await self._store(origin, status, rules, reason)
-        if state_of(status) == RULES:
-            if origin_of(request) != origin:
-                # Reached by redirects: the rules (their Crawl-delay: the
-                # scheduler's politeness key) are the original site's.
-                request = Request(f"{origin}/robots.txt", dont_filter=True,
-                                  meta={"robotstxt_redirects": list(self._chain(request))})
-            await self.crawler.signals.send_catch_log_async(
-                signal=signals.robots_parsed, robotparser=known.parser, request=request)
-        return known
+        if state_of(status) == RULES and origin_of(request) != origin:
+            # Reached by redirects: the rules (their Crawl-delay: the
+            # scheduler's politeness key) are the original site's.
+            request = Request(f"{origin}/robots.txt", dont_filter=True,
+                              meta={"robotstxt_redirects": list(self._chain(request))})
+        return await self._store(origin, status, rules, reason, request)
 
     def _rules_of(self, origin: str, request: Request, response) -> bytes:
         """What *response*'s robots.txt means for this crawler (:mod:`.rules`)."""
@@ -512,7 +517,8 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
             return known.record if known is not None else None
         return await self._stored(origin) or (known.record if known is not None else None)
 
-    async def _store(self, origin: str, status: int, body: bytes, reason: str) -> _Known:
+    async def _store(self, origin: str, status: int, body: bytes, reason: str,
+                     request: Request | None = None) -> _Known:
         now = time.time()
         if state_of(status) != UNAVAILABLE:
             expires = now + self.cache_ttl
@@ -521,9 +527,29 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
                                   reason=reason)
         else:
             record = await self._unreachable(origin, status, reason, now)
+        parser = None
+        if record.state == RULES and request is not None:
+            parser = await self._announce(record, request)
         if self.signer is not None:
             await self._records.share(record, max(1.0, record.keep - now))
-        return self._remember(origin, record)
+        return self._remember(origin, record, parser)
+
+    async def _announce(self, record: RobotsRecord, request: Request):
+        """Send ``robots_parsed`` for *record*'s rules (their Crawl-delay slows
+        the site down for every node, through the frontier), and wait, a
+        bounded time, until the frontier has it: only then may any page of the
+        site go, here or on another node (the record is shared after this), or
+        the first ones would be paced by the interval the site had before."""
+        parser = build_from_crawler(self._parserimpl, self.crawler, record.body)
+        await self.crawler.signals.send_catch_log_async(
+            signal=signals.robots_parsed, robotparser=parser, request=request)
+        client = getattr(self._scheduler(), "client", None)
+        if client is not None and _crawl_delay(parser, self.agent):
+            try:
+                await asyncio.wait_for(asyncio.shield(client.flushed()), CRAWL_DELAY_FLUSH_WAIT)
+            except asyncio.TimeoutError:   # Redis away: the record waits no longer
+                self.crawler.stats.inc_value("robotstxt/crawl_delay_unflushed")
+        return parser
 
     async def _unreachable(self, origin: str, status: int, reason: str,
                            now: float) -> RobotsRecord:
