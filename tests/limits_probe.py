@@ -84,6 +84,9 @@ async def run(server, overrides: dict) -> dict:
     handler = build_from_crawler(load_object(handler_path), crawler)
     middleware = build_from_crawler(load_object(compression_middleware(settings)), crawler)
     results = {"handler": handler_path, "middleware": type(middleware).__name__}
+    # the project's retry middleware (it hears the handler's headers_received)
+    from crawlproject.middlewares.retry import BackoffRetryMiddleware
+    retry = build_from_crawler(BackoffRetryMiddleware, crawler)
     try:
         for name, path, meta in CASES:
             request = Request(server.url + path, meta={"download_timeout": 5, **meta})
@@ -99,13 +102,15 @@ async def run(server, overrides: dict) -> dict:
                 cause = exc.__cause__
                 outcome.update(error=type(exc).__name__, message=str(exc)[:300],
                                decompressed=getattr(cause, "decompressed_size", None))
+                if name == "drip":
+                    outcome["retried"] = retry.process_exception(request, exc) is not None
             outcome["peak"] = tracemalloc.get_traced_memory()[1]
             tracemalloc.stop()
             results[name] = outcome
     finally:
         await handler.close()
     results["stats"] = {k: v for k, v in crawler.stats.get_stats().items()
-                        if k.startswith("limits/")}
+                        if k.startswith(("limits/", "retry/"))}
     results["dead"] = dead.records
     results["dripped"] = server.dripped
     results["header_bytes_sent"] = server.header_bytes_sent
@@ -146,7 +151,7 @@ async def render(server, overrides: dict) -> dict:
     finally:
         await handler.close()
     results["stats"] = {k: v for k, v in crawler.stats.get_stats().items()
-                        if k.startswith("limits/")}
+                        if k.startswith(("limits/", "retry/"))}
     return results
 
 

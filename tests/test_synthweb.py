@@ -407,6 +407,22 @@ def test_politeness_figures():
     assert blocked["retry_after_ratio"] == pytest.approx(1 / 3)
 
 
+def test_a_crawl_delay_binds_from_when_its_robots_txt_was_served():
+    """robots.txt and the hops of its redirects go before anyone can know the
+    Crawl-delay: they keep the base interval; every request after it is due
+    the site's Crawl-delay (2 s here)."""
+    site = SyntheticWeb(T.web(names=("crawl-delay",))).site("crawl-delay")
+
+    def hit(t, target, status=200):
+        return Hit(t, "crawl-delay", "http", "GET", target, "", {}, status, t + 0.01, {})
+
+    moved = [hit(0, "/robots.txt", 301), hit(1.0, "/robots-2024.txt")]
+    assert politeness(site, moved + [hit(3.0, "/")], 1.0, 2)["peak_over_limit"] == \
+        pytest.approx(1.0)
+    assert politeness(site, moved + [hit(2.0, "/")], 1.0, 2)["peak_over_limit"] == \
+        pytest.approx(2.0)
+
+
 def test_synthweb_is_not_shipped():
     """devtools/ (the synthetic web with it) is outside the package the wheel and the egg build."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())

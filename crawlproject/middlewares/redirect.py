@@ -71,6 +71,7 @@ Enable them in place of Scrapy's::
 from __future__ import annotations
 
 import logging
+from http.cookies import CookieError, SimpleCookie
 
 from scrapy import Request
 from scrapy.downloadermiddlewares.redirect import MetaRefreshMiddleware, RedirectMiddleware
@@ -116,6 +117,25 @@ def _same_page(url: str) -> str:
         return url
 
 
+#: cookies of a cookie wall carried with its hop, and their longest value
+MAX_WALL_COOKIES, MAX_WALL_COOKIE = 20, 4096
+
+
+def _set_cookies(response: Response) -> dict[str, str]:
+    """Name → value of the cookies *response* sets (bounded; junk skipped)."""
+    found: dict[str, str] = {}
+    for header in response.headers.getlist(b"Set-Cookie")[:MAX_WALL_COOKIES]:
+        cookie = SimpleCookie()
+        try:
+            cookie.load(header.decode("latin-1"))
+        except CookieError:
+            continue
+        for name, morsel in cookie.items():
+            if len(morsel.value) <= MAX_WALL_COOKIE and len(found) < MAX_WALL_COOKIES:
+                found[name] = morsel.value
+    return found
+
+
 class _Reload(Exception):
     """A meta refresh to the page itself: the page is kept (internal)."""
 
@@ -130,13 +150,13 @@ class _ChainRules:
     def __init__(self, settings):
         super().__init__(settings)
         self._said: set[tuple[str, str]] = set()
-        #: the response being redirected set a cookie (read by _redirect, in the
-        #: same synchronous call of process_response)
-        self._sets_cookie = False
+        #: the cookies the response being redirected set (read by _redirect, in
+        #: the same synchronous call of process_response)
+        self._set_cookies: dict[str, str] = {}
 
     def _build_redirect_request(self, source_request: Request, response: Response, *,
                                 url: str, **kwargs) -> Request:
-        self._sets_cookie = b"Set-Cookie" in response.headers
+        self._set_cookies = _set_cookies(response)
         try:
             redirected = super()._build_redirect_request(source_request, response, url=url,
                                                          **kwargs)
@@ -163,14 +183,19 @@ class _ChainRules:
         if target in seen and redirected.method == request.method:
             if reason == "meta refresh" and target == _same_page(request.url):
                 raise _Reload
-            if (self._sets_cookie and target == _same_page(request.url)
+            if (self._set_cookies and target == _same_page(request.url)
                     and [_same_page(u) for u in chain].count(target) == 1):
                 # A cookie wall: the page sets a cookie and asks for itself
-                # again. Followed once, as a browser does (the cookie goes with
-                # the hop); a second time it is a loop.
+                # again. Followed once, as a browser does, the cookies with the
+                # hop itself (stored with it in the frontier: the node that
+                # downloads it may not be the one whose jar got them); a
+                # second time it is a loop.
                 self.crawler.stats.inc_value("redirect/cookie_wall")
                 hop = super()._redirect(redirected, request, reason)
                 hop.dont_filter = True
+                if not isinstance(hop.cookies, dict):
+                    hop.cookies = {}
+                hop.cookies.update(self._set_cookies)
                 return hop
             self._give_up(request, "loop", f"redirect loop ({reason}): "
                           f"{chain_text([*chain, redirected.url])}")

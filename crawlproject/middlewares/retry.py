@@ -15,14 +15,23 @@ paces the site for every node from its recent rate of such answers (and blocks
 it for a ``Retry-After``), so a per-request wait on top would only hold this
 page back — a listing page's retry would hold up every page it links to.
 
+A body that did not come whole within ``DOWNLOAD_TIMEOUT`` although the
+server had answered (its headers came: it drips bytes, or sends for ever) is
+not retried either: another try would hold a slot of the site as long again,
+for the same end (``retry/dripping``, dead-lettered with the reason). A
+timeout before any answer is retried as Scrapy does.
+
 A connection the address guard refused (``DOWNLOAD_ALLOWED_NETWORKS``,
 :mod:`crawlproject.egress`) is never retried: dead-lettered with its reason.
 """
 
 from __future__ import annotations
 
-from scrapy import Request
+import weakref
+
+from scrapy import Request, signals
 from scrapy.downloadermiddlewares.retry import RetryMiddleware
+from scrapy.exceptions import DownloadTimeoutError
 
 from crawlproject.egress.report import refuse
 from crawlproject.egress.resolver import refusal_of
@@ -36,7 +45,13 @@ class BackoffRetryMiddleware(RetryMiddleware):
     def from_crawler(cls, crawler):
         mw = super().from_crawler(crawler)
         mw.policy = RetryPolicy.from_settings(crawler.settings)
+        #: downloads whose response headers came (the server answered)
+        mw._answered = weakref.WeakSet()
+        crawler.signals.connect(mw._headers_received, signal=signals.headers_received)
         return mw
+
+    def _headers_received(self, headers, body_length, request, spider=None, **kwargs):
+        self._answered.add(request)
 
     def process_exception(self, request: Request, exception, spider=None):
         # A host the address guard emptied looks like a DNS error, which Scrapy
@@ -45,7 +60,21 @@ class BackoffRetryMiddleware(RetryMiddleware):
         refusal = refusal_of(request, exception)
         if refusal is not None:
             raise refuse(self.crawler, request, refusal)
+        if request in self._answered and _is_timeout(exception):
+            return self._dripped(request, exception)
         return super().process_exception(request, exception)
+
+    def _dripped(self, request: Request, exception) -> None:
+        """The server answered, its body did not come within the deadline:
+        given up now (the exception goes on to the errback)."""
+        self.crawler.stats.inc_value("retry/dripping")
+        scheduler = getattr(self.crawler.engine, "scheduler", None)
+        mark_failed = getattr(scheduler, "mark_failed", None)
+        if mark_failed is not None:
+            mark_failed(request, f"the body did not come whole within the download deadline "
+                        f"(DOWNLOAD_TIMEOUT), the server having answered: not retried "
+                        f"({type(exception).__name__}: {exception})", kind="download")
+        return None
 
     def _retry(self, request: Request, reason) -> Request | None:
         new = super()._retry(request, reason)
@@ -60,3 +89,8 @@ class BackoffRetryMiddleware(RetryMiddleware):
         new.meta[RETRY_DELAY_META] = (0.0 if request.meta.get(SLOW_DOWN_META)
                                       else self.policy.delay(new.meta.get("retry_times", 1)))
         return new
+
+
+def _is_timeout(exception) -> bool:
+    """A download deadline (Scrapy's handler, the impersonating one, Twisted's)."""
+    return isinstance(exception, DownloadTimeoutError) or "Timeout" in type(exception).__name__

@@ -87,6 +87,12 @@ def score(web, hits, stored_urls=None, delay: float = 1.0, concurrency: int = 2)
     return out
 
 
+def _robots_path(target: str) -> bool:
+    """A path robots.txt is served at or redirected through (devtools.synthweb.robots)."""
+    path = target.split("?", 1)[0]
+    return path.startswith(("/robots", "/r/"))
+
+
 def politeness(site, hits, delay: float, concurrency: int) -> dict:
     """Shortest gap, most in flight and Retry-After waits on one site."""
     limit = limits(site.spec, delay, concurrency)
@@ -94,7 +100,14 @@ def politeness(site, hits, delay: float, concurrency: int) -> dict:
     gaps = [b - a for a, b in zip(times, times[1:])]
     min_gap = min(gaps, default=None)
     in_flight = max_overlap((h.t, h.done) for h in hits)
-    gap_ratio = (limit.interval_s / min_gap if min_gap else float("inf")) if gaps else 0.0
+    # A Crawl-delay binds from when the robots.txt saying it was served: the
+    # requests before (robots.txt itself, the hops of its redirects) can only
+    # keep the base interval.
+    known = min((h.done or h.t for h in hits if h.status == 200 and _robots_path(h.target)),
+                default=float("inf"))
+    gap_ratio = max((((limit.interval_s if b >= known else min(delay, limit.interval_s)) / (b - a)
+                      if b > a else float("inf")) for a, b in zip(times, times[1:])),
+                    default=0.0)
     ratios = []
     for hit in hits:
         asked = hit.response.get("Retry-After")
