@@ -113,7 +113,8 @@ def readme_limits() -> dict:
     jitter = 0.5 if namespace.get("RANDOMIZE_DOWNLOAD_DELAY", True) else 0.0
     return {"delay": float(get("DOWNLOAD_DELAY")),
             "concurrency": int(get("CONCURRENT_REQUESTS_PER_DOMAIN")),
-            "jitter": float(namespace.get("DOWNLOAD_DELAY_JITTER", jitter))}
+            "jitter": float(namespace.get("DOWNLOAD_DELAY_JITTER", jitter)),
+            "timeout": float(get("DOWNLOAD_TIMEOUT"))}
 
 
 class Nodes:
@@ -219,7 +220,7 @@ def run(specs, mode: str, timeout: float | None, keep: bool, hostnames: bool = F
         mongo.start()
         with SyntheticWeb(specs, hostnames=hostnames) as synth:
             ideal, slowest = ideal_seconds(synth, limits["delay"], limits["concurrency"],
-                                           limits["jitter"])
+                                           limits["jitter"], limits["timeout"])
             budget = timeout or DEADLINE_FACTOR * ideal + DEADLINE_GRACE_S
             if mode != "full" and timeout is None:
                 budget = min(budget, QUICK_CAP_S)
@@ -251,7 +252,7 @@ def run(specs, mode: str, timeout: float | None, keep: bool, hostnames: bool = F
                     for hit in hits:
                         out.write(json.dumps(dataclasses.asdict(hit)) + "\n")
             per_site_ideal = {s.name: site_ideal_seconds(s, limits["delay"], limits["concurrency"],
-                                                         limits["jitter"])
+                                                         limits["jitter"], limits["timeout"])
                               for s in synth.sites.values()}
             musts = {s.name: len(site_must(s)) for s in synth.sites.values()}
             behaviours = {s.name: describe(s.spec) for s in synth.sites.values()}

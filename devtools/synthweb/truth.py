@@ -103,15 +103,21 @@ def expected_requests(site) -> int:
     return count
 
 
-def site_ideal_seconds(site, delay: float, concurrency: int, jitter: float) -> float:
+def site_ideal_seconds(site, delay: float, concurrency: int, jitter: float,
+                       download_timeout: float = 0.0) -> float:
     limit = limits(site.spec, delay, concurrency)
     waits = sum(FEATURES[name].wait_s(site) for name in site.spec.features)
     if site.spec.robots == "slow":
         waits += T.ROBOTS_SLOW_S
+    if "drip" in site.spec.features:
+        # the drip ends at the crawler's download deadline, no sooner
+        waits += download_timeout
     return max(0, expected_requests(site) - 1) * limit.interval_s * (1 + jitter / 4) + waits
 
 
-def ideal_seconds(web, delay: float, concurrency: int, jitter: float = 0.0) -> tuple[float, str]:
-    """The shortest crawl the limits allow, and the site that sets it."""
-    return max((site_ideal_seconds(s, delay, concurrency, jitter), s.name)
+def ideal_seconds(web, delay: float, concurrency: int, jitter: float = 0.0,
+                  download_timeout: float = 0.0) -> tuple[float, str]:
+    """The shortest crawl the limits allow (*download_timeout*: the crawler's
+    deadline, which a drip lasts), and the site that sets it."""
+    return max((site_ideal_seconds(s, delay, concurrency, jitter, download_timeout), s.name)
                for s in web.sites.values())
