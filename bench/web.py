@@ -338,8 +338,8 @@ def render(d: dict) -> str:
                 [[c["check"], c["value"], c["floor"], c["pass"]] for c in d["checks"]])
     rows = []
     for name, s in d["per_site"].items():
-        ratio = (f"{s['min_gap_s'] and s['interval_s'] / s['min_gap_s']:.2f}"
-                 if s["min_gap_s"] else "n/a")
+        # (a Crawl-delay binds from when its robots.txt was served: check.politeness)
+        ratio = f"{s['gap_ratio']:.2f}" if s["min_gap_s"] else "n/a"
         rows.append([name, d["behaviours"][name], f"{s['answered']}/{s['must']}", s["trap"],
                      s["requests"], s["interval_s"], s["min_gap_s"], ratio,
                      f"{s['in_flight']}/{s['concurrency']}", s["retry_after_ratio"],

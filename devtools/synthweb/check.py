@@ -117,6 +117,7 @@ def politeness(site, hits, delay: float, concurrency: int) -> dict:
                 ratios.append((later[0] - (hit.done or hit.t)) / int(asked))
     return {"requests": len(hits), "interval_s": limit.interval_s,
             "concurrency": limit.concurrency, "min_gap_s": min_gap, "in_flight": in_flight,
+            "gap_ratio": gap_ratio,
             "peak_over_limit": max(gap_ratio, in_flight / limit.concurrency),
             "retry_after_ratio": min(ratios) if ratios else None}
 
