@@ -472,3 +472,47 @@ def test_without_a_secret_a_node_follows_redirects_and_waits_out_a_5xx_itself(
 
     asyncio.run(scenario())
     assert redis.keys("*") == []
+
+
+def test_a_crawl_delay_reaches_the_frontier_before_the_rules_are_shared(redis, redis_url):
+    """The first page of a site was leased at the interval the site had before
+    its robots.txt: the record (which lets every node's pages go) is shared
+    only once the frontier has the Crawl-delay (the scheduler's
+    ``client.flushed()``; a stand-in here, whose future the test resolves)."""
+    class Client:
+        def __init__(self):
+            self.asked, self.future = asyncio.Event(), None
+
+        def flushed(self):
+            self.future = asyncio.get_running_loop().create_future()
+            self.asked.set()
+            return self.future
+
+    async def scenario():
+        first, second = node(redis_url), node(redis_url, name="n2")
+        client = first.crawler.engine.scheduler.client = Client()
+        heard = []
+        first.crawler.signals.connect(
+            lambda robotparser, request: heard.append(robotparser.crawl_delay("*")),
+            signal=signals.robots_parsed, weak=False)
+        assert await look(first, f"{SITE}/p/1") == "waits"
+        [fetch] = fetches(first)
+        answered = asyncio.ensure_future(
+            reply(first, fetch, 200, b"User-agent: *\nCrawl-delay: 3\nDisallow: /p/\n"))
+        await asyncio.wait_for(client.asked.wait(), 10)
+        assert heard == [3.0]                                # the scheduler was told ...
+        assert record_of(redis, SITE) is None                # ... and nothing is shared yet
+        assert await look(second, f"{SITE}/list/1") == "waits"
+        client.future.set_result(None)                       # the frontier has it
+        await asyncio.wait_for(answered, 10)
+        assert record_of(redis, SITE) is not None
+        assert await look(second, f"{SITE}/list/2") == "allowed"
+        # no Crawl-delay: nothing to wait for
+        client.asked.clear()
+        assert await look(first, f"{OTHER_SITE}/a") == "waits"
+        [fetch] = fetches(first)
+        await asyncio.wait_for(reply(first, fetch, 200, b"User-agent: *\nDisallow: /p/\n"), 10)
+        assert not client.asked.is_set() and record_of(redis, OTHER_SITE) is not None
+        await first._closed(), await second._closed()
+
+    asyncio.run(scenario())
