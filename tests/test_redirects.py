@@ -370,7 +370,8 @@ def test_a_cookie_wall_is_followed_once_then_it_is_a_loop():
                     headers={"Location": "/", "Set-Cookie": "consent=1; Path=/"})
     hop = mw.process_response(request, wall)
     assert hop.url == f"{A}/" and hop.dont_filter      # past the dupefilter: it is the page
-    assert hop.cookies == {"consent": "1"}             # with it, whichever node downloads it
+    # with it (and its path), whichever node downloads it
+    assert hop.cookies == [{"name": "consent", "value": "1", "path": "/"}]
     assert stat(mw, "cookie_wall") == 1
     again = Response(hop.url, status=302, request=hop,
                      headers={"Location": "/", "Set-Cookie": "consent=1; Path=/"})

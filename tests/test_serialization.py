@@ -115,6 +115,8 @@ def test_a_nodes_own_request_round_trips_whole():
         Request("http://127.0.0.1/b", callback=spider._from_mixin, method="DELETE"),
         JsonRequest("http://127.0.0.1/c", data={"q": [1, 2]}, callback=spider.parse_item),
         MyRequest("http://127.0.0.1/d", method="PUT", body=b"raw"),
+        Request("http://127.0.0.1/w", dont_filter=True,   # a cookie wall's hop: list form
+                cookies=[{"name": "consent", "value": "1", "path": "/"}]),
         Request("http://127.0.0.1/e", meta={"playwright": True, "playwright_page_methods": [
             PageMethod("evaluate", "1 + 1"), PageMethod("screenshot", full_page=True)]}),
     ]

@@ -121,9 +121,11 @@ def _same_page(url: str) -> str:
 MAX_WALL_COOKIES, MAX_WALL_COOKIE = 20, 4096
 
 
-def _set_cookies(response: Response) -> dict[str, str]:
-    """Name → value of the cookies *response* sets (bounded; junk skipped)."""
-    found: dict[str, str] = {}
+def _set_cookies(response: Response) -> list[dict[str, str]]:
+    """The cookies *response* sets, in ``Request.cookies``' list form, with
+    their path (bounded; junk skipped): without it a cookie would take the
+    request's directory as its path, and go twice beside the jar's own."""
+    found: list[dict[str, str]] = []
     for header in response.headers.getlist(b"Set-Cookie")[:MAX_WALL_COOKIES]:
         cookie = SimpleCookie()
         try:
@@ -132,7 +134,8 @@ def _set_cookies(response: Response) -> dict[str, str]:
             continue
         for name, morsel in cookie.items():
             if len(morsel.value) <= MAX_WALL_COOKIE and len(found) < MAX_WALL_COOKIES:
-                found[name] = morsel.value
+                found.append({"name": name, "value": morsel.value,
+                              **({"path": morsel["path"]} if morsel["path"] else {})})
     return found
 
 
@@ -152,7 +155,7 @@ class _ChainRules:
         self._said: set[tuple[str, str]] = set()
         #: the cookies the response being redirected set (read by _redirect, in
         #: the same synchronous call of process_response)
-        self._set_cookies: dict[str, str] = {}
+        self._set_cookies: list[dict[str, str]] = []
 
     def _build_redirect_request(self, source_request: Request, response: Response, *,
                                 url: str, **kwargs) -> Request:
@@ -193,9 +196,10 @@ class _ChainRules:
                 self.crawler.stats.inc_value("redirect/cookie_wall")
                 hop = super()._redirect(redirected, request, reason)
                 hop.dont_filter = True
-                if not isinstance(hop.cookies, dict):
-                    hop.cookies = {}
-                hop.cookies.update(self._set_cookies)
+                own = hop.cookies or []
+                if isinstance(own, dict):
+                    own = [{"name": k, "value": v} for k, v in own.items()]
+                hop.cookies = [*own, *self._set_cookies]
                 return hop
             self._give_up(request, "loop", f"redirect loop ({reason}): "
                           f"{chain_text([*chain, redirected.url])}")
