@@ -516,3 +516,20 @@ def test_a_crawl_delay_reaches_the_frontier_before_the_rules_are_shared(redis, r
         await first._closed(), await second._closed()
 
     asyncio.run(scenario())
+
+
+def test_a_fetch_that_ended_between_a_read_and_the_lock_is_not_made_again(redis, redis_url):
+    """A node read no record, then another node's fetch stored it and released
+    the lock, then the first took the lock: it finds the record and fetches
+    nothing (robots.txt was fetched twice on a loaded machine)."""
+    async def scenario():
+        first, second = node(redis_url), node(redis_url, name="n2")
+        assert await look(first, f"{SITE}/p/1") == "waits"
+        [fetch] = fetches(first)
+        await reply(first, fetch, 200, DISALLOW_P)          # stored, lock released
+        assert await second._ask_for_fetch(SITE) is not None   # second's read came before
+        assert fetches(second) == [] and redis.get(KEYS.fetch_lock(SITE)) is None
+        assert stat(second, "fetched_meanwhile") == 1
+        await first._closed(), await second._closed()
+
+    asyncio.run(scenario())

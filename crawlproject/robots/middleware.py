@@ -293,7 +293,8 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
             return await self._fetch_here(origin)
         record = await self._stored(origin)
         if record is None or record.expires <= time.time():
-            await self._ask_for_fetch(origin)   # its time is up: fetched again
+            # its time is up: fetched again, unless a fetch stored it meanwhile
+            record = await self._ask_for_fetch(origin) or record
         return self._remember(origin, record) if record is not None else None
 
     async def _stored(self, origin: str) -> RobotsRecord | None:
@@ -329,12 +330,20 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
             self.crawler.stats.inc_value("robotstxt/cluster/cached_rules")
         return known
 
-    async def _ask_for_fetch(self, origin: str) -> None:
+    async def _ask_for_fetch(self, origin: str) -> RobotsRecord | None:
         """Put *origin*'s robots.txt request in the frontier, unless another
-        node holds its fetch lock (ROBOTS_FETCH_LOCK: free or stale locks only)."""
+        node holds its fetch lock (ROBOTS_FETCH_LOCK: free or stale locks only),
+        or a fetch stored a fresh record since it was read (returned)."""
         taken = await self._records.take_lock(origin, node_id(self.crawler), self.lock_ttl)
         if not taken:
-            return
+            return None
+        # A fetch that ended between our read and the lock (its record is
+        # stored before its lock is released): no second fetch.
+        fresh = await self._records.read(origin, time.time(), quiet=True)
+        if fresh is not None and fresh.expires > time.time():
+            await self._records.release_lock(origin)
+            self.crawler.stats.inc_value("robotstxt/cluster/fetched_meanwhile")
+            return fresh
         if taken == 2:
             self.crawler.stats.inc_value("robotstxt/cluster/stale_lock")
             logger.warning("The robots.txt fetch lock of %s had no expiry, or a longer one than "
@@ -346,6 +355,7 @@ class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
         self.crawler.stats.inc_value("robotstxt/request_count")
         logger.debug("Asked the frontier for %s/robots.txt", origin,
                      extra={"spider": self.crawler.spider})
+        return None
 
     async def _fetch_here(self, origin: str) -> _Known:
         """Download *origin*'s robots.txt from this node, outside the frontier,

@@ -61,8 +61,9 @@ class RobotsStore:
         if self._redis is not None:
             await self._redis.aclose()
 
-    async def read(self, origin: str, now: float) -> RobotsRecord | None:
-        """The proven record of *origin* whose time has not passed at *now*, or None."""
+    async def read(self, origin: str, now: float, quiet: bool = False) -> RobotsRecord | None:
+        """The proven record of *origin* whose time has not passed at *now*, or
+        None (*quiet*: a second look, what it refuses was said by the first)."""
         key = self.keys.record(origin)
         try:
             # GETRANGE: a huge value is never read whole (refused for its length)
@@ -70,20 +71,22 @@ class RobotsStore:
         except ResponseError as exc:
             if not _wrong_type(exc):
                 raise
-            await self._bad_key(key, "a string", "ignored, the site's robots.txt is fetched "
-                                "again and stored over it")
+            if not quiet:
+                await self._bad_key(key, "a string", "ignored, the site's robots.txt is "
+                                    "fetched again and stored over it")
             raw = b""
         if not raw:
             return None
+        refused = (lambda *_: None) if quiet else self._refused
         try:
             record = decode_record(raw, self.signer, origin)
         except UnprovenRecord as exc:
-            return self._refused(origin, "unproven_record", str(exc))
+            return refused(origin, "unproven_record", str(exc))
         except ValueError as exc:
-            return self._refused(origin, "invalid_record", str(exc))
+            return refused(origin, "invalid_record", str(exc))
         if record.usable_until <= now:   # a node's record is gone by then: replayed
-            return self._refused(origin, "unproven_record", "its time has passed: stored "
-                                 "again, or this node's clock is ahead")
+            return refused(origin, "unproven_record", "its time has passed: stored "
+                           "again, or this node's clock is ahead")
         return record
 
     def _refused(self, origin: str, stat: str, why: str) -> None:
@@ -101,6 +104,10 @@ class RobotsStore:
         self.client()
         return await self._take_lock(keys=[self.keys.fetch_lock(origin)],
                                      args=[node, int(ttl * 1000)])
+
+    async def release_lock(self, origin: str) -> None:
+        """Give *origin*'s fetch lock back (taken, then found needless)."""
+        await self.client().delete(self.keys.fetch_lock(origin))
 
     async def renew_lock(self, origin: str, ttl: float) -> None:
         await self.client().pexpire(self.keys.fetch_lock(origin), int(ttl * 1000))
