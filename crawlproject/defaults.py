@@ -136,6 +136,7 @@ SITEMAPS_MAX_SIZE = 50 * 1024 * 1024        # bytes per sitemap, decompressed (<
 SITEMAPS_OTHER_HOSTS = False                # URLs of another host than the site's: followed
 SITEMAPS_MAX_QUEUED = 2000                  # sitemap seeds fed while frontier + seeds hold fewer
 SITEMAPS_MAX_PENDING = 1_000_000            # seeds waiting in Redis; sitemaps wait beyond it
+SITEMAPS_LASTMOD_SKEW = 300.0               # seconds a lastmod may be ahead of now; beyond: ignored
 
 # --- Untrusted input: what seeds and stored requests may carry (policy.py) ------
 SEED_META_ALLOW: list = []                  # meta keys a seed may set

@@ -24,6 +24,10 @@ remain):
    discoveries by default), and schedules it: it is as polite as any request;
 5. reports ``pages`` and ``due`` to ``{spider}:recrawl`` (``crawlctl status``).
 
+A sitemap read on this node can make known pages due before their time
+(:meth:`RecrawlFeeder.make_due`: their ``lastmod`` is newer than their last
+fetch; one bulk write per batch of URLs); the next cycle follows at once.
+
 A node that would close when idle (``MAX_IDLE_TIME_BEFORE_CLOSE``) stays open
 until its feeder has looked once, while a cycle runs, and while its last cycle
 left pages due now: a node started to recrawl does not close before the
@@ -41,7 +45,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from pymongo import ASCENDING
+from pymongo import ASCENDING, UpdateOne
 from pymongo.errors import PyMongoError
 from redis.exceptions import LockError
 from scrapy import signals
@@ -58,7 +62,8 @@ from crawlproject.node import node_id
 from crawlproject.keys import FrontierKeys
 from crawlproject.connection import collection_name
 from crawlproject.policy import InputPolicy, Refused
-from crawlproject.recrawl.schedule import STATE_META, PageVisit, RecrawlPolicy, utc_now
+from crawlproject.recrawl.schedule import (STATE_META, PageVisit, RecrawlPolicy,
+                                           lastmod_updates, utc_now)
 from crawlproject.serialization import RequestDecodeError, request_from_json
 from crawlproject.signing import Signer, signer_from_settings
 
@@ -80,8 +85,9 @@ class RecrawlFeeder:
 
     def __init__(self, crawler, *, policy: RecrawlPolicy, mongo_uri: str, database: str,
                  check_interval: float, batch_size: int, max_queued: int,
-                 claim_timeout: float):
+                 claim_timeout: float, key_as_id: bool = True):
         self.crawler = crawler
+        self.key_field = "_id" if key_as_id else "url"   # how a page record is keyed
         self.stats = crawler.stats
         self.policy = policy
         self.mongo_uri, self.database = mongo_uri, database
@@ -98,6 +104,7 @@ class RecrawlFeeder:
         self._looked = False      # a first cycle was tried
         self._busy = False        # a cycle runs now
         self._due_left = 0        # pages due and not fed at the last cycle
+        self._soon = False        # pages were made due here: cycle at once
 
     @classmethod
     def from_crawler(cls, crawler):
@@ -112,7 +119,8 @@ class RecrawlFeeder:
                      check_interval=max(0.2, setting(s, "RECRAWL_CHECK_INTERVAL")),
                      batch_size=max(1, setting(s, "RECRAWL_BATCH_SIZE")),
                      max_queued=max(1, setting(s, "RECRAWL_MAX_QUEUED")),
-                     claim_timeout=max(1.0, setting(s, "RECRAWL_CLAIM_TIMEOUT")))
+                     claim_timeout=max(1.0, setting(s, "RECRAWL_CLAIM_TIMEOUT")),
+                     key_as_id=setting(s, "MONGO_KEY_AS_ID"))
         crawler.signals.connect(feeder.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(feeder.spider_closed, signal=signals.spider_closed)
         crawler.signals.connect(feeder.spider_idle, signal=signals.spider_idle)
@@ -160,7 +168,8 @@ class RecrawlFeeder:
         next_cycle = float("-inf")   # the first cycle at once (0.0 relied on the boot time)
         while not self._closing:
             now = time.monotonic()
-            if now >= next_cycle or await self._woken():
+            soon, self._soon = self._soon, False
+            if now >= next_cycle or soon or await self._woken():
                 more = False
                 self._busy = True
                 try:
@@ -190,6 +199,24 @@ class RecrawlFeeder:
             return False
         seen, self._wake_seen = self._wake_seen, wake
         return seen is not None and wake != seen
+
+    async def make_due(self, pages, now=None) -> int:
+        """Make the known pages of *pages* (``(url, lastmod)``, URLs as the
+        page records key them) due now when their ``lastmod`` is newer than
+        their last fetch (:func:`~crawlproject.recrawl.schedule.lastmod_updates`
+        says which): one unordered bulk write for the batch, never one round
+        trip per URL. Returns how many were made due; raises PyMongoError.
+        Unknown pages are untouched (they are new seeds)."""
+        if self.mongo is None or self._closing:
+            return 0
+        updates = lastmod_updates(pages, self.policy, now or utc_now(), self.key_field)
+        if not updates:
+            return 0
+        result = await self.pages.bulk_write([UpdateOne(f, u) for f, u in updates],
+                                             ordered=False)
+        if result.modified_count:
+            self._soon = True
+        return result.modified_count
 
     def _scheduler(self):
         return getattr(self.crawler.engine, "scheduler", None)

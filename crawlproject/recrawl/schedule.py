@@ -44,7 +44,7 @@ from crawlproject.defaults import setting
 
 __all__ = ["RevisitRule", "RecrawlPolicy", "PageState", "next_state", "checked_state",
            "body_hash", "PageVisit", "PageCheck", "GoneMark", "STATE_META", "VISIT_META",
-           "OUTCOMES", "MAX_ITEMS_PER_PAGE"]
+           "OUTCOMES", "MAX_ITEMS_PER_PAGE", "lastmod_updates"]
 
 #: meta key of a revisit's previous page state (stored with the request).
 STATE_META = "recrawl"
@@ -265,6 +265,8 @@ class PageVisit(Item):
     gone_at = Field()
     items = Field()          # [[collection, key], ...] the page produced
     sitemap_lastmod = Field()  # datetime (UTC) a sitemap gave the page (crawlproject.sitemaps)
+    # (sitemap_due_at: when a newer sitemap lastmod last made the page due;
+    # written by lastmod_updates only, kept by the pipeline's merge.)
 
 
 class PageCheck(PageVisit):
@@ -317,6 +319,32 @@ def visit_record(url: str, rule: RevisitRule, previous: PageState | None, outcom
         record["last_changed"] = now
         record["items"] = items or []
     return record
+
+
+def lastmod_updates(pages: Iterable[tuple[str, datetime]], policy: RecrawlPolicy,
+                    now: datetime, key_field: str = "_id") -> list[tuple[dict, dict]]:
+    """The page record updates (``(filter, update)``) that make each page of
+    *pages* (``(url, lastmod)``, a sitemap's word) due now, for one bulk write.
+
+    A record is made due (``next_visit`` now) only when all hold: a revisit
+    rule covers its URL; it was last fetched (``last_checked``) before
+    *lastmod*; it is not due already (nor set aside: an ``invalid`` record
+    has no ``next_visit``); and no sitemap made it due within its rule's
+    ``min_interval`` (``sitemap_due_at``), so a sitemap cannot make a page due
+    over and over. A URL no record holds matches nothing: it is a new seed
+    anyway. *lastmod* in the future is the caller's to refuse.
+    """
+    updates = []
+    for url, lastmod in pages:
+        rule = policy.rule_for(url)
+        if rule is None:
+            continue
+        recent = now - timedelta(seconds=rule.min_interval)
+        updates.append((
+            {key_field: url, "last_checked": {"$lt": lastmod}, "next_visit": {"$gt": now},
+             "$or": [{"sitemap_due_at": None}, {"sitemap_due_at": {"$lte": recent}}]},
+            {"$set": {"next_visit": now, "sitemap_due_at": now, "sitemap_lastmod": lastmod}}))
+    return updates
 
 
 def utc_now() -> datetime:

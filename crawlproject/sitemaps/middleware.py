@@ -22,7 +22,15 @@ node that parsed a site's robots.txt (Scrapy's ``robots_parsed`` signal):
    the seed key hold fewer than ``SITEMAPS_MAX_QUEUED``. A sitemap of 50,000
    URLs never floods the frontier: its URLs go in at the rate the crawl takes
    them. While ``SITEMAPS_MAX_PENDING`` seeds wait, sitemaps are not
-   downloaded: they wait in the frontier (``sitemaps/waits``).
+   downloaded: they wait in the frontier (``sitemaps/waits``);
+4. with the recrawl on (``RECRAWL_ENABLED``, its feeder on this node), the
+   pages of each chunk that give a ``lastmod`` newer than their page record's
+   last fetch are made due now, one bulk MongoDB write per chunk
+   (:meth:`~crawlproject.recrawl.extension.RecrawlFeeder.make_due`): a known
+   page is not a new seed (the Bloom filter drops it), the feeder brings it
+   back as a conditional revisit. A ``lastmod`` more than
+   ``SITEMAPS_LASTMOD_SKEW`` seconds ahead of now is ignored
+   (``sitemaps/refused/lastmod_future``).
 
 Same site only, unless ``SITEMAPS_OTHER_HOSTS``: a sitemap or page URL whose
 host is not the site's (the robots.txt's host, or the host its robots.txt
@@ -45,17 +53,22 @@ import asyncio
 import json
 import logging
 import time
+from datetime import timedelta
 from itertools import islice
 
 from scrapy import Request, signals
+from pymongo.errors import PyMongoError
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 
 from crawlproject.connection import REDIS_FAILURES, redis_from_settings
 from crawlproject.defaults import setting
 from crawlproject.frontier.retrypolicy import RETRY_DELAY_META
-from crawlproject.sitemaps.parse import (LASTMOD_META, SitemapTooLarge, check_lastmod, check_loc,
-                                         read_sitemap, robots_sitemaps, site_host, sitemap_body)
+from crawlproject.recrawl.schedule import utc_now
+from crawlproject.sitemaps.parse import (LASTMOD_META, SitemapTooLarge, check_loc,
+                                         lastmod_datetime, read_sitemap, robots_sitemaps,
+                                         site_host, sitemap_body)
 from crawlproject.sitemaps.store import SitemapStore
+from crawlproject.urls import canonicalizer_for
 
 logger = logging.getLogger(__name__)
 
@@ -77,8 +90,10 @@ class SitemapSeeds:
 
     def __init__(self, crawler, *, try_default: bool, max_per_site: int, max_depth: int,
                  max_urls: int, max_size: int, other_hosts: bool, max_queued: int,
-                 max_pending: int):
+                 max_pending: int, lastmod_skew: float = 300.0):
         self.crawler = crawler
+        self.lastmod_skew = timedelta(seconds=lastmod_skew)
+        self.recrawl = None         # the recrawl's feeder on this node (RECRAWL_ENABLED)
         self.stats = crawler.stats
         self.try_default, self.other_hosts = try_default, other_hosts
         self.max_per_site, self.max_depth = max_per_site, max_depth
@@ -114,7 +129,8 @@ class SitemapSeeds:
                  max_urls=max(0, setting(s, "SITEMAPS_MAX_URLS")), max_size=max(0, max_size),
                  other_hosts=setting(s, "SITEMAPS_OTHER_HOSTS"),
                  max_queued=max(1, setting(s, "SITEMAPS_MAX_QUEUED")),
-                 max_pending=max(1, setting(s, "SITEMAPS_MAX_PENDING")))
+                 max_pending=max(1, setting(s, "SITEMAPS_MAX_PENDING")),
+                 lastmod_skew=max(0.0, setting(s, "SITEMAPS_LASTMOD_SKEW")))
         if not s.getbool("ROBOTSTXT_OBEY"):
             logger.warning("Sitemap seeds are on but ROBOTSTXT_OBEY is off: no robots.txt, "
                            "no Sitemap: lines, no sitemap seeds")
@@ -131,6 +147,12 @@ class SitemapSeeds:
         # The seed reader does not idle-close while sitemap seeds wait for room.
         spider.seed_sources.append(lambda: self.waiting > 0)
         self._task = asyncio.ensure_future(self._feed_loop())
+        from crawlproject.recrawl.extension import RecrawlFeeder
+
+        try:
+            self.recrawl = self.crawler.get_extension(RecrawlFeeder)
+        except RuntimeError:   # no extension manager (a bare crawler): no recrawl
+            self.recrawl = None
 
     async def spider_closed(self, spider) -> None:
         self._closing = True
@@ -251,7 +273,9 @@ class SitemapSeeds:
     async def _read_urlset(self, entries, info: dict, base: str) -> None:
         hosts = info["hosts"]
         chunk: list[str] = []
-        read = other = bad = 0
+        due: list[tuple[str, object]] = []   # (URL, lastmod) for the recrawl schedule
+        read = other = bad = future = 0
+        latest = utc_now() + self.lastmod_skew
         for entry in entries:
             if read >= self.max_urls:
                 self._refused(hosts[0], "truncated", 1, f"a sitemap lists more than "
@@ -268,22 +292,58 @@ class SitemapSeeds:
                 other += 1
                 continue
             seed = {"url": url, "dont_filter": False}
-            lastmod = check_lastmod(entry.get("lastmod"))
-            if lastmod:
-                seed["meta"] = {LASTMOD_META: lastmod}
+            lastmod = entry.get("lastmod")
+            when = lastmod_datetime(lastmod)
+            if when is not None and when > latest:
+                # A date to come is no news of a change (and a hostile sitemap's
+                # way to make every page due): ignored, not carried.
+                future += 1
+            elif when is not None:
+                seed["meta"] = {LASTMOD_META: lastmod.strip()}
+                if self.recrawl is not None:
+                    due.append((url, when))
             chunk.append(json.dumps(seed, separators=(",", ":")))
             if len(chunk) >= PUSH_CHUNK:
                 self.waiting = await self.store.push(chunk)
                 self.stats.inc_value("sitemaps/urls", len(chunk))
                 chunk = []
+                due = await self._make_due(due)
         if chunk:
             self.waiting = await self.store.push(chunk)
             self.stats.inc_value("sitemaps/urls", len(chunk))
+        await self._make_due(due)
+        if future:
+            self._refused(hosts[0], "lastmod_future", future, f"{future} lastmod(s) more than "
+                          f"SITEMAPS_LASTMOD_SKEW ({self.lastmod_skew.total_seconds():.0f} s) "
+                          f"ahead of now ignored")
         if bad:
             self.stats.inc_value("sitemaps/urls_invalid", bad)
         if other:
             self._refused(hosts[0], "other_host_urls", other, f"{other} URL(s) of another host "
                           f"in a sitemap of the site left out (SITEMAPS_OTHER_HOSTS is off)")
+
+    async def _make_due(self, due: list) -> list:
+        """Known pages of *due* whose ``lastmod`` is newer than their last fetch:
+        due now (one bulk write); returns an empty batch. A MongoDB failure
+        is said and counted (``sitemaps/errors``): the seeds are in Redis
+        already, the pages keep their schedule."""
+        if not due or self.recrawl is None:
+            return []
+        canonical = canonicalizer_for(self.crawler)
+        pages = []
+        for url, when in due:
+            try:   # the URL the page record is kept under: the seed path's request's
+                pages.append((canonical.canonical(Request(url)).url, when))
+            except ValueError:
+                continue
+        try:
+            made = await self.recrawl.make_due(pages)
+        except PyMongoError as exc:
+            self._error("making known pages due by their lastmod", exc, again=False)
+        else:
+            if made:
+                self.stats.inc_value("sitemaps/lastmod_due", made)
+        return []
 
     # -- the feeder: sitemap seeds into the seed key while the frontier has room -
     async def _feed_loop(self) -> None:
@@ -329,13 +389,15 @@ class SitemapSeeds:
             scheduler.mark_failed(request, message, kind="sitemap")
         raise IgnoreRequest(message)
 
-    def _error(self, what: str, exc: BaseException) -> None:
+    def _error(self, what: str, exc: BaseException, again: bool = True) -> None:
         self.stats.inc_value("sitemaps/errors")
         now = time.monotonic()
         if now - self._errors_said_at >= 60:
             self._errors_said_at = now
-            logger.warning("Sitemap seeds: %s failed (%s: %s); trying again", what,
-                           type(exc).__name__, exc, extra={"spider": self.crawler.spider})
+            logger.warning("Sitemap seeds: %s failed (%s: %s); %s", what,
+                           type(exc).__name__, exc,
+                           "trying again" if again else "the pages keep their schedule",
+                           extra={"spider": self.crawler.spider})
 
 
 async def _count(entries) -> int:
