@@ -510,3 +510,70 @@ def test_a_reset_forgets_the_waiting_seeds_and_the_site_counts(redis):
     redis.hset(keys.sites, "127.0.0.65", 3)
     assert reset_spider(redis, "smunit") == 2
     assert not redis.exists(keys.pending, keys.sites)
+
+
+def test_a_newer_lastmod_makes_a_known_page_due_an_older_or_future_one_does_not(
+        redis, redis_url, mongo_uri, database):
+    """Pages fetched two hours ago (page records as the pipeline keeps them,
+    in the real MongoDB-wire server): a sitemap gives one a ``lastmod`` an hour
+    ago, one three hours ago, one tomorrow, and lists a page no record holds.
+    One bulk write later only the first is due now; the future ``lastmod`` is
+    ignored (counted, not carried by the seed), the unknown page gets no
+    record. The feeder's own cycle brings the due page back as a conditional
+    revisit. The same sitemap read again within the rule's minimum interval
+    (the page claimed, not yet fetched) does not make it due again."""
+    from datetime import datetime, timedelta, timezone
+
+    from crawlproject.recrawl.extension import RecrawlFeeder
+    from crawlproject.recrawl.middleware import RecrawlMiddleware
+    from crawlproject.recrawl.schedule import STATE_META
+
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    fetched = now - timedelta(hours=2)
+    pages = database["smunit_pages"]
+    for name in ("newer", "older", "future"):
+        url = f"{SITE}/p/{name}"
+        pages.insert_one({"_id": url, "url": url, "last_checked": fetched, "interval": 86400.0,
+                          "next_visit": fetched + timedelta(days=1), "etag": f'"{name}"',
+                          "request": json.dumps({"url": url, "dont_filter": True})})
+    lastmods = {f"{SITE}/p/newer": (now - timedelta(hours=1)).isoformat(),
+                f"{SITE}/p/older": (now - timedelta(hours=3)).isoformat(),
+                f"{SITE}/p/future": (now + timedelta(days=1)).isoformat(),
+                f"{SITE}/p/unknown": (now - timedelta(hours=1)).isoformat()}
+    body = urlset(list(lastmods), lastmods)
+
+    async def scenario():
+        mw = node(redis_url, RECRAWL_ENABLED=True, RECRAWL_INTERVAL=86400,
+                  RECRAWL_MIN_INTERVAL=3600, MONGO_URI=mongo_uri, MONGO_DATABASE=database.name,
+                  EXTENSIONS={"crawlproject.recrawl.extension.RecrawlFeeder": 520})
+        feeder = mw.crawler.get_extension(RecrawlFeeder)
+        feeder.spider_opened(mw.crawler.spider)
+        feeder._task.cancel()   # its cycle is run by hand below
+        opened(mw)
+        await read(mw, f"{SITE}/s.xml", body)
+        due_now = {d["_id"] for d in pages.find({"next_visit": {"$lte": utc()}})}
+        await feeder._feed(10)  # the recrawl's own cycle: due pages into the frontier
+        fed = list(mw.crawler.engine.crawled)
+        await read(mw, f"{SITE}/s.xml", body)   # again, while the revisit is claimed
+        due_again = pages.count_documents({"next_visit": {"$lte": utc()}})
+        await mw.spider_closed(mw.crawler.spider)
+        await feeder.spider_closed(mw.crawler.spider)
+        return mw, due_now, fed, due_again
+
+    def utc():
+        return datetime.now(timezone.utc)
+
+    mw, due_now, fed, due_again = asyncio.run(scenario())
+    assert due_now == {f"{SITE}/p/newer"}
+    assert pages.find_one({"_id": f"{SITE}/p/older"})["next_visit"] > now
+    assert pages.find_one({"_id": f"{SITE}/p/future"})["next_visit"] > now
+    assert pages.count_documents({}) == 3                       # no record for the unknown page
+    assert (stat(mw, "lastmod_due"), stat(mw, "refused/lastmod_future")) == (1, 2)
+    seeds = {s["url"]: s for s in waiting_seeds(redis)}
+    assert "meta" not in seeds[f"{SITE}/p/future"]              # not carried either
+    assert [r.url for r in fed] == [f"{SITE}/p/newer"]
+    revisit = fed[0]
+    assert revisit.dont_filter and revisit.meta[STATE_META]["etag"] == '"newer"'
+    RecrawlMiddleware.from_crawler(mw.crawler).process_request(revisit)
+    assert revisit.headers[b"If-None-Match"] == b'"newer"'       # a conditional request
+    assert due_again == 0
