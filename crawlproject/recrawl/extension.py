@@ -26,7 +26,7 @@ remain):
 
 A sitemap read on this node can make known pages due before their time
 (:meth:`RecrawlFeeder.make_due`: their ``lastmod`` is newer than their last
-fetch; one bulk write per batch of URLs); the next cycle follows at once.
+fetch; one read and one write per batch of URLs); the next cycle follows at once.
 
 A node that would close when idle (``MAX_IDLE_TIME_BEFORE_CLOSE``) stays open
 until its feeder has looked once, while a cycle runs, and while its last cycle
@@ -45,7 +45,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from pymongo import ASCENDING, UpdateOne
+from pymongo import ASCENDING
 from pymongo.errors import PyMongoError
 from redis.exceptions import LockError
 from scrapy import signals
@@ -63,7 +63,7 @@ from crawlproject.keys import FrontierKeys
 from crawlproject.connection import collection_name
 from crawlproject.policy import InputPolicy, Refused
 from crawlproject.recrawl.schedule import (STATE_META, PageVisit, RecrawlPolicy,
-                                           lastmod_updates, utc_now)
+                                           lastmod_due, utc_now)
 from crawlproject.serialization import RequestDecodeError, request_from_json
 from crawlproject.signing import Signer, signer_from_settings
 
@@ -203,17 +203,30 @@ class RecrawlFeeder:
     async def make_due(self, pages, now=None) -> int:
         """Make the known pages of *pages* (``(url, lastmod)``, URLs as the
         page records key them) due now when their ``lastmod`` is newer than
-        their last fetch (:func:`~crawlproject.recrawl.schedule.lastmod_updates`
-        says which): one unordered bulk write for the batch, never one round
-        trip per URL. Returns how many were made due; raises PyMongoError.
-        Unknown pages are untouched (they are new seeds)."""
+        their last fetch (:func:`~crawlproject.recrawl.schedule.lastmod_due`
+        says which): for the whole batch one read of the records (by key, a
+        projection) and one ``update_many``, never a round trip per URL.
+        Returns how many were made due; raises PyMongoError. Unknown pages
+        are untouched (they are new seeds)."""
         if self.mongo is None or self._closing:
             return 0
-        updates = lastmod_updates(pages, self.policy, now or utc_now(), self.key_field)
-        if not updates:
+        lastmods = {}
+        for url, lastmod in pages:
+            if self.policy.rule_for(url) is not None:
+                lastmods[url] = max(lastmod, lastmods.get(url, lastmod))
+        if not lastmods:
             return 0
-        result = await self.pages.bulk_write([UpdateOne(f, u) for f, u in updates],
-                                             ordered=False)
+        now = now or utc_now()
+        records = await self.pages.find(
+            {self.key_field: {"$in": list(lastmods)}},
+            {"url": 1, "last_checked": 1, "next_visit": 1, "sitemap_due_at": 1}).to_list(None)
+        due = lastmod_due(records, lastmods, self.policy, now)
+        if not due:
+            return 0
+        # Not due meanwhile (a claim, a cycle): only then.
+        result = await self.pages.update_many(
+            {"_id": {"$in": due}, "next_visit": {"$gt": now}},
+            {"$set": {"next_visit": now, "sitemap_due_at": now}})
         if result.modified_count:
             self._soon = True
         return result.modified_count

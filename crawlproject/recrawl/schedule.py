@@ -44,7 +44,7 @@ from crawlproject.defaults import setting
 
 __all__ = ["RevisitRule", "RecrawlPolicy", "PageState", "next_state", "checked_state",
            "body_hash", "PageVisit", "PageCheck", "GoneMark", "STATE_META", "VISIT_META",
-           "OUTCOMES", "MAX_ITEMS_PER_PAGE", "lastmod_updates"]
+           "OUTCOMES", "MAX_ITEMS_PER_PAGE", "lastmod_due"]
 
 #: meta key of a revisit's previous page state (stored with the request).
 STATE_META = "recrawl"
@@ -266,7 +266,7 @@ class PageVisit(Item):
     items = Field()          # [[collection, key], ...] the page produced
     sitemap_lastmod = Field()  # datetime (UTC) a sitemap gave the page (crawlproject.sitemaps)
     # (sitemap_due_at: when a newer sitemap lastmod last made the page due;
-    # written by lastmod_updates only, kept by the pipeline's merge.)
+    # set with it by the recrawl feeder (make_due), kept by the pipeline's merge.)
 
 
 class PageCheck(PageVisit):
@@ -321,30 +321,41 @@ def visit_record(url: str, rule: RevisitRule, previous: PageState | None, outcom
     return record
 
 
-def lastmod_updates(pages: Iterable[tuple[str, datetime]], policy: RecrawlPolicy,
-                    now: datetime, key_field: str = "_id") -> list[tuple[dict, dict]]:
-    """The page record updates (``(filter, update)``) that make each page of
-    *pages* (``(url, lastmod)``, a sitemap's word) due now, for one bulk write.
+def lastmod_due(records: Iterable[Mapping[str, Any]], lastmods: Mapping[str, datetime],
+                policy: RecrawlPolicy, now: datetime) -> list[Any]:
+    """The ``_id`` of each page record of *records* (read with ``url``,
+    ``last_checked``, ``next_visit``, ``sitemap_due_at``) that a sitemap's
+    ``lastmod`` (*lastmods*: URL → UTC datetime) makes due now.
 
-    A record is made due (``next_visit`` now) only when all hold: a revisit
-    rule covers its URL; it was last fetched (``last_checked``) before
-    *lastmod*; it is not due already (nor set aside: an ``invalid`` record
-    has no ``next_visit``); and no sitemap made it due within its rule's
-    ``min_interval`` (``sitemap_due_at``), so a sitemap cannot make a page due
-    over and over. A URL no record holds matches nothing: it is a new seed
-    anyway. *lastmod* in the future is the caller's to refuse.
+    Due only when all hold: a revisit rule covers the URL; the page was last
+    fetched (``last_checked``) before its ``lastmod``; it is not due already
+    (nor set aside: an ``invalid`` record has no ``next_visit``); and no
+    sitemap made it due within its rule's ``min_interval`` (``sitemap_due_at``),
+    so a sitemap cannot make a page due over and over. A ``lastmod`` in the
+    future is the caller's to refuse.
     """
-    updates = []
-    for url, lastmod in pages:
-        rule = policy.rule_for(url)
-        if rule is None:
+    due = []
+    for doc in records:
+        url = doc.get("url")
+        lastmod = lastmods.get(url) if isinstance(url, str) else None
+        rule = policy.rule_for(url) if lastmod is not None else None
+        checked, next_visit, before = (_aware(doc.get("last_checked")),
+                                       _aware(doc.get("next_visit")),
+                                       _aware(doc.get("sitemap_due_at")))
+        if (rule is None or not isinstance(checked, datetime) or not checked < lastmod
+                or not isinstance(next_visit, datetime) or not next_visit > now
+                or isinstance(before, datetime)
+                and before > now - timedelta(seconds=rule.min_interval)):
             continue
-        recent = now - timedelta(seconds=rule.min_interval)
-        updates.append((
-            {key_field: url, "last_checked": {"$lt": lastmod}, "next_visit": {"$gt": now},
-             "$or": [{"sitemap_due_at": None}, {"sitemap_due_at": {"$lte": recent}}]},
-            {"$set": {"next_visit": now, "sitemap_due_at": now, "sitemap_lastmod": lastmod}}))
-    return updates
+        due.append(doc["_id"])
+    return due
+
+
+def _aware(value: Any) -> Any:
+    # BSON dates are UTC; a client not tz_aware reads them naive.
+    if isinstance(value, datetime) and value.tzinfo is None:
+        return value.replace(tzinfo=timezone.utc)
+    return value
 
 
 def utc_now() -> datetime:
