@@ -25,7 +25,7 @@ node that parsed a site's robots.txt (Scrapy's ``robots_parsed`` signal):
    downloaded: they wait in the frontier (``sitemaps/waits``);
 4. with the recrawl on (``RECRAWL_ENABLED``, its feeder on this node), the
    pages of each chunk that give a ``lastmod`` newer than their page record's
-   last fetch are made due now, one bulk MongoDB write per chunk
+   last fetch are made due now, one MongoDB read and write per chunk
    (:meth:`~crawlproject.recrawl.extension.RecrawlFeeder.make_due`): a known
    page is not a new seed (the Bloom filter drops it), the feeder brings it
    back as a conditional revisit. A ``lastmod`` more than
@@ -324,7 +324,7 @@ class SitemapSeeds:
 
     async def _make_due(self, due: list) -> list:
         """Known pages of *due* whose ``lastmod`` is newer than their last fetch:
-        due now (one bulk write); returns an empty batch. A MongoDB failure
+        due now (one read, one write); returns an empty batch. A MongoDB failure
         is said and counted (``sitemaps/errors``): the seeds are in Redis
         already, the pages keep their schedule."""
         if not due or self.recrawl is None:
