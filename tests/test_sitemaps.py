@@ -517,11 +517,12 @@ def test_a_newer_lastmod_makes_a_known_page_due_an_older_or_future_one_does_not(
     """Pages fetched two hours ago (page records as the pipeline keeps them,
     in the real MongoDB-wire server): a sitemap gives one a ``lastmod`` an hour
     ago, one three hours ago, one tomorrow, and lists a page no record holds.
-    One bulk write later only the first is due now; the future ``lastmod`` is
-    ignored (counted, not carried by the seed), the unknown page gets no
-    record. The feeder's own cycle brings the due page back as a conditional
-    revisit. The same sitemap read again within the rule's minimum interval
-    (the page claimed, not yet fetched) does not make it due again."""
+    After the read (one find, one update_many) only the first is due now; the
+    future ``lastmod`` is ignored (counted, not carried by the seed), the
+    unknown page gets no record. The feeder's own cycle brings the due page
+    back as a conditional revisit. The same sitemap read again within the
+    rule's minimum interval (the page claimed, not yet fetched) does not make
+    it due again."""
     from datetime import datetime, timedelta, timezone
 
     from crawlproject.recrawl.extension import RecrawlFeeder
