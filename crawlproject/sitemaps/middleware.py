@@ -338,7 +338,7 @@ class SitemapSeeds:
                 continue
         try:
             made = await self.recrawl.make_due(pages)
-        except PyMongoError as exc:
+        except (PyMongoError, Exception) as exc:   # a bug too: the rest of the sitemap is read
             self._error("making known pages due by their lastmod", exc, again=False)
         else:
             if made:
