@@ -94,7 +94,7 @@ def readme_settings_block(readme: Path = ROOT / "README.md") -> str:
     text = readme.read_text()
     section = text.split("## Use it in your own Scrapy project", 1)[1]
     match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
-    if not match or "SCHEDULER" not in match.group(1):
+    if not match or "crawlproject.addon.Addon" not in match.group(1):
         raise SystemExit("README settings block not found")
     return match.group(1)
 

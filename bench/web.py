@@ -66,7 +66,7 @@ from devtools.synthweb import table as synth_table
 from devtools.synthweb.check import score
 from devtools.synthweb.server import SyntheticWeb
 from devtools.synthweb.truth import ideal_seconds, site_ideal_seconds, site_must
-from tests.crawl_helpers import node_env, readme_settings_block, user_project
+from tests.crawl_helpers import node_env, readme_settings, user_project
 
 NAME = "web"
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,16 +105,13 @@ class WebSpider(RedisSpider):
 def readme_limits() -> dict:
     """DOWNLOAD_DELAY, CONCURRENT_REQUESTS_PER_DOMAIN and the delay jitter the
     README block gives a node (Scrapy's defaults where it is silent)."""
-    from scrapy.settings import default_settings as scrapy_defaults
+    from crawlproject.scheduling.politeness import delay_jitter
 
-    namespace: dict = {}
-    exec(readme_settings_block(), namespace)  # noqa: S102 - the README's own text
-    get = lambda name: namespace.get(name, getattr(scrapy_defaults, name))  # noqa: E731
-    jitter = 0.5 if namespace.get("RANDOMIZE_DOWNLOAD_DELAY", True) else 0.0
-    return {"delay": float(get("DOWNLOAD_DELAY")),
-            "concurrency": int(get("CONCURRENT_REQUESTS_PER_DOMAIN")),
-            "jitter": float(namespace.get("DOWNLOAD_DELAY_JITTER", jitter)),
-            "timeout": float(get("DOWNLOAD_TIMEOUT"))}
+    settings = readme_settings()   # the block with its add-ons applied, as a node gets it
+    return {"delay": settings.getfloat("DOWNLOAD_DELAY"),
+            "concurrency": settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN"),
+            "jitter": delay_jitter(settings),
+            "timeout": settings.getfloat("DOWNLOAD_TIMEOUT")}
 
 
 class Nodes:

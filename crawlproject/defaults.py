@@ -303,8 +303,13 @@ def setting(settings, name: str) -> Any:
 
 def is_set(settings, name: str) -> bool:
     """True when *settings* (or, for :data:`ENVIRONMENT` names, the
-    environment) give *name* a value, None and ``""`` aside."""
+    environment) give *name* a value, None and ``""`` aside. A value at
+    Scrapy's ``default`` priority is the default the add-on
+    (:mod:`crawlproject.addon`) installed, not one the project gave."""
     raw = settings.get(name) if settings is not None else None
+    getpriority = getattr(settings, "getpriority", None)
+    if raw is not None and getpriority is not None and (getpriority(name) or 0) <= 0:
+        raw = None   # 0: Scrapy's "default" priority
     if (raw is None or raw == "") and name in ENVIRONMENT:
         raw = os.environ.get(name)
     return raw is not None and raw != ""

@@ -153,8 +153,12 @@ GC_FREEZE_ENABLED = True
 # marked for rendering use Chromium), launches the system Chromium (CHROMIUM_PATH
 # setting or environment variable, else found in the usual places), retries pages
 # lost to browser errors and blocks RENDER_BLOCK_RESOURCES. docs/middlewares.md.
+# The crawlproject add-on (crawlproject/addon.py) installs what this file lists above
+# and the defaults of crawlproject/defaults.py; the lists above win, component by
+# component, and name what this project adds (rendering, recrawl, extensions).
 # Browser TLS and HTTP/2 of each identity (crawlproject.impersonate, the
 # impersonate extra): off unless IMPERSONATE_ENABLED = True.
-ADDONS = {"crawlproject.rendering.RenderingAddon": 0,
+ADDONS = {"crawlproject.addon.Addon": 0,   # the defaults, for `scrapy settings --get NAME`
+          "crawlproject.rendering.RenderingAddon": 0,
           "crawlproject.impersonate.ImpersonateAddon": 0,
           "crawlproject.extensions.jsonlog.JsonLogsAddon": 0}   # LOG_JSON

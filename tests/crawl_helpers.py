@@ -93,6 +93,24 @@ def readme_settings_block() -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
+def readme_settings(extra: dict | None = None):
+    """The settings a crawler of a user project gets from the README block (then
+    *extra*, at project priority too): its ``ADDONS`` applied, as Scrapy does
+    before a crawl."""
+    from scrapy.crawler import Crawler
+    from scrapy.settings import Settings
+    from scrapy.spiders import Spider
+
+    values: dict = {}
+    exec(readme_settings_block(), values)  # noqa: S102 - the block a user pastes, as written
+    settings = Settings()
+    settings.setdict({k: v for k, v in values.items() if k.isupper()}, "project")
+    settings.setdict(extra or {}, "project")
+    crawler = Crawler(Spider, settings)
+    crawler.addons.load_settings(crawler.settings)
+    return crawler.settings
+
+
 def user_project(path: Path, name: str, spiders: str, extra_settings: str = "") -> Path:
     """A Scrapy project of a user's at *path*: ``scrapy.cfg``, a settings
     module with what ``scrapy startproject`` writes that matters here (bot

@@ -56,17 +56,41 @@ def test_an_old_path_loads_the_same_object_as_the_new_one(old):
     assert load_object(old) is load_object(MOVED[old])
 
 
+def _warning_call(node) -> str | None:
+    """The new path of a ``moved(__name__, "new.path")`` statement, else None."""
+    if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) \
+            and getattr(node.value.func, "id", None) == "moved":
+        return ast.literal_eval(node.value.args[1])
+    return None
+
+
 @pytest.mark.parametrize("name", SHIMS)
-def test_an_old_module_only_re_exports(name):
+def test_an_old_module_only_re_exports_and_warns(name):
     module = importlib.import_module(name)
     tree = ast.parse(Path(module.__file__).read_text(encoding="utf-8"))
-    docstring, *rest = tree.body
+    docstring, helper, *rest = tree.body
     assert "Moved to" in ast.literal_eval(docstring.value)
+    assert isinstance(helper, ast.ImportFrom) and helper.module == "crawlproject.deprecation"
+    *imports, warning = rest
     assert all(isinstance(node, ast.ImportFrom) or (isinstance(node, ast.Assign)
-               and [t.id for t in node.targets] == ["__all__"]) for node in rest)
+               and [t.id for t in node.targets] == ["__all__"]) for node in imports)
+    assert _warning_call(warning) == imports[0].module
     for exported in module.__all__:
-        source = importlib.import_module(rest[0].module)
+        source = importlib.import_module(imports[0].module)
         assert getattr(module, exported) is getattr(source, exported)
+
+
+@pytest.mark.parametrize("name", SHIMS)
+def test_an_old_path_warns_with_its_new_path_and_the_version_that_removes_it(name):
+    from crawlproject.deprecation import REMOVED_IN, CrawlprojectDeprecationWarning
+
+    module = importlib.import_module(name)
+    with pytest.warns(CrawlprojectDeprecationWarning) as caught:
+        importlib.reload(module)   # the import a settings file's old path makes
+    message = str(caught[0].message)
+    new = next(path for old, path in MOVED.items() if old.rsplit(".", 1)[0] == name)
+    assert new.rsplit(".", 1)[0] in message and REMOVED_IN in message and name in message
+    assert issubclass(CrawlprojectDeprecationWarning, DeprecationWarning)
 
 
 def test_the_rendering_addon_adds_no_middleware_named_by_its_old_path():

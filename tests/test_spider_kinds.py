@@ -27,7 +27,7 @@ import pytest
 import redis as redis_lib
 
 from tests import kinds_site
-from tests.crawl_helpers import user_project
+from tests.crawl_helpers import ROOT, user_project
 from tests.kinds_site import KindsSite
 
 SPIDERS = '''
@@ -361,7 +361,7 @@ def test_a_node_killed_during_a_crawlspider_crawl_loses_nothing(
     with KindsSite([host]) as site:
         project = user_project(tmp_path / "project", "userproj", CRAWL_ONLY)
         env = {**os.environ, "KINDS_SITE": json.dumps({"crawl": site.urls[host]}),
-               "PYTHONPATH": str(project)}
+               "PYTHONPATH": os.pathsep.join([str(project), str(ROOT)])}
         settings = {"REDIS_URL": redis_url, "MONGO_URI": mongo_uri,
                     "MONGO_DATABASE": database.name, "DOWNLOAD_DELAY": "0.05",
                     "SCHEDULER_LEASE_TTL": "3", "SCHEDULER_HEARTBEAT_INTERVAL": "1",

@@ -1,1 +1,2 @@
-"""Project commands (``COMMANDS_MODULE``): ``crawl`` with a meaningful exit code."""
+"""Project commands (``COMMANDS_MODULE``): ``crawl`` with a meaningful exit code,
+``settings`` with the add-ons applied."""
