@@ -8,7 +8,6 @@ out of logs, stats and metrics.
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Any
 from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
@@ -35,11 +34,6 @@ REDIS_FAILURES = (RedisError, RedisClusterException, OSError, TimeoutError)
 
 #: Query parameters whose value is a secret (``redis://host/0?password=...``).
 _SECRET_PARAM = re.compile(r"pass|pwd|secret|token|key|credential", re.IGNORECASE)
-
-
-def env_default(name: str, default: str) -> str:
-    """The environment variable *name*, or *default* when unset or empty."""
-    return os.environ.get(name) or default
 
 
 def redact_url(url: str | None) -> str:

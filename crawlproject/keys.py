@@ -403,11 +403,6 @@ class SitemapKeys:
         return f"{{{self.spider}}}:sitemaps"
 
 
-def partitions_of(spider: str, partitions: int) -> list[FrontierKeys]:
-    """The keys of every partition of *spider*."""
-    return [FrontierKeys(spider, p, partitions) for p in range(partitions)]
-
-
 def spider_keys(client, spider: str, seed_key: str | None = None) -> list[str]:
     """Every key of *spider* that exists: seeds and their claims, every
     partition of the frontier (whatever the partition count), both Bloom

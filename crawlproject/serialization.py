@@ -220,14 +220,6 @@ def decode_value(value: Any, policy: InputPolicy | NodePolicy = _NO_SPIDER) -> A
     raise RequestDecodeError(f"unknown value tag {tag!r}")
 
 
-def encode_request_dict(d: dict[str, Any], policy: InputPolicy = _NO_SPIDER) -> dict[str, Any]:
-    """Make a ``Request.to_dict()`` result JSON-safe; callbacks and browser
-    actions must pass *policy* (the same checks as when it is read back)."""
-    out = _encode_request_dict(d, policy)
-    _to_json(out)  # refused here, with the offending value, rather than at write time
-    return out
-
-
 def _encode_request_dict(d: dict[str, Any], policy: InputPolicy) -> dict[str, Any]:
     """*d* under the seed policy (no secret: what any node would accept from anyone)."""
     meta = _stored_meta(restore_meta(dict(d.get("meta") or {})))

@@ -40,7 +40,7 @@ OTHERS = {"PYTHONUNBUFFERED": "python", "SCRAPY_SETTINGS_MODULE": "scrapy",
 def env_read_by_code() -> set[str]:
     """Every environment variable name the package reads."""
     patterns = [r'environ\.get\(\s*"([A-Z_][A-Z0-9_]+)"', r'getenv\(\s*"([A-Z_][A-Z0-9_]+)"',
-                r'environ\[\s*"([A-Z_][A-Z0-9_]+)"\]', r'env_default\(\s*"([A-Z_][A-Z0-9_]+)"']
+                r'environ\[\s*"([A-Z_][A-Z0-9_]+)"\]']
     names = set(defaults.ENVIRONMENT)   # settings that fall back to the environment
     for path in (ROOT / "crawlproject").rglob("*.py"):
         text = path.read_text()

@@ -46,11 +46,6 @@ def _client(args):
     return redis_from_url(args.redis_url, cluster=args.cluster)
 
 
-def _frontier(args) -> Frontier:
-    """Partition 0 (the spider-wide keys live with it)."""
-    return _partitions(args)[0]
-
-
 def _partitions(args) -> list[Frontier]:
     return frontier_partitions(_client(args), args.spider)
 

@@ -166,12 +166,6 @@ class PageState:
             headers[b"If-Modified-Since"] = self.last_modified.encode("latin-1")
         return headers
 
-    def to_meta(self) -> dict[str, Any]:
-        out = {"etag": self.etag, "last_modified": self.last_modified,
-               "body_hash": self.body_hash, "interval": self.interval,
-               "checks": self.checks, "changes": self.changes, "gone": self.gone}
-        return {k: v for k, v in out.items() if v not in (None, False)}
-
 
 def _header_value(value: Any) -> str | None:
     if not isinstance(value, str) or not 0 < len(value) <= _MAX_VALIDATOR:
