@@ -373,7 +373,7 @@ class InputPolicy:
         """Return *name* if it may be called as a *what*; raise :class:`Refused`."""
         if not isinstance(name, str) or not name.isidentifier() or len(name) > MAX_NAME:
             raise Refused("callback_not_allowed",
-                          f"{what} must be a method name, got {_short(name)}")
+                          f"{what} must be a method name, got {short_repr(name)}")
         if self.spidercls is None:
             if name.startswith("_") or name in NEVER_CALLBACKS:
                 raise Refused("callback_not_allowed",
@@ -398,7 +398,7 @@ class InputPolicy:
         for key in meta:
             if key not in self.seed_meta_allow and key not in SEED_DATA_META:
                 raise Refused("meta_not_allowed",
-                              f"meta key {_short(key)} is not allowed in seeds (allow it with "
+                              f"meta key {short_repr(key)} is not allowed in seeds (allow it with "
                               f"the SEED_META_ALLOW setting or the spider's seed_meta_allow)")
         meta = dict(meta)
         methods = meta.get("playwright_page_methods")
@@ -453,7 +453,7 @@ class InputPolicy:
         never credentials nor ``Host``; no cookies. Raise :class:`Refused`."""
         if not isinstance(method, str) or method.upper() not in SEED_METHODS | self.methods_allow:
             raise Refused("method_not_allowed",
-                          f"method {_short(method)} is not allowed (GET and HEAD; publish "
+                          f"method {short_repr(method)} is not allowed (GET and HEAD; publish "
                           "more with SEED_METHODS_ALLOW or the spider's seed_methods_allow)")
         if body and method.upper() not in self.methods_allow:
             raise Refused("body_not_allowed",
@@ -469,7 +469,7 @@ class InputPolicy:
             lower = text.strip().lower()
             if lower in NEVER_SEED_HEADERS or lower not in SEED_HEADERS | self.headers_allow:
                 raise Refused("header_not_allowed",
-                              f"header {_short(text)} is not allowed in a seed or an unproven "
+                              f"header {short_repr(text)} is not allowed in a seed or an unproven "
                               "stored request (allowed: "
                               f"{', '.join(sorted(SEED_HEADERS | self.headers_allow))}; "
                               "SEED_HEADERS_ALLOW adds more; credentials and Host never)")
@@ -487,7 +487,7 @@ class InputPolicy:
             elif not (key in self.stored_meta_allow
                       or key in PLAYWRIGHT_META and key not in PUBLISHED_ONLY):
                 raise Refused("meta_not_allowed",
-                              f"meta key {_short(key)} is not allowed in a stored request "
+                              f"meta key {short_repr(key)} is not allowed in a stored request "
                               "(publish it with the STORED_META_ALLOW setting or the spider's "
                               "stored_meta_allow)")
             out[key] = value
@@ -500,7 +500,7 @@ class InputPolicy:
         key = _proxy_key(value)
         if key is None or key not in self.proxy_allow:
             raise Refused("proxy_not_allowed",
-                          f"meta 'proxy' {_short(value)} is not allowed in a stored request "
+                          f"meta 'proxy' {short_repr(value)} is not allowed in a stored request "
                           "(the operator lists the proxies stored requests may name in "
                           "STORED_PROXY_ALLOW)")
         return value
@@ -511,7 +511,7 @@ class InputPolicy:
             if not isinstance(key, str) or not key.startswith("playwright"):
                 continue
             if key not in PLAYWRIGHT_META:
-                raise Refused("meta_not_allowed", f"meta key {_short(key)} is not allowed")
+                raise Refused("meta_not_allowed", f"meta key {short_repr(key)} is not allowed")
             check = getattr(self, f"_check_{key}", None)
             if check is not None and value is not None:
                 check(value)
@@ -531,7 +531,7 @@ class InputPolicy:
             raise Refused("meta_not_allowed", "playwright_page_event_handlers must be an object")
         for event, handler in value.items():
             if isinstance(handler, str) or not callable(handler):
-                self.check_callback(handler, f"page event handler for {_short(event)}")
+                self.check_callback(handler, f"page event handler for {short_repr(event)}")
 
     def _check_playwright_page_methods(self, value: Any) -> None:
         for pm in _page_method_list(value):
@@ -546,7 +546,7 @@ class InputPolicy:
         """Raise :class:`Refused` unless ``page.<method>(*args, **kwargs)`` is allowed."""
         if not isinstance(method, str) or method not in self.page_methods_allow:
             raise Refused("page_method_not_allowed",
-                          f"page method {_short(method)} is not allowed (allowed: "
+                          f"page method {short_repr(method)} is not allowed (allowed: "
                           f"{', '.join(sorted(self.page_methods_allow))}; see "
                           "PLAYWRIGHT_PAGE_METHODS_ALLOW)")
         for arg in args:
@@ -591,7 +591,7 @@ class NodePolicy:
         if not isinstance(name, str) or not name.isidentifier() or len(name) > MAX_NAME \
                 or (name.startswith("__") and name.endswith("__")):
             raise Refused("callback_not_allowed", f"{what} must be a method name, got "
-                                                  f"{_short(name)}")
+                                                  f"{short_repr(name)}")
         if self.spider is not None:
             method = getattr(self.spider, name, None)
             if not inspect.ismethod(method) or method.__self__ is not self.spider:
@@ -630,7 +630,7 @@ def _check_options(value: Any, allowed: frozenset[str], what: str) -> None:
         raise Refused("meta_not_allowed", f"{what} must be an object")
     for key in value:
         if key not in allowed:
-            raise Refused("meta_not_allowed", f"{what}: option {_short(key)} is not allowed "
+            raise Refused("meta_not_allowed", f"{what}: option {short_repr(key)} is not allowed "
                                               f"(allowed: {', '.join(sorted(allowed))})")
 
 
@@ -670,6 +670,7 @@ def _names(values: Iterable) -> list[str]:
     return [v.strip() for v in values if isinstance(v, str) and v.strip()]
 
 
-def _short(value: Any) -> str:
+def short_repr(value: Any) -> str:
+    """``repr(value)`` cut to 80 characters, for error messages that quote input."""
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."

@@ -32,7 +32,7 @@ from crawlproject.frontier.queue import MAX_PRIORITY
 from crawlproject.frontier.scripts import CLAIM_SEEDS, COUNTER_PATTERN, RENEW_CLAIMS
 from crawlproject.keys import SeedKeys, start_urls_key
 from crawlproject.keys import as_text as _s
-from crawlproject.policy import InputPolicy, Refused
+from crawlproject.policy import InputPolicy, Refused, short_repr
 from crawlproject.urls import UrlCanonicalizer, canonicalizer_for, redact_userinfo
 
 MAX_SEED_BYTES = 64 * 1024
@@ -131,7 +131,7 @@ _SPACE = re.compile(r"\s")
 
 def _check_url(url: Any) -> str:
     if not isinstance(url, str) or not url.strip():
-        raise InvalidSeed("bad_url", f"url must be a non-empty string, got {_short(url)}")
+        raise InvalidSeed("bad_url", f"url must be a non-empty string, got {short_repr(url)}")
     url = url.strip()
     if len(url) > MAX_URL_LENGTH:
         raise InvalidSeed("bad_url", f"url is longer than {MAX_URL_LENGTH} characters")
@@ -148,7 +148,7 @@ def _check_url(url: Any) -> str:
 
 def _check_method(method: Any) -> str:
     if not isinstance(method, str) or method.upper() not in _METHODS:
-        raise InvalidSeed("bad_field", f"unsupported method {_short(method)}")
+        raise InvalidSeed("bad_field", f"unsupported method {short_repr(method)}")
     return method.upper()
 
 
@@ -165,7 +165,7 @@ def _check_headers(headers: dict) -> dict:
     for name, value in headers.items():
         values = value if isinstance(value, list) else [value]
         if not name or not all(isinstance(v, str) for v in values):
-            raise InvalidSeed("bad_field", f"header {_short(name)} must have a string value "
+            raise InvalidSeed("bad_field", f"header {short_repr(name)} must have a string value "
                                            "(or a list of strings)")
     return headers
 
@@ -174,7 +174,7 @@ def _check_formdata(formdata: dict) -> dict:
     for name, value in formdata.items():
         values = value if isinstance(value, list) else [value]
         if not all(isinstance(v, str) for v in values):
-            raise InvalidSeed("bad_field", f"form field {_short(name)} must be a string (or a "
+            raise InvalidSeed("bad_field", f"form field {short_repr(name)} must be a string (or a "
                                            "list of strings)")
     return formdata
 
@@ -182,7 +182,7 @@ def _check_formdata(formdata: dict) -> dict:
 def _check_priority(value: Any) -> int:
     if (isinstance(value, bool) or not isinstance(value, (int, float)) or value != value
             or value in (float("inf"), float("-inf")) or value != int(value)):
-        raise InvalidSeed("bad_field", f"'priority' must be an integer, got {_short(value)}")
+        raise InvalidSeed("bad_field", f"'priority' must be an integer, got {short_repr(value)}")
     if abs(value) > MAX_PRIORITY:
         raise InvalidSeed("bad_field", f"'priority' must be between -{MAX_PRIORITY} and "
                                        f"{MAX_PRIORITY}, got {int(value)}")
@@ -193,7 +193,7 @@ def _check_name(value: Any, key: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value.isidentifier():
-        raise InvalidSeed("bad_field", f"{key!r} must be a method name, got {_short(value)}")
+        raise InvalidSeed("bad_field", f"{key!r} must be a method name, got {short_repr(value)}")
     return value
 
 
@@ -273,7 +273,7 @@ def _from_data(spider, raw: bytes | str) -> Request:
     made = spider.make_request_from_data(raw if isinstance(raw, bytes) else raw.encode())
     if isinstance(made, Request):
         return made
-    raise InvalidSeed("no_request", f"make_request_from_data returned {_short(made)}, "
+    raise InvalidSeed("no_request", f"make_request_from_data returned {short_repr(made)}, "
                                     "not a request")
 
 
@@ -405,10 +405,3 @@ class SeedQueue:
 
 SEED_KIND_HINT = (" (the spider's key type is set by REDIS_START_URLS_AS_SET and"
                   " REDIS_START_URLS_AS_ZSET; push with LPUSH, SADD or ZADD to match)")
-
-
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."

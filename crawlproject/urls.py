@@ -105,6 +105,20 @@ def canonical_host(host: str) -> str:
     return host.lower()
 
 
+@lru_cache(maxsize=4096)
+def is_loopback_host(host: str) -> bool:
+    """Whether *host* names this machine by its form alone, without a DNS
+    lookup: ``localhost``, a ``*.localhost`` name (RFC 6761, as browsers treat
+    it) or a loopback address (``127.0.0.2``, ``[::1]``, ``127.1``)."""
+    name = canonical_host(host)
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
 def _netloc(host: str, port: int | None) -> str:
     host = f"[{host}]" if ":" in host else host
     return host if port is None else f"{host}:{port}"

@@ -24,8 +24,9 @@ from crawlproject.robots.middleware import origin_of
 from crawlproject.scheduler import RedisScheduler
 from crawlproject.scheduling.politeness import SitePoliteness
 from crawlproject.seeds import InvalidSeed, invalid_record, request_from_seed
-from crawlproject.urls import (UrlCanonicalizer, canonical_host, canonicalize, origin,
-                               redact_userinfo, session_matcher, strip_userinfo)
+from crawlproject.urls import (UrlCanonicalizer, canonical_host, canonicalize,
+                               is_loopback_host, origin, redact_userinfo, session_matcher,
+                               strip_userinfo)
 from tests.crawl_helpers import Node, node_env
 
 SESSIONS = session_matcher(defaults.URL_SESSION_PARAMS)
@@ -96,6 +97,16 @@ def test_hosts_keys_and_origins_of_one_server_are_one():
         politeness = SitePoliteness.from_settings(get_crawler(settings_dict={
             "FRONTIER_POLITENESS_KEY": mode}).settings)
         assert {politeness.key(Request(u)) for u in urls} == {"127.0.0.5"}
+
+
+def test_a_loopback_host_is_known_by_its_form_without_a_lookup():
+    # One check for client hints (identity), the dashboard's Host header and its bind address.
+    for host in ("localhost", "LOCALHOST.", "shop.localhost", "127.0.0.1", "127.0.0.2", "127.1",
+                 "::1", "[::1]", "[::0:1]"):
+        assert is_loopback_host(host), host
+    for host in ("", "0.0.0.0", "::", "10.1.2.3", "localhost.example", "notlocalhost",
+                 "evil.example", "::ffff:10.0.0.1"):
+        assert not is_loopback_host(host), host
 
 
 def test_credentials_are_redacted_from_free_text_and_from_a_url_s_authority_only():

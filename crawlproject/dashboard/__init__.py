@@ -47,13 +47,13 @@ from aiohttp import web
 from crawlproject.dashboard import render
 from crawlproject.dashboard.auth import COOKIE, Credentials, SignInLimiter
 from crawlproject.dashboard.feed import SpiderFeed, read_snapshot, run_sampler
+from crawlproject.urls import is_loopback_host
 
 logger = logging.getLogger(__name__)
 
 STATIC = Path(__file__).resolve().parent / "static"
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
-LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 REPLAY_MAX = 1000  # dead letters requeued per partition and click (as `crawlctl replay`)
 SIGNIN_LIMIT, SIGNIN_WINDOW = 10, 60.0   # wrong tokens a client may send per window (s)
 
@@ -202,7 +202,7 @@ def _loopback_host(request) -> bool:
         name = urlsplit(f"//{request.host or ''}").hostname or ""
     except ValueError:
         return False
-    return name in LOOPBACK_NAMES
+    return is_loopback_host(name)
 
 
 def _same_origin(request) -> bool:

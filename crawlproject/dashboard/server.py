@@ -21,6 +21,7 @@ from aiohttp import web
 
 from crawlproject.dashboard import DashboardConfig, create_app
 from crawlproject.dashboard.auth import Credentials
+from crawlproject.urls import is_loopback_host
 
 logger = logging.getLogger(__name__)
 
@@ -31,12 +32,13 @@ class BindRefused(ValueError):
 
 def is_loopback(host: str) -> bool:
     """Whether every address *host* names is a loopback address."""
-    if host == "localhost":
+    if is_loopback_host(host):
         return True
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
+        ipaddress.ip_address(host.strip("[]"))
+        return False   # an address, and not a loopback one
     except ValueError:
-        pass
+        pass   # a name: resolve it
     try:
         infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
     except (socket.gaierror, UnicodeError) as exc:

@@ -48,8 +48,6 @@ impersonating handler. Stats: ``identity/assigned``,
 
 from __future__ import annotations
 
-import functools
-import ipaddress
 import logging
 
 from scrapy import signals
@@ -61,6 +59,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from crawlproject.defaults import IDENTITY_BROWSERS, IDENTITY_PLATFORMS, setting
 from crawlproject.identity.session import IDENTITY, session_key
 from crawlproject.identity.useragents import HINT_HEADERS, Identity, PoolFilter, load_pool, pick
+from crawlproject.urls import is_loopback_host
 
 logger = logging.getLogger(__name__)
 
@@ -229,14 +228,4 @@ def _text(value: bytes) -> str:
 def _hints_allowed(request) -> bool:
     # Chromium sends client hints only to secure contexts: HTTPS, or loopback.
     parsed = urlparse_cached(request)
-    return parsed.scheme == "https" or _is_loopback(parsed.hostname or "")
-
-
-@functools.lru_cache(maxsize=4096)
-def _is_loopback(host: str) -> bool:
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return parsed.scheme == "https" or is_loopback_host(parsed.hostname or "")
