@@ -158,7 +158,7 @@ PLAYWRIGHT_PAGE_METHODS_ALLOW = [           # page methods a stored request may 
 # fc00::/7, 100.64/10), "link-local".
 DOWNLOAD_ALLOWED_NETWORKS: list = []        # networks besides public ones: CIDRs and groups
 
-# --- Proxy pool (crawlproject/middlewares/proxy.py, crawlproject/proxies.py) ---
+# --- Proxy pool (crawlproject/proxies/) ---------------------------------------
 PROXY_POOL_ENABLED = False                  # route requests through the shared pool
 PROXY_POOL: list = []                       # proxy URLs http(s)://[user:pass@]host:port
 PROXY_POOL_FILE = ""                        # one proxy URL a line (# comments)
@@ -174,7 +174,7 @@ PROXY_RETIRE_AFTER = 10                     # connection failures in a row that 
 PROXY_LATENCY_EWMA = 0.3                    # weight of a new latency sample
 PROXY_POOL_EMPTY_MAX_WAIT = 300.0           # seconds requests wait with no usable proxy
 
-# --- Identity and sessions (crawlproject/middlewares/identity.py, ...) ---------
+# --- Identity and sessions (crawlproject/identity/, middlewares/referer.py) ---
 IDENTITY_ENABLED = True                     # one browser identity per session
 IDENTITY_BROWSERS = ["Chrome", "Edge", "Firefox", "Safari"]  # fake-useragent names
 IDENTITY_OS: list = []                      # any
@@ -218,7 +218,7 @@ MONGO_RETRY_BACKOFF_MAX = 2.0               # longest retry delay (s)
 VALIDATION_ENABLED = True                   # switch the validation pipeline off
 VALIDATION_INVALID_COLLECTION = ""          # e.g. "invalid_items" to keep dropped items
 
-# --- Incremental recrawl (crawlproject/recrawl.py, extensions/recrawl.py) ------
+# --- Incremental recrawl (crawlproject/recrawl/) ------------------------------
 RECRAWL_ENABLED = False                     # page records and revisits
 RECRAWL_INTERVAL = 0.0                      # seconds between visits of any page; 0: rules only
 RECRAWL_ADAPTIVE = False                    # halve when changed, double when not
@@ -232,7 +232,7 @@ RECRAWL_MAX_QUEUED = 5000                   # no feeding while the frontier hold
 RECRAWL_CLAIM_TIMEOUT = 3600.0              # a fed page not visited by then is due again
 RECRAWL_GONE_COLLECTIONS: list = []         # more collections a 404/410 may mark gone
 
-# --- JavaScript rendering (crawlproject/rendering.py, middlewares/rendering.py) -
+# --- JavaScript rendering (crawlproject/rendering/) ---------------------------
 RENDERING_ENABLED = True                    # rendering add-on and middlewares on
 CHROMIUM_PATH = None                        # None: found in the usual places
 RENDER_URL_PATTERNS: list = []              # regexes of URLs always rendered
