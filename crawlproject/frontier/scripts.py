@@ -23,16 +23,17 @@ one Redis Cluster slot): the shards of a Bloom filter are
 derived from the filter's meta key in KEYS, never from an ARGV prefix.
 
 Bloom growth never blocks Redis for long: while the newest layer nears
-capacity, each adding call makes at most one shard (<= 32 MiB at the default
-``shard_bits``) of the next layer, so the call that opens a big layer finds it
-ready. A call can still allocate more at once: the first call (layer 0 is
-made whole: over 32 MiB when ``capacity`` exceeds ~18M at 1e-3), a call that
-opens a layer of at most 32 MiB (one step anyway), a batch that fills the
-newest layer faster than one shard per call, and any shard larger than
-``shard_bits = 2**28`` (one shard is one allocation). Each MiB allocated costs
-about 1 ms of blocking (measured on this project's 2-core VMs with Redis 6.2
-and 7.0: the pages are touched once, zero-filled); a smaller
-``DUPEFILTER_SHARD_BITS`` makes smaller steps.
+capacity, each adding call makes at most one shard (<= 8 MiB at the default
+``DUPEFILTER_SHARD_BITS = 2**26``) of the next layer, so the call that opens a
+big layer finds it ready. A call can still allocate more than one shard at
+once: the first call (layer 0 is made whole: over 32 MiB when ``capacity``
+exceeds ~18M at 1e-3), a call that opens a layer of at most 32 MiB (one step,
+``BLOOM_STEP_BYTES`` in ``lua/lib/bloom.lua``, made whole anyway), a batch
+that fills the newest layer faster than one shard per call, and any shard of
+a ``DUPEFILTER_SHARD_BITS`` raised above ``2**28`` (32 MiB; one shard is one
+allocation). Each MiB allocated costs about 1 ms of blocking (measured on this
+project's 2-core VMs with Redis 6.2 and 7.0: the pages are touched once,
+zero-filled); a smaller ``DUPEFILTER_SHARD_BITS`` makes smaller steps.
 """
 
 from importlib.resources import files

@@ -121,8 +121,8 @@ end
 
 local function bloom_make_ahead(key, m, batch)
   -- Growth must never block Redis: while the newest layer nears capacity,
-  -- each adding call makes at most one shard (<= 32 MiB at the default
-  -- shard_bits) of the next layer, counted in the 'ahead' field. A next
+  -- each adding call makes at most one shard (<= 8 MiB at the default
+  -- shard_bits, 2^26) of the next layer, counted in the 'ahead' field. A next
   -- layer of at most BLOOM_STEP_BYTES is left to the call that opens it:
   -- one step either way, and no memory is spent before it is needed.
   local L = tostring(tonumber(m['layers']) - 1)
