@@ -5,6 +5,8 @@
 * :mod:`.mongo` – :class:`~.mongo.MongoPipeline`: buffered, idempotent bulk
   writes to MongoDB, retried and spooled through outages; holds the idle
   close while MongoDB is down (``MONGO_CLOSE_WAIT``). The Scrapy adapter over:
+* :mod:`.config` – :class:`~.config.MongoConfig`: the ``MONGO_*`` settings,
+  read once, given to the pipeline and its outage handling.
 * :mod:`.batcher` – :class:`~.batcher.Batcher`: group commit (batches by
   size, age and idleness, bounded writes in flight), knows no database.
 * :mod:`.outage` – :class:`~.outage.OutageHandler`: where a batch goes

@@ -56,19 +56,12 @@ from pymongo.errors import PyMongoError
 from scrapy import signals
 from scrapy.exceptions import DropItem, NotConfigured
 
-from crawlproject.connection import (
-    mongo_client_options,
-    mongo_collection_pattern,
-    mongo_database_from_settings,
-    mongo_unique_key,
-    mongo_uri_from_settings,
-    redis_from_settings,
-    redis_url_from_settings,
-)
+from crawlproject.connection import redis_from_settings
 from crawlproject.defaults import setting
 from crawlproject.node import node_id
 from crawlproject.keys import FrontierKeys
 from crawlproject.pipelines.batcher import Batcher
+from crawlproject.pipelines.config import MongoConfig
 from crawlproject.pipelines.documents import WriteOp, gone_op, item_fields, to_mongo
 from crawlproject.pipelines.errors import MongoPipelineError, Scrubber, is_auth_error
 from crawlproject.pipelines.handoff import RedisHandoff
@@ -97,39 +90,30 @@ class MongoPipeline:
     ``MONGO_URI``, ``MONGO_DATABASE`` and ``MONGO_SPOOL_DIR`` fall back to the
     environment variables of the same name.
 
-    *redis* (an asyncio Redis client, or ``None``) receives the spool of a
-    node that closes while MongoDB is down.
+    *config* is every one of those settings, read once
+    (:class:`~crawlproject.pipelines.config.MongoConfig`); *redis* (an asyncio
+    Redis client, or ``None``) receives the spool of a node that closes while
+    MongoDB is down.
     """
 
-    def __init__(self, crawler, *, uri: str, database: str, collection: str = "%(spider)s",
-                 key: str = "url", client_options: dict[str, Any] | None = None,
-                 key_as_id: bool = True, bulk_size: int = 500, flush_interval: float = 0.2,
-                 write_mode: str = "auto", max_flushes: int = 2, flush_when_idle: bool = True,
-                 spool_after: float = 5.0, spool_dir: str = "mongo-spool",
-                 probe_interval: float = 1.0, backoff_base: float = 0.1,
-                 backoff_max: float = 2.0, close_wait: float = 300.0, redis=None,
-                 redis_url: str = "", handoff_max_bytes: int = 256 << 20):
+    def __init__(self, crawler, config: MongoConfig, *, redis=None):
         self.crawler = crawler
         self.stats = crawler.stats
-        self.uri = uri
-        self.database = database
-        self.collection_pattern = collection
-        self.default_key = key
-        self.key_as_id = key_as_id
-        self.spool_dir = spool_dir
+        self.config = config
         self.redis = redis
         # First: it refuses a bad MONGO_BULK_SIZE before any client exists.
-        self.batcher = Batcher(self._store, bulk_size=bulk_size, flush_interval=flush_interval,
-                               max_flushes=max_flushes, flush_when_idle=flush_when_idle)
-        self.writer = MongoWriter(uri, client_options=client_options, stats=crawler.stats,
-                                  write_mode=write_mode, backoff_base=backoff_base,
-                                  backoff_max=backoff_max)
+        self.batcher = Batcher(self._store, bulk_size=config.bulk_size,
+                               flush_interval=config.flush_interval,
+                               max_flushes=config.max_flushes,
+                               flush_when_idle=config.flush_when_idle)
+        self.writer = MongoWriter(config.uri, client_options=config.client_options,
+                                  stats=crawler.stats, write_mode=config.write_mode,
+                                  backoff_base=config.backoff_base,
+                                  backoff_max=config.backoff_max)
         self.scrub = self.writer.scrub
-        self.outage = OutageHandler(
-            self.writer, crawler.stats, requeue=self.batcher.requeue, spool_dir=spool_dir,
-            bulk_size=bulk_size, spool_after=spool_after, probe_interval=probe_interval,
-            backoff_max=backoff_max, close_wait=close_wait,
-            handoff_max_bytes=handoff_max_bytes, redis_scrub=Scrubber(redis_url))
+        self.outage = OutageHandler(self.writer, crawler.stats, config,
+                                    requeue=self.batcher.requeue,
+                                    redis_scrub=Scrubber(config.redis_url))
         self.spool: Spool | None = None
         self.clock = time.monotonic  # of the close wait (tests replace it)
         self._targets: dict[type, tuple[str, str]] = {}
@@ -140,8 +124,9 @@ class MongoPipeline:
         s = crawler.settings
         if not setting(s, "MONGO_PIPELINE_ENABLED"):
             raise NotConfigured  # off by choice: bare, as Scrapy's own (no WARNING each start)
+        config = MongoConfig.from_settings(s)
         redis = None
-        if setting(s, "MONGO_SPOOL_HANDOFF"):
+        if config.handoff:
             try:
                 # Short timeouts: the handoff runs while the node is closing.
                 redis = redis_from_settings(s, asyncio=True, socket_connect_timeout=5,
@@ -149,29 +134,7 @@ class MongoPipeline:
             except ValueError as exc:
                 logger.warning("MONGO_SPOOL_HANDOFF is on but REDIS_URL is not usable (%s): "
                                "a spool left at close stays on this machine", exc)
-        pipeline = cls(
-            crawler,
-            uri=mongo_uri_from_settings(s),
-            database=mongo_database_from_settings(s),
-            collection=mongo_collection_pattern(s),
-            key=mongo_unique_key(s),
-            key_as_id=setting(s, "MONGO_KEY_AS_ID"),
-            client_options=mongo_client_options(s),
-            bulk_size=setting(s, "MONGO_BULK_SIZE"),
-            flush_interval=setting(s, "MONGO_FLUSH_INTERVAL"),
-            write_mode=setting(s, "MONGO_WRITE_MODE").lower(),
-            max_flushes=max(1, setting(s, "MONGO_CONCURRENT_WRITES")),
-            flush_when_idle=setting(s, "MONGO_FLUSH_WHEN_IDLE"),
-            spool_after=setting(s, "MONGO_SPOOL_AFTER"),
-            spool_dir=str(spool_path(setting(s, "MONGO_SPOOL_DIR"))),
-            probe_interval=setting(s, "MONGO_PROBE_INTERVAL"),
-            backoff_base=setting(s, "MONGO_RETRY_BACKOFF_BASE"),
-            backoff_max=setting(s, "MONGO_RETRY_BACKOFF_MAX"),
-            close_wait=max(0.0, setting(s, "MONGO_CLOSE_WAIT")),
-            redis=redis,
-            redis_url=redis_url_from_settings(s) if redis is not None else "",
-            handoff_max_bytes=int(setting(s, "MONGO_SPOOL_HANDOFF_MAX_MB") * 2**20),
-        )
+        pipeline = cls(crawler, config, redis=redis)
         crawler.signals.connect(pipeline._on_spider_idle, signal=signals.spider_idle)
         return pipeline
 
@@ -188,35 +151,35 @@ class MongoPipeline:
         """
         extra = self._extra
         self.writer.log_extra = self.batcher.log_extra = extra
-        per_item = "%(item)" in self.collection_pattern
+        per_item = "%(item)" in self.config.collection
         collection = "<one per item type>" if per_item else self._collection_name(None)
         try:
             if per_item:  # no collection known yet: check we may read the database
-                await self.writer.client[self.database].list_collection_names(
+                await self.writer.client[self.config.database].list_collection_names(
                     filter={"name": collection})
             else:
-                await self.writer.ensure_index(self.database, collection, self.default_key,
-                                               self.key_as_id)
+                await self.writer.ensure_index(self.config.database, collection, self.config.key,
+                                               self.config.key_as_id)
         except PyMongoError as exc:
             await self._close_clients()
             message = self._open_error_message(exc)
             logger.error("%s", message, extra=extra)
             raise MongoPipelineError(message) from None
-        directory = target_dir(self.spool_dir, self.uri, self.database)
+        directory = target_dir(self.config.spool_dir, self.config.uri, self.config.database)
         self.spool = Spool(directory, owner=node_id(self.crawler)).open()
         handoff = None
         if self.redis is not None:
             key = FrontierKeys(self.crawler.spider.name).mongo_spool(directory.name)
-            handoff = RedisHandoff(self.redis, key, self.database)
+            handoff = RedisHandoff(self.redis, key, self.config.database)
         self.outage.attach(self.spool, handoff, spider_name=self.crawler.spider.name,
                            log_extra=extra)
         self.batcher.start()
         logger.info("Storing items in %s, database %r, collection %r, unique on %r%s "
                     "(bulk %d, flush %.2fs, spool after %.1fs in %s, close wait %.0fs)",
-                    self.scrub.redacted, self.database, collection, self.default_key,
-                    " (as _id)" if self.key_as_id else "",
+                    self.scrub.redacted, self.config.database, collection, self.config.key,
+                    " (as _id)" if self.config.key_as_id else "",
                     self.batcher.bulk_size, self.batcher.flush_interval,
-                    self.outage.spool_after, self.spool.directory, self.outage.close_wait,
+                    self.config.spool_after, self.spool.directory, self.config.close_wait,
                     extra=extra)
         await self.outage.recover()
 
@@ -242,9 +205,9 @@ class MongoPipeline:
         self.outage.idle_close(self.clock())
 
     def _open_error_message(self, exc: PyMongoError) -> str:
-        where = f"MongoDB at {self.scrub.redacted} (database {self.database!r})"
+        where = f"MongoDB at {self.scrub.redacted} (database {self.config.database!r})"
         if is_auth_error(exc):
-            user, source = _user_and_auth_source(self.uri, self.database)
+            user, source = _user_and_auth_source(self.config.uri, self.config.database)
             if user:
                 return (f"{where} refused the credentials of user {user!r} "
                         f"(authSource {source!r}): check the user name, password and "
@@ -264,10 +227,10 @@ class MongoPipeline:
         try:
             kind = getattr(cls, "mongo_write", "item")
             if kind == "gone":
-                op = gone_op(self.database, item, self.key_as_id)
+                op = gone_op(self.config.database, item, self.config.key_as_id)
             else:
-                op = WriteOp.build(self.database, collection, key_field, item_fields(item),
-                                   key_as_id=self.key_as_id, kind=kind)
+                op = WriteOp.build(self.config.database, collection, key_field, item_fields(item),
+                                   key_as_id=self.config.key_as_id, kind=kind)
         except KeyError:
             self.stats.inc_value("mongo/dropped/no_key")
             raise DropItem(f"{item_type_name(item)} has no usable {key_field!r} (missing, None "
@@ -286,12 +249,12 @@ class MongoPipeline:
         await self.outage.store(batch)
 
     def _collection_name(self, cls: type | None) -> str:
-        pattern = getattr(cls, "mongo_collection", None) or self.collection_pattern
+        pattern = getattr(cls, "mongo_collection", None) or self.config.collection
         item = cls.__name__.lower() if cls else ""
         return pattern % {"spider": self.crawler.spider.name, "item": item}
 
     def _key_field(self, cls: type) -> str:
-        return getattr(cls, "mongo_key", None) or self.default_key
+        return getattr(cls, "mongo_key", None) or self.config.key
 
 
 def _user_and_auth_source(uri: str, database: str) -> tuple[str, str]:

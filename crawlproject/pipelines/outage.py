@@ -29,6 +29,7 @@ from pathlib import Path
 from scrapy.exceptions import CloseSpider, DontCloseSpider, DropItem
 
 from crawlproject.pipelines.batcher import Pending, settle
+from crawlproject.pipelines.config import MongoConfig
 from crawlproject.pipelines.errors import Scrubber
 from crawlproject.pipelines.handoff import RedisHandoff
 from crawlproject.pipelines.replay import replay_segment
@@ -45,25 +46,18 @@ REPLAY_COMMAND = "python -m crawlproject.cli spool-replay"
 class OutageHandler:
     """Write batches, spool them through outages, decide the close.
 
-    *requeue* puts entries back into the buffer (the spool could not be
-    written, or MongoDB came back while a batch waited for it). The spool
+    *config* gives the spool directory, the batch size and the outage's
+    timings. *requeue* puts entries back into the buffer (the spool could not
+    be written, or MongoDB came back while a batch waited for it). The spool
     and the handoff are given by :meth:`attach` once the pipeline opens.
     """
 
-    def __init__(self, writer: MongoWriter, stats, *, requeue, spool_dir: str,
-                 bulk_size: int = 500, spool_after: float = 5.0, probe_interval: float = 1.0,
-                 backoff_max: float = 2.0, close_wait: float = 300.0,
-                 handoff_max_bytes: int = 256 << 20, redis_scrub: Scrubber | None = None):
+    def __init__(self, writer: MongoWriter, stats, config: MongoConfig, *, requeue,
+                 redis_scrub: Scrubber | None = None):
         self.writer = writer
         self.stats = stats
         self.requeue = requeue
-        self.spool_dir = spool_dir
-        self.bulk_size = bulk_size
-        self.spool_after = spool_after
-        self.probe_interval = probe_interval
-        self.backoff_max = backoff_max
-        self.close_wait = close_wait
-        self.handoff_max_bytes = handoff_max_bytes
+        self.config = config
         self.redis_scrub = redis_scrub or Scrubber("")
         self.spool: Spool | None = None
         self.handoff: RedisHandoff | None = None
@@ -107,7 +101,7 @@ class OutageHandler:
         self.stats.inc_value("mongo/batches")
         leftover = batch
         if not self.active:
-            outcome = await self.writer.write([e.op for e in batch], budget=self.spool_after)
+            outcome = await self.writer.write([e.op for e in batch], budget=self.config.spool_after)
             unavailable = {id(op) for op in outcome.unavailable}
             leftover = []
             for entry in batch:
@@ -132,7 +126,7 @@ class OutageHandler:
                          "retrying", self.spool.directory, exc, len(leftover),
                          extra=self.log_extra)
             self.requeue(leftover)
-            await asyncio.sleep(self.backoff_max)
+            await asyncio.sleep(self.config.backoff_max)
             return
         if not spooled:  # MongoDB came back while we waited: write them normally
             self.requeue(leftover)
@@ -150,7 +144,7 @@ class OutageHandler:
         self._since = time.monotonic()
         self.stats.inc_value("mongo/outages")
         logger.error("MongoDB unavailable for more than %.1fs (%s): spooling items to %s until it "
-                     "answers again", self.spool_after, reason or "unknown error",
+                     "answers again", self.config.spool_after, reason or "unknown error",
                      self.spool.directory, extra=self.log_extra)
         if self._probe is None or self._probe.done():
             self._probe = asyncio.ensure_future(self._probe_loop())
@@ -163,7 +157,7 @@ class OutageHandler:
 
     async def _probe_loop(self) -> None:
         while self.active and not self._closing:
-            await asyncio.sleep(self.probe_interval)
+            await asyncio.sleep(self.config.probe_interval)
             if self._closing:
                 return
             try:
@@ -189,8 +183,8 @@ class OutageHandler:
                     continue
                 for path in paths:
                     if await replay_segment(self.writer, self.spool, path,
-                                            bulk_size=self.bulk_size,
-                                            budget=self.spool_after) is None:
+                                            bulk_size=self.config.bulk_size,
+                                            budget=self.config.spool_after) is None:
                         return False
 
     # -- closing -----------------------------------------------------------------
@@ -207,11 +201,11 @@ class OutageHandler:
             return
         if self._held_since is None:
             self._held_since = now
-            if self.close_wait > 0:
+            if self.config.close_wait > 0:
                 logger.warning("Not closing yet: MongoDB is unreachable and items are spooled "
                                "in %s; waiting up to %.0fs for it to answer (MONGO_CLOSE_WAIT)",
-                               self.spool.directory, self.close_wait, extra=self.log_extra)
-        if now - self._held_since < self.close_wait:
+                               self.spool.directory, self.config.close_wait, extra=self.log_extra)
+        if now - self._held_since < self.config.close_wait:
             raise DontCloseSpider
         logger.warning("MongoDB still unreachable after %.0fs of MONGO_CLOSE_WAIT: closing "
                        "(finish reason %r)", now - self._held_since, CLOSE_REASON,
@@ -250,8 +244,8 @@ class OutageHandler:
     async def _drain_handoff(self) -> None:
         """Store the items other nodes handed over to Redis (in the background)."""
         try:
-            await self.handoff.drain(self.writer, bulk_size=self.bulk_size,
-                                     budget=self.spool_after, log_extra=self.log_extra)
+            await self.handoff.drain(self.writer, bulk_size=self.config.bulk_size,
+                                     budget=self.config.spool_after, log_extra=self.log_extra)
         except Exception as exc:  # Redis down: they wait for the next node or the next outage end
             logger.warning("Cannot replay the spooled items handed over in Redis list %s (%s); "
                            "set MONGO_SPOOL_HANDOFF = False if this project has no Redis",
@@ -291,7 +285,7 @@ class OutageHandler:
                      "%d spool file(s) in %s (not handed to Redis: %s); replay them with: "
                      "%s --spool-dir %s (or start a node with this MONGO_SPOOL_DIR)",
                      handed + kept, moved, kept, len(kept_paths), directory, reason,
-                     REPLAY_COMMAND, self.spool_dir, extra=self.log_extra)
+                     REPLAY_COMMAND, self.config.spool_dir, extra=self.log_extra)
 
     async def _hand_off(self, paths: list[Path]) -> tuple[int, str]:
         """Push whole segments to Redis, deleting each once pushed.
@@ -299,7 +293,7 @@ class OutageHandler:
         Returns the items moved and, if some stay, why. A crash between a push
         and the delete leaves the items in both places: replayed twice, harmlessly.
         """
-        room = self.handoff_max_bytes
+        room = self.config.handoff_max_bytes
         handed = 0
         for path in paths:
             try:
@@ -307,7 +301,8 @@ class OutageHandler:
             except FileNotFoundError:
                 continue
             if size > room:
-                return handed, f"over MONGO_SPOOL_HANDOFF_MAX_MB ({self.handoff_max_bytes >> 20})"
+                most = self.config.handoff_max_bytes >> 20
+                return handed, f"over MONGO_SPOOL_HANDOFF_MAX_MB ({most})"
             segment = await self.spool.read(path)
             try:
                 await self.handoff.push(segment.ops)
