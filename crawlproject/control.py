@@ -1,62 +1,17 @@
 """Cluster-wide operator control of a crawl (pause, resume, drain, stop), and
 the nodes' reports that ``crawlctl status`` shows.
 
-The operator (``crawlctl pause|resume|drain|stop SPIDER``) writes the state into
-the hash ``{spider}:control`` (field ``state``, plus ``since`` in ms and ``by``);
-every node reads it once per ``CONTROL_POLL_INTERVAL`` (1 s) in the background,
-so a change is in force on all nodes within about a second, without a Redis
-call per request:
+``crawlctl pause|resume|drain|stop SPIDER`` writes the state (``run``,
+``pause``, ``drain`` or ``stop``, with ``since`` and ``by``) into the hash
+``{spider}:control``; every node reads it once per ``CONTROL_POLL_INTERVAL`` in
+the background, so a change is in force on all nodes within about a second.
+``CONTROL_ON_START`` says what a node that starts in a ``stop`` or ``drain``
+does. Every field is untrusted: anything but the four states counts as
+``run``, a key of another type as ``pause``. In the same loop each node writes
+its report into ``{spider}:node_reports``.
 
-``run``    normal operation (also: no key, or a value that is not a known state).
-``pause``  nodes take no request from the frontier and no seed; what they
-           prefetched stays leased to them (heartbeats go on), downloads already
-           started finish. ``resume`` (= ``run``) continues where they were.
-``drain``  nodes take no seed; they finish the frontier, then close once the
-           whole cluster has nothing left (even with ``MAX_IDLE_TIME_BEFORE_CLOSE = 0``).
-``stop``   nodes close now (finish reason ``operator_stop``); leases they hold go
-           back to the queue. The state stays ``stop`` until ``crawlctl resume``.
-
-The state outlives the crawl: it stays in Redis until an operator changes it. A
-node that starts while it is ``stop`` or ``drain`` (yesterday's) logs one
-WARNING saying so, who set it and when, and the command that resumes the
-crawl; then, as ``CONTROL_ON_START`` says, it waits (``"wait"``, the default:
-it takes nothing, or in a drain helps finish the frontier, and does not close
-because of that state; it goes on when the state changes, polling at
-``CONTROL_POLL_INTERVAL``) or closes at once with finish reason
-``control_stop_at_start`` / ``control_drain_at_start`` (``"exit"``: exit code 1
-with ``COMMANDS_MODULE = "crawlproject.commands"``). A node that starts while
-it is ``pause`` says so too, and waits as every paused node does. Under a
-supervisor that restarts whatever exits (compose ``restart: unless-stopped``, a
-Kubernetes Deployment), ``"wait"`` is the one that does not restart in a loop.
-
-``crawlctl drain SPIDER --then-clear`` (field ``then_clear``) ends the drain
-by itself: once it is complete (nothing queued, delayed or leased in any
-partition, and no live node registered but those waiting at start) the last
-node to close, or a node waiting at start, sets the state back to ``run``
-(``by`` = ``node <id> (drain complete)``), atomically and only if the state is
-still that same drain.
-
-``since`` (unix ms) and ``by`` (``user@host`` of ``crawlctl``,
-``dashboard:user@host``, or a node) are written with every state; a hash
-without them (an older or hand-written value) reads as "set by an unknown
-writer at an unknown time". Every field is untrusted: the state is
-allow-listed, ``since`` must be a plausible time, ``by`` is cut to 100
-printable characters (others escaped) before anyone logs or shows it.
-
-The value is read from Redis, which is untrusted: only these four states are
-accepted; anything else counts as ``run`` and is logged once.
-
-A control key of another type than a hash (a string or list written by
-hand or by another tool) cannot say what the operator wants: nodes count it as
-``pause`` (they take nothing new and lose nothing; a pause is what an operator
-undoes most easily), log one ERROR naming the key and its type at each change,
-and ``crawlctl status`` shows it. ``crawlctl resume|pause|drain|stop SPIDER
---force`` replaces the key; without ``--force`` these commands refuse and say so.
-
-In the same loop each node writes its report every 5 s into the hash
-``{spider}:node_reports`` (node id → JSON: pages, items, errors, pages/s and
-items/s over the last minute, leases, state, at), deleted when it closes;
-``crawlctl status`` lists them and prunes reports older than 10 minutes.
+The states, the start, ``--then-clear`` and the reports in full:
+``docs/frontier.md``, "Operator control (crawlproject/control.py)".
 """
 
 from __future__ import annotations

@@ -1,63 +1,16 @@
 """What data read from Redis (or MongoDB) may make a node do.
 
-Two kinds of writer, told apart by proof (:mod:`crawlproject.signing`), not
-by where the data sits:
+Two kinds of writer, told apart by proof (:mod:`crawlproject.signing`): what a
+node of this crawl stored, signed with ``FRONTIER_SECRET``, comes back whole
+(:class:`NodePolicy`: its callbacks must be the running spider's methods);
+everything else (seeds, unproven payloads) gets the seed policy,
+:class:`InputPolicy`: allow-lists of callbacks, meta keys, browser actions,
+methods, headers and stored-request fields, within what the spider and the
+operator published. A refusal raises :class:`Refused` with a short ``code`` (a
+stats key) and a message naming what was refused.
 
-* **A node of this crawl.** What its spider made (a request, with a private
-  callback such as ``CrawlSpider._callback``, a ``POST`` body, headers, the
-  spider's own ``meta``) is stored signed with ``FRONTIER_SECRET`` and comes
-  back whole: :class:`NodePolicy` checks only that callbacks are methods of
-  the running spider and that the request class is a Scrapy request.
-* **Anyone else.** Seeds (``<spider>:start_urls``) and whatever else is read
-  back without a valid proof: written by operators, scripts, other teams, an
-  attacker who reached Redis. They get the *seed policy*,
-  :class:`InputPolicy`: they may name which spider method handles a page,
-  carry request ``meta`` and browser actions, but only within what the
-  spider and the operator published. Everything here is an allow-list:
-
-* **Callbacks** (seeds and payloads, callbacks and errbacks, and
-  ``playwright_page_event_handlers`` given by name): a public method defined
-  by the spider's own classes, below the framework base classes (``scrapy.*``,
-  ``scrapy_redis.*``, :class:`~crawlproject.spiders.seeded.RedisSpider`):
-  a plain function, no leading underscore, not one of the base classes'
-  methods or hooks (``parse``, the default callback, excepted). A spider that
-  sets ``allowed_callbacks = (...)`` publishes exactly those names instead.
-* **Seed meta**: only the keys of ``SEED_META_ALLOW`` (setting) and the
-  spider's ``seed_meta_allow`` attribute; nothing else, in particular none of
-  Scrapy's or this project's behaviour keys (``proxy``, ``download_slot``,
-  ``dont_filter``, ``playwright_*``, ``crawlproject_*``...) unless allowed.
-* **Browser actions** (seeds and payloads): ``playwright_*`` meta keys from a
-  known list, each checked: page methods from ``PLAYWRIGHT_PAGE_METHODS_ALLOW``
-  (default :data:`DEFAULT_PAGE_METHODS`; methods that read or write files or
-  run code outside the page are never allowed), their arguments plain values
-  and their keyword arguments from :data:`PAGE_METHOD_KWARGS` (no ``path``);
-  browser-context options from :data:`CONTEXT_KWARGS` (no HAR/video
-  recording, no user data or storage-state files, no downloads, no proxy or
-  credentials).
-
-* **Method, body, headers** (seeds and unproven payloads):
-  :meth:`InputPolicy.check_request` — ``GET`` or ``HEAD`` without a body,
-  unless ``SEED_METHODS_ALLOW`` or the spider's ``seed_methods_allow``
-  publishes more (then with a body); headers from :data:`SEED_HEADERS` plus
-  ``SEED_HEADERS_ALLOW`` and the spider's ``seed_headers_allow``, never a
-  credential or ``Host`` (:data:`NEVER_SEED_HEADERS`); no cookies.
-
-* **Stored requests** (unproven frontier payloads, page records' requests,
-  and seeds once made into requests): :meth:`InputPolicy.check_stored` — an ``http`` or
-  ``https`` URL, published callbacks, and meta keys from an allow-list: the
-  keys this project's components and Scrapy's put on requests a node stores
-  itself (:data:`STORED_META`, each value checked, limits such as
-  ``download_timeout`` only ever tightened), the keys of ``SEED_META_ALLOW``,
-  ``STORED_META_ALLOW`` and the spider's ``seed_meta_allow`` /
-  ``stored_meta_allow``. ``playwright_include_page`` and
-  ``playwright_context`` only when published that way; ``proxy`` only when
-  ``STORED_PROXY_ALLOW`` names it (a proxy the pool or the environment chose
-  for one download is dropped, never stored nor honoured). A page record's
-  request must fetch the record's own site (:meth:`InputPolicy.check_same_site`).
-
-A refusal raises :class:`Refused` with a short ``code`` (a stats key) and a
-message naming what was refused; callers set the seed or payload aside with
-the reason.
+Each allow-list in full: ``docs/frontier.md``, "What data read back may ask of
+a node (crawlproject/policy.py)".
 
 Size (over 600 lines): every allow-list a writer other than a node meets
 (callbacks, meta keys and the check of each value, browser actions, the

@@ -3,69 +3,15 @@ host, and a chain that goes nowhere ends with a reason.
 
 :class:`FrontierRedirectMiddleware` (3xx ``Location``) and
 :class:`FrontierMetaRefreshMiddleware` (``<meta http-equiv="refresh">``) are
-Scrapy's :class:`~scrapy.downloadermiddlewares.redirect.RedirectMiddleware`
-and :class:`~scrapy.downloadermiddlewares.redirect.MetaRefreshMiddleware`
-(same settings: ``REDIRECT_ENABLED``, ``REDIRECT_MAX_TIMES``,
-``REDIRECT_PRIORITY_ADJUST``, ``METAREFRESH_ENABLED``, ``METAREFRESH_MAXDELAY``,
-``meta["dont_redirect"]``...), with these differences:
+Scrapy's ``RedirectMiddleware`` and ``MetaRefreshMiddleware``, same settings,
+except that a hop to another host leaves the source's download slot behind
+(``redirect/other_host``); a loop, a chain over ``REDIRECT_MAX_TIMES`` and a
+3xx to a scheme other than http(s) are given up with a reason (dead-lettered
+with :class:`~crawlproject.scheduler.RedisScheduler`); and ``dont_filter`` is
+not carried to the hops (``redirect/deduplicated``).
 
-* **A hop to another host is a request of that host.** Scrapy copies the
-  source request's ``meta`` into the redirected one, ``download_slot``
-  included, which Scrapy's downloader sets on every request it downloads: the
-  next hop would be downloaded in the source host's slot and, with
-  ``FRONTIER_HONOUR_DOWNLOAD_SLOT``, queued under the source's politeness key,
-  paced by the source's interval rather than the target's ``Crawl-delay``
-  (Scrapy's own per-process slots too: scrapy/scrapy#2141).
-  The slot is dropped when the host changes (``redirect/other_host``): the
-  hop goes back through the scheduler to its own host's queue, is leased
-  under that host's interval and concurrency for every node, and passes the
-  robots.txt middleware for that host when it is downloaded.
-* **A loop ends with a reason.** A hop to a URL already in the chain (the
-  request's ``redirect_urls`` or the request itself; compared canonicalised,
-  without fragment) is given up: counted (``redirect/loop``), and with
-  :class:`~crawlproject.scheduler.RedisScheduler` dead-lettered
-  (``kind = "redirect"``, the reason naming the chain), never retried. Without
-  this the hop was dropped by the dupefilter as a page already seen, silently,
-  or, for a ``dont_filter`` request, followed round the loop
-  ``REDIRECT_MAX_TIMES`` times. A ``303`` that turns a ``POST`` into a ``GET``
-  of the same URL (post/redirect/get) is not a loop. A meta refresh to the
-  page's own URL is a reload, not a redirect: the page itself goes to the
-  spider (``redirect/meta_refresh_self``).
-  A redirect to the page itself that sets a cookie (a cookie wall) is
-  followed once (``redirect/cookie_wall``), as a browser does.
-* **A chain over** ``REDIRECT_MAX_TIMES`` (or ``meta["redirect_ttl"]``) is
-  given up the same way (``redirect/max_times``) instead of an
-  ``IgnoreRequest`` with a DEBUG line.
-* **A 3xx to a scheme other than http/https** (``ftp:``, ``mailto:``,
-  ``javascript:``...) is refused with its reason (``redirect/scheme_refused``),
-  not handed to the spider as an unhandled 3xx. (A meta refresh to one is
-  ignored, as in Scrapy: the page itself is the content.)
-
-* **``dont_filter`` is for the page asked, not for where it leads.** A ``GET``
-  or ``HEAD`` that is not deduplicated (a seed, a start URL) and redirects to
-  another URL sends a hop that is (``redirect/deduplicated``): a seed
-  ``example.com`` redirecting to ``www.example.com``, which another seed or a
-  link already brought, is not fetched twice. Scrapy carries ``dont_filter``
-  to every hop; ``meta["dont_filter_redirects"] = True`` keeps that for a
-  request, and a revisit (``meta["recrawl"]``) or a ``POST`` (a log-in that
-  redirects) always keeps it.
-
-A redirect to a page already crawled (another URL) stays what it was, a
-duplicate the frontier filters (``dupefilter/filtered``), not an error. The
-robots.txt fetches of :mod:`crawlproject.robots` (``meta["robotstxt_fetch"]``)
-get Scrapy's behaviour unchanged: their redirects are the robots middleware's
-to judge (RFC 9309). Where each hop may connect is the egress guard's
-(:mod:`crawlproject.egress`): a redirect to a loopback or metadata address is
-refused there like any request.
-
-Enable them in place of Scrapy's::
-
-    DOWNLOADER_MIDDLEWARES = {
-        "scrapy.downloadermiddlewares.redirect.MetaRefreshMiddleware": None,
-        "crawlproject.middlewares.redirect.FrontierMetaRefreshMiddleware": 580,
-        "scrapy.downloadermiddlewares.redirect.RedirectMiddleware": None,
-        "crawlproject.middlewares.redirect.FrontierRedirectMiddleware": 600,
-    }
+The differences in full, and how to enable them in place of Scrapy's:
+``docs/middlewares.md``, "Redirects (crawlproject/middlewares/redirect.py)".
 """
 
 from __future__ import annotations
@@ -148,7 +94,7 @@ class _NotHttp(Exception):
 
 
 class _ChainRules:
-    """What both redirect middlewares add to Scrapy's (see the module docstring)."""
+    """What both redirect middlewares add to Scrapy's (see docs/middlewares.md)."""
 
     def __init__(self, settings):
         super().__init__(settings)
@@ -251,7 +197,7 @@ class _ChainRules:
 
 
 class FrontierRedirectMiddleware(_ChainRules, RedirectMiddleware):
-    """Scrapy's 3xx redirects, per host and ending with a reason (module docstring)."""
+    """Scrapy's 3xx redirects, per host and ending with a reason (docs/middlewares.md)."""
 
     def process_response(self, request: Request, response: Response, spider=None):
         try:
@@ -266,7 +212,7 @@ class FrontierRedirectMiddleware(_ChainRules, RedirectMiddleware):
 
 
 class FrontierMetaRefreshMiddleware(_ChainRules, MetaRefreshMiddleware):
-    """Scrapy's meta refresh, per host and ending with a reason (module docstring)."""
+    """Scrapy's meta refresh, per host and ending with a reason (docs/middlewares.md)."""
 
     def process_response(self, request: Request, response: Response, spider=None):
         try:

@@ -1,90 +1,18 @@
 """ClusterRobotsTxtMiddleware: one robots.txt fetch per site for the whole cluster.
 
 A drop-in replacement for ``scrapy.downloadermiddlewares.robotstxt.RobotsTxtMiddleware``
-(same settings: ``ROBOTSTXT_OBEY``, ``ROBOTSTXT_PARSER``, ``ROBOTSTXT_USER_AGENT``,
-``meta["dont_obey_robotstxt"]``; same stats ``robotstxt/forbidden``,
-``robotstxt/request_count``, ``robotstxt/response_count``,
-``robotstxt/response_status_count/<status>`` and
-``robotstxt/exception_count/<exception>``, and the ``robots_parsed`` signal on
-the node that fetched it). With :class:`~crawlproject.scheduler.RedisScheduler`
-and ``FRONTIER_SECRET``:
+(same settings, stats and ``robots_parsed`` signal). With
+:class:`~crawlproject.scheduler.RedisScheduler` and ``FRONTIER_SECRET`` the first
+node that needs a site's robots.txt fetches it through the frontier (under the
+site's own limits) and stores the rules, signed, for every node
+(``{spider}:robots:<origin>``; :mod:`.record`, :mod:`.rules`); the site's pages
+wait for them, and are dead-lettered after ``ROBOTSTXT_MAX_WAIT``. Without
+``FRONTIER_SECRET`` each node fetches each site's robots.txt itself; with another
+scheduler it behaves as Scrapy's middleware.
 
-1. A request of a site whose robots.txt this node does not know reads the
-   site's record in Redis (``{spider}:robots:<origin>``, one read per site and
-   node, shared by the site's requests waiting at that moment).
-2. No record, or one whose time is up: the first node to take the site's fetch
-   lock puts the robots.txt request in the frontier, first in the site's queue
-   (``priority`` 1000). It is leased, delayed and limited like any request of
-   the site: it counts against the site's interval and concurrency, for every
-   node, and a 429/503 to it slows the site down. Meanwhile the page goes back
-   to the frontier (its slot is free) and looks again after ``ROBOTSTXT_WAIT``
-   seconds (four times, then twice as long each time: at most 10 s, or until
-   the site's record is due to be fetched again); a page that has waited
-   ``ROBOTSTXT_MAX_WAIT`` seconds since it first waited (wall time, in its
-   meta: any node may take it) is dead-lettered with its reason (``crawlctl dead``, ``crawlctl
-   replay``), never dropped, so a site that never answers lets the node idle
-   and close. A lock expires after ``ROBOTSTXT_FETCH_LOCK_TTL`` (a node killed
-   meanwhile holds no site); one with no expiry or a longer one was not
-   written by a node and is taken over (``robotstxt/cluster/stale_lock``).
-3. Redirects (RFC 9309 §2.3.1.2): the fetch is not redirected by the redirect
-   middleware; a 3xx answer's target becomes a request of the target's own
-   site in the frontier (under that site's interval and concurrency, as the
-   first fetch is), carrying the original site and the hops so far in a value
-   only a node of the crawl can sign (``meta["robotstxt_hop"]``), and the rules
-   it reaches are the original site's. Up to ``ROBOTSTXT_MAX_REDIRECTS`` (5)
-   hops; a loop, one more hop or a target that is not http(s) is
-   "unavailable": allow all (``robotstxt/redirect/loop``,
-   ``robotstxt/redirect/too_many``, ``robotstxt/redirects`` counts the hops).
-4. The node that downloads robots.txt stores the answer for every node, signed
-   (:mod:`.record`): 2xx — the rules that apply to this crawler
-   (:mod:`.rules`: its user agent's groups and ``*``, at most
-   ``ROBOTSTXT_MAX_RULES``, ``robotstxt/rules_dropped`` counts the rest), read
-   from at most 500 KiB of body (RFC 9309 §2.5: the download stops there,
-   ``robotstxt/truncated``; ``Content-Encoding`` is undone here, never beyond
-   500 KiB, so a decompression bomb costs that much; one that cannot be
-   decoded has no rules: ``robotstxt/undecodable``), for
-   ``ROBOTSTXT_CACHE_TTL`` (24 h); 4xx but 429, and given-up redirects —
-   allow all, as long; 429, 5xx and no answer at all (connection refused, DNS,
-   timeouts), each only after the retry middleware's retries through the
-   frontier (one node's failure is not the cluster's verdict) — *unreachable*:
-   the last rules the site gave are used until ``ROBOTSTXT_CACHE_MAX_AGE``
-   (30 days) after they were read (``robotstxt/cluster/cached_rules``); without
-   them the site's pages wait. robots.txt is fetched again after
-   ``ROBOTSTXT_UNAVAILABLE_TTL`` seconds, twice as long after each failure in
-   a row, at most ``ROBOTSTXT_UNAVAILABLE_MAX_TTL``.
-5. Each node keeps the parsed rules until the record is due (at most
-   ``ROBOTSTXT_LOCAL_SITES`` sites, least recently used first out).
-
-The stored record is untrusted (:mod:`crawlproject.robots.record` reads it):
-one that no node of this crawl signed for this very site (unsigned, another
-secret or spider, altered, moved from another site's key) or whose time has
-passed is treated as absent — said once per site, counted
-(``robotstxt/cluster/unproven_record``), fetched again and written over;
-so is a malformed one (``robotstxt/cluster/invalid_record``), and a key of
-the wrong type (an ERROR naming it, at most one a minute:
-``robotstxt/cluster/bad_key``; a wrong-type index is skipped). The robots.txt
-request carries ``meta["robotstxt_fetch"]``, honoured only on a
-``/robots.txt`` URL or with a hop value a node signed for that very URL, so a
-stored payload cannot use it to skip the rules of a page, nor a seed to
-store rules for another site (a hop value that is not a node's is counted:
-``robotstxt/cluster/unproven_hop``). Before issue 46 a site whose robots.txt
-could not be reached had its pages dead-lettered at once
-(``robotstxt/cluster/unreachable_pages``, gone): they wait now, as for a 5xx.
-
-Without ``FRONTIER_SECRET`` no record can be proven, so none is read or
-written: each node fetches each site's robots.txt itself (redirects followed
-the same way), outside the frontier (and the site's limits) as Scrapy's
-middleware does, once per site and expiry, and keeps the rules in memory; the
-rest is as above. A WARNING at start says so (``robotstxt/per_node``).
-
-Enable it in place of Scrapy's::
-
-    DOWNLOADER_MIDDLEWARES = {
-        "scrapy.downloadermiddlewares.robotstxt.RobotsTxtMiddleware": None,
-        "crawlproject.robots.ClusterRobotsTxtMiddleware": 100,
-    }
-
-With another scheduler it behaves as Scrapy's middleware.
+How it works (redirects, failures and expiry, the untrusted record) and how to
+enable it: ``docs/middlewares.md``, "robots.txt for the cluster
+(crawlproject/robots/middleware.py)".
 """
 
 from __future__ import annotations
@@ -176,7 +104,7 @@ def _since(value, now: float) -> float:
 
 
 class ClusterRobotsTxtMiddleware(RobotsTxtMiddleware):
-    """robots.txt fetched once per site for the cluster (see the module docstring)."""
+    """robots.txt fetched once per site for the cluster (see docs/middlewares.md)."""
 
     def __init__(self, crawler):
         super().__init__(crawler)   # NotConfigured unless ROBOTSTXT_OBEY
