@@ -4,51 +4,13 @@ It keeps what the node has to tell the frontier (new requests, acknowledgements,
 failures, returned requests, what sites said) per partition, and the entries
 the node leased: a prefetch buffer and the ones being worked on. A background
 asyncio task sends it all, one ``SYNC`` call per partition that has something
-to say or ready work (calls to several partitions run concurrently):
-
-* **coalescing** — calls are at most every ``min_sync_interval`` unless the
-  buffer ran dry, a batch is full, or someone waits for a flush;
-* **bounded calls** — at most ``max_call_adds`` new requests per call; the
-  acknowledgements of a batch go with its last chunk, so a request is never
-  acknowledged before all the requests it produced are stored;
-* **heartbeat** — every ``heartbeat`` seconds (while the node holds nothing:
-  at idle pace, ``idle_poll`` doubling after each look that found nothing, up
-  to ``idle_poll_max``) each partition is called with maintenance: the lease
-  is renewed there, expired nodes' leases are reclaimed, sizes are reported;
-* **priority** — the buffer hands out its entries highest priority first; a
-  new request that outranks what the buffer holds (the next listing page
-  behind a page of products) goes with a take for it in the next call,
-  instead of waiting until the buffer has drained to half (Scrapy's own
-  scheduler would hand it out next). That call does not wait out the
-  coalescing pause (at most once per ``OUTRANKING_RUSH_EVERY`` pauses), and
-  until its reply is in (at most ``OUTRANKING_HOLD`` seconds) the node's last
-  free download slot is kept for the new request rather than given to a
-  lower-priority entry of the buffer, as Scrapy's scheduler would give it;
-* **polite takes** — a partition is asked for entries only when it reported
-  ready work (its earliest ready time has come) or, at idle pace, to look;
-  an entry is taken only when its key may start a request now, so what is
-  leased is started at once;
-* **slot hand-off** — where a key without an interval has its concurrency in
-  flight (the script says which keys a take found so), the node asks for a
-  few of its entries in reserve, leased without a slot; when one of its own
-  downloads of that key ends it starts a reserved entry in its place at once
-  and reports the swap with its next call (the key's count never rises, so the
-  cluster-wide limit holds). At most the node's share of the key's
-  concurrency (concurrency / nodes) is handed off; a block, a backoff or an
-  interval on the key (from any node) sends the reserve back;
-* **identity** — a failed call may have leased entries whose reply was lost:
-  the client then changes its id in that partition (``<node>~<n>``); the
-  entries it knows it holds are adopted by the new id in the next call, the
-  unknown ones come back when the old id expires;
-* **isolation** — with several partitions, each has at most one call in
-  flight and its own backoff: a partition whose master fails or stalls (a
-  fork, a slow command) waits alone, the others' calls go on at their pace.
-  With one partition a call is awaited where it is made (the same turn of the
-  event loop), and a failure backs the whole loop off.
-
-The Scrapy adapter (:class:`crawlproject.scheduler.RedisScheduler`) turns
-payloads into requests (``accept``), tells which requests are done
-(``before_tick``), and counts stats (``count``).
+to say or ready work: calls coalesced and bounded, heartbeats, priority
+rushes, polite takes, the slot hand-off, a new identity after a lost reply,
+each partition isolated from the others' failures. The Scrapy adapter
+(:class:`crawlproject.scheduler.RedisScheduler`) turns payloads into requests
+(``accept``), tells which requests are done (``before_tick``), and counts stats
+(``count``). Each of these in full: ``docs/frontier.md``, "A node's sync loop
+(crawlproject/frontier/client.py)".
 
 Size (over 600 lines): one class, the node's sync loop; every step of a
 tick reads and writes the same per-partition state (outbox, acknowledgements,
@@ -157,7 +119,7 @@ class _Remote:
 
 
 class FrontierClient:
-    """See the module docstring. All methods run on the event loop's thread."""
+    """See the module docstring and docs/frontier.md. All methods run on the event loop's thread."""
 
     def __init__(self, partitions: list[AsyncFrontier], politeness: PolitenessConfig, *,
                  accept: Callable[[int, str, bytes], Any], before_tick: Callable[[], None],

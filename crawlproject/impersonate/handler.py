@@ -1,50 +1,18 @@
 """ImpersonateDownloadHandler: http(s) downloads that look like the identity's browser on the wire.
 
-The identity middleware (610) puts the session's profile in the identity it gives
-the request (``meta["_crawlproject_identity"]["profile"]``); this handler sends
-the request with curl_cffi under that profile: the browser version's TLS
-ClientHello, HTTP/2 SETTINGS/WINDOW_UPDATE/priority and pseudo-header order, and
-its default headers in its order, the request's own headers (User-Agent,
-``Accept*``, client hints, cookies, Referer...) replacing the profile's values in
-place and the others after them. A request without an identity (a User-Agent the
-spider pinned) gets the profile of its own User-Agent, else
-``IMPERSONATE_DEFAULT_PROFILE``.
+The identity middleware (610) puts the session's profile in the identity it
+gives the request; this handler sends the request with curl_cffi under that
+profile (the browser version's TLS ClientHello, HTTP/2 settings and header
+order), or the profile of its own User-Agent, else
+``IMPERSONATE_DEFAULT_PROFILE``. Redirects, cookies, decoding, timeouts, size
+limits, signals, proxies and the header limits stay Scrapy's and this
+project's; connections are pooled per explicit session; failures are counted
+in ``impersonate/errors/<reason>`` and, with ``IMPERSONATE_FALLBACK``,
+downloaded again by Scrapy's own client.
 
-What stays Scrapy's: redirects, cookies (libcurl's cookie engine is off:
-``CookiesMiddleware`` and the session cookies are the only source), decoding
-(libcurl's is off: bodies come back as sent, ``HttpCompressionMiddleware``
-decodes them within ``DOWNLOAD_MAXSIZE``, so a compression bomb costs no more
-than the limit), ``download_timeout`` (a deadline for the whole download: a
-body that drips for ever ends there), ``DOWNLOAD_MAXSIZE``/``WARNSIZE`` and
-their ``meta`` keys (on the bytes received), the
-``headers_received``/``bytes_received`` signals and data loss (Scrapy's own
-streaming logic, ``BaseStreamingDownloadHandler``), proxies from
-``meta["proxy"]`` and the ``Proxy-Authorization`` header (given to libcurl:
-CONNECT for https, absolute form for http), ``DOWNLOAD_BIND_ADDRESS``,
-``DOWNLOAD_VERIFY_CERTIFICATES``. The header section is bounded by libcurl
-(300 KiB, 5000 headers) and by ``DOWNLOAD_HEADERS_MAXSIZE``/``MAXCOUNT``
-(:mod:`crawlproject.limits.headers`): refused as
-:class:`~crawlproject.impersonate.errors.HeadersTooLarge`, not retried.
-
-Plain-http requests are sent over HTTP/1.1, as a browser sends them: the
-profiles ask libcurl for HTTP/2, which on ``http://`` means an ``Upgrade: h2c``
-request with ``HTTP2-Settings``, a header no browser sends; libcurl's
-"HTTP/2 over TLS only" (``CURL_HTTP_VERSION_2TLS``) keeps https on HTTP/2.
-
-Connections are pooled like a browser's: one pool for the node, and one per
-explicit session (``meta["session"]``) or cookie jar (``meta["cookiejar"]``),
-so two visitors never share a connection (at most :data:`MAX_SESSION_POOLS`
-open, the least recently used idle one closed first).
-
-With rendering on, the add-on installs
-:class:`~crawlproject.impersonate.rendered.RenderingImpersonateHandler` instead,
-which sends rendered requests to the browser and the others here; a request that
-reaches this handler is downloaded by it, ``meta["playwright"]`` or not (as
-Scrapy's own client fetches it with rendering off). Failures are Scrapy's exceptions
-where Scrapy has one, :mod:`crawlproject.impersonate.errors` where impersonation
-itself failed, each counted in ``impersonate/errors/<reason>``; with
-``IMPERSONATE_FALLBACK`` the latter are downloaded again by Scrapy's own client
-(``impersonate/fallback/<reason>``), never silently.
+What stays Scrapy's, plain http, pools, rendering and failures in full:
+``docs/middlewares.md``, "The impersonating download handler
+(crawlproject/impersonate/handler.py)".
 """
 
 from __future__ import annotations
@@ -96,7 +64,7 @@ PLAIN_HANDLER = "crawlproject.limits.headers.BoundedHTTP11DownloadHandler"
 
 
 class ImpersonateDownloadHandler(BaseStreamingDownloadHandler):
-    """Download http(s) requests with the session's browser profile (see the module docstring)."""
+    """Download http(s) requests with the session's browser profile (see docs/middlewares.md)."""
 
     supports_per_request_bindaddress = False
 
@@ -132,7 +100,7 @@ class ImpersonateDownloadHandler(BaseStreamingDownloadHandler):
     # ---- BaseStreamingDownloadHandler
 
     async def download_request(self, request):
-        """Download *request* under its profile (see the module docstring)."""
+        """Download *request* under its profile (see docs/middlewares.md)."""
         try:
             profile = self._profile(request)
             timeout = request.meta.get("download_timeout", self._DEFAULT_CONNECT_TIMEOUT)

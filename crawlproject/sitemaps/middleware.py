@@ -1,50 +1,18 @@
 """SitemapSeeds: the sitemaps a site lists in robots.txt as a source of seeds.
 
-Off unless asked: ``SITEMAPS_ENABLED = True``, or ``sitemap_seeds = True`` on
-the spider (its attribute wins over the setting either way). Then, on the
-node that parsed a site's robots.txt (Scrapy's ``robots_parsed`` signal):
-
-1. its ``Sitemap:`` URLs (at most ``SITEMAPS_MAX_PER_SITE``; ``/sitemap.xml``
-   when it lists none and ``SITEMAPS_TRY_DEFAULT``) become requests of their
-   own host, through the frontier: that host's politeness and robots.txt
-   apply, and the Bloom filter makes each sitemap one fetch for the crawl;
-2. a sitemap is read here (``process_response``, after Content-Encoding was
-   decoded): gzip files decompressed with ``SITEMAPS_MAX_SIZE`` (lowered to
-   ``DOWNLOAD_MAXSIZE`` when that is lower), parsed as they are read by
-   Scrapy's own parser, at most ``SITEMAPS_MAX_URLS`` entries; an index's
-   sitemaps are requested in turn, ``SITEMAPS_MAX_DEPTH`` levels deep, and
-   against the site's ``SITEMAPS_MAX_PER_SITE`` (counted in Redis for every
-   node);
-3. the page URLs become JSON seeds (``dont_filter`` false: a page already
-   crawled is not fetched again; ``meta["sitemap_lastmod"]`` when the sitemap
-   gives a valid ``lastmod``), pushed in chunks to a list in Redis; each node's
-   feeder moves them into the spider's seed key only while the frontier and
-   the seed key hold fewer than ``SITEMAPS_MAX_QUEUED``. A sitemap of 50,000
-   URLs never floods the frontier: its URLs go in at the rate the crawl takes
-   them. While ``SITEMAPS_MAX_PENDING`` seeds wait, sitemaps are not
-   downloaded: they wait in the frontier (``sitemaps/waits``);
-4. with the recrawl on (``RECRAWL_ENABLED``, its feeder on this node), the
-   pages of each chunk that give a ``lastmod`` newer than their page record's
-   last fetch are made due now, one MongoDB read and write per chunk
-   (:meth:`~crawlproject.recrawl.extension.RecrawlFeeder.make_due`): a known
-   page is not a new seed (the Bloom filter drops it), the feeder brings it
-   back as a conditional revisit. A ``lastmod`` more than
-   ``SITEMAPS_LASTMOD_SKEW`` seconds ahead of now is ignored
-   (``sitemaps/refused/lastmod_future``).
-
-Same site only, unless ``SITEMAPS_OTHER_HOSTS``: a sitemap or page URL whose
-host is not the site's (the robots.txt's host, or the host its robots.txt
-redirected to) is left out and counted. Every limit has a stat and is said
-once per site; a sitemap refused as a whole (too large, not a sitemap) is
-dead-lettered with the reason.
+Off unless asked (``SITEMAPS_ENABLED``, or ``sitemap_seeds = True`` on the
+spider). On the node that parsed a site's robots.txt, its ``Sitemap:`` URLs
+become requests of their own host through the frontier; this downloader
+middleware reads each sitemap as it arrives (bounded: ``SITEMAPS_MAX_*``),
+follows an index's sitemaps, and turns page URLs into JSON seeds that a
+feeder moves into the seed key only as fast as the crawl takes them; with
+the recrawl on, a newer ``lastmod`` makes a known page due now. Same site
+only unless ``SITEMAPS_OTHER_HOSTS``; every limit has a stat.
 
 Downloader middleware, between HttpCompressionMiddleware (590) and the
-recrawl middleware (580)::
-
-    DOWNLOADER_MIDDLEWARES = {"crawlproject.sitemaps.SitemapSeeds": 587}
-
-Needs a :class:`~crawlproject.spiders.seeded.RedisSpider` (the seed path) and
-``ROBOTSTXT_OBEY`` (the source). docs/sitemaps.md.
+recrawl middleware (580): ``{"crawlproject.sitemaps.SitemapSeeds": 587}``.
+Needs a :class:`~crawlproject.spiders.seeded.RedisSpider` and
+``ROBOTSTXT_OBEY``. The steps and limits in full: ``docs/sitemaps.md``.
 """
 
 from __future__ import annotations
@@ -86,7 +54,7 @@ MAX_HOSTS = 4
 
 
 class SitemapSeeds:
-    """See the module docstring."""
+    """See the module docstring and docs/sitemaps.md."""
 
     def __init__(self, crawler, *, try_default: bool, max_per_site: int, max_depth: int,
                  max_urls: int, max_size: int, other_hosts: bool, max_queued: int,
