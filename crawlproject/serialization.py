@@ -1,49 +1,17 @@
 """Data-only (JSON) encoding of Scrapy requests for storage in Redis.
 
-Nothing read from Redis is ever unpickled: whoever can write to Redis must not
-be able to run code on every node. One trust rule decides what a payload read
-back may do (:mod:`crawlproject.policy`):
+Nothing read from Redis is ever unpickled. What a payload read back may do
+is decided by :mod:`crawlproject.policy`: one a node of this crawl signed
+(:mod:`crawlproject.signing`) comes back whole; anything else gets the seed
+policy. A request that cannot be stored raises :class:`RequestEncodeError`
+(the scheduler keeps it on the node that made it); decoding raises
+:class:`RequestDecodeError` and nothing else, whatever the payload holds.
+``dumps``/``loads`` are scrapy-redis' ``SCHEDULER_SERIALIZER`` interface, so
+scrapy-redis' own scheduler can be kept pickle-free with
+``SCHEDULER_SERIALIZER = "crawlproject.serialization"``.
 
-* **Written by a node of this crawl** (``signer`` given: the crawl's
-  ``FRONTIER_SECRET``, :mod:`crawlproject.signing`): the payload is signed
-  when stored and, its proof checked when read, comes back whole — callbacks
-  and errbacks that are any method of the running spider (private ones too),
-  method, body, headers, cookies, the spider's own ``meta``, the request
-  class. Only what makes sense inside one process is left out.
-* **Anything else** (no proof, a bad proof, no secret configured): the seed
-  policy. Callbacks and errbacks travel by name and are resolved on the
-  running spider only if the spider published them (a public method of the
-  spider's own classes, or its ``allowed_callbacks``); a name is never
-  imported. ``GET``/``HEAD`` without a body unless published, headers from
-  an allow-list, meta by allow-list.
-
-A request that cannot be stored (a lambda callback, an object in ``meta``;
-without a secret, anything beyond the seed policy) raises
-:class:`RequestEncodeError`: the scheduler keeps it on the node that made it
-(:mod:`crawlproject.scheduling.local`).
-
-Encoding details:
-
-* ``meta`` and ``cb_kwargs`` must hold JSON data (str, int, float, bool, None,
-  lists, dicts with str keys), ``bytes``, or scrapy-playwright ``PageMethod``
-  objects; anything else raises :class:`RequestEncodeError` naming the key.
-  The URL (``http``/``https``), callbacks, meta keys and values, browser
-  actions and proxy must pass the policy
-  (:meth:`~crawlproject.policy.InputPolicy.check_stored`), when a request is
-  stored and again when it is read back. A proxy chosen for one download (the
-  pool's, marked by ``proxy_id``; the environment's, by ``_scheme_proxy``) is
-  dropped, never stored nor honoured.
-* Values a downloader middleware set for one download only
-  (:func:`replace_meta`, e.g. the rendering middleware's browser context with
-  proxy credentials) are put back to what the request held before.
-* The request class is kept only if it is one of :data:`ALLOWED_CLASSES`.
-* Decoding raises :class:`RequestDecodeError` and nothing else, whatever
-  the payload holds: the caller moves it aside with the reason.
-
-The module also offers ``dumps``/``loads`` with the dict-level signature that
-scrapy-redis expects from ``SCHEDULER_SERIALIZER``, so scrapy-redis' own
-scheduler can be kept pickle-free with ``SCHEDULER_SERIALIZER =
-"crawlproject.serialization"``.
+The trust rule and the encoding in full: ``docs/frontier.md``, "Requests as
+stored data (crawlproject/serialization.py)".
 """
 
 from __future__ import annotations

@@ -1,49 +1,18 @@
 """IdentityMiddleware: one consistent browser identity per session.
 
-A site that sees one visitor (one exit address, one cookie jar) change its
-browser on every request knows it is talking to a crawler. This middleware
-gives each session (:func:`crawlproject.identity.session.session_key`: the
-spider's ``meta["session"]``, else proxy and cookie jar, else the host) one
-:class:`~crawlproject.identity.useragents.Identity`: a User-Agent from fake-useragent
-and the ``Accept``, ``Accept-Language``, ``Accept-Encoding`` and (Chromium
-only) ``Sec-CH-UA*`` headers that browser sends.
-
-The choice is a stable hash of the session key into the filtered pool, so
-every node picks the same identity for a session with no Redis round trip.
-``IDENTITY_ROTATION``: ``"session"`` (default: one identity per session),
-``"request"`` (a new one per request) or an integer N (a new one after N
-requests of a session; requests are counted *per node*, so with several
-nodes a session changes identity after N requests on each node).
-
-What the spider says wins:
-
-* ``USER_AGENT`` set explicitly (any settings priority above Scrapy's
-  defaults: project settings, ``-s``, ``custom_settings``) or a spider
-  ``user_agent`` attribute pins the User-Agent for the whole crawl: the
-  middleware then touches no header at all.
-* A request with its own ``User-Agent`` header (one that is neither Scrapy's
-  default nor one of the pool's) or ``meta["dont_rotate_identity"]`` keeps
-  all its headers as they are: no generated client hints can contradict it.
-* Otherwise ``Accept``, ``Accept-Language`` and ``Accept-Encoding`` are set
-  only where the request still has Scrapy's default (or a previous identity's)
-  value; client hints always follow the User-Agent (stale ones are removed),
-  and are sent as Chromium sends them: over HTTPS and to loopback hosts only.
-
-Requests that come back (retries, redirects, the frontier on another node)
-carry their previous identity's headers; those are recognised as the pool's
-and replaced, so a request that changes session changes identity.
-
-With ``IMPERSONATE_ENABLED`` (crawlproject.impersonate) the pool keeps only
-the User-Agents whose browser version the impersonation library reproduces
-(:func:`crawlproject.impersonate.profiles.profile_for`), and each identity
-carries its profile: the download handler then sends the session's requests
-with that browser's TLS and HTTP/2, the same on every node.
-
-The chosen identity is put in ``request.meta[IDENTITY]`` (transient, never
-written to Redis) as ``{"id", "user_agent", "headers"}`` (plus ``"profile"``
-when impersonating) for the rendering middleware's browser context and the
+Each session (:func:`crawlproject.identity.session.session_key`) gets one
+:class:`~crawlproject.identity.useragents.Identity`: a User-Agent from
+fake-useragent and the ``Accept*`` and (Chromium only) ``Sec-CH-UA*`` headers
+that browser sends, chosen by a stable hash of the session key so that every
+node picks the same one with no Redis round trip (``IDENTITY_ROTATION`` says
+how often it changes). What the spider pins (``USER_AGENT``, a request's own
+``User-Agent``, ``meta["dont_rotate_identity"]``) wins. The identity is put in
+``request.meta[IDENTITY]`` (transient) for the rendering middleware and the
 impersonating handler. Stats: ``identity/assigned``,
 ``identity/pinned/spider``, ``identity/pinned/request``.
+
+The rules in full: ``docs/middlewares.md``, "The identity middleware
+(crawlproject/identity/middleware.py)".
 """
 
 from __future__ import annotations
@@ -89,7 +58,7 @@ def parse_rotation(value) -> int:
 
 
 class IdentityMiddleware:
-    """Give each request its session's browser identity (see the module docstring)."""
+    """Give each request its session's browser identity (see docs/middlewares.md)."""
 
     def __init__(self, crawler, pool: tuple[Identity, ...], rotation: int = 0, salt: str = "",
                  defaults: dict[str, str] | None = None, compression: bool = True,
