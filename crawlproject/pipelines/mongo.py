@@ -3,45 +3,15 @@
 Guarantee: ``process_item`` returns only once the item is durable, either
 acknowledged by MongoDB or fsync'ed into the local spool. The scheduler
 acknowledges a request only after its items came out of the pipelines, so a
-node killed at any moment loses nothing: items still in memory belong to
-requests that were never acknowledged and are crawled again.
+node killed at any moment loses nothing.
 
 This module is the Scrapy adapter (settings, open/close, ``process_item``,
-the ``spider_idle`` signal) over plain parts:
-
-* :mod:`.batcher` – group commit: a batch is written when it holds
-  ``MONGO_BULK_SIZE`` items, when its oldest item waited
-  ``MONGO_FLUSH_INTERVAL`` seconds, at close, and (``MONGO_FLUSH_WHEN_IDLE``)
-  at once when no write is in flight; at most ``MONGO_CONCURRENT_WRITES``
-  writes are in flight. Each ``process_item`` awaits a future that the flush
-  resolves; many requests are in flight at once, so batches form on their own
-  while MongoDB is busy.
-* :mod:`.writer` – the writes themselves (insert first or upsert, retries,
-  idempotence). Documents are keyed on a unique field per item type
-  (``mongo_key`` class attribute, else ``MONGO_UNIQUE_KEY``, default ``url``).
-  With ``MONGO_KEY_AS_ID`` (default) the key is also the ``_id``, so MongoDB's
-  own unique ``_id`` index keeps one document per key; otherwise a unique
-  index on the key field is created at open.
-* :mod:`.outage` – transient errors are retried with backoff for
-  ``MONGO_SPOOL_AFTER`` seconds, then the batch goes to the spool
-  (:mod:`.spool`) and later batches go straight there, until a background
-  probe sees MongoDB answer and replays the spool (:mod:`.replay`). Spool
-  segments left by a node that died are replayed by the next node started on
-  the machine. Replays are upserts: nothing is written twice. A node does not
-  idle-close while MongoDB is unreachable and items are spooled, for at most
-  ``MONGO_CLOSE_WAIT`` seconds; then it closes with the finish reason
-  ``mongo_unavailable``, hands its spool to Redis (:mod:`.handoff`,
-  ``MONGO_SPOOL_HANDOFF``) so that any node replays it, and logs one ERROR
-  with what is left and where.
-* The MongoDB password never reaches logs, stats or exception messages.
-
-Stats (all ``mongo/...``): ``items``, ``batches``, ``upserted``, ``modified``,
-``unchanged``, ``retries``, ``duplicate_key_retries``, ``spooled``,
-``replayed``, ``handoff_replayed``, ``outages``, ``failed`` (+ ``failed/<code>``),
-``dropped/no_key``, ``dropped/unencodable``, ``spool_errors``,
-``spool_corrupt_lines``; at close, when MongoDB is still down:
-``spool_left_items`` (items not stored), ``spool_handed_off`` (of which
-handed to Redis), ``spool_left`` (spool files left on this machine).
+the ``spider_idle`` signal) over plain parts: :mod:`.config` (the settings),
+:mod:`.batcher` (group commit), :mod:`.writer` (the writes, idempotent),
+:mod:`.outage` (retries, the spool, replay, the close wait) and
+:mod:`.handoff` (a spool left at close, handed to Redis). The parts and the
+stats in full: ``docs/pipelines.md``, "The pipeline and its parts
+(crawlproject/pipelines/mongo.py)".
 """
 
 from __future__ import annotations
