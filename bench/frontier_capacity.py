@@ -196,7 +196,7 @@ class Node:
                                        bloom=bloom)]
             self.partition_of = lambda host: 0
             return
-        from crawlproject.frontier.politeness import Limits, PolitenessConfig, partition_of
+        from crawlproject.frontier.sitelimits import Limits, PolitenessConfig, partition_of
 
         politeness = PolitenessConfig(enabled=False, default=Limits(),
                                       partitions=self.partitions)
@@ -452,7 +452,7 @@ def figures(config: Config, target: Target, before, after, reports, seconds: flo
     owner = target.partition_map(config.partitions)
     hosts = [0] * config.partitions
     if config.partitions > 1:
-        from crawlproject.frontier.politeness import partition_of
+        from crawlproject.frontier.sitelimits import partition_of
 
         for h in range(HOSTS):
             hosts[partition_of(host_of(h), config.partitions)] += 1

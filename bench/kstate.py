@@ -40,7 +40,7 @@ import time
 
 from bench.common import ROOT, BenchRedis, base_parser, finish, median, mode_of, table
 from crawlproject.frontier.bloom import BloomConfig
-from crawlproject.frontier.politeness import Limits, PolitenessConfig
+from crawlproject.frontier.sitelimits import Limits, PolitenessConfig
 from crawlproject.frontier.queue import Batch, Frontier
 from crawlproject.frontier.scripts import SYNC
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 
 from bench.common import BenchRedis, base_parser, finish, median, mode_of, table
-from crawlproject.ops.politeness import politeness_rows
+from crawlproject.ops.hosts import politeness_rows
 from crawlproject.frontier.queue import Frontier
 
 NAME = "status_reads"

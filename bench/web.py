@@ -105,7 +105,7 @@ class WebSpider(RedisSpider):
 def readme_limits() -> dict:
     """DOWNLOAD_DELAY, CONCURRENT_REQUESTS_PER_DOMAIN and the delay jitter the
     README block gives a node (Scrapy's defaults where it is silent)."""
-    from crawlproject.scheduling.politeness import delay_jitter
+    from crawlproject.scheduling.sitepoliteness import delay_jitter
 
     settings = readme_settings()   # the block with its add-ons applied, as a node gets it
     return {"delay": settings.getfloat("DOWNLOAD_DELAY"),

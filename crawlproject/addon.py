@@ -62,7 +62,7 @@ DOWNLOADER_MIDDLEWARES = {
     "scrapy.downloadermiddlewares.retry.RetryMiddleware": None,
     "crawlproject.middlewares.urlcredentials.UrlCredentialsMiddleware": 310,
     "crawlproject.middlewares.retry.BackoffRetryMiddleware": 550,
-    "crawlproject.middlewares.politeness.FrontierPolitenessMiddleware": 560,
+    "crawlproject.middlewares.slowdown.FrontierPolitenessMiddleware": 560,
     "scrapy.downloadermiddlewares.httpcompression.HttpCompressionMiddleware": None,
     "crawlproject.limits.compression.LimitedHttpCompressionMiddleware": 590,  # bombs refused
     "scrapy.downloadermiddlewares.redirect.MetaRefreshMiddleware": None,

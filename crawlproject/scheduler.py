@@ -2,7 +2,7 @@
 
 A thin adapter: the frontier's rules live in :mod:`crawlproject.frontier`
 (per-partition Lua calls in ``queue.py``, the node's sync loop in
-``client.py``, politeness in ``politeness.py``, retries in
+``client.py``, politeness keys and limits in ``sitelimits.py``, retries in
 ``retrypolicy.py``); this module turns requests into JSON payloads and back,
 and tells the loop when the engine is done with a request.
 
@@ -10,7 +10,7 @@ and tells the loop when the engine is done with a request.
   Redis (with ``SCHEDULER_START_BURST``, at most that many per turn of the
   event loop: :class:`~crawlproject.scheduling.burst.StartBurst`); the loop refills it with requests whose
   site may be fetched *now* (politeness is enforced cluster-wide when requests are leased: see
-  :mod:`crawlproject.frontier.politeness`), sends new requests (deduplicated
+  :mod:`crawlproject.frontier.sitelimits`), sends new requests (deduplicated
   and enqueued in the same atomic call, in batches), acknowledges finished
   ones and renews this node's lease.
 * A request is acknowledged only when it has left the engine: downloaded, its
@@ -29,7 +29,7 @@ and tells the loop when the engine is done with a request.
   spider published (:mod:`crawlproject.policy`) is moved to ``{spider}:invalid``.
 * What sites say reaches every node: a 429/503 (``FRONTIER_BACKOFF_HTTP_CODES``)
   with ``Retry-After`` blocks the site, without it slows it down
-  (:mod:`crawlproject.middlewares.politeness`), and a robots.txt
+  (:mod:`crawlproject.middlewares.slowdown`), and a robots.txt
   ``Crawl-delay`` applies when ``ROBOTSTXT_OBEY`` is on.
 * Acknowledgements rely on the engine's private slot (``_slot.inprogress`` and
   ``_slot.nextcall``, Scrapy 2.13–2.19); :meth:`RedisScheduler.open` refuses
@@ -73,7 +73,7 @@ from crawlproject.scheduling.compat import idle_before_close, scrapy_redis_notes
 from crawlproject.scheduling.errback import LeaseErrback
 from crawlproject.scheduling.local import (KEPT_META, SLOT_PREFIX, LocalRequests, is_kept,
                                            strip_slot)
-from crawlproject.scheduling.politeness import SitePoliteness
+from crawlproject.scheduling.sitepoliteness import SitePoliteness
 from crawlproject.scheduling.startstate import StartState
 from crawlproject.control import (ControlWatcher, clear_finished_drain, drain_complete,
                                   read_control)
@@ -98,7 +98,7 @@ from crawlproject.frontier.retrypolicy import (
 )
 from crawlproject.node import node_id
 from crawlproject.outage import outage_log
-from crawlproject.frontier.politeness import UNLIMITED
+from crawlproject.frontier.sitelimits import UNLIMITED
 from crawlproject.policy import InputPolicy
 from crawlproject.serialization import (
     RequestDecodeError,

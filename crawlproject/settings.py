@@ -57,7 +57,7 @@ DOWNLOADER_MIDDLEWARES = {
     # URL credentials as Basic auth, for the hosts of URL_CREDENTIALS_HOSTS only
     "crawlproject.middlewares.urlcredentials.UrlCredentialsMiddleware": 310,
     "crawlproject.middlewares.retry.BackoffRetryMiddleware": 550,
-    "crawlproject.middlewares.politeness.FrontierPolitenessMiddleware": 560,
+    "crawlproject.middlewares.slowdown.FrontierPolitenessMiddleware": 560,
     # Scrapy's decompression (bounded by DOWNLOAD_MAXSIZE), its refusals dead-lettered
     "scrapy.downloadermiddlewares.httpcompression.HttpCompressionMiddleware": None,
     "crawlproject.limits.compression.LimitedHttpCompressionMiddleware": 590,
@@ -102,7 +102,7 @@ SPIDER_MIDDLEWARES = {
     "crawlproject.middlewares.lineage.LineageMiddleware": 990,
 }
 # Politeness is enforced by the frontier for all nodes together (see
-# crawlproject/frontier/politeness.py): DOWNLOAD_DELAY is the interval between
+# crawlproject/frontier/sitelimits.py): DOWNLOAD_DELAY is the interval between
 # request starts of one host across the cluster, CONCURRENT_REQUESTS_PER_DOMAIN
 # the most requests of one host in flight across the cluster; FRONTIER_*
 # settings tune it. The proxy pool (crawlproject/proxies/,

@@ -249,7 +249,7 @@ def test_reset_deletes_every_key_of_the_spider_and_only_those(redis, redis_url):
 
 
 def test_politeness_shows_hosts_and_changes_limits_at_run_time(redis, redis_url):
-    from crawlproject.frontier.politeness import Limits, PolitenessConfig
+    from crawlproject.frontier.sitelimits import Limits, PolitenessConfig
 
     f = Frontier(redis, "shop", "n1",
                  politeness=PolitenessConfig(default=Limits(delay=60, concurrency=1)))
@@ -304,7 +304,7 @@ def test_a_limit_changed_alone_keeps_the_other_and_hosts_are_named_as_nodes_key_
     no concurrency limit), lifting the nodes' DOWNLOAD_DELAY for that site just
     as the operator tried to slow it down; a URL or host:port was stored as a
     key no request has."""
-    from crawlproject.frontier.politeness import Limits, PolitenessConfig
+    from crawlproject.frontier.sitelimits import Limits, PolitenessConfig
 
     f = Frontier(redis, "shop", "n1",
                  politeness=PolitenessConfig(default=Limits(delay=60, concurrency=1)))
@@ -343,7 +343,7 @@ def test_politeness_clear_lifts_a_block_backoff_and_crawl_delay_whoever_wrote_th
     its own bound, or an HSET of the state) and no command cleared it. `--clear`
     clears everything about the host but its requests in flight: override,
     block, backoff, crawl delay; the host is crawled again at once."""
-    from crawlproject.frontier.politeness import Limits, PolitenessConfig
+    from crawlproject.frontier.sitelimits import Limits, PolitenessConfig
 
     f = Frontier(redis, "shop", "n1",
                  politeness=PolitenessConfig(default=Limits(delay=0, concurrency=4)))
@@ -475,7 +475,7 @@ def test_every_subcommand_works_on_a_redis_cluster_across_partitions(redis_clust
     parts = [Frontier(client, "shop", "n1", partition=p, partitions=3) for p in range(3)]
     masters = {client.get_node_from_key(f.keys.dead).name for f in parts}
     assert len(masters) >= 2  # else this test would not show anything about a cluster
-    from crawlproject.frontier.politeness import partition_of
+    from crawlproject.frontier.sitelimits import partition_of
 
     # one host of each partition (a replayed dead letter goes to its URL's own)
     hosts = {}
@@ -562,7 +562,7 @@ def test_status_and_politeness_read_many_hosts_without_one_command_over_them_all
     every node's calls included, for about 250 ms. Now the count is O(1) and
     the table is read in HSCAN windows keeping the most queued hosts; both are
     exact. Redis' slow log, set to log every command, shows what was sent."""
-    from crawlproject.frontier.politeness import UNLIMITED, Limits, PolitenessConfig
+    from crawlproject.frontier.sitelimits import UNLIMITED, Limits, PolitenessConfig
 
     f = Frontier(redis, "shop", "n1",
                  politeness=PolitenessConfig(default=Limits(delay=60, concurrency=1)))
@@ -773,7 +773,7 @@ def test_a_requeued_dead_letter_is_keyed_by_its_url_not_by_its_record(redis, red
     old limits). The key is the one the nodes compute from the payload's URL;
     a record without a usable URL is reported and kept; a signed payload goes
     back byte for byte (its proof covers its attempt counters)."""
-    from crawlproject.frontier.politeness import Limits, PolitenessConfig
+    from crawlproject.frontier.sitelimits import Limits, PolitenessConfig
     from crawlproject.keys import FrontierKeys
     from crawlproject.signing import Signer
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from crawlproject.frontier.client import MAX_CALL_ADDS, FrontierClient
-from crawlproject.frontier.politeness import PolitenessConfig
+from crawlproject.frontier.sitelimits import PolitenessConfig
 from tests.crawl_helpers import partial_cluster
 
 
@@ -148,7 +148,7 @@ async def real_client(redis_url, spider, concurrency, entries, outage=None, coun
     unless *pauses* says otherwise. Yields (client, frontier, redis)."""
     import redis.asyncio as aioredis
 
-    from crawlproject.frontier.politeness import Limits
+    from crawlproject.frontier.sitelimits import Limits
     from crawlproject.frontier.queue import AsyncFrontier, Batch
 
     redis = aioredis.Redis.from_url(redis_url)
@@ -549,7 +549,7 @@ async def partitioned_client(cluster, spider, partitions=12, keys=120, per_key=3
     acknowledges every entry it is handed. Returns (client, consumer task,
     handed payloads, partition -> master port, all payloads by partition)."""
     from crawlproject.connection import redis_from_url
-    from crawlproject.frontier.politeness import Limits
+    from crawlproject.frontier.sitelimits import Limits
     from crawlproject.frontier.queue import AsyncFrontier, Batch
     from crawlproject.keys import FrontierKeys
 
@@ -693,7 +693,7 @@ async def half_down(redis_url, spider, seeds, lease_ttl):
     (client, the first partition's frontier, its redis client, the stats)."""
     import redis.asyncio as aioredis
 
-    from crawlproject.frontier.politeness import Limits
+    from crawlproject.frontier.sitelimits import Limits
     from crawlproject.frontier.queue import AsyncFrontier, Batch
     from devtools.services import free_port
 
@@ -905,7 +905,7 @@ def test_junk_read_back_is_counted_and_said_once_a_minute(redis_url, caplog):
     ``politeness/sent_refused``) and logs each kind once a minute at most."""
     import logging
 
-    from crawlproject.frontier.politeness import Limits
+    from crawlproject.frontier.sitelimits import Limits
 
     async def main():
         counts = {}

@@ -42,13 +42,17 @@ MOVED = {
     "crawlproject.extensions.recrawl.RecrawlFeeder": "crawlproject.recrawl.extension.RecrawlFeeder",
     "crawlproject.recrawl.PageVisit": "crawlproject.recrawl.schedule.PageVisit",
     "crawlproject.recrawl.GoneMark": "crawlproject.recrawl.schedule.GoneMark",
+    "crawlproject.middlewares.politeness.FrontierPolitenessMiddleware":
+        "crawlproject.middlewares.slowdown.FrontierPolitenessMiddleware",
+    "crawlproject.middlewares.politeness.retry_after_seconds":
+        "crawlproject.middlewares.slowdown.retry_after_seconds",
 }
 
 #: The modules left at the old paths.
 SHIMS = ["crawlproject.middlewares.identity", "crawlproject.middlewares.sessioncookies",
          "crawlproject.middlewares.session", "crawlproject.middlewares.proxy",
          "crawlproject.middlewares.rendering", "crawlproject.middlewares.recrawl",
-         "crawlproject.extensions.recrawl"]
+         "crawlproject.extensions.recrawl", "crawlproject.middlewares.politeness"]
 
 
 @pytest.mark.parametrize("old", sorted(MOVED))

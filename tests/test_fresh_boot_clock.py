@@ -25,7 +25,7 @@ from scrapy.utils.test import get_crawler
 from crawlproject.control import ControlWatcher
 from crawlproject.dashboard.feed import FRONTIER_SERIES, RATE_SERIES, SpiderFeed
 from crawlproject.frontier.client import FrontierClient
-from crawlproject.frontier.politeness import PolitenessConfig
+from crawlproject.frontier.sitelimits import PolitenessConfig
 from crawlproject.frontier.queue import SyncResult
 from crawlproject.proxies.middleware import ProxyPoolMiddleware
 from tests.crawl_helpers import ROOT

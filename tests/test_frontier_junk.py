@@ -13,7 +13,7 @@ import pytest
 import redis as redis_lib
 
 from crawlproject.frontier.bloom import BloomConfig
-from crawlproject.frontier.politeness import Limits, PolitenessConfig
+from crawlproject.frontier.sitelimits import Limits, PolitenessConfig
 from crawlproject.frontier.queue import Batch, Frontier
 
 

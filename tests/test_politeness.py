@@ -10,10 +10,10 @@ from scrapy import Request
 from scrapy.settings import Settings
 
 from crawlproject.frontier.bloom import BloomConfig
-from crawlproject.frontier.politeness import (UNLIMITED, Limits, Override, PolitenessConfig,
+from crawlproject.frontier.sitelimits import (UNLIMITED, Limits, Override, PolitenessConfig,
                                               host_key, parse_override, partition_of)
 from crawlproject.frontier.queue import Batch, Frontier
-from crawlproject.scheduling.politeness import SitePoliteness
+from crawlproject.scheduling.sitepoliteness import SitePoliteness
 
 
 class Clock:
@@ -73,7 +73,7 @@ def test_a_key_starts_at_most_one_request_per_interval_across_nodes(node, clock)
 def test_a_take_names_the_keys_with_an_interval_it_took_from(node, clock):
     """Their entries count as started when leased: the node must not keep them
     waiting (e.g. holding a slot for a request of higher priority)."""
-    from crawlproject.frontier.politeness import Limits
+    from crawlproject.frontier.sitelimits import Limits
 
     a = node("a")
     a.set_limits({"free": Limits(0, 100)})

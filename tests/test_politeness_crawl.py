@@ -52,7 +52,7 @@ PARTITIONED = {**BASE, "FRONTIER_PARTITIONS": 12, "CONCURRENT_REQUESTS": 8,
 def master_of_some_sites(cluster, client):
     """A master that serves the partitions of some of the sites (1 to 5 of 10),
     and the sites whose partitions the other masters serve."""
-    from crawlproject.frontier.politeness import PolitenessConfig
+    from crawlproject.frontier.sitelimits import PolitenessConfig
 
     partitions = PARTITIONED["FRONTIER_PARTITIONS"]
     politeness = PolitenessConfig(partitions=partitions)

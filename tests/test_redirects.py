@@ -27,7 +27,7 @@ from crawlproject.keys import start_urls_key
 from crawlproject.middlewares.redirect import (FrontierMetaRefreshMiddleware,
                                                FrontierRedirectMiddleware, chain_text)
 from crawlproject.scheduler import RedisScheduler
-from crawlproject.scheduling.politeness import SitePoliteness
+from crawlproject.scheduling.sitepoliteness import SitePoliteness
 from crawlproject.signing import unwrap
 from tests.crawl_helpers import Node, node_env
 

@@ -13,7 +13,7 @@ from scrapy.http import Response
 from scrapy.utils.test import get_crawler
 
 from crawlproject.frontier.retrypolicy import RETRY_DELAY_META, SLOW_DOWN_META
-from crawlproject.middlewares.politeness import FrontierPolitenessMiddleware
+from crawlproject.middlewares.slowdown import FrontierPolitenessMiddleware
 from crawlproject.middlewares.retry import BackoffRetryMiddleware
 
 

@@ -413,7 +413,7 @@ def test_robots_crawl_delay_and_slow_down_answers_reach_the_frontier(redis_url):
     from scrapy.http import Response
     from scrapy.robotstxt import ProtegoRobotParser
 
-    from crawlproject.middlewares.politeness import (
+    from crawlproject.middlewares.slowdown import (
         FrontierPolitenessMiddleware,
         retry_after_seconds,
     )

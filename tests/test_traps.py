@@ -22,7 +22,7 @@ from scrapy.spiders import SitemapSpider
 from scrapy.utils.test import get_crawler
 
 from crawlproject import settings as project_settings
-from crawlproject.scheduling.politeness import SitePoliteness
+from crawlproject.scheduling.sitepoliteness import SitePoliteness
 from crawlproject.traps.pace import DROPS_PER_TURN
 from crawlproject.traps.pagerequests import PageRequestsMiddleware
 from crawlproject.traps.pathrepeat import PathRepeatMiddleware, repeat_pattern, repeats

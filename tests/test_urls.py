@@ -18,11 +18,11 @@ from scrapy.utils.request import fingerprint
 from scrapy.utils.test import get_crawler
 
 from crawlproject import defaults
-from crawlproject.frontier.politeness import host_key
+from crawlproject.frontier.sitelimits import host_key
 from crawlproject.policy import InputPolicy
 from crawlproject.robots.middleware import origin_of
 from crawlproject.scheduler import RedisScheduler
-from crawlproject.scheduling.politeness import SitePoliteness
+from crawlproject.scheduling.sitepoliteness import SitePoliteness
 from crawlproject.seeds import InvalidSeed, invalid_record, request_from_seed
 from crawlproject.urls import (UrlCanonicalizer, canonical_host, canonicalize,
                                is_loopback_host, origin, redact_userinfo, session_matcher,

@@ -6,13 +6,13 @@ import json
 import sys
 
 from crawlproject.ops.common import UsageError, redis_time_ms
-from crawlproject.ops.politeness import budget_rows, politeness_rows, robots_states
+from crawlproject.ops.hosts import budget_rows, politeness_rows, robots_states
 from crawlproject.cli.common import _in, _partitions, terminal_text
 
 
 def cmd_politeness(args) -> int:
     """Show the per-host politeness state, or change a host's limits at run time."""
-    from crawlproject.frontier.politeness import (UNLIMITED, Limits, Override, limits_from,
+    from crawlproject.frontier.sitelimits import (UNLIMITED, Limits, Override, limits_from,
                                                   partition_of, safe_key)
     from crawlproject.scheduler import HOST_LIMITS_REFRESH
 
@@ -138,9 +138,9 @@ def _robots_cell(robots: dict | None) -> str:
 
 
 def _politeness_key(given: str) -> str:
-    """:func:`~crawlproject.frontier.politeness.host_key`, saying so when the
+    """:func:`~crawlproject.frontier.sitelimits.host_key`, saying so when the
     key is not what was typed; a usage error if it names no host."""
-    from crawlproject.frontier.politeness import host_key
+    from crawlproject.frontier.sitelimits import host_key
 
     try:
         key = host_key(given)
@@ -153,7 +153,7 @@ def _politeness_key(given: str) -> str:
 
 
 def _describe_override(value) -> str:
-    from crawlproject.frontier.politeness import UNLIMITED
+    from crawlproject.frontier.sitelimits import UNLIMITED
 
     delay = ("the nodes' DOWNLOAD_DELAY between request starts" if value.delay is None
              else f"at most one request every {value.delay:g}s")

@@ -30,7 +30,7 @@ from typing import Any, Callable
 from crawlproject.backoff import backoff_delay
 from crawlproject import acl, defaults
 from crawlproject.connection import REDIS_FAILURES
-from crawlproject.frontier.politeness import PolitenessConfig
+from crawlproject.frontier.sitelimits import PolitenessConfig
 from crawlproject.frontier.queue import (AsyncFrontier, Batch, SyncResult, clamp_priority,
                                          member_key, refused, stopped_in_script)
 

@@ -55,7 +55,7 @@ from crawlproject.frontier.bloom import BloomConfig, filter_estimates, fingerpri
 from crawlproject.frontier.deadletters import (ATTEMPT_META_KEYS, DeadLetter,  # noqa: F401
                                                KeyFunction, fresh_payload, read_record,
                                                replay_args)
-from crawlproject.frontier.politeness import (UNLIMITED, Limits, Override, PolitenessConfig,
+from crawlproject.frontier.sitelimits import (UNLIMITED, Limits, Override, PolitenessConfig,
                                               parse_override, partition_of, safe_key)
 from crawlproject.frontier.library import LibraryMissingError, script
 from crawlproject.frontier.scripts import (BLOOM_ADD, COUNTER_PATTERN, REPLAY_DEAD, SET_LIMITS,

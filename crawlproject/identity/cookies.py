@@ -39,7 +39,7 @@ from crawlproject.identity.session import explicit_session
 # suffix list from the network, synchronously in the reactor thread (a stalled
 # connection stalls the node; offline it logs a traceback). The list bundled
 # with tldextract is enough: the same answer with no network (as the frontier's
-# "domain" politeness key, crawlproject.frontier.politeness).
+# "domain" politeness key, crawlproject.frontier.sitelimits).
 scrapy_cookies._split_domain = TLDExtract(suffix_list_urls=(), cache_dir=None,
                                           include_psl_private_domains=True)
 

@@ -47,7 +47,7 @@ from scrapy.spidermiddlewares.referer import NoReferrerPolicy, RefererMiddleware
 from scrapy.utils.httpobj import urlparse_cached
 
 from crawlproject.defaults import REFERER_SEED_SEARCH_URL, setting
-from crawlproject.scheduling.politeness import registered_domain
+from crawlproject.scheduling.sitepoliteness import registered_domain
 
 logger = logging.getLogger(__name__)
 

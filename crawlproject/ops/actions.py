@@ -36,7 +36,7 @@ def replay_dead_letters(parts: list[Frontier], count: int = 1000, *, key_of=None
 
 def politeness_key_function(settings=None):
     """``key_of(url, payload data)``: the politeness key a node gives a request
-    of *url* (:meth:`crawlproject.scheduling.politeness.SitePoliteness.key`,
+    of *url* (:meth:`crawlproject.scheduling.sitepoliteness.SitePoliteness.key`,
     the nodes' own function, from *settings*: by default the project's). A
     payload's ``meta["download_slot"]`` counts as the nodes count it (only with
     ``FRONTIER_HONOUR_DOWNLOAD_SLOT``). ``ip`` keys are what a node that has
@@ -44,7 +44,7 @@ def politeness_key_function(settings=None):
     from scrapy import Request
 
     from crawlproject.ops.common import current_project
-    from crawlproject.scheduling.politeness import SitePoliteness
+    from crawlproject.scheduling.sitepoliteness import SitePoliteness
 
     if settings is None:
         settings, _ = current_project()

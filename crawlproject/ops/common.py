@@ -18,7 +18,7 @@ class UsageError(Exception):
 
 def frontier_partitions(client, spider: str) -> list[Frontier]:
     """Every partition of the spider's frontier (the count the crawl started with)."""
-    from crawlproject.frontier.politeness import MAX_PARTITIONS
+    from crawlproject.frontier.sitelimits import MAX_PARTITIONS
 
     stored = client.hget(FrontierKeys(spider).config, "partitions")
     try:

@@ -27,7 +27,7 @@ from settings are the operator's; one from Redis must pass
   and read back in one script call every ``PROXY_REFRESH_INTERVAL`` seconds,
   in the background (:mod:`crawlproject.proxies.store`); no Redis call per request.
 * A 429 answered through a proxy bans that proxy for the host and is *not*
-  passed on to :class:`~crawlproject.middlewares.politeness.FrontierPolitenessMiddleware`:
+  passed on to :class:`~crawlproject.middlewares.slowdown.FrontierPolitenessMiddleware`:
   the site limits that exit address, not the crawl; when all proxies are
   banned the host waits anyway.
 
@@ -60,7 +60,7 @@ from crawlproject.defaults import setting
 from crawlproject.egress.policy import AddressPolicy, parse_address
 from crawlproject.egress.resolver import policy_from_settings
 from crawlproject.frontier.retrypolicy import RETRY_DELAY_META
-from crawlproject.middlewares.politeness import retry_after_seconds
+from crawlproject.middlewares.slowdown import retry_after_seconds
 from crawlproject.identity.session import PROXY_CONTEXT, PROXY_ID, explicit_session
 from crawlproject.proxies.pool import BanRules, Health, InvalidProxy, PoolView, Proxy, \
     entry_fingerprint, parse_proxy

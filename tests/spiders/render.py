@@ -45,5 +45,9 @@ class SessionStandInMiddleware:
 
 class RenderSessionsSpider(RenderSpider):
     name = "render_sessions"
+    # The stand-in gives each session its User-Agent: the identity middleware
+    # (installed by crawlproject's add-on whatever a spider's own dict says,
+    # unless the dict turns it off) would rotate it.
     custom_settings = {"DOWNLOADER_MIDDLEWARES": {
-        "tests.spiders.render.SessionStandInMiddleware": 605}}
+        "tests.spiders.render.SessionStandInMiddleware": 605,
+        "crawlproject.identity.middleware.IdentityMiddleware": None}}

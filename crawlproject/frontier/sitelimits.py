@@ -4,7 +4,7 @@ Every request belongs to a *politeness key*, by default its host name (what
 Scrapy uses as download slot), optionally its registered domain (public
 suffix list: ``tldextract`` with its bundled snapshot, never the network) or
 its IP address (how a request gets its key, from Scrapy's settings and
-request, is :mod:`crawlproject.scheduling.politeness`: this module knows no
+request, is :mod:`crawlproject.scheduling.sitepoliteness`: this module knows no
 Scrapy). The frontier keeps one queue per key and enforces, at lease
 time and for all nodes together, a minimum interval between the starts of two
 requests of a key and a maximum number of its requests in flight

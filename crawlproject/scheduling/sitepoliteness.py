@@ -1,7 +1,7 @@
 """The Scrapy side of the frontier's politeness: limits read from Scrapy's
 settings, and each request's politeness key (host, registered domain or IP).
 
-:mod:`crawlproject.frontier.politeness` holds the plain data the frontier
+:mod:`crawlproject.frontier.sitelimits` holds the plain data the frontier
 works with (keys, limits, partitions) and imports no Scrapy; this module builds
 it from a crawler's settings (:meth:`SitePoliteness.from_settings`) and keys
 Scrapy requests (:meth:`SitePoliteness.key`). The registered domain comes from
@@ -20,7 +20,7 @@ from scrapy.utils.httpobj import urlparse_cached
 
 from crawlproject.defaults import setting
 from crawlproject.urls import canonical_host
-from crawlproject.frontier.politeness import (KEY_MODES, MAX_BUDGET, MAX_DELAY, MAX_PARTITIONS,
+from crawlproject.frontier.sitelimits import (KEY_MODES, MAX_BUDGET, MAX_DELAY, MAX_PARTITIONS,
                                               UNLIMITED,
                                               Limits, PolitenessConfig, host_key, limits_from,
                                               safe_key)
@@ -59,7 +59,7 @@ def cached_address(resolved) -> str | None:
 
 @dataclass(frozen=True)
 class SitePoliteness(PolitenessConfig):
-    """:class:`~crawlproject.frontier.politeness.PolitenessConfig` read from
+    """:class:`~crawlproject.frontier.sitelimits.PolitenessConfig` read from
     Scrapy's settings, with the politeness key of a Scrapy request."""
 
     @classmethod
@@ -177,7 +177,7 @@ def delay_jitter(settings) -> float:
 
 def backoff_shape(settings) -> dict:
     """How a key's backoff follows its slow-down answers (see
-    :class:`~crawlproject.frontier.politeness.PolitenessConfig`); ValueError
+    :class:`~crawlproject.frontier.sitelimits.PolitenessConfig`); ValueError
     for a value the scripts could not use."""
     tolerance = setting(settings, "FRONTIER_BACKOFF_TOLERANCE")
     window = setting(settings, "FRONTIER_BACKOFF_WINDOW")

@@ -12,7 +12,7 @@ def politeness_rows(parts: list, hosts: list[str], n: int) -> tuple[dict, int]:
     queued hosts' and how many there are in all. Hosts are read in HSCAN
     windows and only the top *n* are kept: a crawl of millions of hosts is
     neither loaded into this process nor read from Redis in one command."""
-    from crawlproject.frontier.politeness import partition_of
+    from crawlproject.frontier.sitelimits import partition_of
 
     limits = {}
     for part in parts:
@@ -89,7 +89,7 @@ def robots_states(client, spider: str, hosts: list[str], now: float) -> dict[str
 def budget_rows(parts: list, hosts: list[str]) -> dict[str, dict]:
     """New pages admitted and refused over a budget per host, and ``"||crawl"``
     for the whole crawl (the partitions' sums); counted while budgets apply."""
-    from crawlproject.frontier.politeness import partition_of
+    from crawlproject.frontier.sitelimits import partition_of
 
     by_part: dict[int, list[str]] = {}
     for key in hosts:
