@@ -67,7 +67,7 @@ DUPEFILTER_SHARD_BITS = 2**26               # bits per Redis string (8 MiB)
 DUPEFILTER_KEY = keys.DUPEFILTER            # key of the standalone RedisBloomDupeFilter
 SCHEDULER_DUPEFILTER_KEY = None             # scrapy-redis' name; wins over DUPEFILTER_KEY when set
 
-# --- Politeness for the whole cluster (crawlproject/scheduling/sitepoliteness.py) --
+# --- Politeness for the whole cluster (scheduling/sitepoliteness.py) -----------
 FRONTIER_POLITENESS = True                  # per-site limits enforced by the frontier
 FRONTIER_POLITENESS_KEY = "host"            # what a site is: host, domain or ip
 FRONTIER_HONOUR_DOWNLOAD_SLOT = False       # meta["download_slot"] is the site
