@@ -3,7 +3,7 @@
     python -m bench.run_all            # full run (~15 min on 2 cores), rewrites BENCHMARKS.md
     python -m bench.run_all --quick    # smoke run (< 2 min); BENCHMARKS.md untouched unless --write
     python -m bench.run_all --only crawl,seeds
-    python -m bench.summary --write    # re-render BENCHMARKS.md's summary from bench/results/*.json
+    python -m bench.summary --write    # re-render BENCHMARKS.md's summary (bench/figures.json + results)
 
 Each benchmark runs as its own ``python -m bench.<name>`` process with a time
 limit; results go to ``bench/results/<name>.json``.
@@ -63,6 +63,8 @@ def main(argv=None) -> int:
     if not args.no_write and (not args.quick or args.write):
         source = results_dir("quick" if args.quick else "full")
         print("blocks updated:", ", ".join(update_markdown(results_dir=source)))
+        if not args.quick:  # a full run's figures are kept in git (bench/figures.json)
+            summary.record(results_dir=source)
         summary.write(results_dir=source)
     print(f"total {time.monotonic() - t0:.0f}s; failed: {', '.join(failed) or 'none'}")
     return 1 if failed else 0

@@ -208,20 +208,48 @@ def test_summary_write_replaces_the_marked_table(tmp_path):
     results = tmp_path / "results"
     results.mkdir()
     (results / "polite.json").write_text(json.dumps({
-        "benchmark": "polite", "created": "2026-12-05 17:00:00",
+        "benchmark": "polite", "created": "2026-12-07 17:00:00",
         "checks": [{"check": "ours: crawl time ÷ ideal", "value": 1.08, "floor": "≤ 1.15",
                     "pass": True}]}))
+    (results / "middlewares.json").write_text(json.dumps({  # older than the committed figures
+        "benchmark": "middlewares", "created": "2026-11-01 10:00:00",
+        "checks": [{"check": "stale", "value": 9.9, "floor": "≤ 1.15", "pass": False}]}))
     summary.main(["--write", "--markdown", str(markdown), "--results", str(results)])
     text = markdown.read_text()
     table = text.split(summary.START)[1].split(summary.END)[0]
     assert "old table" not in table and text.endswith("## 1. Crawl\n")
     rows = [line for line in table.strip().splitlines()[2:]]
-    assert len(rows) >= len(summary.SECTIONS)
     assert all("`python -m " in row for row in rows), rows
     polite = [row for row in rows if row.startswith("| §7")]
     assert polite == ["| §7 polite crawl | ours: crawl time ÷ ideal | 1.08 | ≤ 1.15 | PASS | "
-                      "`python -m bench.polite` | 2026-12-05 17:00 |"]
-    assert any("not measured since 2026-12-04" in row for row in rows)
+                      "`python -m bench.polite` | 2026-12-07 17:00 |"]
+    # without a newer result file, a fresh clone shows the committed figures
+    committed = {e["section"] for e in summary.load_figures()}
+    assert committed >= {"§1 crawl", "§9 middlewares", "§13 fault soak"}
+    assert {row.split(" | ")[0][2:] for row in rows} == committed
+    middlewares = [row for row in rows if row.startswith("| §9")]
+    assert middlewares and "stale" not in " ".join(middlewares), middlewares
+    assert "not measured" not in table
+
+
+def test_summary_record_keeps_newer_results_in_the_figures_file(tmp_path):
+    from bench import summary
+
+    figures = tmp_path / "figures.json"
+    figures.write_text(summary.FIGURES.read_text())
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "web.json").write_text(json.dumps({
+        "benchmark": "web", "created": "2026-12-07 09:00:00", "command": "python -m bench.web",
+        "checks": [{"check": "time ÷ ideal", "value": 1.1, "floor": "≤ 1.25", "pass": True}]}))
+    summary.main(["--record", "--results", str(results), "--figures", str(figures)])
+    rows = summary.rows(tmp_path / "empty", figures)  # no result files: the figures file alone
+    web = [row for row in rows if row[0] == "synthetic web (issue 46)"]
+    assert web == [["synthetic web (issue 46)", "time ÷ ideal", 1.1, "≤ 1.25", True,
+                    "`python -m bench.web`", "2026-12-07 09:00"]]
+    web_rows = len(next(e for e in summary.load_figures()
+                        if e["section"] == "synthetic web (issue 46)")["checks"])
+    assert len(rows) == len(summary.rows(tmp_path / "empty")) - web_rows + 1
 
 
 def test_web_smallest(tmp_path):
