@@ -33,7 +33,7 @@ from pathlib import Path
 import redis as redis_lib
 
 from bench.common import ROOT, base_parser, results_dir
-from crawlproject.keys import reset_spider, start_urls_key
+from crawlproject.keys import FrontierKeys, reset_spider, start_urls_key
 from devtools.services import MongoServer, RedisServer
 
 sys.path.insert(0, str(ROOT))
@@ -60,8 +60,9 @@ class TreeSite:
     """Page i links to pages FANOUT*i+1 .. FANOUT*i+FANOUT (below *pages*); every
     answer after *latency* s; arrival times recorded."""
 
-    def __init__(self, pages: int, latency: float, host: str = HOST):
+    def __init__(self, pages: int, latency: float, host: str = HOST, fail_every: int = 0):
         site = self
+        failed: set[int] = set()
         self.arrivals: list[float] = []
         self.lock = threading.Lock()
 
@@ -86,6 +87,10 @@ class TreeSite:
                     body = ("<html><body>" + "".join(f'<a href="/p{k}">{k}</a>' for k in kids)
                             + "</body></html>").encode()
                     status = 200
+                    with site.lock:
+                        if fail_every and i and i % fail_every == 0 and i not in failed:
+                            failed.add(i)  # 503 once (no Retry-After), as the demo shop
+                            status, body = 503, b"busy"
                     time.sleep(latency)
                 self.send_response(status)
                 self.send_header("Content-Type", "text/html")
@@ -128,19 +133,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--delay", type=float, default=0, help="DOWNLOAD_DELAY (cluster-wide)")
     parser.add_argument("--node-setting", action="append", default=[],
                         help="NAME=VALUE for every node (-s)")
+    parser.add_argument("--fail-every", type=int, default=0,
+                        help="every Nth page answers 503 once (0: none)")
     parser.add_argument("--items", action="store_true",
                         help="an item per page, through the README block's MongoDB pipeline")
     args = parser.parse_args(argv)
     if args.quick:
         args.warmup, args.after = 15, 20
     work = Path(tempfile.mkdtemp(prefix="freeze-"))
-    redis = RedisServer(port=33001, data_dir=work / "redis")
-    mongo = MongoServer(port=33002, storage_path=work / "mongo")
+    redis = RedisServer(data_dir=work / "redis")
+    mongo = MongoServer(storage_path=work / "mongo")
     nodes: list[Node] = []
     try:
         redis.start()
         mongo.start()
-        sites = [TreeSite(args.pages, args.latency_ms / 1000, f"127.0.0.{2 + i}")
+        sites = [TreeSite(args.pages, args.latency_ms / 1000, f"127.0.0.{2 + i}", args.fail_every)
                  for i in range(args.hosts)]
         project = user_project(work / "project", "freezeproj", SPIDERS,
                                f"CONCURRENT_REQUESTS_PER_DOMAIN = {args.concurrency}\n"
@@ -157,9 +164,29 @@ def main(argv: list[str] | None = None) -> int:
             settings["FREEZE_ITEMS"] = "1"
         nodes = [Node(f"node-{i}", work, env, spider=SPIDER, settings=settings) for i in range(3)]
         for node in nodes:
-            node.proc.args  # started
             node.wait_for_log("Reading seeds from", timeout=90)
         t0 = time.time()
+        states: list[tuple[float, str]] = []
+        sampling = threading.Event()
+
+        def sample_states():
+            # every 0.2 s: each site key's frontier state "n|last|block|backoff|crawl
+            # delay|error rate" (in flight, backoff interval ms, error rate x 1e6)
+            sampler = redis_lib.Redis.from_url(redis.url)
+            keys = FrontierKeys(SPIDER)
+            while not sampling.wait(0.2):
+                for name in sampler.scan_iter(match="*kstate*"):
+                    queued = 0
+                    for field, value in sampler.hgetall(name).items():
+                        if not field.startswith(b"|"):
+                            state = value.decode()
+                        elif field == b"||qlen":
+                            queued = int(value)
+                    # + queued, leased (in flight or buffered), delayed entries
+                    states.append((round(time.time() - t0, 2), f"{state}|{queued}|"
+                                   f"{sampler.hlen(keys.inflight)}|{sampler.zcard(keys.delayed)}"))
+
+        threading.Thread(target=sample_states, daemon=True).start()
         r.lpush(start_urls_key(SPIDER), *(f"http://{s.host}:{s.port}/p0" for s in sites))
         time.sleep(args.warmup)
         victim = nodes[1]
@@ -170,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         cont_at = time.time()
         time.sleep(args.after)
         end = time.time()
+        sampling.set()
+        data_states = states
         arrivals = sorted(t for s in sites for t in s.arrivals)
         counts = per_second(arrivals, t0, end)
         base_window = counts[max(0, int(stop_at - t0) - 10):int(stop_at - t0)]
@@ -185,10 +214,18 @@ def main(argv: list[str] | None = None) -> int:
                 "config": vars(args) | {"out": str(args.out) if args.out else None},
                 "per_second": counts, "stop_s": round(stop_at - t0, 2),
                 "cont_s": round(cont_at - t0, 2), "base_rate": base,
-                "under_half_after_cont_s": after_s, "pages_fetched": len(arrivals)}
+                "under_half_after_cont_s": after_s, "kstate_samples": data_states, "pages_fetched": len(arrivals)}
         for i, c in enumerate(counts):
             mark = " <- SIGSTOP" if i == k_stop else " <- SIGCONT" if i == k_cont else ""
             print(f"{i:4d}s {c:4d} {'#' * (c // 4)}{mark}")
+        if args.hosts == 1:
+            per_s: dict[int, list[str]] = {}
+            for t, v in data_states:
+                per_s.setdefault(int(t), []).append(v)
+            print("second: kstate samples (slots|backoff ms|error rate|queued|leased|delayed)")
+            for k in range(len(counts)):
+                print(f"{k:4d}s {counts[k]:4d}/s  " + " ".join(
+                    "|".join(v.split("|")[i] for i in (0, 3, 5, 6, 7, 8)) for v in per_s.get(k, [])))
         print(f"base {base}/s; under half of it until {after_s} s after SIGCONT; "
               f"{len(arrivals)} pages")
         for node in nodes:
