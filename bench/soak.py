@@ -45,7 +45,15 @@ s without faults to finish (all product pages stored, or the frontier empty for
 Run::
 
     .venv/bin/python -m bench.soak [--duration 600] [--hosts 45] [--products 500]
-        [--latency-ms 50] [--seed 36] [--keep]
+        [--latency-ms 50] [--seed 36] [--keep] [--faults node_stop,...] [--stop-s 7]
+        [--setting NAME=VALUE ...]
+
+Issue 47's case (one site at 24 in flight cluster-wide, a node stopped 7 s)::
+
+    .venv/bin/python -m bench.soak --hosts 1 --products 40000 --faults node_stop \
+        --stop-s 7 --setting CONCURRENT_REQUESTS_PER_DOMAIN=24 --setting DOWNLOAD_DELAY=0
+
+(``bench.freeze`` measures the same per second at the site, in under 2 minutes.)
 
 Writes ``bench/results/soak-<date>.json`` (``--duration`` < 600:
 ``bench/results/quick/``) and prints a summary. Not part of the test suite.
