@@ -7,11 +7,30 @@ after ``--latency-ms``. The site records every request's arrival time. Once
 the crawl runs at speed (``--warmup`` s), one node is SIGSTOPped for
 ``--stop`` s (less than its 10 s lease), then SIGCONTed. Printed: requests
 per second at the site, the median of the 10 s before the stop, and how long
-after SIGCONT the rate stayed under half of it (the last such second).
+after SIGCONT the rate stayed under half of it (the last such second). With
+``--hosts 1``, per second: the site key's frontier state sampled every 0.2 s
+from Redis (slots counted in flight, backoff interval ms, error rate in
+millionths, entries queued, leased, delayed). ``--fail-every N``: every Nth
+page answers 503 once (no Retry-After), as the soak's demo shop does;
+``--items``: an item per page through the README block's MongoDB pipeline.
 
 Run::
 
-    .venv/bin/python -m bench.freeze [--quick] [--stop 7] [--pages 6000]
+    .venv/bin/python -m bench.freeze [--quick] [--stop 7] [--pages 40000]
+        [--latency-ms 50] [--fail-every 16] [--items] [--hosts N --concurrency C --delay D]
+
+Findings (issue 47, 2026-12-06, ``--quick --latency-ms 50 --pages 40000``):
+without 503s the rate is back at its level in the first second after SIGCONT
+(stop 7 s and 9.5 s; 150, 50 and 20 ms pages; 45 sites at 1 s / 2 too). With
+``--fail-every 16`` the one-site rate swung between 0 and ~300/s before any
+fault (median 87-200/s) and stayed under half of it up to 16-20 s after
+SIGCONT: the key's error rate, averaged over ``FRONTIER_BACKOFF_WINDOW`` = 10
+answers, fewer than the 24 in flight, passed the 20 % tolerance whenever a
+few 503s landed together (the woken node's answers come in one call, its
+503s after its successes), which backed the whole site off (1 s for every
+node, then halved per success). Averaged over at least the key's concurrency
+(sync.lua ``err_weight_of``): ~305/s steady before, ~166/s during the stop
+(the stopped node's slots), ~304/s in the first second after SIGCONT.
 
 Bounded: the run ends ``--after`` s after SIGCONT (nodes killed). Not part of
 the test suite.
