@@ -39,7 +39,6 @@ the test suite.
 from __future__ import annotations
 
 import json
-import shutil
 import statistics
 import sys
 import tempfile
