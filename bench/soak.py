@@ -45,7 +45,15 @@ s without faults to finish (all product pages stored, or the frontier empty for
 Run::
 
     .venv/bin/python -m bench.soak [--duration 600] [--hosts 45] [--products 500]
-        [--latency-ms 50] [--seed 36] [--keep]
+        [--latency-ms 50] [--seed 36] [--keep] [--faults node_stop,...] [--stop-s 7]
+        [--setting NAME=VALUE ...]
+
+Issue 47's case (one site at 24 in flight cluster-wide, a node stopped 7 s)::
+
+    .venv/bin/python -m bench.soak --hosts 1 --products 40000 --faults node_stop \
+        --stop-s 7 --setting CONCURRENT_REQUESTS_PER_DOMAIN=24 --setting DOWNLOAD_DELAY=0
+
+(``bench.freeze`` measures the same per second at the site, in under 2 minutes.)
 
 Writes ``bench/results/soak-<date>.json`` (``--duration`` < 600:
 ``bench/results/quick/``) and prints a summary. Not part of the test suite.
@@ -178,8 +186,10 @@ class Site:
 
 # -- nodes --------------------------------------------------------------------------
 class SoakNode:
-    def __init__(self, index: int, project: Path, logs: Path, env: dict):
+    def __init__(self, index: int, project: Path, logs: Path, env: dict,
+                 settings: list[str] = ()):
         self.name = f"node-{index}"
+        self.settings = list(settings)
         self.project, self.log, self.env = project, logs / f"{self.name}.log", env
         self.proc: subprocess.Popen | None = None
         self.starts = 0
@@ -190,6 +200,8 @@ class SoakNode:
         cmd = [sys.executable, "-m", "scrapy", "crawl", SPIDER, "-s", f"LOG_FILE={self.log}",
                "-s", "LOG_LEVEL=INFO", "-s", f"NODE_ID={self.name}",
                "-s", "MAX_IDLE_TIME_BEFORE_CLOSE=60"]
+        for setting in self.settings:
+            cmd += ["-s", setting]
         self.proc = subprocess.Popen(cmd, cwd=self.project, env=self.env,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      start_new_session=True)
@@ -336,6 +348,7 @@ class Soak:
         elif kind == "node_stop":
             node = rng.choice([n for n in self.nodes if n.alive()] or self.nodes)
             hold = rng.uniform(5, 20)
+            hold = self.args.stop_s or hold  # (drawn either way: the same faults follow)
             node.signal(signal.SIGSTOP)
             fault.update(node=node.name, held_s=round(hold, 1))
             time.sleep(hold)  # no node watching: the stopped node is alive
@@ -395,7 +408,7 @@ class Soak:
         env["PYTHONPATH"] = os.pathsep.join([str(project), str(ROOT)])
         r.lpush(start_urls_key(SPIDER), *self.site.urls())
         r.close()
-        self.nodes = [SoakNode(i + 1, project, self.logs, env) for i in range(self.args.nodes)]
+        self.nodes = [SoakNode(i + 1, project, self.logs, env, self.args.setting) for i in range(self.args.nodes)]
         self.t0 = time.time()
         for node in self.nodes:
             node.start()
@@ -699,6 +712,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--products", type=int, default=500, help="products per site")
     parser.add_argument("--latency-ms", type=int, default=50)
     parser.add_argument("--seed", type=int, default=36)
+    parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
+                        help="a setting of every node (-s), over the README block's")
+    parser.add_argument("--stop-s", type=float, default=None,
+                        help="node_stop: SIGSTOPped this long (default: 5-20 s, drawn)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument("--faults", default=",".join(FAULTS),
                         help="comma-separated kinds to draw from (default: all)")

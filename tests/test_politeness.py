@@ -158,6 +158,32 @@ def test_a_few_slow_down_answers_among_successes_never_slow_the_key(node, clock)
     assert 0 < state["error_rate"] < 0.2
 
 
+def test_three_slow_down_answers_among_a_key_s_24_in_flight_do_not_slow_the_site(node, clock):
+    # Issue 47: one site at 24 in flight, 1 page in 16 answering 503 once. The
+    # answers of one round come back together (a node that wakes from a pause
+    # reports them in one call, its 503s one after the other): three of 24 is
+    # no site turning, yet over a 10-answer average it passed the tolerance and
+    # backed the whole site off (1 s, every node waiting it out).
+    a = node("a", polite(delay=0, concurrency=24))
+    add(a, "h1", 48)
+    taken = a.take(24)
+    assert len(taken) == 24
+    for i, (member, _) in enumerate(taken):
+        slow_down = i >= 21
+        batch = Batch(acks=[member], unrelieved={member} if slow_down else set())
+        if slow_down:
+            batch.backoff("h1")
+        a.sync(batch)
+    state = a.key_states(["h1"])["h1"]
+    assert state["backoff_ms"] == 0 and 0.1 < state["error_rate"] < 0.2, state
+    # A site that turned (every answer of a round a 503) is still backed off.
+    for member, _ in a.take(24):
+        batch = Batch(acks=[member], unrelieved={member})
+        batch.backoff("h1")
+        a.sync(batch)
+    assert a.key_states(["h1"])["h1"]["backoff_ms"] > 0
+
+
 def test_mostly_slow_down_answers_back_the_key_off_to_the_max_and_successes_restore_it(
         node, clock):
     a = node("a", polite(delay=0.1, concurrency=1, backoff_max=4, backoff_base=0.25))

@@ -156,7 +156,8 @@ class PolitenessConfig:
     win over both. ``backoff_codes`` are the statuses that slow a key down
     (with ``Retry-After``: blocked that long, at most ``retry_after_max``).
     Without ``Retry-After`` the answer raises the key's recent error rate (a
-    moving average over about ``backoff_window`` answers); only while that
+    moving average over about ``backoff_window`` answers, or the key's
+    concurrency if more, at most 100); only while that
     rate is at least ``backoff_tolerance`` is the key's interval doubled
     (from ``backoff_base``, or twice its delay; at most ``backoff_max``).
     Successes lower the rate and halve the interval again.

@@ -442,6 +442,14 @@ end
 local function interval(k)
   return math.max(LIM[k].delay, ST[k].cd, ST[k].bo)
 end
+-- The weight of one answer in K's error rate: 1 / the window, the window at
+-- least K's concurrency (at most 100): the answers of the requests in flight
+-- together are one sample, and a window shorter than them turns a few
+-- transient 503s among them, or one node's answers reported in one call,
+-- into a backoff of the whole site (issue 47).
+local function err_weight_of(k)
+  return math.min(err_weight, math.floor(1000000 / math.max(1, math.min(LIM[k].conc, 100))))
+end
 local function pad(iv)
   -- The safety margin added to an interval of IV ms: the node gives back an
   -- entry it could not start within it of the lease (the client's lag_allowed).
@@ -848,7 +856,7 @@ settle(ack_members, function(i, member)
     -- a success lowers the key's error rate and relaxes its backoff (halved;
     -- gone below its interval): a site that recovered is back at full speed
     -- after a few answers
-    s.er = math.floor(s.er * (1000000 - err_weight) / 1000000)
+    s.er = math.floor(s.er * (1000000 - err_weight_of(k)) / 1000000)
     s.bo = math.floor(s.bo / 2)
     if s.bo <= LIM[k].delay then s.bo = 0 end
     dirty[k] = true
@@ -921,7 +929,7 @@ for _, f in ipairs(feedback) do
     -- transient 5xx among many successes cost their retries, not the site's
     -- speed; a site answering mostly 429/503 reaches backoff_max within a few
     -- answers (the ones in flight when it turned).
-    s.er = s.er + math.floor((1000000 - s.er) * err_weight / 1000000)
+    s.er = s.er + math.floor((1000000 - s.er) * err_weight_of(k) / 1000000)
     if s.er >= tolerance then
       local _, most = bounds()
       s.bo = math.min(most, math.max(s.bo * 2, LIM[k].delay * 2, backoff_base))
