@@ -22,6 +22,7 @@ from twisted.internet.error import DNSLookupError
 from w3lib.url import add_http_if_no_scheme
 
 from crawlproject.egress.policy import Refusal
+from crawlproject.scheduling.errback import dead_letter
 
 logger = logging.getLogger(__name__)
 
@@ -87,10 +88,7 @@ def report_for(crawler) -> EgressReport:
 def refuse(crawler, request, refusal: Refusal) -> AddressRefused:
     """Count, log and dead-letter *request*; the exception to raise for it."""
     report_for(crawler).refused(request, refusal)
-    scheduler = getattr(getattr(crawler, "engine", None), "scheduler", None)
-    mark_failed = getattr(scheduler, "mark_failed", None)
-    if mark_failed is not None:
-        mark_failed(request, refusal.reason, kind="download")
+    dead_letter(crawler, request, refusal.reason)
     return AddressRefused(refusal)
 
 

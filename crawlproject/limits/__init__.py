@@ -28,6 +28,8 @@ import weakref
 
 from scrapy.utils.httpobj import urlparse_cached
 
+from crawlproject.scheduling.errback import dead_letter
+
 logger = logging.getLogger(__name__)
 
 
@@ -60,13 +62,7 @@ class LimitReport:
     def dead_letter(self, request, reason: str) -> None:
         """Dead-letter *request* with *reason* when it leaves the engine (a refusal
         raised as ``IgnoreRequest`` would otherwise be taken for done)."""
-        try:
-            engine = self.crawler.engine
-        except (AttributeError, RuntimeError):  # no crawl running (Scrapy 2.19 raises)
-            return
-        mark_failed = getattr(getattr(engine, "scheduler", None), "mark_failed", None)
-        if mark_failed is not None:
-            mark_failed(request, reason, kind="download")
+        dead_letter(self.crawler, request, reason)
 
 
 _REPORTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

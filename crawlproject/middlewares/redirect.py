@@ -28,6 +28,7 @@ from scrapy.utils.url import strip_url
 from w3lib.url import canonicalize_url
 
 from crawlproject.robots.middleware import FETCH_META as ROBOTS_FETCH_META
+from crawlproject.scheduling.errback import dead_letter
 
 logger = logging.getLogger(__name__)
 
@@ -172,14 +173,8 @@ class _ChainRules:
         """Count, dead-letter (with the shared frontier) and drop *request*."""
         stats = self.crawler.stats
         stats.inc_value(f"redirect/{what}")
-        try:
-            scheduler = self.crawler.engine.scheduler
-        except (AttributeError, RuntimeError):   # no engine (yet): nothing to tell
-            scheduler = None
-        mark_failed = getattr(scheduler, "mark_failed", None)
-        if mark_failed is not None:   # the scheduler logs each dead letter
-            mark_failed(request, reason, kind=KIND)
-        self._say(request, what, reason, dead=mark_failed is not None)
+        dead = dead_letter(self.crawler, request, reason, KIND)  # (the scheduler logs it)
+        self._say(request, what, reason, dead=dead)
         raise IgnoreRequest(reason)
 
     def _say(self, request: Request, what: str, reason: str, dead: bool) -> None:

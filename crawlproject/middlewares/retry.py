@@ -36,6 +36,7 @@ from scrapy.exceptions import DownloadTimeoutError
 from crawlproject.egress.report import refuse
 from crawlproject.egress.resolver import refusal_of
 from crawlproject.frontier.retrypolicy import RETRY_DELAY_META, SLOW_DOWN_META, RetryPolicy
+from crawlproject.scheduling.errback import dead_letter
 
 
 class BackoffRetryMiddleware(RetryMiddleware):
@@ -68,12 +69,9 @@ class BackoffRetryMiddleware(RetryMiddleware):
         """The server answered, its body did not come within the deadline:
         given up now (the exception goes on to the errback)."""
         self.crawler.stats.inc_value("retry/dripping")
-        scheduler = getattr(self.crawler.engine, "scheduler", None)
-        mark_failed = getattr(scheduler, "mark_failed", None)
-        if mark_failed is not None:
-            mark_failed(request, f"the body did not come whole within the download deadline "
-                        f"(DOWNLOAD_TIMEOUT), the server having answered: not retried "
-                        f"({type(exception).__name__}: {exception})", kind="download")
+        dead_letter(self.crawler, request, f"the body did not come whole within the download "
+                    f"deadline (DOWNLOAD_TIMEOUT), the server having answered: not retried "
+                    f"({type(exception).__name__}: {exception})")
         return None
 
     def _retry(self, request: Request, reason) -> Request | None:

@@ -8,6 +8,21 @@ from __future__ import annotations
 from scrapy.exceptions import IgnoreRequest
 
 
+def dead_letter(crawler, request, reason: str, kind: str = "download") -> bool:
+    """Have the shared frontier dead-letter *request* with *reason* when it
+    leaves the engine (a refusal raised as ``IgnoreRequest`` would otherwise
+    be taken for done); False without that scheduler (nothing to tell)."""
+    try:
+        scheduler = crawler.engine.scheduler
+    except (AttributeError, RuntimeError):   # no crawl running (Scrapy 2.19 raises)
+        return False
+    mark_failed = getattr(scheduler, "mark_failed", None)
+    if mark_failed is None:
+        return False
+    mark_failed(request, reason, kind=kind)
+    return True
+
+
 class LeaseErrback:
     """The errback of a leased request: a download that failed is never taken
     for done.
