@@ -664,3 +664,36 @@ def test_the_start_burst_setting(redis_url):
     assert burst(SCHEDULER_START_BURST="4") == 4
     with pytest.raises(ValueError, match="SCHEDULER_START_BURST"):
         burst(SCHEDULER_START_BURST=-1)
+
+
+def test_a_crawlspider_rule_without_errback_leaves_a_failed_download_unhandled():
+    """CrawlSpider puts its own errback on every rule request, which passes a
+    failure on to the rule's errback: with none, nothing handled the failure
+    (a refused header flood, a downloader middleware's error), so the request
+    is dead-lettered with its reason, not acknowledged as done."""
+    from scrapy.linkextractors import LinkExtractor
+    from scrapy.spiders import CrawlSpider, Rule
+    from twisted.python.failure import Failure
+
+    from crawlproject.scheduling.errback import LeaseErrback
+
+    class Rules(CrawlSpider):
+        name = "rules"
+        rules = (Rule(LinkExtractor(), callback="parse_item"),
+                 Rule(LinkExtractor(), callback="parse_item", errback="on_error"))
+
+        def parse_item(self, response):
+            pass
+
+        def on_error(self, failure):
+            pass
+
+    spider = Rules.from_crawler(get_crawler(Rules))
+    for rule, dead in ((0, True), (1, False)):
+        recorded = []
+        errback = LeaseErrback(lambda member, reason: recorded.append((member, reason)),
+                               "m1", spider._errback)
+        failure = Failure(ValueError("1001 response headers"))
+        failure.request = Request("http://127.0.0.1/p", meta={"rule": rule})
+        errback(failure)
+        assert recorded == ([("m1", "ValueError: 1001 response headers")] if dead else []), rule

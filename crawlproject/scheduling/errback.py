@@ -6,6 +6,7 @@ from __future__ import annotations
 
 
 from scrapy.exceptions import IgnoreRequest
+from scrapy.spiders import CrawlSpider
 
 
 def dead_letter(crawler, request, reason: str, kind: str = "download") -> bool:
@@ -21,6 +22,20 @@ def dead_letter(crawler, request, reason: str, kind: str = "download") -> bool:
         return False
     mark_failed(request, reason, kind=kind)
     return True
+
+
+def _rule_without_errback(errback, failure) -> bool:
+    """Whether *errback* is ``CrawlSpider``'s own, for a request of a rule with
+    no errback: it passes the failure to nobody (Scrapy then logs nothing
+    either), so the download failed unhandled."""
+    spider = getattr(errback, "__self__", None)
+    if not isinstance(spider, CrawlSpider) or getattr(errback, "__func__", None) \
+            is not CrawlSpider._errback:
+        return False
+    try:
+        return spider._rules[failure.request.meta["rule"]].errback is None
+    except (AttributeError, KeyError, IndexError, TypeError):
+        return False
 
 
 class LeaseErrback:
@@ -56,6 +71,8 @@ class LeaseErrback:
         if self.original is None:
             self._unhandled(failure)
             failure.raiseException()
+        if _rule_without_errback(self.original, failure):
+            self._unhandled(failure)   # CrawlSpider's own errback: it only passes it on
         try:
             return self.original(failure)
         except Exception as exc:
