@@ -310,6 +310,7 @@ class RedisScheduler(BaseScheduler):
             nudge=self._nudge_engine, free_slots=self._free_slots,
             idle_poll_max=self.idle_poll_max)
         self.client.on_first_sync = self._on_first_sync
+        self.client.budgets.idle_close = getattr(spider, "max_idle_time", None)  # said when spent
         # A lease given back unstarted ends for the hooks (a tracing span) too.
         self.client.on_returned = lambda entry: (
             self._settled(entry.item, entry.member, RELEASED) if self.hooks else None)

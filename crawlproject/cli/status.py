@@ -15,6 +15,7 @@ from crawlproject.keys import (
 )
 from crawlproject.keys import as_text as _s
 from crawlproject.ops.common import UsageError, current_project
+from crawlproject.ops.budgets import budget_rows
 from crawlproject.ops.status import status_data
 from crawlproject.cli.common import _ago, _client, _partitions, _seed_keys, _spider_class, terminal_text
 
@@ -103,6 +104,8 @@ def _status_table(args, data: dict):
                   f"{data['errors']['dead_letters']}")
     for name, value in sorted(data["totals"].items()):
         table.add_row(f"total {terminal_text(name)}", str(value))
+    for label, value in budget_rows(data.get("budgets") or {}):
+        table.add_row(label, terminal_text(value))
     recrawl = data.get("recrawl") or {}
     if recrawl.get("at"):
         table.add_row("recrawl: pages / due now / fed (as of)",

@@ -33,6 +33,7 @@ from crawlproject.connection import REDIS_FAILURES
 from crawlproject.frontier.sitelimits import PolitenessConfig
 from crawlproject.frontier.queue import (AsyncFrontier, Batch, SyncResult, clamp_priority,
                                          member_key, refused, stopped_in_script)
+from crawlproject.scheduling.budgets import BudgetWatch
 
 logger = logging.getLogger(__name__)
 
@@ -214,6 +215,8 @@ class FrontierClient:
         self._reserve_share: dict[str, int] = {}
         #: what was said about junk read back: kind -> (when last said, times since)
         self._said: dict[str, tuple[float, int]] = {}
+        #: says once per key when its budget is spent (crawlproject.scheduling.budgets)
+        self.budgets = BudgetWatch(count, log_extra)
 
     # -- what the adapter tells us ----------------------------------------------
     @property
@@ -1044,6 +1047,7 @@ class FrontierClient:
         self.count("scheduler/added", result.added)
         if result.budget_refused:
             self.count("scheduler/budget_refused", result.budget_refused)
+            self.budgets.refused(self.partitions[p], batch)
         self.count("dupefilter/filtered", result.duplicates)
         self.count("scheduler/stale", result.stale)
         self.count("scheduler/trimmed", result.trimmed)

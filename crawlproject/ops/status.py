@@ -13,6 +13,7 @@ from crawlproject.keys import (
     SeedKeys,
 )
 from crawlproject.keys import as_text as _s
+from crawlproject.ops.budgets import budget_summary
 from crawlproject.ops.common import redis_time_ms, seed_count
 
 
@@ -61,6 +62,7 @@ def status_data(spider: str, parts: list[Frontier], seeds: SeedKeys) -> dict:
                   "est_fp_rate": est["est_fp_rate"],
                   "bytes_per_item": round(est["bytes_per_item"], 3)},
         "recrawl": _recrawl_summary(f.client, spider),
+        "budgets": budget_summary(parts),
         "proxy_pool": _proxy_pool_summary(f.client, spider, now_ms),
     }
 

@@ -1,0 +1,99 @@
+"""The end of a crawl, as an operator sees it (issue 48, items 3 and 4): one real
+node crawls two hosts of the multi-host demo site with a budget per host until
+it idle-closes; then its log, ``crawlctl status`` and the dashboard (a real
+``crawlctl dashboard`` read by the system Chromium) must say what happened:
+which budgets are spent, that the crawl is finished, how much is stored."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pymongo
+import pytest
+import redis as redis_lib
+
+from tests.crawl_helpers import ROOT, Node, crawl_until_done, node_env
+
+HOSTS = ("127.0.0.2", "127.0.0.3")
+BUDGET = 6          # new pages per host (the seed counts as one)
+PAGES = 40          # per host: far more than the budget
+
+
+def artifacts_dir(tmp_path: Path) -> Path:
+    """Where screenshots go: $ARTIFACTS_DIR if set, else tests/artifacts (as
+    tests/test_dashboard.py; ignored by git)."""
+    path = Path(os.environ.get("ARTIFACTS_DIR") or ROOT / "tests" / "artifacts")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def spent_crawl(redis_url, mongo_uri, tmp_path_factory):
+    """One crawl, done: its node's log, the Redis state it left, its MongoDB."""
+    from devtools.demo.hosts import MultiHostSite
+
+    tmp = tmp_path_factory.mktemp("spent")
+    database = f"test_{uuid.uuid4().hex[:12]}"
+    client = redis_lib.Redis.from_url(redis_url)
+    client.flushall()
+    env = node_env(redis_url, mongo_uri, database)
+    settings = {"SPIDER_MODULES": "tests.spiders", "ROBOTSTXT_OBEY": False,
+                "FRONTIER_SITE_BUDGET": BUDGET, "MAX_IDLE_TIME_BEFORE_CLOSE": 2,
+                "CONCURRENT_REQUESTS": 8, "LOG_LEVEL": "INFO"}
+    try:
+        with MultiHostSite(HOSTS, pages=PAGES) as site:
+            node = Node("b1", tmp, env, spider="hosts", settings=settings)
+            codes = crawl_until_done([node], lambda: client.lpush(
+                "hosts:start_urls", *site.root_urls()), timeout=120)
+            fetched = {h: len(site.requests(h)) for h in HOSTS}
+        stored = pymongo.MongoClient(mongo_uri)[database]["hosts"].count_documents({})
+        yield {"node": node, "codes": codes, "fetched": fetched, "stored": stored,
+               "env": env, "redis_url": redis_url, "client": client}
+    finally:
+        client.flushall()
+        client.close()
+        pymongo.MongoClient(mongo_uri).drop_database(database)
+
+
+def crawlctl(crawl, *args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "crawlproject.cli", "--redis-url",
+                           crawl["redis_url"], *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, **crawl["env"], "COLUMNS": "200"}, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_a_spent_budget_is_said_once_per_host_shown_in_status_and_the_idle_node_closes(
+        spent_crawl):
+    node, log = spent_crawl["node"], spent_crawl["node"].text()
+    # The node closed by itself (MAX_IDLE_TIME_BEFORE_CLOSE) with only refused pages left.
+    assert spent_crawl["codes"] == [0], node.tail()
+    assert "'finish_reason': 'finished'" in log, node.tail()
+    assert spent_crawl["fetched"] == {h: BUDGET for h in HOSTS}, spent_crawl["fetched"]
+    refused = node.stat("scheduler/budget_refused")
+    assert refused > 0
+    for host in HOSTS:   # one INFO line per key, whatever the number of refusals
+        lines = [line for line in log.splitlines() if f"Budget reached for {host}" in line]
+        assert len(lines) == 1, lines
+        assert "INFO" in lines[0] and f"{BUDGET} new pages admitted" in lines[0], lines[0]
+        assert "closes after 2s with nothing else to do" in lines[0], lines[0]
+    assert node.stat("scheduler/budget_reached") == len(HOSTS)
+    # crawlctl status --json: per key admitted / refused / budget, and the crawl's counts.
+    data = json.loads(crawlctl(spent_crawl, "status", "hosts", "--json"))
+    budgets = data["budgets"]
+    assert budgets["spent"] == len(HOSTS) and budgets["admitted"] == len(HOSTS) * BUDGET
+    assert budgets["refused"] == refused
+    assert {row["key"] for row in budgets["keys"]} == set(HOSTS)
+    for row in budgets["keys"]:
+        assert (row["admitted"], row["budget"], row["source"]) == (BUDGET, BUDGET, "settings")
+        assert row["refused"] > 0
+    assert sum(row["refused"] for row in budgets["keys"]) == refused
+    text = crawlctl(spent_crawl, "status", "hosts")
+    for host in HOSTS:
+        assert f"budget spent: {host}" in text, text
+    assert f"{len(HOSTS) * BUDGET} / {refused}" in text, text
