@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -24,7 +25,7 @@ BUDGET = 6          # new pages per host (the seed counts as one)
 PAGES = 40          # per host: far more than the budget
 
 
-def artifacts_dir(tmp_path: Path) -> Path:
+def artifacts_dir() -> Path:
     """Where screenshots go: $ARTIFACTS_DIR if set, else tests/artifacts (as
     tests/test_dashboard.py; ignored by git)."""
     path = Path(os.environ.get("ARTIFACTS_DIR") or ROOT / "tests" / "artifacts")
@@ -97,3 +98,69 @@ def test_a_spent_budget_is_said_once_per_host_shown_in_status_and_the_idle_node_
     for host in HOSTS:
         assert f"budget spent: {host}" in text, text
     assert f"{len(HOSTS) * BUDGET} / {refused}" in text, text
+
+
+def test_after_the_crawl_the_dashboard_says_finished_with_totals_in_chromium(spent_crawl):
+    """After the last node closed: no "run (running)" with no node, no "no node
+    reported in 10 minutes", totals that stay, Bloom figures that mean
+    something, chart labels one can read; seen in Chromium, screenshot kept."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from crawlproject.rendering.addon import CHROMIUM_ARGS, chromium_path
+    from tests.test_dashboard import Dashboard
+
+    node = spent_crawl["node"]
+    acked = node.stat("scheduler/acked")
+    assert acked == len(HOSTS) * BUDGET and spent_crawl["stored"] > 0
+    with Dashboard(spent_crawl["redis_url"], "hosts", env=spent_crawl["env"]) as dash, \
+            sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium_path(),
+                                             args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        problems = []
+        page.on("console", lambda m: m.type == "error" and problems.append(m.text))
+        page.on("pageerror", lambda exc: problems.append(str(exc)))
+        page.goto(f"{dash.url}/spider/hosts")
+        expect(page.locator("#live")).to_have_text("live", timeout=20_000)
+        state = page.locator(".crawl-state")
+        expect(state).to_contain_text("State: finished")
+        expect(state).to_contain_text(f"{acked} pages crawled")
+        expect(page.locator('[data-field="control.state"]')).to_have_text("run")
+
+        def field(name: str) -> str:
+            return page.locator(f'[data-field="{name}"]').inner_text()
+
+        assert field("crawl.pages_crawled") == str(acked)
+        assert field("stored.items") == str(spent_crawl["stored"])
+        assert "MongoDB collection test_" in page.locator("#frag-rates").inner_text()
+        assert "No node is running" in page.locator("#frag-nodes").inner_text()
+        assert field("frontier.nodes") == field("frontier.nodes_holding_leases") == "0"
+        assert field("budgets.spent") == str(len(HOSTS))
+        budgets = page.locator("#frag-budgets tbody tr")
+        expect(budgets).to_have_count(len(HOSTS))
+        assert {row.locator("th").inner_text() for row in budgets.all()} == set(HOSTS)
+        # A filter sized for its capacity holds a few URLs: no bytes per URL seen.
+        bloom = page.locator("#frag-bloom").inner_text()
+        assert "bytes per URL seen" not in bloom, bloom
+        assert 0 < float(field("bloom.bytes_per_capacity")) < 10, bloom
+        # Charts: names in the legend, whole-second HH:MM:SS labels, room between them.
+        for chart in ("#chart-frontier", "#chart-rates"):
+            legend = page.locator(f"{chart} .u-legend").inner_text()
+            assert "--" not in legend, legend
+            # (drawn once two samples span a second: the page polls every 0.5 s)
+            expect(page.locator(chart)).to_have_attribute(
+                "data-ticks", re.compile(r"^\d\d:\d\d:\d\d( \d\d:\d\d:\d\d)*$"),
+                timeout=15_000)
+            ticks = page.locator(chart).get_attribute("data-ticks")
+            labels = ticks.split(" ")
+            assert all(len(t) == 8 and t[2] == t[5] == ":" for t in labels), ticks
+            width = page.locator(chart).bounding_box()["width"]
+            assert 1 <= len(labels) <= width // 90 + 1, (ticks, width)
+        assert "queued" in page.locator("#chart-frontier .u-legend").inner_text()
+        assert "pages/s" in page.locator("#chart-rates .u-legend").inner_text()
+        shot = artifacts_dir() / "dashboard-finished-crawl.png"
+        page.screenshot(path=str(shot), full_page=True)
+        print(f"dashboard screenshot: {shot}")
+        assert not problems, problems
+        browser.close()
+    assert shot.stat().st_size > 10_000
