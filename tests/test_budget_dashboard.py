@@ -98,6 +98,7 @@ def test_a_spent_budget_is_said_once_per_host_shown_in_status_and_the_idle_node_
     for host in HOSTS:
         assert f"budget spent: {host}" in text, text
     assert f"{len(HOSTS) * BUDGET} / {refused}" in text, text
+    assert "finished: no node is running and nothing is left to do" in text, text
 
 
 def test_after_the_crawl_the_dashboard_says_finished_with_totals_in_chromium(spent_crawl):
@@ -164,3 +165,49 @@ def test_after_the_crawl_the_dashboard_says_finished_with_totals_in_chromium(spe
         assert not problems, problems
         browser.close()
     assert shot.stat().st_size > 10_000
+
+
+def test_the_crawl_state_is_told_from_the_reports_and_the_frontier(redis):
+    """Each state an operator may find, made in a real Redis as nodes make it
+    (SYNC calls, node reports), read as `status --json` and the dashboard read it."""
+    import time
+
+    from crawlproject.control import node_reports_key
+    from crawlproject.frontier.queue import Batch, Frontier
+    from crawlproject.keys import FrontierKeys, SeedKeys
+    from crawlproject.ops.common import frontier_partitions
+    from crawlproject.ops.status import status_data
+
+    def state() -> tuple[str, str]:
+        data = status_data("shop", frontier_partitions(redis, "shop"), SeedKeys("shop:start_urls"))
+        return data["crawl"]["state"], data["crawl"]["why"]
+
+    def report(age_s: float, **fields) -> None:
+        redis.hset(node_reports_key("shop"), "n1", json.dumps(
+            {"at": int((time.time() - age_s) * 1000), "state": "run", **fields}))
+
+    assert state()[0] == "idle" and "no crawl has started" in state()[1]
+    frontier = Frontier(redis, "shop", "n1")
+    batch = Batch()
+    for i in range(3):
+        batch.add(json.dumps({"url": f"http://127.0.0.1/{i}"}), f"fp{i}".encode() * 5, 0)
+    frontier.sync(batch)                           # 3 queued, no node: stopped
+    assert state() == ("stopped", "no node is running; 3 requests and seeds wait (start "
+                                  "nodes to go on)")
+    report(2, pages_per_s=0)                       # a node that crawls nothing, 3 queued
+    assert state()[0] == "stuck" and "3 requests queued, none in flight" in state()[1]
+    taken = frontier.sync(Batch(take=3)).taken     # leased: in flight
+    assert state()[0] == "running"
+    report(45)                                     # its reports stopped coming
+    assert state()[0] == "stuck" and "stopped reporting (45 s ago)" in state()[1]
+    report(1)
+    done = Batch()
+    done.acks.extend(member for member, _ in taken)
+    frontier.sync(done)                            # all done, the node waits
+    assert state()[0] == "idle" and "1 node(s) wait for work" in state()[1]
+    redis.hdel(node_reports_key("shop"), "n1")     # it closed (its report removed)
+    frontier.sync(Batch(), leaving=True)
+    redis.hset(FrontierKeys("shop").cluster_stats, "scheduler/acked", 3)   # as nodes add it
+    assert state() == ("finished", "no node is running and nothing is left to do: "
+                                   "3 pages crawled")
+

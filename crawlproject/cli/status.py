@@ -88,6 +88,8 @@ def _status_table(args, data: dict):
     table.add_column("what")
     table.add_column("value", justify="right")
     control = data["control"]
+    if data.get("crawl"):   # finished, stopped, idle, stuck... (crawlproject.ops.crawlstate)
+        table.add_row("state", terminal_text(f"{data['crawl']['state']}: {data['crawl']['why']}"))
     table.add_row("operator control", _control_text(control))
     if control.get("then_clear"):
         table.add_row("when the drain is complete", "back to run by itself")
