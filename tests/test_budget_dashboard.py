@@ -178,8 +178,11 @@ def test_the_crawl_state_is_told_from_the_reports_and_the_frontier(redis):
     from crawlproject.ops.common import frontier_partitions
     from crawlproject.ops.status import status_data
 
+    def read() -> dict:
+        return status_data("shop", frontier_partitions(redis, "shop"), SeedKeys("shop:start_urls"))
+
     def state() -> tuple[str, str]:
-        data = status_data("shop", frontier_partitions(redis, "shop"), SeedKeys("shop:start_urls"))
+        data = read()
         return data["crawl"]["state"], data["crawl"]["why"]
 
     def report(age_s: float, **fields) -> None:
@@ -198,6 +201,10 @@ def test_the_crawl_state_is_told_from_the_reports_and_the_frontier(redis):
     assert state()[0] == "stuck" and "3 requests queued, none in flight" in state()[1]
     taken = frontier.sync(Batch(take=3)).taken     # leased: in flight
     assert state()[0] == "running"
+    # "nodes holding leases" and the node row's leases: one source (the frontier's lease sets)
+    data = read()
+    assert data["frontier"]["nodes_holding_leases"] == 1 == data["frontier"]["nodes"]
+    assert data["nodes"][0]["leases_held"] == 3
     report(45)                                     # its reports stopped coming
     assert state()[0] == "stuck" and "stopped reporting (45 s ago)" in state()[1]
     report(1)
@@ -205,6 +212,9 @@ def test_the_crawl_state_is_told_from_the_reports_and_the_frontier(redis):
     done.acks.extend(member for member, _ in taken)
     frontier.sync(done)                            # all done, the node waits
     assert state()[0] == "idle" and "1 node(s) wait for work" in state()[1]
+    data = read()   # registered (its lease renewed), holding nothing
+    assert (data["frontier"]["nodes"], data["frontier"]["nodes_holding_leases"]) == (1, 0)
+    assert data["nodes"][0]["leases_held"] == 0
     redis.hdel(node_reports_key("shop"), "n1")     # it closed (its report removed)
     frontier.sync(Batch(), leaving=True)
     redis.hset(FrontierKeys("shop").cluster_stats, "scheduler/acked", 3)   # as nodes add it
