@@ -64,7 +64,9 @@ def crawl_state(data: dict) -> dict:
     moving = (data["rates"]["pages_per_s"] > 0 or f["inflight"] > 0
               or any(r.get("downloading") for r in live))
     pol = data.get("politeness", {})
-    held_back = pol.get("blocked", 0) or pol.get("backing_off", 0)
+    # (a host's interval, a Retry-After, a backoff: waiting is not being stuck)
+    held_back = (pol.get("blocked", 0) or pol.get("backing_off", 0)
+                 or any((h.get("next_start_in_s") or 0) > 0 for h in pol.get("top", [])))
     if moving or held_back or not f["queued"]:
         return _state("running", f"{len(live)} node(s) crawling; {left:,} requests and "
                                  "seeds left")
