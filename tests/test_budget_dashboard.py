@@ -82,6 +82,7 @@ def test_a_spent_budget_is_said_once_per_host_shown_in_status_and_the_idle_node_
         lines = [line for line in log.splitlines() if f"Budget reached for {host}" in line]
         assert len(lines) == 1, lines
         assert "INFO" in lines[0] and f"{BUDGET} new pages admitted" in lines[0], lines[0]
+        assert f"(FRONTIER_SITE_BUDGET {BUDGET})" in lines[0], lines[0]
         assert "closes after 1s with nothing else to do" in lines[0], lines[0]
     assert node.stat("scheduler/budget_reached") == len(HOSTS)
     # crawlctl status --json: per key admitted / refused / budget, and the crawl's counts.
@@ -221,3 +222,49 @@ def test_the_crawl_state_is_told_from_the_reports_and_the_frontier(redis):
     assert state() == ("finished", "no node is running and nothing is left to do: "
                                    "3 pages crawled")
 
+
+
+def test_an_operator_s_budget_is_named_once_per_key_and_node(redis, redis_url, caplog):
+    """`crawlctl politeness SPIDER HOST --budget N` (an override, no budget in
+    the settings): the line names the override, once, however many refusals
+    follow; a host under its budget is not named."""
+    import asyncio
+    import hashlib
+    import logging
+
+    import redis.asyncio as aioredis
+
+    from crawlproject.frontier.queue import AsyncFrontier, Batch, Frontier
+    from crawlproject.frontier.sitelimits import Limits, Override, PolitenessConfig
+    from crawlproject.scheduling.budgets import BudgetWatch
+
+    counted = {}
+    caplog.set_level(logging.INFO, "crawlproject.scheduling.budgets")
+
+    async def run():
+        client = aioredis.Redis.from_url(redis_url)
+        frontier = AsyncFrontier(client, "shop", "n1",
+                                 politeness=PolitenessConfig(default=Limits(0, 5), margin=0.0))
+        watch = BudgetWatch(lambda name, n: counted.update({name: counted.get(name, 0) + n}),
+                            {}, idle_close=0)
+        for start in (0, 10, 20):
+            batch = Batch()
+            for key in ("h1", "h2"):
+                for i in range(start, start + (5 if key == "h1" else 1)):
+                    url = f"http://{key}/{i}"
+                    batch.add(json.dumps({"url": url}), hashlib.sha1(url.encode()).digest(),
+                              0, 0, key)
+            result = await frontier.sync(batch)
+            if result.budget_refused:
+                watch.refused(frontier, batch)
+                await asyncio.gather(*watch._tasks)
+        await client.aclose()
+
+    Frontier(redis, "shop", "cli").set_limits({"h1": Override(budget=3)})
+    asyncio.run(run())
+    lines = [r.getMessage() for r in caplog.records if "Budget reached" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("Budget reached for h1: 3 new pages admitted, 2 refused so far "
+                               "(its own budget: crawlctl politeness --budget"), lines[0]
+    assert "MAX_IDLE_TIME_BEFORE_CLOSE = 0: never closes idle" in lines[0]
+    assert counted == {"scheduler/budget_reached": 1}

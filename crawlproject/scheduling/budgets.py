@@ -97,10 +97,12 @@ class BudgetWatch:
                 return
             self.announced.add(key)
             self.count("scheduler/budget_reached", 1)
-            logger.info("Budget reached for %s: %d new pages admitted, %d refused so far "
-                        "(FRONTIER_SITE_BUDGET %d, or its crawlctl politeness --budget); its new "
-                        "pages are counted, not queued%s", key, admitted, refused, site_budget,
-                        self._then(), extra=self.log_extra)
+            source = (f"FRONTIER_SITE_BUDGET {site_budget}" if site_budget
+                      and admitted >= site_budget else "its own budget: crawlctl politeness "
+                      "--budget or FRONTIER_HOST_LIMITS")
+            logger.info("Budget reached for %s: %d new pages admitted, %d refused so far (%s); "
+                        "its new pages are counted, not queued%s", key, admitted, refused,
+                        source, self._then(), extra=self.log_extra)
 
     def _then(self) -> str:
         if self.idle_close is None:
