@@ -236,10 +236,10 @@ def test_an_operator_s_budget_is_named_once_per_key_and_node(redis, redis_url, c
 
     from crawlproject.frontier.queue import AsyncFrontier, Batch, Frontier
     from crawlproject.frontier.sitelimits import Limits, Override, PolitenessConfig
-    from crawlproject.scheduling.budgets import BudgetWatch
+    from crawlproject.frontier.budgets import BudgetWatch
 
     counted = {}
-    caplog.set_level(logging.INFO, "crawlproject.scheduling.budgets")
+    caplog.set_level(logging.INFO, "crawlproject.frontier.budgets")
 
     async def run():
         client = aioredis.Redis.from_url(redis_url)

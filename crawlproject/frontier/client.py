@@ -33,7 +33,7 @@ from crawlproject.connection import REDIS_FAILURES
 from crawlproject.frontier.sitelimits import PolitenessConfig
 from crawlproject.frontier.queue import (AsyncFrontier, Batch, SyncResult, clamp_priority,
                                          member_key, refused, stopped_in_script)
-from crawlproject.scheduling.budgets import BudgetWatch
+from crawlproject.frontier.budgets import BudgetWatch
 
 logger = logging.getLogger(__name__)
 
@@ -215,7 +215,7 @@ class FrontierClient:
         self._reserve_share: dict[str, int] = {}
         #: what was said about junk read back: kind -> (when last said, times since)
         self._said: dict[str, tuple[float, int]] = {}
-        #: says once per key when its budget is spent (crawlproject.scheduling.budgets)
+        #: says once per key when its budget is spent (crawlproject.frontier.budgets)
         self.budgets = BudgetWatch(count, log_extra)
 
     # -- what the adapter tells us ----------------------------------------------
