@@ -140,7 +140,7 @@ def rates_fragment(data: dict) -> str:
     note = (f'<p class="warn">Items stored: cannot count ({e(stored["error"])})</p>'
             if stored.get("error") else
             f'<p class="where">Items counted in MongoDB collection <code>{e(stored["where"])}'
-            '</code> (estimated count).</p>' if stored.get("where") else "")
+            '</code> (estimated count).</p>' if stored.get("items") is not None else "")
     return _dl(totals_of(data) + [("pages/s", "rates.pages_per_s", r["pages_per_s"]),
                 ("items/s", "rates.items_per_s", r["items_per_s"]),
                 ("download errors", "errors.download", err["download"]),

@@ -4,23 +4,25 @@ an operator asks for once the nodes (and their counters) are gone.
 Read with the project's MongoDB settings as the pipeline reads them (setting,
 else environment variable, else default: ``MONGO_URI``, ``MONGO_DATABASE``,
 ``MONGO_COLLECTION``), an estimated count (collection metadata: O(1), no
-scan), at most every :data:`COUNT_EVERY` seconds; an unreachable server is
-said on the page and asked again only after :data:`RETRY_AFTER` seconds (the
-reads run in the feed's worker thread; none may hold it for long). Neither the
+scan), at most every :data:`COUNT_EVERY` seconds, in a thread of its own (the
+page shows the last count; the Redis read never waits for MongoDB); an
+unreachable server is said on the page and asked again only after
+:data:`RETRY_AFTER` seconds. Neither the
 URI nor its credentials reach the page: only the database and collection.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 
-from crawlproject.connection import (mongo_client_options, mongo_database_from_settings,
-                                     mongo_uri_from_settings)
+from crawlproject.connection import (mongo_client_options, mongo_collection_pattern,
+                                     mongo_database_from_settings, mongo_uri_from_settings)
 from crawlproject.defaults import setting
 
 COUNT_EVERY = 5.0
 RETRY_AFTER = 30.0
-#: longest a count may wait for the server (the dashboard's reads wait for it)
+#: longest a count waits for the server (then the page says why it has none)
 TIMEOUT_MS = 1500
 
 
@@ -29,13 +31,20 @@ class StoredItems:
 
     def __init__(self, settings, spider: str):
         self.enabled = bool(setting(settings, "MONGO_PIPELINE_ENABLED"))
-        pattern = setting(settings, "MONGO_COLLECTION")
+        pattern = mongo_collection_pattern(settings)
         self.per_item = "%(item)" in pattern
-        self.collection = "" if self.per_item else pattern % {"spider": spider}
+        try:   # (as the pipeline names it; a pattern it cannot fill is said on the page)
+            self.collection = "" if self.per_item else pattern % {"spider": spider, "item": ""}
+        except (KeyError, ValueError, TypeError) as exc:
+            self.collection, self.bad_pattern = "", f"MONGO_COLLECTION {pattern!r}: {exc!r}"
+        else:
+            self.bad_pattern = ""
         self.database = mongo_database_from_settings(settings)
         self._uri = mongo_uri_from_settings(settings)
         self._options = mongo_client_options(settings)
+        self._where = f"{self.database}.{self.collection}"
         self._client = None
+        self._counting: threading.Thread | None = None
         self._last: dict | None = None
         self._at = float("-inf")   # monotonic time of the last count (never 0.0: boot time)
 
@@ -43,14 +52,27 @@ class StoredItems:
         """``{"items": n or None, "where": "database.collection", "error": text}``."""
         if not self.enabled:
             return {"items": None, "where": "", "error": "MONGO_PIPELINE_ENABLED is off"}
+        if self.bad_pattern:
+            return {"items": None, "where": self.database, "error": self.bad_pattern}
         if self.per_item:
             return {"items": None, "where": self.database,
                     "error": "one collection per item type (MONGO_COLLECTION has %(item)s)"}
-        wait = RETRY_AFTER if self._last and self._last.get("error") else COUNT_EVERY
-        if self._last is not None and time.monotonic() - self._at < wait:
-            return self._last
+        if self._last is None or time.monotonic() - self._at >= (
+                RETRY_AFTER if self._last.get("error") else COUNT_EVERY):
+            self._start_count()
+        return self._last or {"items": None, "where": self._where, "error": None}
+
+    def _start_count(self) -> None:
+        # In a thread of its own: a MongoDB that does not answer must not hold
+        # up the Redis read (every page waited 1.5 s for a server that is not there).
+        if self._counting is not None and self._counting.is_alive():
+            return
         self._at = time.monotonic()
-        where = f"{self.database}.{self.collection}"
+        self._counting = threading.Thread(target=self._count, daemon=True,
+                                          name="dashboard-stored-items")
+        self._counting.start()
+
+    def _count(self) -> None:
         try:
             if self._client is None:
                 import pymongo
@@ -60,12 +82,12 @@ class StoredItems:
                                   "connectTimeoutMS": TIMEOUT_MS})
             count = self._client[self.database][self.collection].estimated_document_count(
                 maxTimeMS=TIMEOUT_MS)
-            self._last = {"items": int(count), "where": where, "error": None}
+            self._last = {"items": int(count), "where": self._where, "error": None}
         except Exception as exc:  # noqa: BLE001 - any failure is shown, never raised
             # (the type only: a driver's message may name the server and its user)
-            self._last = {"items": None, "where": where,
+            self._last = {"items": None, "where": self._where,
                           "error": f"MongoDB: {type(exc).__name__}"}
-        return self._last
+        self._at = time.monotonic()
 
     def close(self) -> None:
         if self._client is not None:
