@@ -125,7 +125,10 @@ def totals_of(data: dict) -> list[tuple[str, str, object]]:
     crawled (the frontier's count), items stored (MongoDB; else what the
     running nodes count)."""
     crawl, stored = data.get("crawl") or {}, data.get("stored") or {}
-    rows = [("pages crawled (all time)", "crawl.pages_crawled", crawl.get("pages_crawled", 0))]
+    # (nodes add their counts to the frontier's every report: while they run,
+    # their own counts may be ahead)
+    pages = max(crawl.get("pages_crawled", 0), sum(r.get("pages", 0) for r in data["nodes"]))
+    rows = [("pages crawled (all time)", "crawl.pages_crawled", pages)]
     if stored.get("items") is not None:
         rows.append(("items stored (MongoDB)", "stored.items", stored["items"]))
     else:
