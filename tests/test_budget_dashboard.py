@@ -270,3 +270,21 @@ def test_an_operator_s_budget_is_named_once_per_key_and_node(redis, redis_url, c
                                "(its own budget: crawlctl politeness --budget"), lines[0]
     assert "MAX_IDLE_TIME_BEFORE_CLOSE = 0: never closes idle" in lines[0]
     assert counted == {"scheduler/budget_reached": 1}
+
+
+def test_a_budget_hash_too_large_to_scan_gives_its_totals_only(redis, monkeypatch):
+    """Every site has a count once budgets apply (by default): a broad crawl's
+    hash is not scanned on each dashboard read, its totals are."""
+    from crawlproject.frontier.queue import Frontier
+    from crawlproject.ops import budgets
+
+    frontier = Frontier(redis, "shop", "cli")
+    redis.hset(frontier.keys.budget, mapping={"a": "5|2", "b": "5|1", "c": "1|0",
+                                              "||crawl": "11|3"})
+    whole = budgets.budget_summary([frontier])
+    assert (whole["spent"], [k["key"] for k in whole["keys"]]) == (2, ["a", "b"])
+    monkeypatch.setattr(budgets, "SCAN_MAX", 3)
+    summary = budgets.budget_summary([frontier])
+    assert summary == {"admitted": 11, "refused": 3, "spent": 0, "keys": [], "too_many": 1}
+    assert "not listed: the nodes' logs name each once" in dict(budgets.budget_rows(summary))[
+        "budgets: keys spent"]

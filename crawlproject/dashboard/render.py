@@ -14,6 +14,8 @@ import json
 import time
 from urllib.parse import quote
 
+from crawlproject.ops.budgets import unread_note
+
 ACTIONS = {
     "pause": ("Pause", "Every node of {spider} stops taking requests and seeds within about "
                        "a second; downloads already started finish, leases are kept."),
@@ -248,7 +250,7 @@ def budgets_fragment(data: dict) -> str:
     summary = (f'<p><span data-field="budgets.spent">{n(b["spent"])}</span> key(s) spent their '
                f'budget; <span data-field="budgets.refused">{n(b["refused"])}</span> new pages '
                f'refused, {n(b["admitted"])} admitted while budgets apply'
-               f'{" (partly read)" if b.get("partial") else ""}. Refused pages are counted, '
+               f'{e(unread_note(b))}. Refused pages are counted, '
                "not queued: raise a budget with <code>crawlctl politeness SPIDER HOST "
                "--budget N</code>.</p>")
     return summary + _table("Spent budgets (most refused first)",

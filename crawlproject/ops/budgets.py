@@ -4,8 +4,13 @@ their counts, and the crawl's totals.
 
 Read from each partition's budget hash (``"admitted|refused"`` per key, field
 ``||crawl`` for the partition; see crawlproject/frontier/lua/sync.lua), with
-HSCAN in windows: a crawl of a million sites is read in slices, never in one
-HGETALL that would hold Redis for every node.
+HSCAN in windows of 1,000 fields. Every site has a count once budgets apply
+(and ``FRONTIER_SITE_BUDGET`` gives every site one by default), so a broad
+crawl's hash holds a field per site: above :data:`SCAN_MAX` fields in a
+partition only its totals are read (one HMGET), and the spent keys are not
+listed (``too_many``): the dashboard reads the status every few seconds, and a
+million fields each time would load the Redis every node waits on. The nodes'
+logs name each spent key once (crawlproject/frontier/budgets.py).
 """
 
 from __future__ import annotations
@@ -17,8 +22,9 @@ from crawlproject.keys import as_text as _s
 
 #: keys with refusals listed, most refused first (the JSON says how many in all)
 BUDGET_KEYS_SHOWN = 20
-#: fields read at most per partition (a status must stay quick on a huge crawl)
-SCAN_MAX = 200_000
+#: fields scanned at most per partition (10 round trips); a larger hash gives
+#: only its totals
+SCAN_MAX = 10_000
 CRAWL = "||crawl"
 
 
@@ -36,18 +42,21 @@ def budget_summary(parts: list, shown: int = BUDGET_KEYS_SHOWN) -> dict:
     *shown* most refused ``{"key", "admitted", "refused", "budget", "source"}``
     (``budget``: the key's crawlctl override, else what it admitted: the
     frontier admits a key's new pages up to its budget exactly; ``source``:
-    ``crawlctl`` or ``settings``), and ``partial`` when a partition held more
-    than :data:`SCAN_MAX` fields (the rest not read)."""
+    ``crawlctl`` or ``settings``); ``too_many``: partitions of more than
+    :data:`SCAN_MAX` fields, whose keys were not read (``spent`` counts the
+    others' only); ``partial`` when a budget key is not a hash."""
     crawl = [0, 0]
     spent: list[tuple[int, str, int, int]] = []   # (-refused, key, admitted, partition)
-    partial = False
+    partial, too_many = False, 0
     for p, part in enumerate(parts):
         try:
-            fields = part.client.hscan_iter(part.keys.budget, count=1000)
-            for read, (field, raw) in enumerate(fields):
-                if read >= SCAN_MAX:
-                    partial = True
-                    break
+            if part.client.hlen(part.keys.budget) > SCAN_MAX:
+                too_many += 1
+                counts = _counts(part.client.hget(part.keys.budget, CRAWL))
+                if counts is not None:
+                    crawl = [crawl[0] + counts[0], crawl[1] + counts[1]]
+                continue
+            for field, raw in part.client.hscan_iter(part.keys.budget, count=1000):
                 counts = _counts(raw)
                 if counts is None:
                     continue
@@ -77,6 +86,8 @@ def budget_summary(parts: list, shown: int = BUDGET_KEYS_SHOWN) -> dict:
     out = {"admitted": crawl[0], "refused": crawl[1], "spent": len(spent), "keys": keys}
     if partial:
         out["partial"] = True
+    if too_many:
+        out["too_many"] = too_many
     return out
 
 
@@ -87,10 +98,17 @@ def budget_rows(budgets: dict) -> list[tuple[str, str]]:
         return []
     rows = [("budgets: new pages admitted / refused (crawl)",
              f"{budgets['admitted']} / {budgets['refused']}"),
-            ("budgets: keys spent", str(budgets["spent"]) + (" (partly read)"
-                                                             if budgets.get("partial") else ""))]
+            ("budgets: keys spent", str(budgets["spent"]) + unread_note(budgets))]
     for row in budgets.get("keys", []):
         rows.append((f"budget spent: {row['key']}",
                      f"{row['admitted']} admitted of {row['budget']} ({row['source']}), "
                      f"{row['refused']} refused"))
     return rows
+
+
+def unread_note(budgets: dict) -> str:
+    """What :func:`budget_summary` could not list, in words ("" when nothing)."""
+    if budgets.get("too_many"):
+        return (f" (and those of {budgets['too_many']} partition(s) of more than "
+                f"{SCAN_MAX:,} sites, not listed: the nodes' logs name each once)")
+    return " (partly read)" if budgets.get("partial") else ""
