@@ -96,3 +96,24 @@ def test_off_unless_enabled_and_refuses_what_it_cannot_do(tmp_path):
     with pytest.raises(OSError):   # a file it cannot write stops the start, not the probe
         Liveness.from_crawler(get_crawler(settings_dict={
             "LIVENESS_ENABLED": True, "LIVENESS_FILE": str(tmp_path / "no" / "alive")}))
+
+
+def test_a_beat_that_cannot_be_written_is_logged_once_and_counted(tmp_path, caplog):
+    crawler = get_crawler(settings_dict={"LIVENESS_ENABLED": True,
+                                         "LIVENESS_FILE": str(tmp_path / "d" / "alive")})
+    (tmp_path / "d").mkdir()
+    crawler.stats.open_spider()
+    ext = Liveness.from_crawler(crawler)
+    try:
+        (tmp_path / "d" / "alive").unlink()
+        (tmp_path / "d").rmdir()                     # the directory is gone: writes fail
+        ext.beat()
+        ext.beat()
+        assert crawler.stats.get_value("liveness/write_errors") == 2
+        assert [r.levelname for r in caplog.records
+                if "cannot write the liveness heartbeat" in r.getMessage()] == ["ERROR"]
+        (tmp_path / "d").mkdir()
+        ext.beat()                                   # written again: a later failure logs again
+        assert ext.failed is False and check(str(tmp_path / "d" / "alive"), 30)[0]
+    finally:
+        ext.stop()

@@ -10,9 +10,14 @@ answers: a probe of the file tells the two apart. ::
     python -m crawlproject.extensions.liveness [--file F] [--max-age SECONDS]
 
 exits 0 while the last beat is at most ``--max-age`` seconds old (default: six
-intervals), 1 otherwise (missing, unreadable, stale, or written before the
+default intervals, 30 s), 1 otherwise (missing, unreadable, stale, or written before the
 machine's clock started, i.e. before a reboot), with one line saying why. The
 Dockerfile's HEALTHCHECK and the Kubernetes livenessProbe run it.
+
+A beat that cannot be written (a full disk) is logged once (ERROR) and counted
+in ``liveness/write_errors``; the probe then fails and the node is restarted. In
+a project of your own: ``EXTENSIONS = {"crawlproject.extensions.liveness.Liveness":
+540}`` and ``LIVENESS_ENABLED = True``.
 
 The beat says the reactor turns, nothing about Redis or MongoDB: a node that
 waits for an unreachable Redis stays alive (a restart would not bring Redis back,
@@ -76,11 +81,12 @@ def check(path: str, max_age: float) -> tuple[bool, str]:
 class Liveness:
     """The extension (see the module docstring)."""
 
-    def __init__(self, path: str, interval: float):
+    def __init__(self, path: str, interval: float, stats=None):
         from twisted.internet import task
 
         self.path = path
         self.interval = interval
+        self.stats = stats
         self.loop = task.LoopingCall(self.beat)
         self.failed = False
 
@@ -95,7 +101,7 @@ class Liveness:
         interval = setting(settings, "LIVENESS_INTERVAL")
         if interval <= 0:
             raise ValueError(f"LIVENESS_INTERVAL must be > 0, not {interval!r}")
-        ext = cls(setting(settings, "LIVENESS_FILE"), interval)
+        ext = cls(setting(settings, "LIVENESS_FILE"), interval, crawler.stats)
         # At once, not at engine_started: opening the spider (Redis, the frontier
         # library) may take long, and the reactor turns meanwhile.
         ext.start()
@@ -115,6 +121,8 @@ class Liveness:
             if not self.failed:  # once: the disk stays full for many beats
                 logger.error("cannot write the liveness heartbeat %s: %s", self.path, exc)
             self.failed = True   # the probe fails in time: the node restarts
+            if self.stats is not None:
+                self.stats.inc_value("liveness/write_errors")
         else:
             self.failed = False
 
