@@ -44,6 +44,7 @@ class SyncLoop:
         self.last_sweep = time.monotonic()
 
     async def run(self) -> None:
+        """The background task: a tick, then a pause or a wait, until close."""
         client = self.client
         errors = 0
         while not client.closing:

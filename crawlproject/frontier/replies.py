@@ -27,6 +27,8 @@ class Replies:
         self.said: dict[str, tuple[float, int]] = {}
 
     def apply(self, p: int, result: SyncResult, asked: int, batch: Batch | None = None) -> None:
+        """Partition *p*'s *result*, for a call that asked for *asked* entries
+        and sent *batch* (None: the last call, at close)."""
         client = self.client
         remote = client.parts[p].remote
         remote.queued = result.queued
