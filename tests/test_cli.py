@@ -894,3 +894,40 @@ def test_dead_and_requeue_show_or_skip_every_record_and_never_crash(redis, redis
             if payload.startswith("~1"):
                 assert payload in stored
     assert f"replayed {len(members)} dead letter(s)" in out.stdout
+
+
+def test_crawlctl_uses_the_redis_the_projects_settings_name(redis, redis_url, tmp_path):
+    """Issue 48: `crawlctl seed` went to $REDIS_URL (or 127.0.0.1:6379) while the
+    project's settings.py named another Redis. Now one rule, as the nodes have it:
+    --redis-url, else the project's setting, else the environment, else the default.
+    Two user projects (the README's block pasted), crawlctl run in each directory as a
+    process: one names the session's Redis (a free port, not 6379) only in settings.py,
+    under an environment that names a dead port; the other sets nothing, and the
+    environment names the session's Redis."""
+    from tests.crawl_helpers import ROOT, user_project
+
+    pinned = user_project(tmp_path / "pinned", "pinnedproj", "",
+                          f"REDIS_URL = {redis_url!r}\n")
+    plain = user_project(tmp_path / "plain", "plainproj", "")
+    base = {k: v for k, v in os.environ.items() if k not in ("SCRAPY_SETTINGS_MODULE",
+                                                              "REDIS_URL", "REDIS_HOST",
+                                                              "REDIS_PORT")}
+    base["PYTHONPATH"] = str(ROOT)
+    runs = [subprocess.Popen([sys.executable, "-m", "crawlproject.cli", "seed", spider,
+                              f"http://127.0.0.1/{spider}"], cwd=project,
+                             env={**base, "REDIS_URL": env_url}, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+            for project, spider, env_url in ((pinned, "pinned", "redis://127.0.0.1:1/0"),
+                                             (plain, "plain", redis_url))]
+    for run in runs:
+        out, err = run.communicate(timeout=120)
+        assert run.returncode == 0, out + err
+        assert "pushed 1 seed(s)" in out, out + err
+    assert redis.lrange(start_urls_key("pinned"), 0, -1) == [b"http://127.0.0.1/pinned"]
+    assert redis.lrange(start_urls_key("plain"), 0, -1) == [b"http://127.0.0.1/plain"]
+    # --redis-url wins over both (here: a dead port, and the command says where it went)
+    flag = subprocess.run([sys.executable, "-m", "crawlproject.cli", "--redis-url",
+                           "redis://127.0.0.1:1/0", "seed", "pinned", "http://127.0.0.1/x"],
+                          cwd=pinned, env=base, capture_output=True, text=True, timeout=120)
+    assert flag.returncode == 1 and "Redis at redis://127.0.0.1:1/0" in flag.stderr, flag.stderr
+    assert redis.llen(start_urls_key("pinned")) == 1

@@ -30,8 +30,10 @@ The project is the one around the command (scrapy.cfg, ``SCRAPY_SETTINGS_MODULE`
 else the installed package's settings, said in one INFO line on stderr
 (:mod:`crawlproject.project`): the installed package works from any directory.
 
-Connects to ``--redis-url`` (default: ``$REDIS_URL``, then the local default);
-add ``--cluster`` for Redis Cluster. Passwords are never printed. Seeds are
+Connects to ``--redis-url``, else the project's ``REDIS_URL`` setting, else
+``$REDIS_URL``, else the local default: the rule the nodes follow
+(:func:`crawlproject.cli.common.resolve_redis`); add ``--cluster`` for Redis
+Cluster (else ``REDIS_CLUSTER``, read the same way). Passwords are never printed. Seeds are
 checked exactly as the nodes check them (the project's spider class and
 settings: published callbacks, ``SEED_META_ALLOW``) before they are pushed.
 Errors are one line on stderr: exit 1 for Redis, 2 for bad input.
@@ -49,7 +51,7 @@ import contextlib
 import logging
 import sys
 
-from crawlproject.cli.common import _spider_name
+from crawlproject.cli.common import _spider_name, resolve_redis
 from crawlproject.cli.control import cmd_control
 from crawlproject.cli.dashboard import cmd_dashboard
 from crawlproject.cli.functions import cmd_functions
@@ -62,7 +64,6 @@ from crawlproject.cli.seed import cmd_seed
 from crawlproject.cli.status import cmd_nodes, cmd_status
 from crawlproject.cli.storage import cmd_recrawl, cmd_spool_replay
 from crawlproject.connection import redact_url
-from crawlproject.defaults import setting
 from crawlproject.ops.actions import CONTROL_COMMANDS
 from crawlproject.ops.common import UsageError
 
@@ -75,9 +76,11 @@ ACTIONS = {"dead": ("list", "requeue", "purge"), "invalid": ("list", "purge"),
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="crawlctl",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--redis-url", default=setting(None, "REDIS_URL"))
+    parser.add_argument("--redis-url", help="default: the project's REDIS_URL setting, else "
+                        "$REDIS_URL, else redis://127.0.0.1:6379/0 (as the nodes read it)")
     parser.add_argument("--cluster", action="store_true",
-                        default=setting(None, "REDIS_CLUSTER"))
+                        help="REDIS_URL is a Redis Cluster (default: REDIS_CLUSTER, as for "
+                             "REDIS_URL)")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, func, help_ in [
         ("status", cmd_status, "queue, in-flight, delayed, dead, nodes, Bloom filter"),
@@ -217,6 +220,9 @@ def cmd_secret(args) -> int:
     return 0
 
 
+#: commands that never connect to Redis (no project settings read for it)
+NO_REDIS = frozenset({"secret", "deploy", "schedule", "jobs"})
+
 # crawlctl's optional packages (tables, scrapyd, dashboard), imported lazily.
 OPS_PACKAGES = frozenset({"rich", "requests", "aiohttp"})
 
@@ -249,9 +255,12 @@ def main(argv: list[str] | None = None) -> int:
         ScrapydError = type("ScrapydError", (Exception,), {})  # noqa: N806
 
     args = build_parser().parse_args(argv)
-    where = redact_url(args.redis_url)
+    where = args.redis_url = args.redis_url or ""
     try:
         with _project_notice():
+            if args.command not in NO_REDIS:
+                resolve_redis(args)
+                where = redact_url(args.redis_url)
             return args.func(args)
     except ModuleNotFoundError as exc:
         if exc.name not in OPS_PACKAGES:
@@ -266,9 +275,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except ValueError as exc:  # e.g. an http:// REDIS_URL
-        print(f"error: {str(exc).replace(args.redis_url, where)}", file=sys.stderr)
+        print(f"error: {_redacted(str(exc), args.redis_url, where)}", file=sys.stderr)
         return 2
     except (RedisError, RedisClusterException) as exc:  # the cluster's is not a RedisError
-        message = str(exc).replace(args.redis_url, where)
+        message = _redacted(str(exc), args.redis_url, where)
         print(f"error: Redis at {where}: {type(exc).__name__}: {message}", file=sys.stderr)
         return 1
+
+
+def _redacted(text: str, url: str, where: str) -> str:
+    """*text* with the Redis URL (and its password) replaced by its redacted form."""
+    return text.replace(url, where) if url else text

@@ -42,8 +42,40 @@ def terminal_text(value, limit: int = TERMINAL_TEXT_MAX) -> str:
     return escape(text)
 
 
+def resolve_redis(args) -> None:
+    """Set ``args.redis_url``, ``args.cluster`` and ``args.redis_params`` by the
+    one rule every component and tool follows: ``--redis-url`` (``--cluster``),
+    else the project's setting (``REDIS_URL``, or scrapy-redis'
+    ``REDIS_HOST``/``REDIS_PORT``; ``REDIS_CLUSTER``), else the environment
+    variable of the same name, else the local default; ``REDIS_PARAMS`` from
+    the project.
+
+    The project is the one around the command (:func:`crawlproject.ops.common.current_project`:
+    scrapy.cfg, ``SCRAPY_SETTINGS_MODULE``, else the installed package's
+    settings). Its settings are read as a node reads them
+    (:func:`crawlproject.defaults.setting`: the value of settings.py, else the
+    environment, else the default, which is what the crawlproject add-on
+    installs); other add-ons are not run (that would import the whole crawl
+    stack for each command: 0.9 s).
+    """
+    from scrapy.utils.project import get_project_settings
+
+    from crawlproject.connection import (redis_cluster_from_settings, redis_params,
+                                         redis_url_from_settings)
+    from crawlproject.project import use_package_settings
+
+    use_package_settings()
+    settings = get_project_settings()
+    if not args.redis_url:
+        args.redis_url = redis_url_from_settings(settings)
+    if not args.cluster:
+        args.cluster = redis_cluster_from_settings(settings)
+    args.redis_params = redis_params(settings)
+
+
 def _client(args):
-    return redis_from_url(args.redis_url, cluster=args.cluster)
+    return redis_from_url(args.redis_url, cluster=args.cluster,
+                          **getattr(args, "redis_params", {}))
 
 
 def _partitions(args) -> list[Frontier]:
