@@ -1,6 +1,7 @@
 """Small operator tool: seed, inspect and reset a crawl's shared state.
 
-    python -m crawlproject.cli status [products] [--json] [--watch]
+    python -m crawlproject.cli status [products] [--json] [--watch [--count N]]
+    python -m crawlproject.cli nodes [products] [--json]
     python -m crawlproject.cli seed products http://127.0.0.1:8000/ '{"url": "...", "priority": 5}'
     python -m crawlproject.cli dead [list] products [-n 20]
     python -m crawlproject.cli dead requeue products [-n 1000]   # = replay products
@@ -96,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        "--delay/--concurrency HOST... change limits now"),
         ("proxies", cmd_proxies, "proxy pool: health, bans per domain, retired proxies "
                                  "(credentials masked); --revive ID brings one back"),
-        ("nodes", cmd_nodes, "nodes' last reports: pages/s, items/s, errors, leases, state"),
+        ("nodes", cmd_nodes, "nodes' last reports: pages/s, items/s, errors, leases, state "
+                             "(a table; --json: one object a line)"),
         ("pause", cmd_control, "every node stops taking requests and seeds (leases kept)"),
         ("resume", cmd_control, "undo pause / drain / stop"),
         ("drain", cmd_control, "take no more seeds, finish the frontier, then nodes close "
@@ -108,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name in ACTIONS:  # `dead [list|requeue|purge] SPIDER`
             p.add_argument("action", nargs="?", choices=ACTIONS[name],
                            help=f"default: list ({' | '.join(ACTIONS[name])})")
-        if name == "status":
+        if name in ("status", "nodes"):
             p.add_argument("spider", nargs="?", type=_spider_name,
                            help="default: every spider of this project with crawl state")
         else:
@@ -119,9 +121,16 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--file", help="one seed a line (URL or JSON); - reads standard "
                                           "input; bad lines are reported, the others pushed")
         if name == "status":
-            p.add_argument("--json", action="store_true", help="one JSON object (stable keys)")
-            p.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
+            p.add_argument("--json", action="store_true", help="one JSON object (stable keys; "
+                                                               "with --watch, one a line)")
+            p.add_argument("--watch", action="store_true",
+                           help="refresh until Ctrl-C (not on a terminal: one frame after "
+                                "another, each under a line with the time)")
             p.add_argument("--interval", type=float, default=2.0, help="--watch period (s)")
+            p.add_argument("--count", type=int, help="--watch: stop after this many frames")
+        if name == "nodes":
+            p.add_argument("--json", action="store_true",
+                           help="one JSON object a line (a node's report) instead of a table")
         if name in ("dead", "invalid", "invalid-seeds", "replay"):
             p.add_argument("-n", type=int, default=20 if name in ("invalid", "invalid-seeds")
                            else None, help="records shown (default 20) or requeued (1000)")
