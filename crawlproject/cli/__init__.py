@@ -275,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         if exc.name not in OPS_PACKAGES:
             raise
         print(f"error: crawlctl needs the ops extra ({exc.name} is missing): "
-              "pip install 'crawlproject[ops]'", file=sys.stderr)
+              "pip install '/path/to/checkout[ops]' (this package's checkout or wheel)",
+              file=sys.stderr)
         return 2
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
