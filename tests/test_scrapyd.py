@@ -432,3 +432,49 @@ def test_each_node_is_deployed_with_its_own_generated_password(tmp_path, node_ve
     finally:
         for node in nodes:
             node.stop()
+
+
+def test_credentials_files_per_target_are_read_and_checked(tmp_path, monkeypatch):
+    """The targets file's third field and scrapy.cfg's credentials_file: relative
+    to the file naming them, the node's env-file lines, winning over the
+    environment; a file that is missing, lacks a line or others can read is
+    refused naming the target (no password in any message)."""
+    from crawlproject.scrapyd import ScrapydError, targets_from_cfg, targets_from_file
+
+    monkeypatch.setenv("SCRAPYD_USERNAME", "env-user")
+    monkeypatch.setenv("SCRAPYD_PASSWORD", "env-secret")
+    (tmp_path / "secrets").mkdir()
+    good = tmp_path / "secrets" / "a.env"
+    good.write_text("# a copy of the node's scrapyd.env\nSCRAPYD_USERNAME=crawl\n"
+                    "SCRAPYD_PASSWORD='file-secret'\nREDIS_URL=redis://x/0\n")
+    half = tmp_path / "secrets" / "b.env"
+    half.write_text("SCRAPYD_USERNAME=crawl\n")
+    for f in (good, half):
+        f.chmod(0o600)
+    (tmp_path / "nodes.txt").write_text(
+        "a http://127.0.0.2:6800/ secrets/a.env\nb http://127.0.0.3:6800/ secrets/b.env\n"
+        "c http://127.0.0.4:6800/ secrets/none.env\nd http://127.0.0.5:6800/\n")
+    (tmp_path / "scrapy.cfg").write_text("[deploy:e]\nurl = http://127.0.0.6:6800/\n"
+                                         "credentials_file = secrets/a.env\n")
+    targets = targets_from_file(tmp_path / "nodes.txt")
+    e = targets_from_cfg(tmp_path / "scrapy.cfg")["e"]
+    for target in (targets["a"], e):
+        assert (target.auth().username, target.auth().password) == ("crawl", "file-secret")
+        assert target.credentials_sent() == (f"user 'crawl' and password from {good} "
+                                             f"(credentials file of {target.name})")
+    assert targets["d"].auth().password == "env-secret"   # no file: the environment
+    errors = {}
+    for name in "bc":
+        with pytest.raises(ScrapydError) as caught:
+            targets[name].auth()
+        errors[name] = str(caught.value)
+    good.chmod(0o644)
+    with pytest.raises(ScrapydError) as caught:
+        targets["a"].auth()
+    errors["a"] = str(caught.value)
+    assert errors["b"].startswith("b (http://127.0.0.3:6800/): its credentials file")
+    assert "has no SCRAPYD_PASSWORD line" in errors["b"]
+    assert errors["c"].startswith("c (http://127.0.0.4:6800/): cannot read its credentials "
+                                  f"file {tmp_path / 'secrets' / 'none.env'}")
+    assert "readable by others (mode 644): chmod 600" in errors["a"]
+    assert not [m for m in errors.values() if "file-secret" in m or "env-secret" in m]
