@@ -11,9 +11,8 @@
 # (stopping scrapyd closes its jobs; no start without credentials, on any
 # address); the system Chromium; /etc/scrapyd/scrapyd.conf;
 # /etc/crawlproject/scrapyd.env (mode 600: SCRAPYD_USERNAME and a generated
-# SCRAPYD_PASSWORD, one per node, or the SCRAPYD_PASSWORD exported to this
-# script when every node is to share one; and the Redis/MongoDB addresses you
-# fill in; never in the repository); the systemd unit. Re-running it upgrades the requirements and
+# SCRAPYD_PASSWORD, one per node, and the Redis/MongoDB addresses you fill in;
+# never in the repository); the systemd unit. Re-running it upgrades the requirements and
 # the launcher and keeps an existing env file.
 #
 # Options:
@@ -98,16 +97,9 @@ fi
 [ -z "$BIND" ] || sed -i "s#^bind_address .*#bind_address = $BIND#" "$CONF"
 [ -z "$PORT" ] || sed -i "s#^http_port .*#http_port    = $PORT#" "$CONF"
 if [ ! -e "$ENV_FILE" ]; then
-  # A password of its own for this node (never printed), unless the operator
-  # exported one to share between nodes on purpose. crawlctl reads each node's
-  # from a credentials file named on the node's line of the targets file.
-  if [ -n "${SCRAPYD_PASSWORD:-}" ]; then
-    PASSWORD="$SCRAPYD_PASSWORD"
-    KIND="the SCRAPYD_PASSWORD exported to this script"
-  else
-    PASSWORD="$("$VENV/bin/python" -c 'import secrets; print(secrets.token_urlsafe(24))')"
-    KIND="a random password"
-  fi
+  # A password of its own for this node (never printed): crawlctl reads each
+  # node's from a credentials file named on the node's line of the targets file.
+  PASSWORD="$("$VENV/bin/python" -c 'import secrets; print(secrets.token_urlsafe(24))')"
   install -m 600 /dev/null "$ENV_FILE"
   {
     printf 'SCRAPYD_USERNAME=crawl\nSCRAPYD_PASSWORD=%s\n' "$PASSWORD"
@@ -120,7 +112,7 @@ MONGO_URI=mongodb://mongo.internal:27017/
 MONGO_DATABASE=crawl
 ENV
   } > "$ENV_FILE"
-  echo "Generated scrapyd's credentials (user crawl, $KIND) in $ENV_FILE (mode 600)"
+  echo "Generated scrapyd's credentials (user crawl, a random password) in $ENV_FILE (mode 600)"
   echo "For crawlctl: copy its SCRAPYD_USERNAME and SCRAPYD_PASSWORD lines into a file of" \
     "mode 600 on the operator's machine and name it on this node's line of the targets" \
     "file: NAME URL CREDENTIALS_FILE"
