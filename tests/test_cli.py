@@ -931,10 +931,15 @@ def test_crawlctl_uses_the_redis_the_projects_settings_name(redis, redis_url, tm
                              stderr=subprocess.PIPE, text=True)
             for project, spider, env_url in ((pinned, "pinned", "redis://127.0.0.1:1/0"),
                                              (plain, "plain", redis_url))]
+    said = []
     for run in runs:
         out, err = run.communicate(timeout=120)
         assert run.returncode == 0, out + err
-        assert "pushed 1 seed(s)" in out, out + err
+        said.append(out)
+    # each says which Redis it used and why
+    assert f"pushed 1 seed(s) to pinned:start_urls on {redis_url} (REDIS_URL of " \
+           "pinnedproj.settings)" in said[0], said[0]
+    assert f"pushed 1 seed(s) to plain:start_urls on {redis_url} ($REDIS_URL)" in said[1], said
     assert redis.lrange(start_urls_key("pinned"), 0, -1) == [b"http://127.0.0.1/pinned"]
     assert redis.lrange(start_urls_key("plain"), 0, -1) == [b"http://127.0.0.1/plain"]
     # --redis-url wins over both (here: a dead port, and the command says where it went)

@@ -386,6 +386,7 @@ def test_each_node_is_deployed_with_its_own_generated_password(tmp_path, node_ve
             node.wait_ready()
         a, b = nodes
         assert a.user == b.user == "crawl" and a.password != b.password
+        assert "name it on this node's line of the targets file" in a.setup_log.read_text()
         # node-a's file is a copy of the node's whole env file; node-b's the two lines
         (operator / "secrets" / "node-a.env").write_text((a.dir / "scrapyd.env").read_text())
         (operator / "secrets" / "node-b.env").write_text(

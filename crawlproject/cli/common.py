@@ -4,6 +4,7 @@ Redis client, a spider's frontier, partitions and seed keys."""
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import time
 
@@ -64,13 +65,36 @@ def resolve_redis(args) -> None:
                                          redis_url_from_settings)
     from crawlproject.project import use_package_settings
 
-    use_package_settings()
+    module = use_package_settings()
     settings = get_project_settings()
-    if not args.redis_url:
+    if args.redis_url:
+        args.redis_source = "--redis-url"
+    else:
         args.redis_url = redis_url_from_settings(settings)
+        args.redis_source = _redis_source(settings, module)
     if not args.cluster:
         args.cluster = redis_cluster_from_settings(settings)
     args.redis_params = redis_params(settings)
+
+
+def _redis_source(settings, module: str) -> str:
+    """Where :func:`crawlproject.connection.redis_url_from_settings` found the URL,
+    said with the Redis a command reports it used."""
+    for names in (("REDIS_URL",), ("REDIS_HOST", "REDIS_PORT")):
+        if any(settings.get(n) not in (None, "") and (settings.getpriority(n) or 0) > 0
+               for n in names):
+            return f"{'/'.join(names)} of {module}"
+        if any(os.environ.get(n) for n in names):
+            return f"${'/$'.join(names)}"
+    return "the default"
+
+
+def redis_where(args) -> str:
+    """The Redis a command used, password redacted, and where that was decided."""
+    from crawlproject.connection import redact_url
+
+    source = getattr(args, "redis_source", None)
+    return redact_url(args.redis_url) + (f" ({source})" if source else "")
 
 
 def _client(args):
