@@ -23,8 +23,9 @@
 
 ``crawlctl`` (the package's console script) is the same program. The scrapyd
 commands read targets from scrapy.cfg (``[deploy:NAME]``) or ``--targets-file``
-and credentials from ``SCRAPYD_USERNAME``/``SCRAPYD_PASSWORD`` or ``~/.netrc``
-(see crawlproject/scrapyd.py); they exit 1 naming every target that failed, and a
+and credentials per target from its credentials file (the node's
+``SCRAPYD_USERNAME``/``SCRAPYD_PASSWORD`` lines), else ``SCRAPYD_USERNAME``/
+``SCRAPYD_PASSWORD``, else ``~/.netrc`` (see crawlproject/scrapyd.py); they exit 1 naming every target that failed, and a
 refusal names the credentials sent and where they are read.
 
 The project is the one around the command (scrapy.cfg, ``SCRAPY_SETTINGS_MODULE``),
