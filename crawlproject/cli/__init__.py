@@ -25,8 +25,9 @@
 commands read targets from scrapy.cfg (``[deploy:NAME]``) or ``--targets-file``
 and credentials per target from its credentials file (the node's
 ``SCRAPYD_USERNAME``/``SCRAPYD_PASSWORD`` lines), else ``SCRAPYD_USERNAME``/
-``SCRAPYD_PASSWORD``, else ``~/.netrc`` (see crawlproject/scrapyd.py); they exit 1 naming every target that failed, and a
-refusal names the credentials sent and where they are read.
+``SCRAPYD_PASSWORD``, else ``~/.netrc`` (see crawlproject/scrapyd.py); they exit
+1 naming every target that failed, and a refusal names the credentials sent and
+where they are read.
 
 The project is the one around the command (scrapy.cfg, ``SCRAPY_SETTINGS_MODULE``),
 else the installed package's settings, said in one INFO line on stderr
@@ -35,8 +36,8 @@ else the installed package's settings, said in one INFO line on stderr
 Connects to ``--redis-url``, else the project's ``REDIS_URL`` setting, else
 ``$REDIS_URL``, else the local default: the rule the nodes follow
 (:func:`crawlproject.cli.common.resolve_redis`); add ``--cluster`` for Redis
-Cluster (else ``REDIS_CLUSTER``, read the same way). Passwords are never printed. Seeds are
-checked exactly as the nodes check them (the project's spider class and
+Cluster (else ``REDIS_CLUSTER``, read the same way). Passwords are never
+printed. Seeds are checked exactly as the nodes check them (the project's spider class and
 settings: published callbacks, ``SEED_META_ALLOW``) before they are pushed.
 Errors are one line on stderr: exit 1 for Redis, 2 for bad input.
 
