@@ -30,19 +30,9 @@ local function sync_writeback(c)
   if qlen then
     qlen = qlen + c.qdelta
   else
-    local junk_qlen = qlen_raw ~= false
-    if not junk_qlen then
-      local old = redis.pcall('GET', KEYS[15])
-      qlen = type(old) == 'string' and string.match(old, '^%d+$') and tonumber(old)
-      if qlen then qlen = qlen + c.qdelta end
-      junk_qlen = old ~= false and not qlen
-      if old ~= false then redis.call('DEL', KEYS[15]) end   -- whatever type it had
-    end
-    if not qlen then
-      qlen = math.max(0, redis.call('HLEN', KEYS[2]) - redis.call('HLEN', KEYS[3])
-                         - redis.call('ZCARD', KEYS[5]))
-    end
-    if junk_qlen then stat('qlen_recounted', 1) end
+    qlen = math.max(0, redis.call('HLEN', KEYS[2]) - redis.call('HLEN', KEYS[3])
+                       - redis.call('ZCARD', KEYS[5]))
+    if qlen_raw ~= false then stat('qlen_recounted', 1) end
   end
   c.qlen = qlen
   if qlen_raw ~= fmt(qlen) then
