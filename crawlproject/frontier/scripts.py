@@ -79,34 +79,43 @@ def sync_steps() -> list[tuple[str, str]]:
     return steps
 
 
+#: functions called inside the steps, timed too in the profiling build (their
+#: time is also in the step that called them)
+SYNC_INNER = ("load", "within_budget", "bloom_open", "bloom_check_add", "next_seq", "settle",
+              "lease_out", "requeue", "set_aside", "keep_record")
+
+
 def sync_profiled() -> str:
     """SYNC with each step timed (for ``bench.costs`` only, never loaded by a
-    node): every step function is wrapped with ``TIME`` before and after, the
-    µs of each summed per call into the partition's stats hash (KEYS[10]) as
-    ``prof:<step>`` (and ``prof:calls``), written after the reply is made. The
-    two ``TIME`` calls per step (about 1 µs each) are in what they measure."""
+    node): every step function (and each of :data:`SYNC_INNER`) is wrapped
+    with ``TIME`` before and after; the µs of each, summed per call, are added
+    to the partition's stats hash (KEYS[10]) as ``prof:<function>`` (and
+    ``prof:calls``) after the reply is made. The two ``TIME`` calls of a
+    wrapper (about a µs each) are in what it measures."""
     wrap = ["-- (profiling build: bench/costs.py)",
             "local PROF, PROF_ORDER = {}, {}",
             "local function prof_us() local t = redis.call('TIME')"
             " return tonumber(t[1]) * 1000000 + tonumber(t[2]) end",
+            "local function prof_done(name, t0, ...)",
+            "  PROF[name] = (PROF[name] or 0) + prof_us() - t0",
+            "  if name == 'sync_reply' then",
+            "    redis.call('HINCRBY', KEYS[10], 'prof:calls', 1)",
+            "    for _, n in ipairs(PROF_ORDER) do",
+            "      if PROF[n] then redis.call('HINCRBY', KEYS[10], 'prof:' .. n, PROF[n]) end",
+            "    end",
+            "  end",
+            "  return ...",
+            "end",
             "local function prof_wrap(name, fn)",
             "  PROF_ORDER[#PROF_ORDER + 1] = name",
-            "  return function(c)",
-            "    local t0 = prof_us()",
-            "    local r = fn(c)",
-            "    PROF[name] = (PROF[name] or 0) + prof_us() - t0",
-            "    if name == 'sync_reply' then",
-            "      redis.call('HINCRBY', KEYS[10], 'prof:calls', 1)",
-            "      for _, n in ipairs(PROF_ORDER) do",
-            "        if PROF[n] then redis.call('HINCRBY', KEYS[10], 'prof:' .. n, PROF[n]) end",
-            "      end",
-            "    end",
-            "    return r",
-            "  end",
+            "  return function(...) local t0 = prof_us(); return prof_done(name, t0, fn(...)) end",
             "end"]
-    wrap += [f"{name} = prof_wrap('{name}', {name})" for _, name in sync_steps()]
+    names = [name for _, name in sync_steps()] + list(SYNC_INNER)
+    wrap += [f"{name} = prof_wrap('{name}', {name})" for name in names]
     return "\n".join([_script(*_SYNC_LIBS, *(f"sync/{part}" for part in SYNC_PARTS)),
                       *wrap, _lua("sync/main")])
+
+
 BLOOM_ADD = _script("lib/clock", "lib/bloom", "bloom_add")
 REPLAY_DEAD = _script("lib/clock", "lib/bloom", "lib/key_check", "replay_dead")
 SET_LIMITS = _script("lib/clock", "set_limits")
