@@ -63,7 +63,7 @@ COUNTER_PATTERN = r"-?[0-9]{1,18}"
 SYNC_PARTS = ("contract", "context", "args", "check", "keystate", "leases", "budgets",
               "enqueue", "settle", "feedback", "reclaim", "maintenance", "tidy", "promote",
               "ready", "take", "reserve", "writeback")
-_SYNC_LIBS = ("lib/clock", "lib/bloom", "lib/key_check")
+_SYNC_LIBS = ("lib/clock", "lib/score", "lib/bloom", "lib/key_check")
 SYNC = _script(*_SYNC_LIBS, *(f"sync/{part}" for part in SYNC_PARTS), "sync/main")
 
 
@@ -116,8 +116,8 @@ def sync_profiled() -> str:
                       *wrap, _lua("sync/main")])
 
 
-BLOOM_ADD = _script("lib/clock", "lib/bloom", "bloom_add")
-REPLAY_DEAD = _script("lib/clock", "lib/bloom", "lib/key_check", "replay_dead")
+BLOOM_ADD = _script("lib/clock", "lib/score", "lib/bloom", "bloom_add")
+REPLAY_DEAD = _script("lib/clock", "lib/score", "lib/bloom", "lib/key_check", "replay_dead")
 SET_LIMITS = _script("lib/clock", "set_limits")
 CLAIM_SEEDS = _script("lib/clock", "lib/key_check", "claim_seeds")
 RENEW_CLAIMS = _script("lib/clock", "renew_claims")
