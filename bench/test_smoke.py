@@ -184,6 +184,19 @@ def test_backoff_smoke(tmp_path):
     assert len(data["checks"]) == 3 and all("pass" in c for c in data["checks"])
 
 
+def test_sync_cost_smoke(tmp_path):
+    from bench import sync_cost
+
+    data = sync_cost.main(["--pages", "150", "--out", str(tmp_path / "sync_cost.json")])
+    assert (tmp_path / "sync_cost.json").exists()
+    assert set(data["summary"]) == {"ours|0", "scrapy-redis|0"}
+    ours = data["summary"]["ours|0"]
+    # (Redis CPU of 150 pages may read 0: psutil counts in 10 ms ticks)
+    assert positive(ours["commands_per_page"]) and "cpu_over_scrapy_redis" in ours
+    assert set(ours["per_command"]) & sync_cost.SCRIPTS     # the SYNC calls themselves
+    assert all(r["site_requests"] > r["pages"] for r in data["runs"]["ours|0"])  # 503s served
+
+
 def test_product_smoke(tmp_path):
     from bench import product
 

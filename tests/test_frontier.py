@@ -130,6 +130,17 @@ def test_nack_returns_entry_to_its_place(node):
     assert payloads(a.take(2)) == ["first", "second"]
 
 
+def test_a_nack_of_many_members_returns_each_held_one_and_counts_the_others_stale(node):
+    # (SYNC reads the leases of a call's nacks in one batch, not one by one)
+    a, b = node("a"), node("b")
+    add_all(a, [(f"p{i}", 0) for i in range(5)])
+    mine = [m for m, _ in a.take(3)]
+    theirs = [m for m, _ in b.take(2)]
+    assert a.sync(Batch(nacks=[theirs[0], *mine, theirs[1]])).stale == 2
+    assert payloads(a.take(5)) == ["p0", "p1", "p2"]
+    assert b.sync(Batch(acks=theirs)).stale == 0       # b's leases untouched
+
+
 def test_leave_returns_unstarted_and_drops_heartbeat(node, redis):
     a, b = node("a"), node("b")
     add_all(a, [("x", 0)])

@@ -29,8 +29,7 @@ local function within_budget(c, keep)
     if got[1] and not n then c.junk = c.junk + 1; n = 1 end
     if (n or 0) <= 0 then return keep end
   end
-  local t = redis.call('TYPE', KEYS[17]).ok
-  if t ~= 'hash' and t ~= 'none' then
+  local function skip()
     c.budget_skipped = 1
     stat('budget_skipped', 1)
     return keep
@@ -40,14 +39,22 @@ local function within_budget(c, keep)
     local k = ARGV[e]
     if ARGV[e + 1] ~= '' and not seen_k[k] then seen_k[k] = true; ks[#ks + 1] = k end
   end
-  if #ks == 0 then return keep end
+  if #ks == 0 then
+    -- nothing to count: only the key's type, for the reply
+    local t = redis.call('TYPE', KEYS[17]).ok
+    if t ~= 'hash' and t ~= 'none' then return skip() end
+    return keep
+  end
   load(c, ks)
   local count = {}
   local fields = {unpack(ks)}
   fields[#fields + 1] = '||crawl'
   for i = 1, #fields, 500 do
     local last = math.min(i + 499, #fields)
-    local got = redis.call('HMGET', KEYS[17], unpack(fields, i, last))
+    -- the key's type is checked by the read itself (WRONGTYPE), not by a TYPE
+    -- before it: one command less in every call that adds a new page
+    local got = redis.pcall('HMGET', KEYS[17], unpack(fields, i, last))
+    if got.err then return skip() end
     for j = i, last do
       local raw = got[j - i + 1]
       local a, r = string.match(raw or '', '^(%d+)|(%d+)$')

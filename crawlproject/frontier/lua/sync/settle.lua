@@ -123,9 +123,14 @@ local function sync_settle(c)
 
   -- nack: not started, back to its queue (only the holder's)
   local nacked = {}
-  for _, member in ipairs(c.nacks) do
-    if lease(redis.call('HGET', KEYS[3], member)) == node then nacked[#nacked + 1] = member
-    else c.stale = c.stale + 1 end
+  -- (their leases read in batches: a returned reserve gives back dozens at once)
+  for i = 1, #c.nacks, 500 do
+    local last = math.min(i + 499, #c.nacks)
+    local owners = redis.call('HMGET', KEYS[3], unpack(c.nacks, i, last))
+    for j = i, last do
+      if lease(owners[j - i + 1]) == node then nacked[#nacked + 1] = c.nacks[j]
+      else c.stale = c.stale + 1 end
+    end
   end
   if #nacked > 0 then
     local back = {}
