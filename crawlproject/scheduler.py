@@ -52,11 +52,9 @@ import logging
 import time
 from collections import deque
 
-import scrapy
 from scrapy import Request, signals
 from scrapy.core.scheduler import BaseScheduler
 from scrapy.exceptions import DontCloseSpider
-from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.request import RequestFingerprinter
 from scrapy.utils.request import fingerprint as scrapy_fingerprint
@@ -69,8 +67,13 @@ from crawlproject.egress.resolver import install_guard
 from crawlproject.frontier.bloom import BloomConfig
 from crawlproject.frontier.client import FrontierClient, Rejected
 from crawlproject.scheduling.burst import StartBurst, default_prefetch
+from crawlproject.scheduling.engineguards import (SUPPORTED_SCRAPY, check_engine,
+                                                  log_trust, no_local_politeness,
+                                                  no_remote_control, per_node_robots)
 from crawlproject.scheduling.compat import idle_before_close, scrapy_redis_notes
 from crawlproject.scheduling.errback import LeaseErrback
+from crawlproject.scheduling.limits import (HOST_LIMITS_REFRESH, LIMITS_CHUNK,
+                                            LimitsPublisher)
 from crawlproject.scheduling.local import (KEPT_META, SLOT_PREFIX, LocalRequests, is_kept,
                                            strip_slot)
 from crawlproject.scheduling.sitepoliteness import SitePoliteness
@@ -85,7 +88,6 @@ from crawlproject.frontier.queue import (
     MAX_PRIORITY,
     NEW_UNFILTERED,
     AsyncFrontier,
-    refused,
 )
 from crawlproject.frontier.retrypolicy import (
     CALLBACK_ATTEMPTS_META,
@@ -112,25 +114,11 @@ from crawlproject.urls import UrlCanonicalizer, canonicalizer_for
 
 logger = logging.getLogger(__name__)
 
-#: Scrapy versions whose engine internals the acknowledgements were checked on.
-SUPPORTED_SCRAPY = ((2, 13), (2, 19))
-# Seconds between a node's checks that its FRONTIER_HOST_LIMITS entries are
-# still in Redis (``crawlctl politeness --clear`` removes one: it comes back).
-HOST_LIMITS_REFRESH = 5.0
-LIMITS_CHUNK = 500   # FRONTIER_HOST_LIMITS entries per SET_LIMITS call
 # Seconds between a held node's checks that a --then-clear drain is complete
 # (a few Redis reads a partition; only while it is held and has nothing to do).
 DRAIN_CHECK_INTERVAL = 5.0
-__all__ = ["RedisScheduler", "LEASE_META", "RETRY_DELAY_META", "CALLBACK_ATTEMPTS_META"]
-
-
-def _stored_count(raw) -> int:
-    """A count read from Redis, or -1 when it is not one."""
-    try:
-        value = int(raw)
-    except (TypeError, ValueError):
-        return -1
-    return value if value > 0 else -1
+__all__ = ["RedisScheduler", "LEASE_META", "RETRY_DELAY_META", "CALLBACK_ATTEMPTS_META",
+           "SUPPORTED_SCRAPY", "HOST_LIMITS_REFRESH", "LIMITS_CHUNK"]
 
 
 class RedisScheduler(BaseScheduler):
@@ -196,8 +184,8 @@ class RedisScheduler(BaseScheduler):
         # through its deprecation wrappers, and a page made up to 11 of them.
         self._filtered_locally = self._enqueued = self._dequeued = self._unproven = 0
         self._last_report = time.monotonic()
-        self._limits_published: float | None = None   # monotonic time, once published
-        self._limits_task: asyncio.Future | None = None
+        #: FRONTIER_HOST_LIMITS published to Redis and kept there (set up at open)
+        self.limits: LimitsPublisher | None = None
         self._report_task: asyncio.Future | None = None
         self.report_interval = setting(crawler.settings, "SCHEDULER_LOG_INTERVAL")
         self.control_interval = setting(crawler.settings, "CONTROL_POLL_INTERVAL")
@@ -247,11 +235,11 @@ class RedisScheduler(BaseScheduler):
 
     # -- Scrapy scheduler interface ------------------------------------------
     def open(self, spider):
-        self._check_engine()
+        check_engine(self.crawler)
         self.setup(spider)
         if self.politeness.enabled:
-            self._no_local_politeness()
-        self._per_node_robots()
+            no_local_politeness(self.crawler, self.politeness, {"spider": spider})
+        per_node_robots(self.crawler, {"spider": spider})
         install_guard(self.crawler)   # DOWNLOAD_ALLOWED_NETWORKS for every connection (egress/)
         self.crawler.signals.connect(self._on_response, signal=signals.response_received)
         self.crawler.signals.connect(self._on_left_downloader,
@@ -272,7 +260,7 @@ class RedisScheduler(BaseScheduler):
                     f"cluster-wide: {pol.default.delay:g}s between starts, at most "
                     f"{pol.default.concurrency} in flight" if pol.enabled else "off",
                     extra={"spider": spider})
-        self._log_trust()
+        log_trust(self.signer, self.stats, {"spider": spider})
         for level, message in scrapy_redis_notes(self.crawler.settings):
             logger.log(level, message, extra={"spider": spider})
         # Nothing is taken before the operator's state is known (_on_control_ready).
@@ -284,7 +272,7 @@ class RedisScheduler(BaseScheduler):
     def setup(self, spider) -> None:
         """Everything :meth:`open` does that needs neither the engine nor Redis."""
         self.spider = spider
-        self._no_remote_control()
+        no_remote_control(self.crawler, {"spider": spider})
         self.hooks = request_hooks(self.crawler)
         self.policy = InputPolicy.from_settings(self.crawler.settings, type(spider))
         self.signer = signer_from_settings(self.crawler.settings, spider.name)
@@ -309,7 +297,9 @@ class RedisScheduler(BaseScheduler):
             idle_poll=self.idle_poll, heartbeat=self.heartbeat, lease_ttl=self.lease_ttl,
             nudge=self._nudge_engine, free_slots=self._free_slots,
             idle_poll_max=self.idle_poll_max)
-        self.client.on_first_sync = self._on_first_sync
+        self.limits = LimitsPublisher(self.client, self.politeness, self.stats,
+                                      stop=self._stop, log_extra=extra)
+        self.client.on_first_sync = self.limits.first_sync
         # A lease given back unstarted ends for the hooks (a tracing span) too.
         self.client.on_returned = lambda entry: (
             self._settled(entry.item, entry.member, RELEASED) if self.hooks else None)
@@ -326,190 +316,6 @@ class RedisScheduler(BaseScheduler):
 
     def close(self, reason: str):
         return deferred_from_coro(self._close(reason))
-
-    def _log_trust(self) -> None:
-        extra = {"spider": self.spider}
-        if self.signer is not None:
-            logger.info("Requests are stored signed (FRONTIER_SECRET): what this crawl's nodes "
-                        "stored comes back whole; anything else read from Redis gets the seed "
-                        "policy", extra=extra)
-            return
-        self.stats.set_value("scheduler/unsigned", 1)
-        logger.warning(
-            "FRONTIER_SECRET is not set: nodes cannot prove which requests in Redis they wrote, "
-            "so every request read back gets the seed policy (published callbacks, GET/HEAD, "
-            "allowed meta). Requests of this spider that need more (a private callback such as "
-            "CrawlSpider's, a body, unpublished meta) are kept and crawled on the node that "
-            "made them (scheduler/kept_local), not shared. Set FRONTIER_SECRET, the same on "
-            "every node (python -m crawlproject.cli secret prints one)", extra=extra)
-
-    def _no_remote_control(self) -> None:
-        """Keep Scrapy's remote control server from starting unless the user
-        asked for it.
-
-        Scrapy 2.19 turns it on by default: an HTTP endpoint on localhost that
-        runs the Python code posted to it (with a token in a job file). A
-        crawl node has no use for it, and it is one more way to run code on
-        every node; a user project that pasted the README block without
-        ``REMOTE_CONTROL_ENABLED = False`` would have it. It is taken off the
-        ``engine_started`` signal before the engine starts (the scheduler is
-        opened first); a user who set the setting keeps it, with a warning.
-        """
-        settings = self.crawler.settings
-        if not settings.getbool("REMOTE_CONTROL_ENABLED"):
-            return
-        extensions = getattr(getattr(self.crawler, "extensions", None), "middlewares", ())
-        for ext in extensions:
-            if type(ext).__name__ != "RemoteControl":
-                continue
-            if settings.getpriority("REMOTE_CONTROL_ENABLED") > SETTINGS_PRIORITIES["default"]:
-                logger.warning("Scrapy's remote control (runs Python code posted to it over "
-                               "HTTP on localhost) is on, as REMOTE_CONTROL_ENABLED says",
-                               extra={"spider": self.spider})
-                return
-            self.crawler.signals.disconnect(ext.start, signal=signals.engine_started)
-            logger.info("Scrapy's remote control server is not started on a shared-frontier "
-                        "node (it runs code posted to it); set REMOTE_CONTROL_ENABLED = True "
-                        "to keep it", extra={"spider": self.spider})
-
-    def _per_node_robots(self) -> None:
-        """Say so when Scrapy's own robots.txt middleware runs on this node:
-        each node then fetches each site's robots.txt itself, outside the
-        site's limits (crawlproject.robots fetches one for the cluster)."""
-        from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
-
-        downloader = getattr(getattr(self.crawler, "engine", None), "downloader", None)
-        middlewares = getattr(getattr(downloader, "middleware", None), "middlewares", ())
-        if any(type(mw) is RobotsTxtMiddleware for mw in middlewares):
-            self.stats.set_value("robotstxt/per_node", 1)
-            logger.warning(
-                "ROBOTSTXT_OBEY with Scrapy's RobotsTxtMiddleware: every node fetches each "
-                "site's robots.txt itself, outside the site's limits; use "
-                "crawlproject.robots.ClusterRobotsTxtMiddleware (see README's settings block)",
-                extra={"spider": self.spider})
-
-    def _check_engine(self) -> None:
-        """Fail at open, loudly, if the engine lacks what acknowledgements need.
-
-        A request is acknowledged once it leaves the engine's slot
-        (``engine._slot.inprogress``, private to Scrapy); without it nothing
-        would ever be acknowledged, silently.
-        """
-        slot = getattr(self.crawler.engine, "_slot", None)
-        inprogress = getattr(slot, "inprogress", None)
-        nextcall = getattr(slot, "nextcall", None)
-        if not isinstance(inprogress, set) or not callable(getattr(nextcall, "schedule", None)):
-            raise RuntimeError(self._unsupported("its engine has no _slot.inprogress set / "
-                                                 "_slot.nextcall, which tell when a request "
-                                                 "is done"))
-
-    def _unsupported(self, what: str) -> str:
-        (lo_major, lo_minor), (hi_major, hi_minor) = SUPPORTED_SCRAPY
-        return (f"crawlproject.scheduler.RedisScheduler cannot run on Scrapy "
-                f"{scrapy.__version__}: {what} (supported: Scrapy {lo_major}.{lo_minor} to "
-                f"{hi_major}.{hi_minor}; see requirements.txt)")
-
-    def _no_local_politeness(self) -> None:
-        """Keep Scrapy's per-process download slots from delaying or limiting a
-        second time what the frontier already spaced out for all nodes."""
-        downloader = getattr(self.crawler.engine, "downloader", None)
-        if not all(hasattr(downloader, a) for a in ("_delay", "domain_concurrency",
-                                                     "ip_concurrency", "per_slot_settings")):
-            raise RuntimeError(self._unsupported("its downloader has no _delay / "
-                                                 "domain_concurrency / per_slot_settings"))
-        downloader._delay = 0.0
-        downloader._jitter = 0.0
-        downloader.domain_concurrency = max(1, downloader.total_concurrency or 1_000_000)
-        downloader.ip_concurrency = 0
-        if downloader.per_slot_settings:
-            logger.info("DOWNLOAD_SLOTS %s: enforced by the frontier for all nodes together "
-                        "(FRONTIER_HOST_LIMITS wins for a site both name)",
-                        sorted(downloader.per_slot_settings)[:10], extra={"spider": self.spider})
-        downloader.per_slot_settings = {}
-        for slot in downloader.slots.values():
-            slot.delay, slot.concurrency = 0.0, downloader.domain_concurrency
-        per_ip = self.crawler.settings.getint("CONCURRENT_REQUESTS_PER_IP")
-        if per_ip > 0:
-            logger.warning("CONCURRENT_REQUESTS_PER_IP = %d is not applied: Scrapy's limit is per "
-                           "process (and deprecated); for a limit per server across all nodes "
-                           "set FRONTIER_POLITENESS_KEY = 'ip' and CONCURRENT_REQUESTS_PER_DOMAIN",
-                           per_ip, extra={"spider": self.spider})
-        if self.crawler.settings.getbool("AUTOTHROTTLE_ENABLED"):
-            logger.warning("AUTOTHROTTLE_ENABLED adds a per-process delay on top of the "
-                           "frontier's cluster-wide politeness: turn it off (the frontier "
-                           "slows a site down for every node when it answers %s)",
-                           sorted(self.politeness.backoff_codes), extra={"spider": self.spider})
-
-    async def _on_first_sync(self) -> None:
-        """Redis answered: check the partition count, publish FRONTIER_HOST_LIMITS."""
-        frontier = self.client.partitions[0]
-        client = frontier.client
-        stored = await client.hsetnx(frontier.keys.config, "partitions",
-                                     self.politeness.partitions)
-        if not stored:
-            raw = await client.hget(frontier.keys.config, "partitions")
-            existing = _stored_count(raw)
-            if existing != self.politeness.partitions:
-                # Read from Redis: a value that is not a count is refused like
-                # a different count (shown as -1), never trusted nor raised.
-                logger.error("This crawl's frontier has %s partition(s); FRONTIER_PARTITIONS is "
-                             "%d here. Use the crawl's count (or reset the spider): closing.",
-                             existing if existing >= 0 else f"an unreadable count ({raw!r:.40})",
-                             self.politeness.partitions, extra={"spider": self.spider})
-                self.stats.set_value("scheduler/partition_mismatch", existing)
-                self._stop("frontier_partitions_mismatch")
-                return
-        try:
-            await self._publish_limits(only_missing=False)
-        except Exception as exc:
-            if not refused(exc):
-                raise  # Redis away: this hook runs again after the next call
-            # A limits key holding junk (anyone who can write to Redis): the
-            # crawl goes on under the nodes' settings; said, counted, retried.
-            self._limits_refused(exc)
-
-    def _limits_refused(self, exc: BaseException) -> None:
-        self._limits_published = time.monotonic()   # the refresh tries again later
-        self.stats.inc_value("politeness/limits_refused")
-        if self.stats.get_value("politeness/limits_refused") > 1:
-            return  # said once; the stat counts the tries
-        logger.error("Cannot publish FRONTIER_HOST_LIMITS: Redis refused it (%s); those "
-                     "hosts get DOWNLOAD_DELAY / CONCURRENT_REQUESTS_PER_DOMAIN until it "
-                     "goes through (tried again every %.0f s)", exc, HOST_LIMITS_REFRESH,
-                     extra={"spider": self.spider})
-
-    async def _publish_limits(self, only_missing: bool) -> None:
-        """Write this node's ``FRONTIER_HOST_LIMITS`` to Redis: at the first sync
-        replacing another node's settings (not an operator's ``crawlctl``
-        override); later only where a key has no override at all."""
-        overrides: dict[int, dict] = {}
-        for key, limits in self.politeness.overrides.items():
-            overrides.setdefault(self.client.partition_of(key), {})[key] = limits
-        for p, limits in overrides.items():
-            keys = list(limits)
-            for start in range(0, len(keys), LIMITS_CHUNK):  # no long script call
-                chunk = {key: limits[key] for key in keys[start:start + LIMITS_CHUNK]}
-                await self.client.partitions[p].set_limits(chunk, source="s",
-                                                           only_missing=only_missing)
-        self._limits_published = time.monotonic()
-
-    def _maybe_refresh_limits(self) -> None:
-        if (not self.politeness.overrides or self._limits_published is None
-                or time.monotonic() - self._limits_published < HOST_LIMITS_REFRESH
-                or (self._limits_task is not None and not self._limits_task.done())):
-            return
-        self._limits_published = time.monotonic()   # one try per period, even if it fails
-        self._limits_task = asyncio.ensure_future(self._refresh_limits())
-
-    async def _refresh_limits(self) -> None:
-        try:
-            await self._publish_limits(only_missing=True)
-        except Exception as exc:  # the next period tries again
-            if refused(exc):
-                self._limits_refused(exc)
-            else:  # Redis away: the frontier loop says so
-                logger.debug("Cannot refresh FRONTIER_HOST_LIMITS in Redis: %s", exc,
-                             extra={"spider": self.spider})
 
     def has_pending_requests(self) -> bool:
         return self.client is not None and (self.client.has_pending() or self.local.pending())
@@ -1058,7 +864,7 @@ class RedisScheduler(BaseScheduler):
             if self.hooks:
                 self._settled(request, member, outcome)
         self._maybe_report()
-        self._maybe_refresh_limits()
+        self.limits.maybe_refresh()
 
     def _handle_failure(self, member: str, request: Request, kind: str, reason: str) -> str:
         """Retry a failed callback or dead-letter *request*; the outcome (retry, dead)."""
@@ -1131,9 +937,7 @@ class RedisScheduler(BaseScheduler):
         if self.client is None:
             return
         self.flush_counts()
-        if self._limits_task is not None and not self._limits_task.done():
-            self._limits_task.cancel()   # a refresh in flight: the next node's is enough
-            await asyncio.gather(self._limits_task, return_exceptions=True)
+        await self.limits.close()   # a refresh in flight: the next node's is enough
         if self._report_task is not None:   # its counts stored, or back in _stat_deltas
             await asyncio.gather(self._report_task, return_exceptions=True)
         await self.control.stop()

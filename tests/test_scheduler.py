@@ -453,14 +453,14 @@ def test_a_junk_limits_key_is_said_and_counted_not_a_stopped_node(redis, redis_u
     redis.set(limits_key, "junk")
 
     async def first_sync_then_refresh():
-        await scheduler._on_first_sync()                   # refused: no exception
-        scheduler._limits_published -= 60                  # the refresh is due
-        scheduler._maybe_refresh_limits()
-        await scheduler._limits_task
+        await scheduler.limits.first_sync()                   # refused: no exception
+        scheduler.limits.published -= 60                  # the refresh is due
+        scheduler.limits.maybe_refresh()
+        await scheduler.limits.task
         redis.delete(limits_key)                           # mended
-        scheduler._limits_published -= 60
-        scheduler._maybe_refresh_limits()
-        await scheduler._limits_task
+        scheduler.limits.published -= 60
+        scheduler.limits.maybe_refresh()
+        await scheduler.limits.task
         await scheduler.client.partitions[0].client.aclose()
 
     with caplog.at_level("ERROR"):
@@ -487,7 +487,7 @@ def test_many_host_limits_are_published_in_bounded_calls(redis, redis_url):
     before = script_calls()
 
     async def first_sync():
-        await scheduler._on_first_sync()
+        await scheduler.limits.first_sync()
         await scheduler.client.partitions[0].client.aclose()
 
     asyncio.run(first_sync())
@@ -610,13 +610,15 @@ def test_scrapys_per_process_limits_are_taken_over_or_named(redis_url, caplog):
 
     from scrapy.core.downloader import Downloader
 
+    from crawlproject.scheduling.engineguards import no_local_politeness
+
     scheduler, crawler = _scheduler(
         redis_url, DOWNLOAD_DELAY=2, CONCURRENT_REQUESTS_PER_IP=3,
         DOWNLOAD_SLOTS={"books.example": {"delay": 5}})
     downloader = Downloader(crawler)
     crawler.engine = SimpleNamespace(downloader=downloader)
     with caplog.at_level("INFO"):
-        scheduler._no_local_politeness()
+        no_local_politeness(crawler, scheduler.politeness, {})
     said = " ".join(r.getMessage() for r in caplog.records)
     assert "CONCURRENT_REQUESTS_PER_IP = 3 is not applied" in said
     assert "DOWNLOAD_SLOTS ['books.example']: enforced by the frontier" in said
