@@ -54,12 +54,11 @@ from collections import deque
 
 from scrapy import Request, signals
 from scrapy.core.scheduler import BaseScheduler
-from scrapy.exceptions import DontCloseSpider
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.request import RequestFingerprinter
 from scrapy.utils.request import fingerprint as scrapy_fingerprint
 
-from crawlproject.connection import (REDIS_FAILURES, redact_url, redis_from_settings,
+from crawlproject.connection import (redact_url, redis_from_settings,
                                      redis_url_from_settings)
 from crawlproject import defaults
 from crawlproject.defaults import setting
@@ -76,10 +75,10 @@ from crawlproject.scheduling.limits import (HOST_LIMITS_REFRESH, LIMITS_CHUNK,
                                             LimitsPublisher)
 from crawlproject.scheduling.local import (KEPT_META, SLOT_PREFIX, LocalRequests, is_kept,
                                            strip_slot)
+from crawlproject.scheduling.nodecontrol import NodeControl
 from crawlproject.scheduling.sitepoliteness import SitePoliteness
 from crawlproject.scheduling.startstate import StartState
-from crawlproject.control import (ControlWatcher, clear_finished_drain, drain_complete,
-                                  read_control)
+from crawlproject.control import ControlWatcher
 from crawlproject.hooks import ACK, DEAD, RELEASED, RETRY, request_hooks
 from crawlproject.frontier.queue import (
     ATTEMPT_META_KEYS,
@@ -114,9 +113,6 @@ from crawlproject.urls import UrlCanonicalizer, canonicalizer_for
 
 logger = logging.getLogger(__name__)
 
-# Seconds between a held node's checks that a --then-clear drain is complete
-# (a few Redis reads a partition; only while it is held and has nothing to do).
-DRAIN_CHECK_INTERVAL = 5.0
 __all__ = ["RedisScheduler", "LEASE_META", "RETRY_DELAY_META", "CALLBACK_ATTEMPTS_META",
            "SUPPORTED_SCRAPY", "HOST_LIMITS_REFRESH", "LIMITS_CHUNK"]
 
@@ -192,18 +188,15 @@ class RedisScheduler(BaseScheduler):
         self.control: ControlWatcher | None = None
         #: the operator's state found at start (CONTROL_ON_START: wait or exit)
         self.start_state = StartState("", control_on_start)
-        self._drain_checked = float("-inf")   # monotonic time of the last drain-complete check
-        self._stopping = False
-        self._stop_task: asyncio.Future | None = None
-        self._spider_opened = False
+        #: the operator's state applied to this node (set up at open)
+        self.node_control: NodeControl | None = None
         self._report_samples: deque[tuple[float, int, int]] = deque()
         #: request lifecycle hooks (crawlproject.hooks), read at open
         self.hooks: list = []
         self.start_burst = StartBurst(start_burst, self._nudge_engine)
         #: seconds a node whose crawl is done waits before closing (scrapy-redis'
-        #: SCHEDULER_IDLE_BEFORE_CLOSE), and since when it has been done
+        #: SCHEDULER_IDLE_BEFORE_CLOSE)
         self.idle_before_close = idle_before_close
-        self._done_since: float | None = None
 
     @classmethod
     def from_crawler(cls, crawler):
@@ -249,8 +242,10 @@ class RedisScheduler(BaseScheduler):
                                      signal=signals.request_reached_downloader)
         self.crawler.signals.connect(self._on_spider_error, signal=signals.spider_error)
         self.crawler.signals.connect(self._on_robots, signal=signals.robots_parsed)
-        self.crawler.signals.connect(self._on_spider_opened, signal=signals.spider_opened)
-        self.crawler.signals.connect(self._on_spider_idle, signal=signals.spider_idle)
+        self.crawler.signals.connect(self.node_control.on_spider_opened,
+                                     signal=signals.spider_opened)
+        self.crawler.signals.connect(self.node_control.on_spider_idle,
+                                     signal=signals.spider_idle)
         pol = self.politeness
         logger.info("Shared frontier for %r on %s as node %s (prefetch %d, %s starts a loop "
                     "turn, lease %ss, heartbeat %ss, %d partition(s); politeness per %s %s)",
@@ -263,7 +258,7 @@ class RedisScheduler(BaseScheduler):
         log_trust(self.signer, self.stats, {"spider": spider})
         for level, message in scrapy_redis_notes(self.crawler.settings):
             logger.log(level, message, extra={"spider": spider})
-        # Nothing is taken before the operator's state is known (_on_control_ready).
+        # Nothing is taken before the operator's state is known (NodeControl.ready).
         self.client.paused = True
         self.client.start()
         self.control.start()
@@ -297,8 +292,16 @@ class RedisScheduler(BaseScheduler):
             idle_poll=self.idle_poll, heartbeat=self.heartbeat, lease_ttl=self.lease_ttl,
             nudge=self._nudge_engine, free_slots=self._free_slots,
             idle_poll_max=self.idle_poll_max)
+        self.start_state.spider = spider.name
+        self.node_control = NodeControl(
+            self.crawler, self.client, self.start_state, redis=redis,
+            interval=self.control_interval, report=self._node_report, node=self.node,
+            partitions=parts, idle_before_close=self.idle_before_close,
+            nudge=self._nudge_engine, downloading=lambda: self.downloading,
+            has_pending=self.has_pending_requests, log_extra=extra)
+        self.control = self.node_control.watcher
         self.limits = LimitsPublisher(self.client, self.politeness, self.stats,
-                                      stop=self._stop, log_extra=extra)
+                                      stop=self.node_control.stop, log_extra=extra)
         self.client.on_first_sync = self.limits.first_sync
         # A lease given back unstarted ends for the hooks (a tracing span) too.
         self.client.on_returned = lambda entry: (
@@ -307,12 +310,6 @@ class RedisScheduler(BaseScheduler):
             mark_seen=lambda p, fps: self.client.partitions[p].mark_seen(fps),
             partition_of=self.client.partition_of, slot_for=self._local_slot,
             count=self._count, nudge=self._nudge_engine, log_extra=extra)
-        self.start_state.spider = spider.name
-        self.control = ControlWatcher(redis, spider.name, self._on_control,
-                                      interval=self.control_interval, log_extra=extra,
-                                      on_ready=self._on_control_ready,
-                                      report=self._node_report, node=self.node,
-                                      on_tick=self._control_tick)
 
     def close(self, reason: str):
         return deferred_from_coro(self._close(reason))
@@ -447,7 +444,7 @@ class RedisScheduler(BaseScheduler):
             return None
         self.start_burst.handed_out()
         self._dequeued += 1
-        self._done_since = None
+        self.node_control.done_since = None
         return entry.item
 
     def __len__(self) -> int:
@@ -718,121 +715,6 @@ class RedisScheduler(BaseScheduler):
         because of it nor counts as idle (CONTROL_ON_START = wait)."""
         return self.start_state.held is not None
 
-    def _on_control_ready(self, state: str) -> None:
-        if self._stopping:  # refused at the first sync (partition count): stays shut
-            return
-        self.client.paused = False
-        if state == "run":
-            self.client.wake()
-            self._nudge_engine()
-            return
-        action = self.start_state.arrived(self.control.info, {"spider": self.spider})
-        if action == "follow":   # a pause: as for any node
-            self._on_control("run", state)
-            return
-        self.stats.inc_value(f"control/{state}")
-        self.stats.set_value("control/state_at_start", state)
-        if action == "exit":
-            self._stop(f"control_{state}_at_start")
-            return
-        self.client.paused = state == "stop"   # a drain: what the frontier holds is done
-        if state == "drain":
-            self.client.wake()
-            self._nudge_engine()
-
-    def _on_spider_idle(self) -> None:
-        """The engine has nothing left (start requests handled, nothing here):
-        with the cluster's frontier empty too (has_pending_requests), the node
-        closes, after SCHEDULER_IDLE_BEFORE_CLOSE seconds of that if set."""
-        if self.control_holds or self._stopping:
-            # Stopping closes the spider with its own reason (_stop): an idle close
-            # racing it would say "finished" (a node started into a drain with
-            # CONTROL_ON_START = exit, whose seed reader saw nothing to drain).
-            raise DontCloseSpider
-        if self.idle_before_close <= 0:
-            return
-        now = time.monotonic()
-        if self._done_since is None or self.has_pending_requests():
-            self._done_since = now
-        waited = now - self._done_since
-        if waited < self.idle_before_close:
-            # Asked again at the end of the wait (the engine's own heartbeat
-            # would ask only every 5 s).
-            asyncio.get_running_loop().call_later(self.idle_before_close - waited + 0.01,
-                                                  self._nudge_engine)
-            raise DontCloseSpider
-
-    async def _control_tick(self) -> None:
-        """Each control poll: a node held by a drain set with --then-clear
-        looks (every few seconds, while it has nothing to do) whether the
-        drain is complete, and if so ends it."""
-        if (self.start_state.held != "drain" or self.control.state != "drain"
-                or self.client.has_pending()
-                or time.monotonic() - self._drain_checked < DRAIN_CHECK_INTERVAL):
-            return
-        self._drain_checked = time.monotonic()
-        await self._clear_finished_drain()
-
-    async def _clear_finished_drain(self) -> None:
-        """Set the state back to run if this drain (with --then-clear) is
-        complete: called by a node closing in a drain, after it left the
-        frontier, and by nodes held by it (see crawlproject.control)."""
-        redis = self.client.partitions[0].client
-        spider = self.spider.name
-        info = await read_control(redis, spider)   # now: a drain given again since changes it
-        if info["state"] != "drain" or not info["then_clear"]:
-            return
-        if await drain_complete(redis, spider, self.politeness.partitions, self.node) \
-                and await clear_finished_drain(redis, spider, info.get("since"),
-                                               f"node {self.node} (drain complete)"):
-            logger.info("The drain of %r is complete: state back to run (it was set with "
-                        "--then-clear)", spider, extra={"spider": self.spider})
-            self.stats.set_value("control/drain_cleared", 1)
-
-    def _on_control(self, old: str, new: str) -> None:
-        self.start_state.release(new, {"spider": self.spider})
-        # The downloads a pause lets finish: counted in the same turn of the
-        # loop that sets `paused` below, so none can start in between.
-        logger.info("Operator control: %s (was %s)%s", new, old, {
-            "pause": ": taking no request and no seed; prefetched requests stay leased here; "
-                     f"downloads under way finish: {self.downloading}",
-            "drain": ": taking no seed; closing once the frontier is empty",
-            "stop": ": closing now; leases go back to the queue",
-            "run": ""}[new], extra={"spider": self.spider})
-        self.stats.inc_value(f"control/{new}")
-        self.client.paused = new in ("pause", "stop") or self._stopping
-        if new in ("run", "drain") and not self._stopping:
-            self.client.wake()
-            self._nudge_engine()
-        if new == "stop":
-            self._stop("operator_stop")
-
-    def _stop(self, reason: str) -> None:
-        """Take nothing more and close the spider with *reason*, once.
-
-        Not awaited by the caller: called from the frontier loop (its first
-        sync), and closing the spider closes this scheduler, which waits for
-        that loop to end: awaited there, the node hung for ever."""
-        self.client.paused = True
-        if self._stopping:
-            return
-        self._stopping = True
-        # Kept: the event loop holds tasks only weakly.
-        self._stop_task = asyncio.ensure_future(self._stop_when_open(reason))
-
-    async def _stop_when_open(self, reason: str) -> None:
-        # A node started while the state is "stop" reads it before the engine
-        # has finished opening the spider (spider_opened handlers such as
-        # CoreStats' have not run): closing then fails; wait for the signal.
-        for _ in range(600):
-            if self._spider_opened:
-                break
-            await asyncio.sleep(0.05)
-        await self.crawler.engine.close_spider_async(reason=reason)
-
-    def _on_spider_opened(self, spider) -> None:
-        self._spider_opened = True
-
     def _nudge_engine(self) -> None:
         # The engine polls next_request() only every few seconds when it got
         # None; tell it new requests are here.
@@ -946,12 +828,7 @@ class RedisScheduler(BaseScheduler):
             await asyncio.gather(*self._kept_dead_tasks, return_exceptions=True)
         leftovers = await self.client.close()
         self.flush_counts()   # the final calls' (the engine may have asked once more)
-        if self.control.state == "drain":   # the last draining node out ends a --then-clear drain
-            try:
-                await self._clear_finished_drain()
-            except REDIS_FAILURES as exc:   # the drain stays; a node held by it checks again
-                logger.warning("Could not check whether the drain is complete: %s", exc,
-                               extra={"spider": self.spider})
+        await self.node_control.left_frontier()
         if self.hooks:  # back in the queue for another node
             for entry in leftovers:
                 self._settled(entry.item, entry.member, RELEASED)
