@@ -50,7 +50,6 @@ import asyncio
 import json
 import logging
 import time
-from collections import deque
 
 from scrapy import Request, signals
 from scrapy.core.scheduler import BaseScheduler
@@ -76,6 +75,7 @@ from crawlproject.scheduling.limits import (HOST_LIMITS_REFRESH, LIMITS_CHUNK,
 from crawlproject.scheduling.local import (KEPT_META, SLOT_PREFIX, LocalRequests, is_kept,
                                            strip_slot)
 from crawlproject.scheduling.nodecontrol import NodeControl
+from crawlproject.scheduling.report import NodeReport
 from crawlproject.scheduling.sitepoliteness import SitePoliteness
 from crawlproject.scheduling.startstate import StartState
 from crawlproject.control import ControlWatcher
@@ -174,15 +174,14 @@ class RedisScheduler(BaseScheduler):
         self._warned_priority = False
         self._scraping: set[str] = set()
         self._failed: dict[str, tuple[str, str]] = {}
-        self._stat_deltas: dict[str, int] = {}
         # Counts of the per-request path, added to the stats by flush_counts()
         # (every loop turn and at close): Scrapy 2.19's inc_value costs ~1.7 us
         # through its deprecation wrappers, and a page made up to 11 of them.
         self._filtered_locally = self._enqueued = self._dequeued = self._unproven = 0
-        self._last_report = time.monotonic()
         #: FRONTIER_HOST_LIMITS published to Redis and kept there (set up at open)
         self.limits: LimitsPublisher | None = None
-        self._report_task: asyncio.Future | None = None
+        #: the node's report, counts and Frontier line (set up at open)
+        self.report: NodeReport | None = None
         self.report_interval = setting(crawler.settings, "SCHEDULER_LOG_INTERVAL")
         self.control_interval = setting(crawler.settings, "CONTROL_POLL_INTERVAL")
         self.control: ControlWatcher | None = None
@@ -190,7 +189,6 @@ class RedisScheduler(BaseScheduler):
         self.start_state = StartState("", control_on_start)
         #: the operator's state applied to this node (set up at open)
         self.node_control: NodeControl | None = None
-        self._report_samples: deque[tuple[float, int, int]] = deque()
         #: request lifecycle hooks (crawlproject.hooks), read at open
         self.hooks: list = []
         self.start_burst = StartBurst(start_burst, self._nudge_engine)
@@ -284,9 +282,10 @@ class RedisScheduler(BaseScheduler):
                                    politeness=self.politeness)
                      for p in range(parts)]
         extra = {"spider": spider}
+        self.report = NodeReport(self.stats, self.report_interval, extra)
         self.client = FrontierClient(
             frontiers, self.politeness, accept=self._accept, before_tick=self._collect_done,
-            count=self._count, outage=self._redis_outage, log_extra=extra,
+            count=self.report.count, outage=self._redis_outage, log_extra=extra,
             prefetch=self.prefetch, batch_size=self.batch_size,
             flush_interval=self.flush_interval, min_sync_interval=self.min_sync_interval,
             idle_poll=self.idle_poll, heartbeat=self.heartbeat, lease_ttl=self.lease_ttl,
@@ -309,7 +308,7 @@ class RedisScheduler(BaseScheduler):
         self.local = LocalRequests(
             mark_seen=lambda p, fps: self.client.partitions[p].mark_seen(fps),
             partition_of=self.client.partition_of, slot_for=self._local_slot,
-            count=self._count, nudge=self._nudge_engine, log_extra=extra)
+            count=self.report.count, nudge=self._nudge_engine, log_extra=extra)
 
     def close(self, reason: str):
         return deferred_from_coro(self._close(reason))
@@ -457,7 +456,7 @@ class RedisScheduler(BaseScheduler):
         (``dupefilter/filtered``, ``dupefilter/filtered_locally``,
         ``scheduler/enqueued/redis``, ``scheduler/dequeued/redis``)."""
         if self._filtered_locally:
-            self._count("dupefilter/filtered", self._filtered_locally)
+            self.report.count("dupefilter/filtered", self._filtered_locally)
             self.stats.inc_value("dupefilter/filtered_locally", self._filtered_locally)
             self._filtered_locally = 0
         if self._enqueued:
@@ -540,8 +539,8 @@ class RedisScheduler(BaseScheduler):
                   "reason": f"{reason}; kept on this node (not storable): not replayable",
                   "attempts": request.meta.get("retry_times", 0) + 1,
                   "node": self.client.node, "at": time.time()}
-        self._count("scheduler/dead")
-        self._count(f"scheduler/dead/{kind}")
+        self.report.count("scheduler/dead")
+        self.report.count(f"scheduler/dead/{kind}")
         logger.error("Dead-lettered %s (kept on this node) after %s attempt(s): %s", request,
                      record["attempts"], reason, extra={"spider": self.spider})
         frontier = self.client.partitions[self.client.partition_of(key)]
@@ -634,12 +633,6 @@ class RedisScheduler(BaseScheduler):
             self._kept_failed(request, "callback", f"{type(exc).__name__}: {exc}")
 
     # -- the loop's hooks --------------------------------------------------------
-    def _count(self, name: str, value: int = 1) -> None:
-        """A scheduler stat, also added to the cluster-wide counters."""
-        if value:
-            self.stats.inc_value(name, value)
-            self._stat_deltas[name] = self._stat_deltas.get(name, 0) + value
-
     def _accept(self, partition: int, member: str, payload: bytes) -> Request:
         try:
             request, proven = load_request(payload, self.spider, self.policy, self.signer)
@@ -677,32 +670,9 @@ class RedisScheduler(BaseScheduler):
 
     def _node_report(self) -> dict:
         """What `crawlctl status` shows for this node (sent every few seconds)."""
-        get = self.stats.get_value
-        pages, items = get("response_received_count", 0), get("item_scraped_count", 0)
-        now = time.monotonic()
-        self._report_samples.append((now, pages, items))
-        while self._report_samples and now - self._report_samples[0][0] > 60:
-            self._report_samples.popleft()
-        t0, p0, i0 = self._report_samples[0]
-        span = now - t0
-        stats = self.stats.get_stats()
-        download = sum(v for k, v in stats.items()
-                       if k.startswith("downloader/exception_type_count/"))
-        callback = sum(v for k, v in stats.items()
-                       if k.startswith("spider_exceptions/") and k.count("/") == 1)
-        return {"pages": pages, "items": items, "errors": download + callback,
-                "errors_download": download, "errors_callback": callback,
-                "dead": get("scheduler/dead", 0),
-                "pages_per_s": round((pages - p0) / span, 2) if span > 0 else 0.0,
-                "items_per_s": round((items - i0) / span, 2) if span > 0 else 0.0,
-                "leases": (len(self.client.held) + len(self.client.buffer)
-                           + self.client.reserved_count()),
-                # started and not yet answered: what a paused node still finishes
-                "downloading": self.downloading,
-                # with the lease deadline in {spider}:nodes: when it last renewed
-                "lease_ttl_s": self.lease_ttl, "state": self.control_state,
-                # held by the state found at start (CONTROL_ON_START = wait)
-                "waiting": int(self.start_state.held is not None)}
+        return self.report.status(self.client, downloading=self.downloading,
+                                  lease_ttl=self.lease_ttl, state=self.control_state,
+                                  waiting=self.start_state.held is not None)
 
     @property
     def control_state(self) -> str:
@@ -739,13 +709,13 @@ class RedisScheduler(BaseScheduler):
             failure = self._failed.pop(member, None)
             if failure is None:
                 self.client.ack(member, relieve=not request.meta.get(SLOW_DOWN_META))
-                self._count("scheduler/acked")
+                self.report.count("scheduler/acked")
                 outcome = ACK
             else:
                 outcome = self._handle_failure(member, request, *failure)
             if self.hooks:
                 self._settled(request, member, outcome)
-        self._maybe_report()
+        self.report.maybe_report(self.client)
         self.limits.maybe_refresh()
 
     def _handle_failure(self, member: str, request: Request, kind: str, reason: str) -> str:
@@ -764,7 +734,7 @@ class RedisScheduler(BaseScheduler):
                 self.client.add(payload, None, retry.priority,
                                 int(self.retry.delay(attempts) * 1000), key, parent=member)
                 self.client.ack(member)
-                self._count("scheduler/callback_retries")
+                self.report.count("scheduler/callback_retries")
                 return RETRY
         request.meta.pop(LEASE_META, None)
         retries = request.meta.get("retry_times", 0)
@@ -781,8 +751,8 @@ class RedisScheduler(BaseScheduler):
                   "reason": reason, "attempts": (attempts if kind == "callback" else retries + 1),
                   "node": self.client.node, "at": time.time()}
         self.client.fail(member, "dead", record)
-        self._count("scheduler/dead")
-        self._count(f"scheduler/dead/{kind}")
+        self.report.count("scheduler/dead")
+        self.report.count(f"scheduler/dead/{kind}")
         logger.error("Dead-lettered %s after %s attempt(s): %s", request, record["attempts"],
                      reason, extra={"spider": self.spider})
         return DEAD
@@ -794,34 +764,12 @@ class RedisScheduler(BaseScheduler):
         downloader = getattr(self.crawler.engine, "downloader", None)
         return len(getattr(downloader, "active", ()))
 
-    def _maybe_report(self) -> None:
-        now = time.monotonic()
-        if now - self._last_report >= self.report_interval:
-            if self._report_task is None or self._report_task.done():
-                self._last_report = now
-                # Kept: the event loop holds tasks only weakly.
-                self._report_task = asyncio.ensure_future(self._report())
-
-    async def _report(self) -> None:
-        sizes = self.client.sizes()
-        logger.info("Frontier: %d queued, %d delayed, %d in flight across nodes; %d prefetched "
-                    "here", sizes["queued"], sizes["delayed"], sizes["inflight"],
-                    sizes["prefetched"], extra={"spider": self.spider})
-        deltas, self._stat_deltas = self._stat_deltas, {}
-        try:
-            await self.client.partitions[0].add_stats(deltas)
-        except Exception:  # kept for the next report, with what was counted meanwhile
-            for name, value in deltas.items():
-                self._stat_deltas[name] = self._stat_deltas.get(name, 0) + value
-        await self._record_bloom_stats()
-
     async def _close(self, reason: str) -> None:
         if self.client is None:
             return
         self.flush_counts()
         await self.limits.close()   # a refresh in flight: the next node's is enough
-        if self._report_task is not None:   # its counts stored, or back in _stat_deltas
-            await asyncio.gather(self._report_task, return_exceptions=True)
+        await self.report.settle()
         await self.control.stop()
         await self.local.close()
         if self._kept_dead_tasks:   # dead letters of kept requests, written before leaving
@@ -832,24 +780,5 @@ class RedisScheduler(BaseScheduler):
         if self.hooks:  # back in the queue for another node
             for entry in leftovers:
                 self._settled(entry.item, entry.member, RELEASED)
-        try:
-            await self.client.partitions[0].add_stats(self._stat_deltas)
-        except Exception:
-            pass
-        await self._record_bloom_stats()
+        await self.report.close(self.client)
         await self.client.partitions[0].client.aclose()
-
-    async def _record_bloom_stats(self) -> None:
-        try:
-            estimates = [await f.bloom_estimates() for f in self.client.partitions]
-        except Exception:
-            return
-        layers = max((e["layers"] for e in estimates), default=0)
-        if layers:
-            count = sum(e["count"] for e in estimates)
-            bits = sum(e["bits"] for e in estimates)
-            self.stats.set_value("bloom/layers", layers)
-            self.stats.set_value("bloom/items", count)
-            self.stats.set_value("bloom/fill_ratio", round(
-                sum(e["fill_ratio"] * e["bits"] for e in estimates) / bits, 6) if bits else 0.0)
-            self.stats.set_value("bloom/est_fp_rate", max(e["est_fp_rate"] for e in estimates))

@@ -506,17 +506,17 @@ def test_counts_of_a_report_that_fails_are_kept_with_those_made_meanwhile():
     scheduler, _ = _scheduler(f"redis://127.0.0.1:{closed_port()}/0")
 
     async def report_while_counting():
-        scheduler._count("scheduler/acked", 2)
-        scheduler._last_report = float("-inf")  # due (0.0 is not, on a machine up < 60 s)
-        scheduler._maybe_report()
+        scheduler.report.count("scheduler/acked", 2)
+        scheduler.report.last_report = float("-inf")  # due (0.0 is not, on a machine up < 60 s)
+        scheduler.report.maybe_report(scheduler.client)
         await asyncio.sleep(0)
-        assert scheduler._stat_deltas == {}            # taken by the report in flight
-        scheduler._count("scheduler/acked", 3)         # counted meanwhile
-        await scheduler._report_task                   # Redis refused: kept
+        assert scheduler.report.stat_deltas == {}      # taken by the report in flight
+        scheduler.report.count("scheduler/acked", 3)   # counted meanwhile
+        await scheduler.report.task                    # Redis refused: kept
         await scheduler.client.partitions[0].client.aclose()
 
     asyncio.run(report_while_counting())
-    assert scheduler._stat_deltas == {"scheduler/acked": 5}
+    assert scheduler.report.stat_deltas == {"scheduler/acked": 5}
 
 
 def test_the_frontier_status_line_is_logged_once_an_interval_not_every_turn(
@@ -528,19 +528,19 @@ def test_the_frontier_status_line_is_logged_once_an_interval_not_every_turn(
     import logging
     import types
 
-    import crawlproject.scheduler as scheduler_module
+    import crawlproject.scheduling.report as report_module
 
     now = [1000.0]
-    monkeypatch.setattr(scheduler_module, "time",
+    monkeypatch.setattr(report_module, "time",
                         types.SimpleNamespace(monotonic=lambda: now[0], time=time.time))
     scheduler, _ = _scheduler(redis_url, SCHEDULER_LOG_INTERVAL=60)
 
     async def ten_minutes_of_turns():
         for _ in range(600 * 4):                       # a turn every 0.25 s
             now[0] += 0.25
-            scheduler._maybe_report()
-            if scheduler._report_task is not None:
-                await scheduler._report_task
+            scheduler.report.maybe_report(scheduler.client)
+            if scheduler.report.task is not None:
+                await scheduler.report.task
         await scheduler.client.partitions[0].client.aclose()
 
     with caplog.at_level(logging.INFO, logger="crawlproject.scheduler"):
