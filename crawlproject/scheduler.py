@@ -46,8 +46,6 @@ state; its parts that stand alone are in :mod:`crawlproject.scheduling`.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import time
 
@@ -70,24 +68,17 @@ from crawlproject.scheduling.engineguards import (SUPPORTED_SCRAPY, check_engine
                                                   no_remote_control, per_node_robots)
 from crawlproject.scheduling.compat import idle_before_close, scrapy_redis_notes
 from crawlproject.scheduling.errback import LeaseErrback
+from crawlproject.scheduling.failures import Failures
 from crawlproject.scheduling.limits import (HOST_LIMITS_REFRESH, LIMITS_CHUNK,
                                             LimitsPublisher)
-from crawlproject.scheduling.local import (KEPT_META, SLOT_PREFIX, LocalRequests, is_kept,
-                                           strip_slot)
+from crawlproject.scheduling.local import SLOT_PREFIX, LocalRequests, strip_slot
 from crawlproject.scheduling.nodecontrol import NodeControl
 from crawlproject.scheduling.report import NodeReport
 from crawlproject.scheduling.sitepoliteness import SitePoliteness
 from crawlproject.scheduling.startstate import StartState
 from crawlproject.control import ControlWatcher
-from crawlproject.hooks import ACK, DEAD, RELEASED, RETRY, request_hooks
-from crawlproject.frontier.queue import (
-    ATTEMPT_META_KEYS,
-    DEAD_MAX,
-    INVALID_MAX,
-    MAX_PRIORITY,
-    NEW_UNFILTERED,
-    AsyncFrontier,
-)
+from crawlproject.hooks import ACK, RELEASED, RETRY, request_hooks
+from crawlproject.frontier.queue import DEAD_MAX, INVALID_MAX, MAX_PRIORITY, AsyncFrontier
 from crawlproject.frontier.retrypolicy import (
     CALLBACK_ATTEMPTS_META,
     LEASE_META,
@@ -168,12 +159,12 @@ class RedisScheduler(BaseScheduler):
         self.signer: Signer | None = None
         self.client: FrontierClient | None = None
         self.local: LocalRequests | None = None
-        self._kept_dead_tasks: set[asyncio.Future] = set()
         self._redis_url = redis_url_from_settings(crawler.settings)
         self._redis_outage = outage_log(crawler, "redis", f"Redis at {redact_url(self._redis_url)}")
         self._warned_priority = False
         self._scraping: set[str] = set()
-        self._failed: dict[str, tuple[str, str]] = {}
+        #: failed requests, retried or dead-lettered once done (set up at open)
+        self.failures: Failures | None = None
         # Counts of the per-request path, added to the stats by flush_counts()
         # (every loop turn and at close): Scrapy 2.19's inc_value costs ~1.7 us
         # through its deprecation wrappers, and a page made up to 11 of them.
@@ -238,7 +229,7 @@ class RedisScheduler(BaseScheduler):
         self.crawler.signals.connect(self._on_downloaded, signal=signals.response_downloaded)
         self.crawler.signals.connect(self._on_reached_downloader,
                                      signal=signals.request_reached_downloader)
-        self.crawler.signals.connect(self._on_spider_error, signal=signals.spider_error)
+        self.crawler.signals.connect(self.failures.on_spider_error, signal=signals.spider_error)
         self.crawler.signals.connect(self._on_robots, signal=signals.robots_parsed)
         self.crawler.signals.connect(self.node_control.on_spider_opened,
                                      signal=signals.spider_opened)
@@ -302,6 +293,8 @@ class RedisScheduler(BaseScheduler):
         self.limits = LimitsPublisher(self.client, self.politeness, self.stats,
                                       stop=self.node_control.stop, log_extra=extra)
         self.client.on_first_sync = self.limits.first_sync
+        self.failures = Failures(self.client, self.politeness, self.retry, self.report.count,
+                                 spider=spider, policy=self.policy, signer=self.signer)
         # A lease given back unstarted ends for the hooks (a tracing span) too.
         self.client.on_returned = lambda entry: (
             self._settled(entry.item, entry.member, RELEASED) if self.hooks else None)
@@ -513,46 +506,9 @@ class RedisScheduler(BaseScheduler):
         return self.client.flushed()
 
     # -- what sites and middlewares report -------------------------------------
-    def _download_failed(self, member: str, reason: str) -> None:
-        # What was recorded first wins: the retry middleware's "retries
-        # exhausted" (mark_failed) comes before the errback sees the failure.
-        if member in self.client.held:
-            self._failed.setdefault(member, ("download", reason))
-
     def mark_failed(self, request: Request, reason: str, kind: str = "download") -> None:
         """Dead-letter *request* when it leaves the engine (retries exhausted)."""
-        member = request.meta.get(LEASE_META)
-        if member in self.client.held:
-            self._failed[member] = (kind, reason)
-        elif is_kept(request):
-            self._kept_failed(request, kind, reason)
-
-    def _kept_failed(self, request: Request, kind: str, reason: str) -> None:
-        """A request this node kept (it cannot be stored) failed for good: a
-        dead letter too, with its URL and reason (no payload to replay)."""
-        if request.meta.get(KEPT_META) == "dead":
-            return   # said already (a callback raising for each of its outputs)
-        request.meta[KEPT_META] = "dead"
-        key = self.politeness.key(request)
-        record = {"member": "", "key": key, "payload": None, "priority": request.priority,
-                  "url": request.url, "kind": kind,
-                  "reason": f"{reason}; kept on this node (not storable): not replayable",
-                  "attempts": request.meta.get("retry_times", 0) + 1,
-                  "node": self.client.node, "at": time.time()}
-        self.report.count("scheduler/dead")
-        self.report.count(f"scheduler/dead/{kind}")
-        logger.error("Dead-lettered %s (kept on this node) after %s attempt(s): %s", request,
-                     record["attempts"], reason, extra={"spider": self.spider})
-        frontier = self.client.partitions[self.client.partition_of(key)]
-        task = asyncio.ensure_future(frontier.keep_dead(json.dumps(record)))
-        self._kept_dead_tasks.add(task)
-        task.add_done_callback(self._kept_dead_written)
-
-    def _kept_dead_written(self, task: asyncio.Future) -> None:
-        self._kept_dead_tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:   # logged above already
-            logger.warning("Could not write a kept request's dead letter to Redis: %s",
-                           task.exception(), extra={"spider": self.spider})
+        self.failures.mark_failed(request, reason, kind)
 
     def slow_down(self, request: Request, retry_after: float | None) -> None:
         """*request*'s site answered a slow-down status: block its politeness key
@@ -623,15 +579,6 @@ class RedisScheduler(BaseScheduler):
         if member in self.client.held:
             self._scraping.add(member)
 
-    def _on_spider_error(self, failure, response, spider):
-        request = getattr(response, "request", None)
-        member = request.meta.get(LEASE_META) if request is not None else None
-        exc = failure.value
-        if member in self.client.held:
-            self._failed[member] = ("callback", f"{type(exc).__name__}: {exc}")
-        elif request is not None and is_kept(request):
-            self._kept_failed(request, "callback", f"{type(exc).__name__}: {exc}")
-
     # -- the loop's hooks --------------------------------------------------------
     def _accept(self, partition: int, member: str, payload: bytes) -> Request:
         try:
@@ -646,7 +593,7 @@ class RedisScheduler(BaseScheduler):
         # Written by anyone (or an older version): canonical before it is fetched.
         request = self.urls.request(request)
         request.meta[LEASE_META] = member
-        request.errback = LeaseErrback(self._download_failed, member, request.errback)
+        request.errback = LeaseErrback(self.failures.download_failed, member, request.errback)
         # What the frontier stored, before downloader middlewares added their
         # headers: a page record keeps it to fetch the page again (recrawl).
         request.meta[PAYLOAD_META] = payload
@@ -706,56 +653,17 @@ class RedisScheduler(BaseScheduler):
             if request in inprogress:
                 continue
             self._scraping.discard(member)
-            failure = self._failed.pop(member, None)
+            failure = self.failures.failed.pop(member, None)
             if failure is None:
                 self.client.ack(member, relieve=not request.meta.get(SLOW_DOWN_META))
                 self.report.count("scheduler/acked")
                 outcome = ACK
             else:
-                outcome = self._handle_failure(member, request, *failure)
+                outcome = self.failures.handle(member, request, *failure)
             if self.hooks:
                 self._settled(request, member, outcome)
         self.report.maybe_report(self.client)
         self.limits.maybe_refresh()
-
-    def _handle_failure(self, member: str, request: Request, kind: str, reason: str) -> str:
-        """Retry a failed callback or dead-letter *request*; the outcome (retry, dead)."""
-        attempts = request.meta.get(CALLBACK_ATTEMPTS_META, 0) + 1
-        key = self.politeness.key(request)
-        if kind == "callback" and self.retry.retry_callback(attempts):
-            retry = request.replace(dont_filter=True)
-            retry.meta.pop(LEASE_META, None)
-            retry.meta[CALLBACK_ATTEMPTS_META] = attempts
-            try:
-                payload = request_to_json(retry, self.spider, self.policy, self.signer)
-            except RequestEncodeError as exc:  # a callback put something odd in meta
-                reason = f"{reason}; cannot be retried: {exc}"
-            else:
-                self.client.add(payload, None, retry.priority,
-                                int(self.retry.delay(attempts) * 1000), key, parent=member)
-                self.client.ack(member)
-                self.report.count("scheduler/callback_retries")
-                return RETRY
-        request.meta.pop(LEASE_META, None)
-        retries = request.meta.get("retry_times", 0)
-        try:
-            # Stored without its attempt counters: a replay gets fresh retries, and
-            # a signed payload is replayed byte for byte (nobody else may edit it).
-            fresh = request.replace(meta={k: v for k, v in request.meta.items()
-                                          if k not in ATTEMPT_META_KEYS})
-            payload = request_to_json(fresh, self.spider, self.policy, self.signer)
-        except RequestEncodeError as exc:  # kept without a payload: visible, not replayable
-            payload, reason = None, f"{reason}; request not storable: {exc}"
-        record = {"member": member, "key": key, "payload": payload,
-                  "priority": request.priority, "url": request.url, "kind": kind,
-                  "reason": reason, "attempts": (attempts if kind == "callback" else retries + 1),
-                  "node": self.client.node, "at": time.time()}
-        self.client.fail(member, "dead", record)
-        self.report.count("scheduler/dead")
-        self.report.count(f"scheduler/dead/{kind}")
-        logger.error("Dead-lettered %s after %s attempt(s): %s", request, record["attempts"],
-                     reason, extra={"spider": self.spider})
-        return DEAD
 
     @property
     def downloading(self) -> int:
@@ -772,8 +680,7 @@ class RedisScheduler(BaseScheduler):
         await self.report.settle()
         await self.control.stop()
         await self.local.close()
-        if self._kept_dead_tasks:   # dead letters of kept requests, written before leaving
-            await asyncio.gather(*self._kept_dead_tasks, return_exceptions=True)
+        await self.failures.close()   # dead letters of kept requests, written before leaving
         leftovers = await self.client.close()
         self.flush_counts()   # the final calls' (the engine may have asked once more)
         await self.node_control.left_frontier()

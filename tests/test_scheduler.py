@@ -72,7 +72,7 @@ def test_a_kept_request_that_fails_for_good_is_dead_lettered_with_its_reason(red
         assert scheduler.enqueue_request(request)
         scheduler.mark_failed(request, "TimeoutError: took too long")
         scheduler.mark_failed(request, "said twice")          # one letter, not two
-        await asyncio.gather(*scheduler._kept_dead_tasks)
+        await asyncio.gather(*scheduler.failures.kept_tasks)
         await scheduler.client.partitions[0].client.aclose()
     asyncio.run(fail_it())
     dead = [json_.loads(r) for r in redis.lrange("{meta}:dead", 0, -1)]
