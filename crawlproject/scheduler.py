@@ -47,7 +47,6 @@ state; its parts that stand alone are in :mod:`crawlproject.scheduling`.
 from __future__ import annotations
 
 import logging
-import time
 
 from scrapy import Request, signals
 from scrapy.core.scheduler import BaseScheduler
@@ -75,6 +74,7 @@ from crawlproject.scheduling.local import SLOT_PREFIX, LocalRequests, strip_slot
 from crawlproject.scheduling.nodecontrol import NodeControl
 from crawlproject.scheduling.report import NodeReport
 from crawlproject.scheduling.sitepoliteness import SitePoliteness
+from crawlproject.scheduling.sitefeedback import SiteFeedback
 from crawlproject.scheduling.startstate import StartState
 from crawlproject.control import ControlWatcher
 from crawlproject.hooks import ACK, RELEASED, RETRY, request_hooks
@@ -165,6 +165,8 @@ class RedisScheduler(BaseScheduler):
         self._scraping: set[str] = set()
         #: failed requests, retried or dead-lettered once done (set up at open)
         self.failures: Failures | None = None
+        #: what sites answer, told to every node (set up at open)
+        self.site_feedback: SiteFeedback | None = None
         # Counts of the per-request path, added to the stats by flush_counts()
         # (every loop turn and at close): Scrapy 2.19's inc_value costs ~1.7 us
         # through its deprecation wrappers, and a page made up to 11 of them.
@@ -224,13 +226,14 @@ class RedisScheduler(BaseScheduler):
         per_node_robots(self.crawler, {"spider": spider})
         install_guard(self.crawler)   # DOWNLOAD_ALLOWED_NETWORKS for every connection (egress/)
         self.crawler.signals.connect(self._on_response, signal=signals.response_received)
-        self.crawler.signals.connect(self._on_left_downloader,
+        feedback = self.site_feedback
+        self.crawler.signals.connect(feedback.on_left_downloader,
                                      signal=signals.request_left_downloader)
-        self.crawler.signals.connect(self._on_downloaded, signal=signals.response_downloaded)
-        self.crawler.signals.connect(self._on_reached_downloader,
+        self.crawler.signals.connect(feedback.on_downloaded, signal=signals.response_downloaded)
+        self.crawler.signals.connect(feedback.on_reached_downloader,
                                      signal=signals.request_reached_downloader)
         self.crawler.signals.connect(self.failures.on_spider_error, signal=signals.spider_error)
-        self.crawler.signals.connect(self._on_robots, signal=signals.robots_parsed)
+        self.crawler.signals.connect(feedback.on_robots, signal=signals.robots_parsed)
         self.crawler.signals.connect(self.node_control.on_spider_opened,
                                      signal=signals.spider_opened)
         self.crawler.signals.connect(self.node_control.on_spider_idle,
@@ -293,6 +296,8 @@ class RedisScheduler(BaseScheduler):
         self.limits = LimitsPublisher(self.client, self.politeness, self.stats,
                                       stop=self.node_control.stop, log_extra=extra)
         self.client.on_first_sync = self.limits.first_sync
+        self.site_feedback = SiteFeedback(self.client, self.politeness, self.stats,
+                                          SiteFeedback.robots_agent(self.crawler.settings))
         self.failures = Failures(self.client, self.politeness, self.retry, self.report.count,
                                  spider=spider, policy=self.policy, signer=self.signer)
         # A lease given back unstarted ends for the hooks (a tracing span) too.
@@ -513,59 +518,7 @@ class RedisScheduler(BaseScheduler):
     def slow_down(self, request: Request, retry_after: float | None) -> None:
         """*request*'s site answered a slow-down status: block its politeness key
         for *retry_after* seconds for every node, or back it off."""
-        key = self.politeness.key(request)
-        if retry_after is not None:
-            self.client.feedback(key, "block", retry_after)
-        else:
-            self.client.feedback(key, "backoff")
-        request.meta[SLOW_DOWN_META] = True
-        self.stats.inc_value("politeness/blocked" if retry_after is not None
-                             else "politeness/backoffs")
-
-    def _on_robots(self, robotparser, request, **kwargs):
-        agent = (self.crawler.settings.get("ROBOTSTXT_USER_AGENT")
-                 or self.crawler.settings.get("USER_AGENT") or "*")
-        try:
-            delay = robotparser.crawl_delay(agent)
-        except Exception:  # a parser that cannot tell: no crawl delay
-            delay = None
-        if delay:
-            self.client.feedback(self.politeness.key(request), "crawldelay", float(delay))
-            self.stats.inc_value("politeness/crawl_delays")
-
-    def _on_downloaded(self, response, request, spider=None, **kwargs):
-        # Sent before request_left_downloader (and before the middlewares see
-        # the status): a site that says "wait this long" (Retry-After) gets no
-        # request handed its slot, even before slow_down() tells every node. A
-        # slow-down answer without it slows the site only when its recent
-        # error rate says so (the frontier decides; the reply says whether
-        # the reserve may still be used): a transient 503 stops nothing here.
-        if (response.status in self.politeness.backoff_codes and LEASE_META in request.meta
-                and response.headers.get(b"Retry-After")):
-            self.client.hold_back(self.politeness.key(request))
-
-    def _on_reached_downloader(self, request, spider=None, **kwargs):
-        # How long after its lease a request of a site with an interval was
-        # sent: one the buffer held too long went back to the frontier
-        # (politeness/late_returned); one held up after the buffer (the
-        # engine's loop busy, a downloader middleware) is reported: the site's
-        # next start, for every node, counts from this send, not the lease.
-        entry = self.client.held.get(request.meta.get(LEASE_META))
-        if entry is None or not entry.polite:
-            return
-        now = time.monotonic()
-        lag = now - entry.leased_at
-        if lag > entry.lag_allowed:
-            self.stats.inc_value("politeness/sent_late")
-            self.client.sent_late(entry, now)
-        self.stats.max_value("politeness/send_lag_max_ms", int(lag * 1000))
-
-    def _on_left_downloader(self, request, spider=None, **kwargs):
-        # The download is over (response or error): the site's slot is free for
-        # another node even though the request is not done (callback, items).
-        member = request.meta.get(LEASE_META)
-        if member is not None:
-            self.client.fetched(member)
+        self.site_feedback.slow_down(request, retry_after)
 
     def _free_slots(self) -> int:
         downloader = getattr(self.crawler.engine, "downloader", None)

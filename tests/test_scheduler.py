@@ -424,7 +424,7 @@ def test_robots_crawl_delay_and_slow_down_answers_reach_the_frontier(redis_url):
     scheduler.setup(crawler.spider)
     crawler.stats.open_spider()
     parser = ProtegoRobotParser(b"User-agent: *\nCrawl-delay: 3\n", crawler.spider)
-    scheduler._on_robots(parser, Request("http://Shop.Example:8080/x"))
+    scheduler.site_feedback.on_robots(parser, Request("http://Shop.Example:8080/x"))
     assert scheduler.client.outbox[0].feedback == [("shop.example", "crawldelay", 3000)]
 
     crawler.engine = type("E", (), {"scheduler": scheduler})()
