@@ -47,12 +47,11 @@ state; its parts that stand alone are in :mod:`crawlproject.scheduling`.
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 from scrapy import Request, signals
 from scrapy.core.scheduler import BaseScheduler
 from scrapy.utils.defer import deferred_from_coro
-from scrapy.utils.request import RequestFingerprinter
-from scrapy.utils.request import fingerprint as scrapy_fingerprint
 
 from crawlproject.connection import (redact_url, redis_from_settings,
                                      redis_url_from_settings)
@@ -70,8 +69,9 @@ from crawlproject.scheduling.errback import LeaseErrback
 from crawlproject.scheduling.failures import Failures
 from crawlproject.scheduling.limits import (HOST_LIMITS_REFRESH, LIMITS_CHUNK,
                                             LimitsPublisher)
-from crawlproject.scheduling.local import SLOT_PREFIX, LocalRequests, strip_slot
+from crawlproject.scheduling.local import LocalRequests, local_slot, strip_slot
 from crawlproject.scheduling.nodecontrol import NodeControl
+from crawlproject.scheduling.recent import RecentlySent
 from crawlproject.scheduling.report import NodeReport
 from crawlproject.scheduling.sitepoliteness import SitePoliteness
 from crawlproject.scheduling.sitefeedback import SiteFeedback
@@ -90,7 +90,6 @@ from crawlproject.frontier.retrypolicy import (
 )
 from crawlproject.node import node_id
 from crawlproject.outage import outage_log
-from crawlproject.frontier.sitelimits import UNLIMITED
 from crawlproject.policy import InputPolicy
 from crawlproject.serialization import (
     RequestDecodeError,
@@ -133,18 +132,8 @@ class RedisScheduler(BaseScheduler):
         self.idle_poll, self.lease_ttl, self.heartbeat = idle_poll, lease_ttl, heartbeat
         self.idle_poll_max = idle_poll_max
         self.local_dedupe_size = local_dedupe_size
-        self._recent: set[int] = set()
-        self._recent_old: set[int] = set()
-        # The same two generations, of the URLs those fingerprints came from:
-        # with Scrapy's own fingerprinter a GET without a body (or verbatim_url)
-        # has the fingerprint of its URL string, so a link this node already
-        # sent (menus, related items: most links a page yields) is dropped on
-        # a set lookup instead of a canonicalisation and a SHA-1 (~9 us, bench.costs).
-        self._recent_urls: set[int] = set()
-        self._recent_urls_old: set[int] = set()
-        self._urls_decide = (type(self.fingerprinter) is RequestFingerprinter
-                             and getattr(self.fingerprinter, "_fingerprint", None)
-                             is scrapy_fingerprint)
+        #: the local dedupe: what this node sent most recently
+        self.recent = RecentlySent(local_dedupe_size, self.fingerprinter)
         self.bloom = bloom
         self.retry = retry
         #: every request's URL in its canonical form (crawlproject/urls.py), shared
@@ -305,7 +294,7 @@ class RedisScheduler(BaseScheduler):
             self._settled(entry.item, entry.member, RELEASED) if self.hooks else None)
         self.local = LocalRequests(
             mark_seen=lambda p, fps: self.client.partitions[p].mark_seen(fps),
-            partition_of=self.client.partition_of, slot_for=self._local_slot,
+            partition_of=self.client.partition_of, slot_for=partial(local_slot, self.crawler, self.politeness),
             count=self.report.count, nudge=self._nudge_engine, log_extra=extra)
 
     def close(self, reason: str):
@@ -323,15 +312,18 @@ class RedisScheduler(BaseScheduler):
             return False
 
     def _enqueue(self, request: Request) -> bool:
-        url_key = self._url_key(request)
-        if self._sent_here(url_key):   # a canonical URL this node sent: no more work
+        recent = self.recent
+        url_key = recent.url_key(request)
+        if recent.sent(url_key):   # a canonical URL this node sent: no more work
+            self._filtered_locally += 1
             return False
         # One URL a page, one host a site: what is fetched, fingerprinted, keyed
         # for politeness and robots.txt, logged and stored (no credentials).
         canonical = self.urls.request(request)
         if canonical is not request:
-            request, url_key = canonical, self._url_key(canonical)
-            if self._sent_here(url_key):
+            request, url_key = canonical, recent.url_key(canonical)
+            if recent.sent(url_key):
+                self._filtered_locally += 1
                 return False
         strip_slot(request)
         member = request.meta.pop(LEASE_META, None)
@@ -340,7 +332,7 @@ class RedisScheduler(BaseScheduler):
         delay = request.meta.pop(RETRY_DELAY_META, 0)
         request.meta.pop(SLOW_DOWN_META, None)
         fp = None if request.dont_filter else self.fingerprinter.fingerprint(request)
-        if fp is not None and self._seen_here(fp):
+        if fp is not None and recent.seen(fp):
             # This node already sent it: the shared filter has it (or will have
             # it with the pending call); skip the encoding and the round trip.
             self._filtered_locally += 1
@@ -349,11 +341,11 @@ class RedisScheduler(BaseScheduler):
             payload = request_to_json(request, self.spider, self.policy, self.signer)
         except RequestEncodeError as exc:
             if fp is not None:
-                self._remember(fp, url_key)
+                recent.remember(fp, url_key)
             self._keep_local(request, fp, member, exc)
             return True
         if fp is not None:
-            self._remember(fp, url_key)
+            recent.remember(fp, url_key)
         if abs(request.priority) > MAX_PRIORITY:
             self._priority_clamped(request)
         replaces = (member is not None and member in self.client.held
@@ -369,7 +361,7 @@ class RedisScheduler(BaseScheduler):
             # for budgets, and its fingerprint recorded, so that a link back to
             # it (a start URL linked from its own pages) is not fetched again.
             fp, unfiltered = self.fingerprinter.fingerprint(request), True
-            self._remember(fp, url_key)
+            recent.remember(fp, url_key)
         self.client.add(payload, fp, request.priority, int(delay * 1000),
                         self.politeness.key(request), parent=parent, unfiltered=unfiltered)
         if replaces:
@@ -399,24 +391,6 @@ class RedisScheduler(BaseScheduler):
             self.client.ack(member, relieve=False)
             if self.hooks:
                 self._settled(replaced, member, ACK)
-
-    def _local_slot(self, key: str) -> str | None:
-        """The download slot of kept requests of politeness key *key*, with the
-        site's limits (None when the frontier's politeness is off: Scrapy's
-        own slots then apply as configured)."""
-        if not self.politeness.enabled:
-            return None
-        slot = SLOT_PREFIX + key
-        try:
-            downloader = self.crawler.engine.downloader
-        except (RuntimeError, AttributeError):   # no engine yet: Scrapy's slot defaults
-            downloader = None
-        if downloader is not None and slot not in downloader.per_slot_settings:
-            limits = self.politeness.overrides.get(key, self.politeness.default)
-            concurrency = limits.concurrency if 0 < limits.concurrency < UNLIMITED else 1_000_000
-            downloader.per_slot_settings[slot] = {"delay": limits.delay,
-                                                  "concurrency": concurrency}
-        return slot
 
     def _priority_clamped(self, request: Request) -> None:
         self.stats.inc_value("scheduler/priority_clamped")
@@ -466,40 +440,6 @@ class RedisScheduler(BaseScheduler):
         if self._unproven:
             self.stats.inc_value("scheduler/unproven", self._unproven)
             self._unproven = 0
-
-    def _sent_here(self, url_key: int | None) -> bool:
-        if url_key is not None and (url_key in self._recent_urls
-                                    or url_key in self._recent_urls_old):
-            self._filtered_locally += 1
-            return True
-        return False
-
-    def _seen_here(self, fp: bytes) -> bool:
-        key = hash(fp)
-        return key in self._recent or key in self._recent_old
-
-    def _url_key(self, request: Request) -> int | None:
-        """The key of *request*'s URL in the local dedupe, or None where its
-        fingerprint is not a function of its URL string alone."""
-        if (not self._urls_decide or request.dont_filter or request.method != "GET"
-                or request.body or request.meta.get("verbatim_url")):
-            return None
-        # Like the fingerprints', a 64-bit hash, salted per process (unless
-        # PYTHONHASHSEED is pinned): a page cannot craft a URL that collides
-        # with another to keep it from being sent.
-        return hash(request.url)
-
-    def _remember(self, fp: bytes, url_key: int | None = None) -> None:
-        # Two generations of at most local_dedupe_size hashes each: bounded
-        # memory, and the most recent fingerprints are always remembered. The
-        # URLs turn over with their fingerprints: a URL is never remembered
-        # after its fingerprint is forgotten.
-        if len(self._recent) >= self.local_dedupe_size:
-            self._recent_old, self._recent = self._recent, set()
-            self._recent_urls_old, self._recent_urls = self._recent_urls, set()
-        self._recent.add(hash(fp))
-        if url_key is not None:
-            self._recent_urls.add(url_key)
 
     def local_backlog(self) -> int:
         """Requests this node holds that Redis has not handed to the engine yet
