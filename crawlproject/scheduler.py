@@ -1,47 +1,12 @@
 """RedisScheduler: Scrapy's scheduler over the shared Redis frontier.
 
-A thin adapter: the frontier's rules live in :mod:`crawlproject.frontier`
-(per-partition Lua calls in ``queue.py``, the node's sync loop in
-``client.py``, politeness keys and limits in ``sitelimits.py``, retries in
-``retrypolicy.py``); this module turns requests into JSON payloads and back,
-and tells the loop when the engine is done with a request.
-
-* ``next_request()`` returns from a local prefetch buffer, never waiting on
-  Redis (with ``SCHEDULER_START_BURST``, at most that many per turn of the
-  event loop: :class:`~crawlproject.scheduling.burst.StartBurst`); the loop refills it with requests whose
-  site may be fetched *now* (politeness is enforced cluster-wide when requests are leased: see
-  :mod:`crawlproject.frontier.sitelimits`), sends new requests (deduplicated
-  and enqueued in the same atomic call, in batches), acknowledges finished
-  ones and renews this node's lease.
-* A request is acknowledged only when it has left the engine: downloaded, its
-  callback's output consumed, its new requests stored and its items through
-  the pipelines. A node killed at any moment loses nothing: its leased
-  requests are put back by any other node once its lease
-  (``SCHEDULER_LEASE_TTL``, 10 s by default, renewed every
-  ``SCHEDULER_HEARTBEAT_INTERVAL``) expires.
-* Downloads that keep failing are retried with exponential backoff through
-  Redis (see :mod:`crawlproject.middlewares.retry`), then dead-lettered; a
-  callback that keeps crashing is retried ``CALLBACK_RETRY_TIMES`` times,
-  then dead-lettered too (``python -m crawlproject.cli dead`` / ``replay``).
-* Requests travel as JSON (:mod:`crawlproject.serialization`); a request that
-  cannot be serialised is refused at enqueue time with the offending key. A
-  stored payload is untrusted: one that does not decode into a request the
-  spider published (:mod:`crawlproject.policy`) is moved to ``{spider}:invalid``.
-* What sites say reaches every node: a 429/503 (``FRONTIER_BACKOFF_HTTP_CODES``)
-  with ``Retry-After`` blocks the site, without it slows it down
-  (:mod:`crawlproject.middlewares.slowdown`), and a robots.txt
-  ``Crawl-delay`` applies when ``ROBOTSTXT_OBEY`` is on.
-* Acknowledgements rely on the engine's private slot (``_slot.inprogress`` and
-  ``_slot.nextcall``, Scrapy 2.13–2.19); :meth:`RedisScheduler.open` refuses
-  to start, with a clear message, on a Scrapy without them rather than never
-  acknowledging anything. The same for the downloader attributes that keep
-  Scrapy's own per-domain delay from adding to the frontier's.
-
-Size (over 600 lines): :class:`RedisScheduler` is the one object Scrapy
-calls as its scheduler (``enqueue_request``, ``next_request``,
-``has_pending_requests``, ``open``/``close``) and whose signal handlers
-(response, spider error, download left, control) update the same per-request
-state; its parts that stand alone are in :mod:`crawlproject.scheduling`.
+The one object Scrapy calls as its scheduler (``enqueue_request``,
+``next_request``, ``has_pending_requests``, ``open``/``close``): it turns
+requests into stored payloads and back, and acknowledges each request once it
+has left the engine. The node's sync loop with Redis is
+:mod:`crawlproject.frontier.client`; the scheduler's other parts are in
+:mod:`crawlproject.scheduling`. How it works: docs/frontier.md, "The Scrapy
+adapter".
 """
 
 from __future__ import annotations
@@ -152,25 +117,26 @@ class RedisScheduler(BaseScheduler):
         self._redis_outage = outage_log(crawler, "redis", f"Redis at {redact_url(self._redis_url)}")
         self._warned_priority = False
         self._scraping: set[str] = set()
-        #: failed requests, retried or dead-lettered once done (set up at open)
-        self.failures: Failures | None = None
-        #: what sites answer, told to every node (set up at open)
-        self.site_feedback: SiteFeedback | None = None
         # Counts of the per-request path, added to the stats by flush_counts()
         # (every loop turn and at close): Scrapy 2.19's inc_value costs ~1.7 us
         # through its deprecation wrappers, and a page made up to 11 of them.
         self._filtered_locally = self._enqueued = self._dequeued = self._unproven = 0
-        #: FRONTIER_HOST_LIMITS published to Redis and kept there (set up at open)
-        self.limits: LimitsPublisher | None = None
-        #: the node's report, counts and Frontier line (set up at open)
-        self.report: NodeReport | None = None
         self.report_interval = setting(crawler.settings, "SCHEDULER_LOG_INTERVAL")
         self.control_interval = setting(crawler.settings, "CONTROL_POLL_INTERVAL")
-        self.control: ControlWatcher | None = None
         #: the operator's state found at start (CONTROL_ON_START: wait or exit)
         self.start_state = StartState("", control_on_start)
-        #: the operator's state applied to this node (set up at open)
+        # Its parts (crawlproject.scheduling), set up at open with the frontier client:
+        #: the node's report, its cluster-wide counts and the Frontier line
+        self.report: NodeReport | None = None
+        #: the operator's state applied to this node, and its ControlWatcher
         self.node_control: NodeControl | None = None
+        self.control: ControlWatcher | None = None
+        #: FRONTIER_HOST_LIMITS published to Redis and kept there
+        self.limits: LimitsPublisher | None = None
+        #: what sites answer, told to every node
+        self.site_feedback: SiteFeedback | None = None
+        #: failed requests, retried or dead-lettered once they leave the engine
+        self.failures: Failures | None = None
         #: request lifecycle hooks (crawlproject.hooks), read at open
         self.hooks: list = []
         self.start_burst = StartBurst(start_burst, self._nudge_engine)
@@ -294,7 +260,8 @@ class RedisScheduler(BaseScheduler):
             self._settled(entry.item, entry.member, RELEASED) if self.hooks else None)
         self.local = LocalRequests(
             mark_seen=lambda p, fps: self.client.partitions[p].mark_seen(fps),
-            partition_of=self.client.partition_of, slot_for=partial(local_slot, self.crawler, self.politeness),
+            partition_of=self.client.partition_of,
+            slot_for=partial(local_slot, self.crawler, self.politeness),
             count=self.report.count, nudge=self._nudge_engine, log_extra=extra)
 
     def close(self, reason: str):
