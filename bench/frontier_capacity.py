@@ -29,7 +29,7 @@ repetition):
    (:class:`devtools.services.RedisCluster`, redis-py ``RedisCluster``).
    A node groups its adds and acks by partition (``partition_of(host, 12)``),
    spreads its take over the partitions that reported queued work (as
-   ``FrontierClient._plan_takes`` does) and calls ``Frontier.sync`` of every
+   ``SyncLoop._plan_takes`` does) and calls ``Frontier.sync`` of every
    partition that has work, one after the other. (``FrontierClient`` calls them
    concurrently: a round here is up to 12 round trips in a row, so this
    configuration's pages/s is a lower bound; its point is how the load spreads.)

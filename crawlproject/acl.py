@@ -1,7 +1,8 @@
 """Redis ACL users of a crawl, and how a node names a command Redis refuses.
 
-``deploy/users.acl`` is the template of the roles (node, seeder, operator; see
-docs/deploy.md, "Redis users (ACL)"). Redis' ACL file takes no comments, so
+``deploy/users.acl`` is the template of the roles (node, seeder, operator, and
+KEDA's trigger when ``CRAWL_KEDA_PASSWORD`` is set; see docs/deploy.md, "Redis
+users (ACL)"). Redis' ACL file takes no comments, so
 :func:`render` turns the template into a file Redis loads::
 
     CRAWL_NODE_PASSWORD=... CRAWL_SEEDER_PASSWORD=... CRAWL_OPERATOR_PASSWORD=... \\
@@ -28,8 +29,10 @@ from redis.exceptions import NoPermissionError, ResponseError
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "deploy" / "users.acl"
 ROLES = ("NODE", "SEEDER", "OPERATOR")
+#: Roles whose users are written only when their password is given.
+OPTIONAL_ROLES = ("KEDA",)
 #: Environment variables holding the roles' passwords (hashed into the file).
-PASSWORD_ENV = {role: f"CRAWL_{role}_PASSWORD" for role in ROLES}
+PASSWORD_ENV = {role: f"CRAWL_{role}_PASSWORD" for role in ROLES + OPTIONAL_ROLES}
 ADMIN_PASSWORD_ENV = "CRAWL_ADMIN_PASSWORD"
 #: The only command the Lua scripts call with no key (server_now in frontier/lua/lib/clock.lua).
 SCRIPT_KEYLESS_COMMANDS = ("time",)
@@ -54,7 +57,8 @@ REDIS_6_RULES = ((" +fcall +fcall_ro ", " +evalsha "),
 def render(spiders: list[str], passwords: dict[str, str], admin_password: str | None = None,
            template: str | None = None, redis_version: tuple[int, ...] = (7,)) -> str:
     """The ACL file for *spiders*: the template's user lines once per spider,
-    passwords (by role: ``NODE``, ``SEEDER``, ``OPERATOR``) as SHA-256, and the
+    passwords (by role: ``NODE``, ``SEEDER``, ``OPERATOR``; ``KEDA``, whose
+    user is left out without a password) as SHA-256, and the
     ``default`` user: ``off`` without *admin_password* (a file that leaves it
     out gives it every right and no password). The template is for Redis 7;
     *redis_version* ``(6, 2)`` renders it for Redis 6.2 (:data:`REDIS_6_RULES`)."""
@@ -67,13 +71,16 @@ def render(spiders: list[str], passwords: dict[str, str], admin_password: str | 
     for role in ROLES:
         if not passwords.get(role):
             raise ValueError(f"no password for the {role.lower()} role ({PASSWORD_ENV[role]})")
+    roles = ROLES + tuple(role for role in OPTIONAL_ROLES if passwords.get(role))
+    left_out = [f"{role}_PASSWORD_SHA256" for role in OPTIONAL_ROLES if role not in roles]
+    lines = [line for line in lines if not any(marker in line for marker in left_out)]
     out = [f"user default on #{_sha256(admin_password)} ~* &* +@all" if admin_password
            else "user default off resetkeys -@all"]
     for spider in spiders:
         if not _SPIDER_NAME.fullmatch(spider):
             raise ValueError(f"spider name {spider!r}: only letters, digits, _ . - in an ACL")
         for line in lines:
-            for role in ROLES:
+            for role in roles:
                 line = line.replace(f"{role}_PASSWORD_SHA256", _sha256(passwords[role]))
             out.append(line.replace("SPIDER", spider))
     return "\n".join(out) + "\n"

@@ -6,7 +6,7 @@
 settings block listed line by line before it):
 
 * the scheduler (:data:`SETTINGS`: ``SCHEDULER``), ``TWISTED_REACTOR``, Scrapy's
-  remote control off, the body limits and download deadline, at Scrapy's
+  remote control and telnet console off, the body limits and download deadline, at Scrapy's
   ``addon`` priority: a value of the project's ``settings.py``, ``-s`` or a
   spider's ``custom_settings`` wins;
 * the downloader and spider middlewares (:data:`DOWNLOADER_MIDDLEWARES`,
@@ -48,6 +48,9 @@ SETTINGS = {
     "TWISTED_REACTOR": "twisted.internet.asyncioreactor.AsyncioSelectorReactor",
     # Scrapy's HTTP endpoint that runs posted code: not on a crawl node
     "REMOTE_CONTROL_ENABLED": False,
+    # Scrapy's telnet console: a Python shell into the crawl on a local port, whose
+    # password Scrapy logs at INFO (into every node's log and log collector)
+    "TELNETCONSOLE_ENABLED": False,
     # Scrapy's 1 GiB let a 2 KB brotli bomb take 2.1 GiB: bodies in MiB, checked
     # while decompressing (LimitedHttpCompressionMiddleware)
     "DOWNLOAD_MAXSIZE": 16 * 1024 * 1024,

@@ -255,6 +255,9 @@ TRACING_EXPORTER = "otlp"                   # otlp (HTTP) or console
 TRACING_ENDPOINT = ""                       # "": $OTEL_EXPORTER_OTLP_*ENDPOINT or localhost:4318
 GC_FREEZE_ENABLED = False                   # gc.freeze() the start-up heap at spider open
 GC_THRESHOLD = None                         # e.g. [10000, 10, 10]; None: CPython's
+LIVENESS_ENABLED = False                    # a heartbeat file the reactor writes (probes)
+LIVENESS_FILE = "/tmp/crawlproject-liveness"  # where; the probe's --file
+LIVENESS_INTERVAL = 5.0                     # seconds between beats
 
 #: Settings that fall back to the environment variable of the same name.
 ENVIRONMENT = frozenset({"REDIS_URL", "REDIS_CLUSTER", "REDIS_HOST", "REDIS_PORT",

@@ -251,6 +251,7 @@ class RedisScheduler(BaseScheduler):
         self.limits = LimitsPublisher(self.client, self.politeness, self.stats,
                                       stop=self.node_control.stop, log_extra=extra)
         self.client.on_first_sync = self.limits.first_sync
+        self.client.budgets.idle_close = getattr(spider, "max_idle_time", None)  # said when spent
         self.site_feedback = SiteFeedback(self.client, self.politeness, self.stats,
                                           SiteFeedback.robots_agent(self.crawler.settings))
         self.failures = Failures(self.client, self.politeness, self.retry, self.report.count,

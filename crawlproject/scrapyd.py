@@ -2,11 +2,16 @@
 ``schedule``, ``jobs``).
 
 Targets are the ``[deploy:NAME]`` sections of ``scrapy.cfg`` (``url``, ``project``,
-optional ``username``) or a targets file of ``NAME URL`` lines (``#`` comments).
-Credentials never live in the repository: a target's ``username``/``password`` from
-``scrapy.cfg`` if an operator put them there, else ``SCRAPYD_USERNAME`` /
-``SCRAPYD_PASSWORD`` from the environment, else ``~/.netrc`` (requests reads it for
-the target's host). Passwords are never printed.
+optional ``username``, ``credentials_file``) or a targets file of ``NAME URL
+[CREDENTIALS_FILE]`` lines (``#`` comments). Credentials never live in the
+repository nor on the command line, and each node may have its own (scrapyd-node.sh
+generates a password per node): a target's credentials file (``SCRAPYD_USERNAME=``
+and ``SCRAPYD_PASSWORD=`` lines, as the node's own ``scrapyd.env`` has them; mode
+600, else refused), else its ``username``/``password`` from ``scrapy.cfg`` if an
+operator put them there, else ``SCRAPYD_USERNAME`` / ``SCRAPYD_PASSWORD`` from the
+environment (one password shared by every node on purpose), else ``~/.netrc``
+(requests reads it for the target's host: two nodes on one host cannot be told
+apart there). Passwords are never printed.
 
 Unlike ``scrapyd-deploy`` (which exits 0 when an upload is refused with
 ``{"status": "error"}``, and with ``-a`` whatever happens), every call here checks
@@ -39,10 +44,16 @@ from requests.utils import get_netrc_auth
 TIMEOUT = 30.0
 
 
-CREDENTIALS_HELP = ("crawlctl reads a target's credentials from its username/password in "
+CREDENTIALS_HELP = ("crawlctl reads a target's credentials from its credentials file (the "
+                    "third field of its targets-file line, or credentials_file in scrapy.cfg "
+                    "[deploy:NAME]: SCRAPYD_USERNAME= and SCRAPYD_PASSWORD= lines, as in the "
+                    "node's scrapyd.env, mode 600), else its username/password in "
                     "scrapy.cfg [deploy:NAME], else SCRAPYD_USERNAME and SCRAPYD_PASSWORD in "
                     "the environment, else ~/.netrc (machine <host> login <user> password "
                     "<password>)")
+
+#: the keys of a credentials file (those of the node's scrapyd.env)
+CREDENTIAL_KEYS = ("SCRAPYD_USERNAME", "SCRAPYD_PASSWORD")
 
 
 class ScrapydError(Exception):
@@ -61,9 +72,42 @@ class Target:
 
     #: where username/password came from ("[deploy:NAME] of scrapy.cfg"); None: a targets file
     origin: str | None = field(default=None, repr=False)
+    #: this target's own credentials file (read when a request is made)
+    credentials_file: Path | None = None
+
+    def _from_file(self) -> tuple[str, str]:
+        """(user, password) of :attr:`credentials_file`; :class:`ScrapydError`
+        naming the target and the file when it cannot be used."""
+        path = self.credentials_file
+        try:
+            mode = path.stat().st_mode
+            text = path.read_text()
+        except OSError as exc:
+            raise ScrapydError(f"{self.where}: cannot read its credentials file {path}: "
+                               f"{exc.strerror or exc}") from None
+        if mode & 0o077:
+            raise ScrapydError(f"{self.where}: its credentials file {path} is readable by "
+                               f"others (mode {mode & 0o777:o}): chmod 600 {path}")
+        values = {}
+        for line in text.splitlines():
+            name, sep, value = line.strip().partition("=")
+            if sep and name.strip() in CREDENTIAL_KEYS:
+                values[name.strip()] = value.strip().strip("'\"")
+        missing = [k for k in CREDENTIAL_KEYS if not values.get(k)]
+        if missing:
+            raise ScrapydError(f"{self.where}: its credentials file {path} has no "
+                               f"{' and no '.join(missing)} line (expected "
+                               "SCRAPYD_USERNAME=... and SCRAPYD_PASSWORD=..., as in the "
+                               "node's scrapyd.env)")
+        return values["SCRAPYD_USERNAME"], values["SCRAPYD_PASSWORD"]
 
     def _credentials(self) -> tuple[str | None, str | None, str, str]:
-        """(user, password, where each came from): the target's, else the environment's."""
+        """(user, password, where each came from): the target's credentials file,
+        else its scrapy.cfg values, else the environment's."""
+        if self.credentials_file is not None:
+            user, password = self._from_file()
+            where = f"{self.credentials_file} (credentials file of {self.name})"
+            return user, password, where, where
         user, user_from = ((self.username, self.origin) if self.username
                            else (os.environ.get("SCRAPYD_USERNAME"), "SCRAPYD_USERNAME"))
         password, password_from = ((self.password, self.origin) if self.password
@@ -116,27 +160,38 @@ def targets_from_cfg(path: str | Path = "scrapy.cfg") -> dict[str, Target]:
             sec = cfg[section]
             if "url" not in sec:
                 raise ScrapydError(f"{path}: [{section}] has no url")
+            secret = sec.get("credentials_file")
             out[name] = Target(name, sec["url"], sec.get("project", "crawlproject"),
                                sec.get("username"), sec.get("password"),
-                               origin=f"[{section}] of {Path(path).resolve()}")
+                               origin=f"[{section}] of {Path(path).resolve()}",
+                               credentials_file=_beside(path, secret) if secret else None)
     return out
 
 
 def targets_from_file(path: str | Path, project: str = "crawlproject") -> dict[str, Target]:
-    """``NAME URL`` per line (``#`` comments); no credentials in the file."""
+    """``NAME URL [CREDENTIALS_FILE]`` per line (``#`` comments): no credentials in
+    the file itself; a credentials file's path is relative to the targets file."""
     out = {}
     for number, line in enumerate(Path(path).read_text().splitlines(), 1):
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
         parts = line.split()
-        if len(parts) != 2 or not parts[1].startswith(("http://", "https://")):
-            raise ScrapydError(f"{path}:{number}: expected 'NAME http(s)://host:port/'")
+        if len(parts) not in (2, 3) or not parts[1].startswith(("http://", "https://")):
+            raise ScrapydError(f"{path}:{number}: expected 'NAME http(s)://host:port/ "
+                               "[CREDENTIALS_FILE]'")
         if urlsplit(parts[1]).password:
             raise ScrapydError(f"{path}:{number}: no credentials in the targets file "
-                               "(use SCRAPYD_USERNAME/SCRAPYD_PASSWORD or ~/.netrc)")
-        out[parts[0]] = Target(parts[0], parts[1], project)
+                               "(name a credentials file as the third field, or use "
+                               "SCRAPYD_USERNAME/SCRAPYD_PASSWORD or ~/.netrc)")
+        out[parts[0]] = Target(parts[0], parts[1], project, credentials_file=_beside(
+            path, parts[2]) if len(parts) == 3 else None)
     return out
+
+
+def _beside(config: str | Path, path: str) -> Path:
+    """*path* (``~`` expanded), relative to the directory of the file *config* that names it."""
+    return Path(config).resolve().parent / Path(path).expanduser()
 
 
 def build_egg(project_dir: str | Path = ".") -> Path:

@@ -135,7 +135,9 @@ ITEM_PIPELINES = {
 EXTENSIONS = {"crawlproject.extensions.metrics.PrometheusMetrics": 500,
               "crawlproject.extensions.tracing.RequestTracing": 510,
               "crawlproject.recrawl.extension.RecrawlFeeder": 520,
-              "crawlproject.extensions.gctuning.GcFreeze": 530}
+              "crawlproject.extensions.gctuning.GcFreeze": 530,
+              # a heartbeat file for liveness probes, opt-in (LIVENESS_ENABLED)
+              "crawlproject.extensions.liveness.Liveness": 540}
 # Scrapy's remote control is off (REMOTE_CONTROL_ENABLED above) and not even
 # loaded: its module imports aiohttp's web server and makes an SSL context,
 # about 0.2 s of CPU at every node start. Listing it as None in EXTENSIONS is

@@ -11,8 +11,8 @@
 # (stopping scrapyd closes its jobs; no start without credentials, on any
 # address); the system Chromium; /etc/scrapyd/scrapyd.conf;
 # /etc/crawlproject/scrapyd.env (mode 600: SCRAPYD_USERNAME and a generated
-# SCRAPYD_PASSWORD, and the Redis/MongoDB addresses you fill in; never in the
-# repository); the systemd unit. Re-running it upgrades the requirements and
+# SCRAPYD_PASSWORD, one per node, and the Redis/MongoDB addresses you fill in;
+# never in the repository); the systemd unit. Re-running it upgrades the requirements and
 # the launcher and keeps an existing env file.
 #
 # Options:
@@ -97,8 +97,8 @@ fi
 [ -z "$BIND" ] || sed -i "s#^bind_address .*#bind_address = $BIND#" "$CONF"
 [ -z "$PORT" ] || sed -i "s#^http_port .*#http_port    = $PORT#" "$CONF"
 if [ ! -e "$ENV_FILE" ]; then
-  # A password of its own for this node (never printed): give it to crawlctl
-  # (SCRAPYD_PASSWORD, or ~/.netrc on the operator's machine).
+  # A password of its own for this node (never printed): crawlctl reads each
+  # node's from a credentials file named on the node's line of the targets file.
   PASSWORD="$("$VENV/bin/python" -c 'import secrets; print(secrets.token_urlsafe(24))')"
   install -m 600 /dev/null "$ENV_FILE"
   {
@@ -113,6 +113,9 @@ MONGO_DATABASE=crawl
 ENV
   } > "$ENV_FILE"
   echo "Generated scrapyd's credentials (user crawl, a random password) in $ENV_FILE (mode 600)"
+  echo "For crawlctl: copy its SCRAPYD_USERNAME and SCRAPYD_PASSWORD lines into a file of" \
+    "mode 600 on the operator's machine and name it on this node's line of the targets" \
+    "file: NAME URL CREDENTIALS_FILE"
   echo "Fill in REDIS_URL, MONGO_URI and MONGO_DATABASE in $ENV_FILE, then start scrapyd"
   [ -n "${FRONTIER_SECRET:-}" ] || echo "Set FRONTIER_SECRET in $ENV_FILE, the same on every node" \
     "(crawlctl secret prints one; or run this script with FRONTIER_SECRET exported)"

@@ -108,10 +108,22 @@ def test_purge_lists_and_nodes(redis, redis_url):
         "old-1-b": json.dumps({"at": now - 3_600_000, "pages": 1}),   # stale: pruned
         "bad-1-c": "not json",                                         # unreadable: pruned
         "deep-1-d": "[" * 100_000})                                    # too deep: pruned
-    out = cli(redis_url, "nodes", "shop")
+    out = cli(redis_url, "nodes", "shop", "--json")
     rows = [json.loads(line) for line in out.stdout.splitlines()]
-    assert [(r["node"], r["pages"], r["registered"]) for r in rows] == [("n1-1-a", 5, False)]
+    assert [(r["node"], r["pages"], r["registered"], r["spider"]) for r in rows] == [
+        ("n1-1-a", 5, False, "shop")]
     assert redis.hkeys(node_reports_key("shop")) == [b"n1-1-a"]
+    # Issue 48: a table by default, and no spider needed (as `status`): the
+    # project's spiders that have reports (here: none of this project's)
+    table = cli(redis_url, "nodes", "shop")
+    assert table.returncode == 0 and "n1-1-a" in table.stdout and "pages/s" in table.stdout
+    assert not table.stdout.lstrip().startswith("{"), table.stdout
+    redis.hset(node_reports_key("products"), "p1-1-a", json.dumps({"at": now, "pages": 7}))
+    every = cli(redis_url, "nodes")
+    assert every.returncode == 0, every.stderr
+    assert "products: nodes" in every.stdout and "p1-1-a" in every.stdout, every.stdout
+    assert "n1-1-a" not in every.stdout   # "shop" is no spider of this project
+    assert json.loads(cli(redis_url, "nodes", "--json").stdout)["node"] == "p1-1-a"
     status = json.loads(cli(redis_url, "status", "shop", "--json").stdout)
     assert status["errors"] == {"download": 2, "callback": 1, "dead_letters": 0}
     assert status["rates"]["pages_per_s"] == 1.5
@@ -894,3 +906,60 @@ def test_dead_and_requeue_show_or_skip_every_record_and_never_crash(redis, redis
             if payload.startswith("~1"):
                 assert payload in stored
     assert f"replayed {len(members)} dead letter(s)" in out.stdout
+
+
+def test_crawlctl_uses_the_redis_the_projects_settings_name(redis, redis_url, tmp_path):
+    """Issue 48: `crawlctl seed` went to $REDIS_URL (or 127.0.0.1:6379) while the
+    project's settings.py named another Redis. Now one rule, as the nodes have it:
+    --redis-url, else the project's setting, else the environment, else the default.
+    Two user projects (the README's block pasted), crawlctl run in each directory as a
+    process: one names the session's Redis (a free port, not 6379) only in settings.py,
+    under an environment that names a dead port; the other sets nothing, and the
+    environment names the session's Redis."""
+    from tests.crawl_helpers import ROOT, user_project
+
+    pinned = user_project(tmp_path / "pinned", "pinnedproj", "",
+                          f"REDIS_URL = {redis_url!r}\n")
+    plain = user_project(tmp_path / "plain", "plainproj", "")
+    base = {k: v for k, v in os.environ.items() if k not in ("SCRAPY_SETTINGS_MODULE",
+                                                              "REDIS_URL", "REDIS_HOST",
+                                                              "REDIS_PORT")}
+    base["PYTHONPATH"] = str(ROOT)
+    runs = [subprocess.Popen([sys.executable, "-m", "crawlproject.cli", "seed", spider,
+                              f"http://127.0.0.1/{spider}"], cwd=project,
+                             env={**base, "REDIS_URL": env_url}, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+            for project, spider, env_url in ((pinned, "pinned", "redis://127.0.0.1:1/0"),
+                                             (plain, "plain", redis_url))]
+    said = []
+    for run in runs:
+        out, err = run.communicate(timeout=120)
+        assert run.returncode == 0, out + err
+        said.append(out)
+    # each says which Redis it used and why
+    assert f"pushed 1 seed(s) to pinned:start_urls on {redis_url} (REDIS_URL of " \
+           "pinnedproj.settings)" in said[0], said[0]
+    assert f"pushed 1 seed(s) to plain:start_urls on {redis_url} ($REDIS_URL)" in said[1], said
+    assert redis.lrange(start_urls_key("pinned"), 0, -1) == [b"http://127.0.0.1/pinned"]
+    assert redis.lrange(start_urls_key("plain"), 0, -1) == [b"http://127.0.0.1/plain"]
+    # --redis-url wins over both (here: a dead port, and the command says where it went)
+    flag = subprocess.run([sys.executable, "-m", "crawlproject.cli", "--redis-url",
+                           "redis://127.0.0.1:1/0", "seed", "pinned", "http://127.0.0.1/x"],
+                          cwd=pinned, env=base, capture_output=True, text=True, timeout=120)
+    assert flag.returncode == 1 and "Redis at redis://127.0.0.1:1/0" in flag.stderr, flag.stderr
+    assert redis.llen(start_urls_key("pinned")) == 1
+
+
+def test_status_watch_without_a_terminal_prints_frames(redis, redis_url):
+    """Issue 48: `status --watch` printed nothing into a pipe (rich's live display
+    draws only on a terminal). Each frame under a line with the time; with
+    --json one object a line; --count stops it."""
+    redis.lpush(start_urls_key("shop"), "http://127.0.0.1/a")
+    out = cli(redis_url, "status", "shop", "--watch", "--interval", "0.01", "--count", "3")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("--- shop at ") == 3, out.stdout
+    assert out.stdout.count("seeds waiting") == 3, out.stdout
+    lines = cli(redis_url, "status", "shop", "--watch", "--json", "--interval", "0.01",
+                "--count", "2").stdout.splitlines()
+    assert [json.loads(line)["seeds"]["waiting"] for line in lines] == [1, 1]
+    assert cli(redis_url, "status", "shop", "--watch", "--count", "0").returncode == 2

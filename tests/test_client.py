@@ -29,14 +29,14 @@ def make_client(partitions=1, loop=None):
 
 
 def send_round(client, partitions, fail=()):
-    """Build one round of calls as _tick does; mark them sent (or failed)."""
-    calls = {p: client._next_batch(p) for p in partitions}
-    client._attach_acks(calls)
+    """Build one round of calls as SyncLoop.tick does; mark them sent (or failed)."""
+    calls = {p: client.loop.next_batch(p) for p in partitions}
+    client.acks.attach(calls)
     for p, batch in calls.items():
         if p in fail:
-            client._requeue(p, batch)
+            client.loop.requeue(p, batch)
         else:
-            client._stored(p, len(batch.adds))
+            client.acks.stored(p, len(batch.adds))
     return calls
 
 
@@ -429,7 +429,7 @@ def test_a_request_that_outranks_the_buffer_cuts_the_coalescing_pause_short(redi
             fc.add('{"url": "http://h/top"}', None, 5, 0, "h")
             await until(lambda: fc.buffer[0].priority == 5)
             fc.add('{"url": "http://h/top2"}', None, 6, 0, "h")
-            await until(lambda: not fc._outranked.is_set())     # the loop looked at it
+            await until(lambda: not fc.outranked.is_set())     # the loop looked at it
             assert fc.pending_adds() == 1 and fc.buffer[0].priority == 5
 
     asyncio.run(main())
@@ -520,7 +520,7 @@ def test_an_unreachable_redis_cluster_is_an_outage_not_a_bug():
             await until(lambda: len(failures) >= 2 or counts.get("scheduler/loop_errors"),
                         timeout=30)
         finally:
-            fc._closing = True
+            fc.closing = True
             fc._task.cancel()
             await asyncio.gather(fc._task, return_exceptions=True)
             await redis.aclose()
@@ -598,10 +598,10 @@ async def partitioned_client(cluster, spider, partitions=12, keys=120, per_key=3
 
 async def _abandon(fc):
     """Stop *fc*'s loop without its final calls (a partition never answers them)."""
-    fc._closing = True
+    fc.closing = True
     fc._task.cancel()
     await asyncio.gather(fc._task, return_exceptions=True)
-    for call, _, _ in list(fc._calls.values()):
+    for call, _, _ in list(fc.loop.calls.values()):
         call.cancel()
 
 
@@ -721,7 +721,7 @@ async def half_down(redis_url, spider, seeds, lease_ttl):
     try:
         yield fc, frontiers[0], redis, counts
     finally:
-        if not fc._closing:
+        if not fc.closing:
             await _abandon(fc)
         await redis.aclose()
         await down.aclose()
@@ -891,7 +891,7 @@ def test_a_call_stopped_by_a_junk_key_loses_no_request_once_the_key_is_mended(re
                 return bool(got)
             await until(taken, timeout=30)
             assert got[0].item == b'{"url": "http://h/new"}'
-            assert fc._check == [False]
+            assert [s.check for s in fc.parts] == [False]
             await client.aclose()
 
     asyncio.run(main())

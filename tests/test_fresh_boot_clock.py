@@ -110,12 +110,12 @@ def test_a_client_registers_at_its_first_call_and_may_rush_at_once(fresh_boot):
                         lease_ttl=120)
 
     async def main():
-        await fc._tick()
+        await fc.loop.tick()
         first = partition.batches[0]
         assert first.maintenance and not first.registered and len(fc.buffer) == 8
         assert fc.next().item == b"p1"
         fc.add('{"url": "http://h/top"}', None, 5, 0, "h")
-        await fc._tick()
+        await fc.loop.tick()
         assert len(partition.batches) == 2, "the outranking request waited for the pause"
         assert partition.batches[1].take >= 1 and len(partition.batches[1].adds) == 1
 

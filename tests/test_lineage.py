@@ -66,8 +66,8 @@ def test_the_scheduler_records_a_request_s_parent_only_if_it_holds_it(redis_url)
     assert scheduler.enqueue_request(Request("http://127.0.0.1/child", meta={PARENT_META: mine}))
     assert scheduler.enqueue_request(Request("http://127.0.0.1/other",
                                              meta={PARENT_META: "0:9@127.0.0.1"}))
-    assert list(client._children) == [mine]
+    assert list(client.acks.children) == [mine]
     payloads = [a[3] for batch in client.outbox for a in batch.adds]
     assert len(payloads) == 2
     assert all(PARENT_META not in json.loads(unwrap(p)).get("meta", {}) for p in payloads)
-    assert sum(len(q) for q in client._unsent_orphans) == 1     # the one not ours
+    assert sum(len(s.unsent_orphans) for s in client.parts) == 1     # the one not ours

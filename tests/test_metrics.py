@@ -69,6 +69,8 @@ def test_a_node_serves_its_metrics_and_the_dashboard_queries_only_those(
     # Pages with id % FLAKY_EVERY == 0 answer 503 once: retried through the frontier.
     flaky = PRODUCTS // FLAKY_EVERY
     assert total(after, "crawlproject_retries_total") >= flaky
+    assert total(after, "crawlproject_errors_total", kind="retry",
+                 type="503 Service Unavailable") >= flaky   # Grafana's "Errors by kind"
     assert total(after, "crawlproject_download_seconds_count") >= PRODUCTS
     assert total(after, "crawlproject_enqueued_total") > PRODUCTS
     assert total(after, "crawlproject_duplicates_total") > 0
@@ -111,3 +113,33 @@ def test_mongo_outage_and_spool_gauges_read_the_pipeline_and_stats():
                         "crawlproject_mongo_spool_pending": 5.0}
     manager.middlewares[0].outage.active = True   # what an outage sets
     assert gauges()["crawlproject_mongo_unavailable"] == 1.0
+
+
+def test_retried_503s_are_errors_by_kind():
+    """Issue 48: crawlproject_errors_total had no sample after 11 retried 503s (an
+    answer Scrapy retries raises no exception), so Grafana's "Errors by kind" was
+    empty. The real retry middleware retries a 503 and a timeout; the exporter
+    counts them as kind "retry"."""
+    from scrapy import Request, Spider
+    from scrapy.http import Response
+    from scrapy.utils.test import get_crawler
+    from twisted.internet.error import TimeoutError as TwistedTimeoutError
+
+    from crawlproject.extensions.metrics import StatsCollector
+    from crawlproject.middlewares.retry import BackoffRetryMiddleware
+
+    crawler = get_crawler(Spider)
+    crawler.spider = Spider.from_crawler(crawler, "shop")
+    from types import SimpleNamespace
+
+    crawler.engine = SimpleNamespace(scheduler=None)   # Scrapy's own retries, no frontier
+    retry = BackoffRetryMiddleware.from_crawler(crawler)
+    for n in range(11):
+        request = Request(f"http://127.0.0.1/{n}")
+        assert isinstance(retry.process_response(request, Response(request.url, status=503,
+                                                                    request=request)), Request)
+    retry.process_exception(Request("http://127.0.0.1/t"), TwistedTimeoutError())
+    [errors] = [m for m in StatsCollector(crawler).collect()
+                if m.name == "crawlproject_errors"]
+    assert {(s.labels["kind"], s.labels["type"]): s.value for s in errors.samples} == {
+        ("retry", "503 Service Unavailable"): 11.0, ("retry", "TimeoutError"): 1.0}

@@ -367,3 +367,115 @@ def test_stopping_scrapyd_closes_its_running_job(redis, redis_url, mongo_uri, da
     assert frontier_leases(redis) == (0, 0)
     assert waited < 60 and "Traceback" not in log
     assert node.password not in log + out
+
+
+def test_each_node_is_deployed_with_its_own_generated_password(tmp_path, node_venv):
+    """Issue 48: scrapyd-node.sh generates a password per node, and crawlctl sent one
+    SCRAPYD_PASSWORD to all: the second node answered 401 (and ~/.netrc, keyed by
+    host, cannot tell two nodes on one host apart). Two nodes set up exactly as the
+    README says (the script with --prefix DIR --no-systemd writes each its own
+    password, DIR/run-scrapyd starts it); the operator names a credentials file per
+    target in the targets file: deploy and jobs reach both."""
+    nodes = [Scrapyd(tmp_path / name, {}, generated=True, venv=node_venv) for name in "ab"]
+    operator = tmp_path / "operator"
+    (operator / "secrets").mkdir(parents=True)   # HOME too: no ~/.netrc there
+    try:
+        for node in nodes:
+            node.start()
+        for node in nodes:
+            node.wait_ready()
+        a, b = nodes
+        assert a.user == b.user == "crawl" and a.password != b.password
+        assert "name it on this node's line of the targets file" in a.setup_log.read_text()
+        # node-a's file is a copy of the node's whole env file; node-b's the two lines
+        (operator / "secrets" / "node-a.env").write_text((a.dir / "scrapyd.env").read_text())
+        (operator / "secrets" / "node-b.env").write_text(
+            f"SCRAPYD_USERNAME=crawl\nSCRAPYD_PASSWORD={b.password}\n")
+        for secret in (operator / "secrets").iterdir():
+            secret.chmod(0o600)
+        targets = operator / "nodes.txt"
+        targets.write_text(f"node-a {a.url} secrets/node-a.env\n"
+                           f"node-b {b.url} secrets/node-b.env\n")
+        deployed = crawlctl("deploy", "--targets-file", str(targets), password=None,
+                            home=operator)
+        assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+        assert deployed.stdout.count("ok node-") == 2
+        listed = crawlctl("jobs", "--targets-file", str(targets), "--json", password=None,
+                          home=operator)
+        assert listed.returncode == 0, listed.stderr
+        assert [json.loads(line)["target"] for line in listed.stdout.splitlines()] == [
+            "node-a", "node-b"]
+        # The old way, one SCRAPYD_PASSWORD for all (node-a's): node-b refuses, and is named.
+        plain = operator / "plain.txt"
+        plain.write_text(f"node-a {a.url}\nnode-b {b.url}\n")
+        shared = crawlctl("jobs", "--targets-file", str(plain), user="crawl",
+                          password=a.password, home=operator)
+        assert shared.returncode == 1, shared.stdout + shared.stderr
+        assert "1 of 2 target(s) failed: node-b" in shared.stderr, shared.stderr
+        assert f"FAILED node-b ({b.url}): HTTP 401" in shared.stderr
+        assert "password from SCRAPYD_PASSWORD" in shared.stderr
+        # A credentials file of the wrong node: node-b refuses, naming the file it sent.
+        targets.write_text(f"node-a {a.url} secrets/node-a.env\n"
+                           f"node-b {b.url} secrets/node-a.env\n")
+        wrong = crawlctl("jobs", "--targets-file", str(targets), password=None, home=operator)
+        assert wrong.returncode == 1 and "failed: node-b" in wrong.stderr, wrong.stderr
+        assert (f"password from {operator / 'secrets' / 'node-a.env'} (credentials file of "
+                "node-b)") in wrong.stderr, wrong.stderr
+        # A credentials file others can read is refused, naming the target and the file.
+        (operator / "secrets" / "node-a.env").chmod(0o640)
+        loose = crawlctl("jobs", "node-a", "--targets-file", str(targets), password=None,
+                         home=operator)
+        assert loose.returncode == 1, loose.stdout + loose.stderr
+        assert f"FAILED node-a ({a.url}): its credentials file" in loose.stderr
+        assert "readable by others (mode 640): chmod 600" in loose.stderr, loose.stderr
+        said = "".join(r.stdout + r.stderr for r in (deployed, listed, shared, wrong, loose))
+        assert a.password not in said and b.password not in said
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def test_credentials_files_per_target_are_read_and_checked(tmp_path, monkeypatch):
+    """The targets file's third field and scrapy.cfg's credentials_file: relative
+    to the file naming them, the node's env-file lines, winning over the
+    environment; a file that is missing, lacks a line or others can read is
+    refused naming the target (no password in any message)."""
+    from crawlproject.scrapyd import ScrapydError, targets_from_cfg, targets_from_file
+
+    monkeypatch.setenv("SCRAPYD_USERNAME", "env-user")
+    monkeypatch.setenv("SCRAPYD_PASSWORD", "env-secret")
+    (tmp_path / "secrets").mkdir()
+    good = tmp_path / "secrets" / "a.env"
+    good.write_text("# a copy of the node's scrapyd.env\nSCRAPYD_USERNAME=crawl\n"
+                    "SCRAPYD_PASSWORD='file-secret'\nREDIS_URL=redis://x/0\n")
+    half = tmp_path / "secrets" / "b.env"
+    half.write_text("SCRAPYD_USERNAME=crawl\n")
+    for f in (good, half):
+        f.chmod(0o600)
+    (tmp_path / "nodes.txt").write_text(
+        "a http://127.0.0.2:6800/ secrets/a.env\nb http://127.0.0.3:6800/ secrets/b.env\n"
+        "c http://127.0.0.4:6800/ secrets/none.env\nd http://127.0.0.5:6800/\n")
+    (tmp_path / "scrapy.cfg").write_text("[deploy:e]\nurl = http://127.0.0.6:6800/\n"
+                                         "credentials_file = secrets/a.env\n")
+    targets = targets_from_file(tmp_path / "nodes.txt")
+    e = targets_from_cfg(tmp_path / "scrapy.cfg")["e"]
+    for target in (targets["a"], e):
+        assert (target.auth().username, target.auth().password) == ("crawl", "file-secret")
+        assert target.credentials_sent() == (f"user 'crawl' and password from {good} "
+                                             f"(credentials file of {target.name})")
+    assert targets["d"].auth().password == "env-secret"   # no file: the environment
+    errors = {}
+    for name in "bc":
+        with pytest.raises(ScrapydError) as caught:
+            targets[name].auth()
+        errors[name] = str(caught.value)
+    good.chmod(0o644)
+    with pytest.raises(ScrapydError) as caught:
+        targets["a"].auth()
+    errors["a"] = str(caught.value)
+    assert errors["b"].startswith("b (http://127.0.0.3:6800/): its credentials file")
+    assert "has no SCRAPYD_PASSWORD line" in errors["b"]
+    assert errors["c"].startswith("c (http://127.0.0.4:6800/): cannot read its credentials "
+                                  f"file {tmp_path / 'secrets' / 'none.env'}")
+    assert "readable by others (mode 644): chmod 600" in errors["a"]
+    assert not [m for m in errors.values() if "file-secret" in m or "env-secret" in m]

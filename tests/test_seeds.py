@@ -199,3 +199,19 @@ def test_fuzz_seed_meta_goes_through_the_stored_request_policy(lax_spider, url, 
     assert 0 < request.meta.get("download_timeout", 1) <= 30
     assert 0 < request.meta.get("download_maxsize", 1) <= 1000
     assert request.meta.get("depth", 0) >= 0
+
+
+@pytest.mark.parametrize("idle, said", [(0, "idle close: never)"),
+                                        (60, "idle close: after 60 s idle)"),
+                                        (2.5, "idle close: after 2.5 s idle)")])
+def test_the_seed_log_line_says_when_the_node_closes_idle(caplog, idle, said):
+    """Issue 48: the node logged "idle close nevers". (No Redis call is made here:
+    the client connects on its first command.)"""
+    import logging
+
+    crawler = get_crawler(ProductsSpider, {"MAX_IDLE_TIME_BEFORE_CLOSE": idle,
+                                           "REDIS_URL": "redis://127.0.0.1:7150/0"})
+    with caplog.at_level(logging.INFO, logger="crawlproject.spiders.seeded"):
+        ProductsSpider.from_crawler(crawler)
+    line = next(r.getMessage() for r in caplog.records if "Reading seeds" in r.getMessage())
+    assert line.endswith(said), line

@@ -1,6 +1,7 @@
 """Small operator tool: seed, inspect and reset a crawl's shared state.
 
-    python -m crawlproject.cli status [products] [--json] [--watch]
+    python -m crawlproject.cli status [products] [--json] [--watch [--count N]]
+    python -m crawlproject.cli nodes [products] [--json]
     python -m crawlproject.cli seed products http://127.0.0.1:8000/ '{"url": "...", "priority": 5}'
     python -m crawlproject.cli dead [list] products [-n 20]
     python -m crawlproject.cli dead requeue products [-n 1000]   # = replay products
@@ -22,17 +23,21 @@
 
 ``crawlctl`` (the package's console script) is the same program. The scrapyd
 commands read targets from scrapy.cfg (``[deploy:NAME]``) or ``--targets-file``
-and credentials from ``SCRAPYD_USERNAME``/``SCRAPYD_PASSWORD`` or ``~/.netrc``
-(see crawlproject/scrapyd.py); they exit 1 naming every target that failed, and a
-refusal names the credentials sent and where they are read.
+and credentials per target from its credentials file (the node's
+``SCRAPYD_USERNAME``/``SCRAPYD_PASSWORD`` lines), else ``SCRAPYD_USERNAME``/
+``SCRAPYD_PASSWORD``, else ``~/.netrc`` (see crawlproject/scrapyd.py); they exit
+1 naming every target that failed, and a refusal names the credentials sent and
+where they are read.
 
 The project is the one around the command (scrapy.cfg, ``SCRAPY_SETTINGS_MODULE``),
 else the installed package's settings, said in one INFO line on stderr
 (:mod:`crawlproject.project`): the installed package works from any directory.
 
-Connects to ``--redis-url`` (default: ``$REDIS_URL``, then the local default);
-add ``--cluster`` for Redis Cluster. Passwords are never printed. Seeds are
-checked exactly as the nodes check them (the project's spider class and
+Connects to ``--redis-url``, else the project's ``REDIS_URL`` setting, else
+``$REDIS_URL``, else the local default: the rule the nodes follow
+(:func:`crawlproject.cli.common.resolve_redis`); add ``--cluster`` for Redis
+Cluster (else ``REDIS_CLUSTER``, read the same way). Passwords are never
+printed. Seeds are checked exactly as the nodes check them (the project's spider class and
 settings: published callbacks, ``SEED_META_ALLOW``) before they are pushed.
 Errors are one line on stderr: exit 1 for Redis, 2 for bad input.
 
@@ -49,7 +54,7 @@ import contextlib
 import logging
 import sys
 
-from crawlproject.cli.common import _spider_name
+from crawlproject.cli.common import _spider_name, resolve_redis
 from crawlproject.cli.control import cmd_control
 from crawlproject.cli.dashboard import cmd_dashboard
 from crawlproject.cli.functions import cmd_functions
@@ -62,7 +67,6 @@ from crawlproject.cli.seed import cmd_seed
 from crawlproject.cli.status import cmd_nodes, cmd_status
 from crawlproject.cli.storage import cmd_recrawl, cmd_spool_replay
 from crawlproject.connection import redact_url
-from crawlproject.defaults import setting
 from crawlproject.ops.actions import CONTROL_COMMANDS
 from crawlproject.ops.common import UsageError
 
@@ -75,9 +79,11 @@ ACTIONS = {"dead": ("list", "requeue", "purge"), "invalid": ("list", "purge"),
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="crawlctl",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--redis-url", default=setting(None, "REDIS_URL"))
+    parser.add_argument("--redis-url", help="default: the project's REDIS_URL setting, else "
+                        "$REDIS_URL, else redis://127.0.0.1:6379/0 (as the nodes read it)")
     parser.add_argument("--cluster", action="store_true",
-                        default=setting(None, "REDIS_CLUSTER"))
+                        help="REDIS_URL is a Redis Cluster (default: REDIS_CLUSTER, as for "
+                             "REDIS_URL)")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, func, help_ in [
         ("status", cmd_status, "queue, in-flight, delayed, dead, nodes, Bloom filter"),
@@ -93,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        "--delay/--concurrency HOST... change limits now"),
         ("proxies", cmd_proxies, "proxy pool: health, bans per domain, retired proxies "
                                  "(credentials masked); --revive ID brings one back"),
-        ("nodes", cmd_nodes, "nodes' last reports: pages/s, items/s, errors, leases, state"),
+        ("nodes", cmd_nodes, "nodes' last reports: pages/s, items/s, errors, leases, state "
+                             "(a table; --json: one object a line)"),
         ("pause", cmd_control, "every node stops taking requests and seeds (leases kept)"),
         ("resume", cmd_control, "undo pause / drain / stop"),
         ("drain", cmd_control, "take no more seeds, finish the frontier, then nodes close "
@@ -105,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name in ACTIONS:  # `dead [list|requeue|purge] SPIDER`
             p.add_argument("action", nargs="?", choices=ACTIONS[name],
                            help=f"default: list ({' | '.join(ACTIONS[name])})")
-        if name == "status":
+        if name in ("status", "nodes"):
             p.add_argument("spider", nargs="?", type=_spider_name,
                            help="default: every spider of this project with crawl state")
         else:
@@ -116,9 +123,16 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--file", help="one seed a line (URL or JSON); - reads standard "
                                           "input; bad lines are reported, the others pushed")
         if name == "status":
-            p.add_argument("--json", action="store_true", help="one JSON object (stable keys)")
-            p.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
+            p.add_argument("--json", action="store_true", help="one JSON object (stable keys; "
+                                                               "with --watch, one a line)")
+            p.add_argument("--watch", action="store_true",
+                           help="refresh until Ctrl-C (not on a terminal: one frame after "
+                                "another, each under a line with the time)")
             p.add_argument("--interval", type=float, default=2.0, help="--watch period (s)")
+            p.add_argument("--count", type=int, help="--watch: stop after this many frames")
+        if name == "nodes":
+            p.add_argument("--json", action="store_true",
+                           help="one JSON object a line (a node's report) instead of a table")
         if name in ("dead", "invalid", "invalid-seeds", "replay"):
             p.add_argument("-n", type=int, default=20 if name in ("invalid", "invalid-seeds")
                            else None, help="records shown (default 20) or requeued (1000)")
@@ -217,6 +231,9 @@ def cmd_secret(args) -> int:
     return 0
 
 
+#: commands that never connect to Redis (no project settings read for it)
+NO_REDIS = frozenset({"secret", "deploy", "schedule", "jobs"})
+
 # crawlctl's optional packages (tables, scrapyd, dashboard), imported lazily.
 OPS_PACKAGES = frozenset({"rich", "requests", "aiohttp"})
 
@@ -249,15 +266,19 @@ def main(argv: list[str] | None = None) -> int:
         ScrapydError = type("ScrapydError", (Exception,), {})  # noqa: N806
 
     args = build_parser().parse_args(argv)
-    where = redact_url(args.redis_url)
+    where = args.redis_url = args.redis_url or ""
     try:
         with _project_notice():
+            if args.command not in NO_REDIS:
+                resolve_redis(args)
+                where = redact_url(args.redis_url)
             return args.func(args)
     except ModuleNotFoundError as exc:
         if exc.name not in OPS_PACKAGES:
             raise
         print(f"error: crawlctl needs the ops extra ({exc.name} is missing): "
-              "pip install 'crawlproject[ops]'", file=sys.stderr)
+              "pip install '/path/to/checkout[ops]' (this package's checkout or wheel)",
+              file=sys.stderr)
         return 2
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -266,9 +287,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except ValueError as exc:  # e.g. an http:// REDIS_URL
-        print(f"error: {str(exc).replace(args.redis_url, where)}", file=sys.stderr)
+        print(f"error: {_redacted(str(exc), args.redis_url, where)}", file=sys.stderr)
         return 2
     except (RedisError, RedisClusterException) as exc:  # the cluster's is not a RedisError
-        message = str(exc).replace(args.redis_url, where)
+        message = _redacted(str(exc), args.redis_url, where)
         print(f"error: Redis at {where}: {type(exc).__name__}: {message}", file=sys.stderr)
         return 1
+
+
+def _redacted(text: str, url: str, where: str) -> str:
+    """*text* with the Redis URL (and its password) replaced by its redacted form."""
+    return text.replace(url, where) if url else text

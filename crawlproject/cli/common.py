@@ -4,6 +4,7 @@ Redis client, a spider's frontier, partitions and seed keys."""
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import time
 
@@ -42,8 +43,63 @@ def terminal_text(value, limit: int = TERMINAL_TEXT_MAX) -> str:
     return escape(text)
 
 
+def resolve_redis(args) -> None:
+    """Set ``args.redis_url``, ``args.cluster`` and ``args.redis_params`` by the
+    one rule every component and tool follows: ``--redis-url`` (``--cluster``),
+    else the project's setting (``REDIS_URL``, or scrapy-redis'
+    ``REDIS_HOST``/``REDIS_PORT``; ``REDIS_CLUSTER``), else the environment
+    variable of the same name, else the local default; ``REDIS_PARAMS`` from
+    the project.
+
+    The project is the one around the command (:func:`crawlproject.ops.common.current_project`:
+    scrapy.cfg, ``SCRAPY_SETTINGS_MODULE``, else the installed package's
+    settings). Its settings are read as a node reads them
+    (:func:`crawlproject.defaults.setting`: the value of settings.py, else the
+    environment, else the default, which is what the crawlproject add-on
+    installs); other add-ons are not run (that would import the whole crawl
+    stack for each command: 0.9 s).
+    """
+    from scrapy.utils.project import get_project_settings
+
+    from crawlproject.connection import (redis_cluster_from_settings, redis_params,
+                                         redis_url_from_settings)
+    from crawlproject.project import use_package_settings
+
+    module = use_package_settings()
+    settings = get_project_settings()
+    if args.redis_url:
+        args.redis_source = "--redis-url"
+    else:
+        args.redis_url = redis_url_from_settings(settings)
+        args.redis_source = _redis_source(settings, module)
+    if not args.cluster:
+        args.cluster = redis_cluster_from_settings(settings)
+    args.redis_params = redis_params(settings)
+
+
+def _redis_source(settings, module: str) -> str:
+    """Where :func:`crawlproject.connection.redis_url_from_settings` found the URL,
+    said with the Redis a command reports it used."""
+    for names in (("REDIS_URL",), ("REDIS_HOST", "REDIS_PORT")):
+        if any(settings.get(n) not in (None, "") and (settings.getpriority(n) or 0) > 0
+               for n in names):
+            return f"{'/'.join(names)} of {module}"
+        if any(os.environ.get(n) for n in names):
+            return f"${'/$'.join(names)}"
+    return "the default"
+
+
+def redis_where(args) -> str:
+    """The Redis a command used, password redacted, and where that was decided."""
+    from crawlproject.connection import redact_url
+
+    source = getattr(args, "redis_source", None)
+    return redact_url(args.redis_url) + (f" ({source})" if source else "")
+
+
 def _client(args):
-    return redis_from_url(args.redis_url, cluster=args.cluster)
+    return redis_from_url(args.redis_url, cluster=args.cluster,
+                          **getattr(args, "redis_params", {}))
 
 
 def _partitions(args) -> list[Frontier]:

@@ -9,7 +9,7 @@ from crawlproject.control import read_state, resume_command, who_and_when
 from crawlproject.ops.common import UsageError
 from crawlproject.policy import InputPolicy
 from crawlproject.seeds import InvalidSeed, check_seed, parse_seed
-from crawlproject.cli.common import _client, _seed_keys, _spider_class
+from crawlproject.cli.common import _client, _seed_keys, _spider_class, redis_where
 
 
 def cmd_seed(args) -> int:
@@ -30,7 +30,7 @@ def cmd_seed(args) -> int:
         except InvalidSeed as exc:
             raise UsageError(f"invalid seed {raw[:100]!r} ({exc.code}): {exc}") from None
     _client(args).lpush(key, *args.seeds)
-    print(f"pushed {len(args.seeds)} seed(s) to {key}")
+    print(f"pushed {len(args.seeds)} seed(s) to {key} on {redis_where(args)}")
     return 0
 
 
@@ -112,6 +112,6 @@ def _seed_file(args, policy: InputPolicy, key: str) -> int:
         flush()
     if bad > SEED_ERRORS_SHOWN:
         print(f"... and {bad - SEED_ERRORS_SHOWN} more invalid line(s)", file=sys.stderr)
-    print(f"pushed {pushed} seed(s) to {key}" + (f"; {bad} invalid line(s) not pushed" if bad
-                                                 else ""))
+    print(f"pushed {pushed} seed(s) to {key} on {redis_where(args)}"
+          + (f"; {bad} invalid line(s) not pushed" if bad else ""))
     return 2 if bad else 0

@@ -9,12 +9,13 @@ import sys
 import time
 
 from crawlproject.connection import redact_url
-from crawlproject.control import node_reports
+from crawlproject.control import REPORT_STALE_S, node_reports, node_reports_key
 from crawlproject.keys import (
     spider_keys,
 )
 from crawlproject.keys import as_text as _s
 from crawlproject.ops.common import UsageError, current_project
+from crawlproject.ops.budgets import budget_rows
 from crawlproject.ops.status import status_data
 from crawlproject.cli.common import _ago, _client, _partitions, _seed_keys, _spider_class, terminal_text
 
@@ -34,24 +35,58 @@ def cmd_status(args) -> int:
             return 1
         if not args.json:
             print(f"{args.spider}: no crawl state in Redis yet (push seeds to {seeds.key})")
-    if args.json:
+    if args.json and not args.watch:
         print(json.dumps(status_data(args.spider, parts, seeds), sort_keys=True))
         return 0
     from rich.console import Console
-    from rich.live import Live
 
     console = Console(width=max(Console().width, 140))
     if not args.watch:
         console.print(_status_table(args, status_data(args.spider, parts, seeds)))
         return 0
-    with Live(console=console, auto_refresh=False) as live:
-        try:
-            while True:
-                live.update(_status_table(args, status_data(args.spider, _partitions(args), seeds)),
-                            refresh=True)
-                time.sleep(args.interval)
-        except KeyboardInterrupt:
-            return 0
+    if args.count is not None and args.count < 1:
+        raise UsageError(f"--count must be 1 or more, got {args.count}")
+    try:
+        if args.json or not console.is_terminal:
+            return _watch_frames(args, seeds, console)
+        from rich.live import Live
+
+        with Live(console=console, auto_refresh=False) as live:
+            for frame in _frames(args):
+                if frame:
+                    time.sleep(args.interval)
+                live.update(_status_table(args, status_data(args.spider, _partitions(args),
+                                                            seeds)), refresh=True)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _frames(args):
+    """0, 1, 2... (``--count`` of them, else for ever): the frames of ``--watch``;
+    a true value means "wait an interval first"."""
+    frame = 0
+    while args.count is None or frame < args.count:
+        yield frame
+        frame += 1
+
+
+def _watch_frames(args, seeds, console) -> int:
+    """``--watch`` into a pipe or file (rich's live display prints nothing
+    there): one frame after another, each under a line with the time; with
+    ``--json``, one JSON object a line."""
+    for frame in _frames(args):
+        if frame:
+            time.sleep(args.interval)
+        data = status_data(args.spider, _partitions(args), seeds)
+        if args.json:
+            print(json.dumps(data, sort_keys=True), flush=True)
+            continue
+        console.print(f"--- {args.spider} at {time.strftime('%Y-%m-%d %H:%M:%S')} ---",
+                      markup=False, highlight=False)
+        console.print(_status_table(args, data))
+        console.file.flush()
+    return 0
 
 
 def _status_all(args) -> int:
@@ -87,6 +122,8 @@ def _status_table(args, data: dict):
     table.add_column("what")
     table.add_column("value", justify="right")
     control = data["control"]
+    if data.get("crawl"):   # finished, stopped, idle, stuck... (crawlproject.ops.crawlstate)
+        table.add_row("state", terminal_text(f"{data['crawl']['state']}: {data['crawl']['why']}"))
     table.add_row("operator control", _control_text(control))
     if control.get("then_clear"):
         table.add_row("when the drain is complete", "back to run by itself")
@@ -103,6 +140,8 @@ def _status_table(args, data: dict):
                   f"{data['errors']['dead_letters']}")
     for name, value in sorted(data["totals"].items()):
         table.add_row(f"total {terminal_text(name)}", str(value))
+    for label, value in budget_rows(data.get("budgets") or {}):
+        table.add_row(label, terminal_text(value))
     recrawl = data.get("recrawl") or {}
     if recrawl.get("at"):
         table.add_row("recrawl: pages / due now / fed (as of)",
@@ -119,17 +158,7 @@ def _status_table(args, data: dict):
         table.add_row("bloom fill ratio", f"{bloom['fill_ratio']:.4f}")
         table.add_row("bloom est. FP rate", f"{bloom['est_fp_rate']:.2e}")
         table.add_row("bloom bytes per item", f"{bloom['bytes_per_item']:.2f}")
-    nodes = Table(title="nodes (reports every 5 s)")
-    for column in ("node", "report age s", "state", "pages/s", "items/s", "pages", "items",
-                   "errors", "leases", "downloading"):
-        nodes.add_column(column, justify="left" if column in ("node", "state") else "right")
-    for r in data["nodes"]:
-        state = terminal_text(r.get("state", ""))
-        nodes.add_row(terminal_text(r["node"]), f"{r['age_s']:g}",
-                      state + " (waiting: found at start)" if r.get("waiting") == 1 else state,
-                      f"{r.get('pages_per_s', 0):g}", f"{r.get('items_per_s', 0):g}",
-                      str(r.get("pages", 0)), str(r.get("items", 0)), str(r.get("errors", 0)),
-                      str(r.get("leases", 0)), str(r.get("downloading", "")))
+    nodes = _nodes_table("nodes (reports every 5 s)", data["nodes"])
     pol = data["politeness"]
     hosts = Table(title=f"hosts: {pol['hosts']}" + (
         f", {pol['blocked']} blocked, {pol['backing_off']} backing off (most queued first)"
@@ -144,6 +173,27 @@ def _status_table(args, data: dict):
     return Group(table, hosts, nodes)
 
 
+def _nodes_table(title: str, reports: list[dict], registered: bool = False):
+    """The nodes' reports as a rich table (every value from Redis through
+    terminal_text); *registered*: a column saying whether it holds a lease slot."""
+    from rich.table import Table
+
+    nodes = Table(title=title)
+    columns = ["node", "report age s", "state", "pages/s", "items/s", "pages", "items",
+               "errors", "leases", "downloading"] + ["registered"] * registered
+    for column in columns:
+        nodes.add_column(column, justify="left" if column in ("node", "state") else "right")
+    for r in reports:
+        state = terminal_text(r.get("state", ""))
+        nodes.add_row(terminal_text(r["node"]), f"{r['age_s']:g}",
+                      state + " (waiting: found at start)" if r.get("waiting") == 1 else state,
+                      f"{r.get('pages_per_s', 0):g}", f"{r.get('items_per_s', 0):g}",
+                      str(r.get("pages", 0)), str(r.get("items", 0)), str(r.get("errors", 0)),
+                      str(r.get("leases", 0)), str(r.get("downloading", "")),
+                      *(["yes" if r.get("registered") else "no"] * registered))
+    return nodes
+
+
 def _control_text(control: dict) -> str:
     """The state, who set it and when (every value from Redis through terminal_text)."""
     if control.get("error"):
@@ -156,9 +206,41 @@ def _control_text(control: dict) -> str:
 
 
 def cmd_nodes(args) -> int:
-    """The nodes' last reports (one JSON object a line; see `status`)."""
-    parts = _partitions(args)
-    registered = {_s(n) for part in parts for n in part.client.zrange(part.keys.nodes, 0, -1)}
-    for report in node_reports(parts[0].client, args.spider):
-        print(json.dumps({**report, "registered": report["node"] in registered}, sort_keys=True))
+    """The nodes' last reports, a table (``--json``: one JSON object a line).
+    Without a spider: those of every spider of the project that has reports."""
+    if args.spider is None:
+        settings, loader = current_project()
+        names = sorted(loader.list()) if loader is not None else []
+        if not names:
+            raise UsageError("no Scrapy project here to find spiders in: name one "
+                             "(crawlctl nodes SPIDER)")
+        client = _client(args)
+        spiders = [name for name in names if client.exists(node_reports_key(name))]
+        if not spiders:
+            print(f"no node has reported to Redis at {redact_url(args.redis_url)} in the last "
+                  f"{REPORT_STALE_S // 60} minutes for any spider of this project "
+                  f"({', '.join(names)})", file=sys.stderr if args.json else sys.stdout)
+            return 0
+    else:
+        spiders = [args.spider]
+    console = None
+    for spider in spiders:
+        parts = _partitions(argparse.Namespace(**{**vars(args), "spider": spider}))
+        registered = {_s(n) for part in parts
+                      for n in part.client.zrange(part.keys.nodes, 0, -1)}
+        reports = [{**r, "registered": r["node"] in registered}
+                   for r in node_reports(parts[0].client, spider)]
+        if args.json:
+            for report in reports:
+                print(json.dumps({**report, "spider": spider}, sort_keys=True))
+            continue
+        from rich.console import Console
+
+        console = console or Console(width=max(Console().width, 140))
+        if not reports:
+            console.print(f"{spider}: no node has reported in the last "
+                          f"{REPORT_STALE_S // 60} minutes", markup=False, highlight=False)
+            continue
+        console.print(_nodes_table(f"{terminal_text(spider)}: nodes (reports every 5 s)",
+                                   reports, registered=True))
     return 0

@@ -35,7 +35,8 @@ def cmd_spool_replay(args) -> int:
     base = spool_path(args.spool_dir or setting(settings, "MONGO_SPOOL_DIR"))
 
     async def run():
-        redis = redis_from_url(args.redis_url, cluster=args.cluster, asyncio=True) \
+        redis = redis_from_url(args.redis_url, cluster=args.cluster, asyncio=True,
+                               **getattr(args, "redis_params", {})) \
             if args.spider else None
         try:
             return await replay_spool(uri, database, base, redis=redis, spider=args.spider,

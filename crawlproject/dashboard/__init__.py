@@ -47,6 +47,7 @@ from aiohttp import web
 from crawlproject.dashboard import render
 from crawlproject.dashboard.auth import COOKIE, Credentials, SignInLimiter
 from crawlproject.dashboard.feed import SpiderFeed, read_snapshot, run_sampler
+from crawlproject.dashboard.stored import StoredItems
 from crawlproject.urls import is_loopback_host
 
 logger = logging.getLogger(__name__)
@@ -86,8 +87,10 @@ def create_app(config: DashboardConfig, client=None) -> web.Application:
     for spider in config.spiders:
         settings, spidercls = project_spider(spider)
         seeds = seed_keys_of(spider, settings, spidercls)
-        feeds[spider] = SpiderFeed(spider, lambda s=spider, k=seeds: read_snapshot(client, s, k),
-                                   config.interval, config.window, redact)
+        stored = StoredItems(settings, spider)
+        feeds[spider] = SpiderFeed(
+            spider, lambda s=spider, k=seeds, m=stored: read_snapshot(client, s, k, m),
+            config.interval, config.window, redact)
     app = web.Application(middlewares=[_headers, _guard], client_max_size=64 * 1024)
     app["config"], app["client"], app["feeds"], app["where"] = config, client, feeds, where
     app["csrf"] = secrets.token_urlsafe(32)

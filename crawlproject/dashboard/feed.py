@@ -33,11 +33,14 @@ FIELD_MAX = 300
 TRUNCATED_MARK = "… [truncated: %d characters]"
 
 
-def read_snapshot(client, spider: str, seeds) -> dict:
+def read_snapshot(client, spider: str, seeds, stored=None) -> dict:
     """``crawlctl status --json`` of *spider*, with its proxy pool under
-    ``proxies``; every string cut to :data:`FIELD_MAX` characters."""
+    ``proxies`` and, with *stored* (:class:`~crawlproject.dashboard.stored.StoredItems`),
+    its items in MongoDB under ``stored``; every string cut to :data:`FIELD_MAX` characters."""
     data = status_data(spider, frontier_partitions(client, spider), seeds)
     data["proxies"] = proxy_report(client, spider)
+    if stored is not None:
+        data["stored"] = stored.read()
     return bounded(data)
 
 

@@ -14,6 +14,8 @@ import json
 import time
 from urllib.parse import quote
 
+from crawlproject.ops.budgets import unread_note
+
 ACTIONS = {
     "pause": ("Pause", "Every node of {spider} stops taking requests and seeds within about "
                        "a second; downloads already started finish, leases are kept."),
@@ -22,7 +24,7 @@ ACTIONS = {
     "replay": ("Requeue dead letters", "The dead letters of {spider} go back into the queue "
                                        "with fresh retries."),
 }
-STATE_HELP = {"run": "running", "pause": "paused: no node takes work",
+STATE_HELP = {"run": "nodes take work when there is some", "pause": "paused: no node takes work",
               "drain": "draining: no seeds taken, nodes close when the frontier is done",
               "stop": "stopped: nodes close, nodes started later wait (resume to start again)"}
 
@@ -95,9 +97,13 @@ def control_fragment(data: dict) -> str:
     resume = (f'<p>The state stays in Redis: nodes started now wait. To crawl again: Resume, '
               f'or <code>{e(control["resume"])}</code></p>'
               if control.get("resume") and state in ("stop", "drain") else "")
-    return (f'<p>State: <strong class="state state-{e(state)}" data-field="control.state">'
-            f'{e(state)}</strong> ({e(STATE_HELP.get(state, state))}){since}{by}{e(then)}</p>'
-            f'{resume}{error}')
+    crawl = data.get("crawl") or {"state": "unknown", "why": ""}
+    return (f'<p class="crawl-state">State: <strong class="state state-{e(crawl["state"])}" '
+            f'data-field="crawl.state">{e(crawl["state"])}</strong> — '
+            f'<span data-field="crawl.why">{e(crawl["why"])}</span></p>'
+            f'<p>Operator control: <strong class="state state-{e(state)}" '
+            f'data-field="control.state">{e(state)}</strong> '
+            f'({e(STATE_HELP.get(state, state))}){since}{by}{e(then)}</p>{resume}{error}')
 
 
 def frontier_fragment(data: dict) -> str:
@@ -108,21 +114,45 @@ def frontier_fragment(data: dict) -> str:
                 ("dead letters", "frontier.dead", f["dead"]),
                 ("invalid", "frontier.invalid", f["invalid"]),
                 ("hosts", "frontier.hosts", f["hosts"]),
-                ("nodes holding leases", "frontier.nodes", f["nodes"]),
+                ("nodes registered", "frontier.nodes", f["nodes"]),
+                ("nodes holding leases", "frontier.nodes_holding_leases",
+                 f.get("nodes_holding_leases", 0)),
                 ("seeds waiting", "seeds.waiting", s["waiting"]),
                 ("seeds claimed", "seeds.claimed", s["claimed"]),
                 ("seeds invalid", "seeds.invalid", s["invalid"])])
 
 
+def totals_of(data: dict) -> list[tuple[str, str, object]]:
+    """What the crawl has done in all (it stays once the nodes are gone): pages
+    crawled (the frontier's count), items stored (MongoDB; else what the
+    running nodes count)."""
+    crawl, stored = data.get("crawl") or {}, data.get("stored") or {}
+    # (nodes add their counts to the frontier's every report: while they run,
+    # their own counts may be ahead)
+    pages = max(crawl.get("pages_crawled", 0), sum(r.get("pages", 0) for r in data["nodes"]))
+    rows = [("pages crawled (all time)", "crawl.pages_crawled", pages)]
+    if stored.get("items") is not None:
+        rows.append(("items stored (MongoDB)", "stored.items", stored["items"]))
+    else:
+        rows.append(("items (running nodes' count)", "stored.items",
+                     sum(r.get("items", 0) for r in data["nodes"])))
+    return rows
+
+
 def rates_fragment(data: dict) -> str:
     r, err = data["rates"], data["errors"]
-    return _dl([("pages/s", "rates.pages_per_s", r["pages_per_s"]),
+    stored = data.get("stored") or {}
+    note = (f'<p class="warn">Items stored: cannot count ({e(stored["error"])})</p>'
+            if stored.get("error") else
+            f'<p class="where">Items counted in MongoDB collection <code>{e(stored["where"])}'
+            '</code> (estimated count).</p>' if stored.get("items") is not None else "")
+    return _dl(totals_of(data) + [("pages/s", "rates.pages_per_s", r["pages_per_s"]),
                 ("items/s", "rates.items_per_s", r["items_per_s"]),
                 ("download errors", "errors.download", err["download"]),
                 ("callback errors", "errors.callback", err["callback"]),
                 ("dead letters (all time)", "errors.dead_letters", err["dead_letters"]),
                 ("new pages refused over a budget", "totals.budget_refused",
-                 data.get("totals", {}).get("budget_refused", 0))])
+                 data.get("totals", {}).get("budget_refused", 0))]) + note
 
 
 def nodes_fragment(data: dict) -> str:
@@ -136,12 +166,15 @@ def nodes_fragment(data: dict) -> str:
                      n(r["age_s"]), n(r.get("pages_per_s", 0)), n(r.get("items_per_s", 0)),
                      n(r.get("pages", 0)), n(r.get("items", 0)),
                      f'{n(r.get("errors_download", 0))} / {n(r.get("errors_callback", 0))}',
-                     n(r.get("leases", 0)), n(r["downloading"]) if "downloading" in r else ""])
+                     # the frontier's count, as "nodes holding leases" above
+                     n(r.get("leases_held", r.get("leases", 0))),
+                     n(r["downloading"]) if "downloading" in r else ""])
     return _table("Nodes (each reports every 5 s; seconds)",
                   ["node", "state", "heartbeat age", "lease left", "report age", "pages/s",
                    "items/s", "pages", "items", "errors download / callback", "leases",
                    "downloading"],
-                  rows, "No node has reported in the last 10 minutes.", numeric_from=2)
+                  rows, "No node is running (a node removes its report when it closes).",
+                  numeric_from=2)
 
 
 def _limit(value, unit: str) -> str:
@@ -177,14 +210,51 @@ def hosts_fragment(data: dict) -> str:
                             rows, "No host in the frontier yet.")
 
 
+#: below this share of its capacity a filter's bytes over its URLs say nothing
+#: (it is sized for its capacity up front: 164,124 bytes per URL for a few URLs)
+BLOOM_PER_URL_MIN_SHARE = 0.1
+
+
+def _bytes(count: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= size:
+            return f"{count / size:,.1f} {unit}"
+    return f"{count:,} bytes"
+
+
 def bloom_fragment(data: dict) -> str:
     b = data["bloom"]
     if not b["layers"]:
         return '<p class="empty">The Bloom filter is empty.</p>'
-    return _dl([("layers", "bloom.layers", b["layers"]), ("URLs seen", "bloom.items", b["items"]),
-                ("fill", "bloom.fill_ratio", f'{b["fill_ratio"] * 100:.3g} %'),
-                ("estimated false-positive rate", "bloom.est_fp_rate", f'{b["est_fp_rate"]:.2e}'),
-                ("bytes per URL", "bloom.bytes_per_item", b["bytes_per_item"])])
+    rows = [("layers", "bloom.layers", b["layers"]), ("URLs seen", "bloom.items", b["items"]),
+            ("fill", "bloom.fill_ratio", f'{b["fill_ratio"] * 100:.3g} %'),
+            ("estimated false-positive rate", "bloom.est_fp_rate", f'{b["est_fp_rate"]:.2e}')]
+    capacity, size = b.get("capacity", 0), b.get("bytes", 0)
+    if size:
+        rows.append(("memory", "bloom.bytes", _bytes(size)))
+    if capacity and size:
+        rows.append(("URLs it holds at its error rate", "bloom.capacity", capacity))
+        rows.append(("bytes per URL at capacity", "bloom.bytes_per_capacity",
+                     round(size / capacity, 2)))
+    if b["items"] >= BLOOM_PER_URL_MIN_SHARE * capacity and b["items"]:
+        rows.append(("bytes per URL seen", "bloom.bytes_per_item", b["bytes_per_item"]))
+    return _dl(rows)
+
+
+def budgets_fragment(data: dict) -> str:
+    b = data.get("budgets") or {}
+    if not b.get("refused"):
+        return '<p class="empty">No budget has refused a page.</p>'
+    rows = [[e(r["key"]), n(r["admitted"]), f'{n(r["budget"])} ({e(r["source"])})',
+             n(r["refused"])] for r in b.get("keys", [])]
+    summary = (f'<p><span data-field="budgets.spent">{n(b["spent"])}</span> key(s) spent their '
+               f'budget; <span data-field="budgets.refused">{n(b["refused"])}</span> new pages '
+               f'refused, {n(b["admitted"])} admitted while budgets apply'
+               f'{e(unread_note(b))}. Refused pages are counted, '
+               "not queued: raise a budget with <code>crawlctl politeness SPIDER HOST "
+               "--budget N</code>.</p>")
+    return summary + _table("Spent budgets (most refused first)",
+                            ["key", "new pages admitted", "budget", "refused"], rows, "")
 
 
 def recrawl_fragment(data: dict) -> str:
@@ -238,7 +308,8 @@ def totals_fragment(data: dict) -> str:
 
 FRAGMENTS = {"control": control_fragment, "frontier": frontier_fragment,
              "rates": rates_fragment, "nodes": nodes_fragment, "hosts": hosts_fragment,
-             "bloom": bloom_fragment, "recrawl": recrawl_fragment, "proxies": proxies_fragment,
+             "bloom": bloom_fragment, "budgets": budgets_fragment,
+             "recrawl": recrawl_fragment, "proxies": proxies_fragment,
              "totals": totals_fragment}
 
 
@@ -334,6 +405,7 @@ def _sections(spider: str, frags: dict[str, str], minutes: str):
         "Pages/s and items/s (last minute, all nodes)"))
     yield _section("nodes", "Nodes", region("nodes"), wide=True)
     yield _section("hosts", "Hosts", region("hosts"), wide=True)
+    yield _section("budgets", "Budgets", region("budgets"))
     yield _section("bloom", "Bloom filter", region("bloom"))
     yield _section("recrawl", "Revisits", region("recrawl"))
     yield _section("proxies", "Proxies", region("proxies"), wide=True)

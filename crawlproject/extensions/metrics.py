@@ -5,8 +5,9 @@
 a thread of the node. Counters are read from the crawler's stats when Prometheus
 scrapes, so they cost nothing per request; only the download-time histogram is
 observed per response. Labels are bounded: ``spider``, and for errors ``kind``
-(download, callback, dead letter) and ``type`` (an exception class name or a
-dead-letter kind, both from code, never from pages). No URL, host, proxy or
+(download, callback, dead letter, retry: a download retried, e.g. a 503 or a
+timeout) and ``type`` (an exception class name, a dead-letter kind or a retry
+reason such as ``503 Service Unavailable``, all from code, never from pages). No URL, host, proxy or
 credential is ever a label or a value.
 
 ``deploy/prometheus.yml`` scrapes the nodes; ``deploy/grafana/crawlproject.json``
@@ -73,6 +74,9 @@ ERROR_PREFIXES = {
     "downloader/exception_type_count/": "download",
     "spider_exceptions/": "callback",
     "scheduler/dead/": "dead_letter",
+    # Scrapy's retry/reason_count/<reason>: an answer it retries (429, 5xx) raises no
+    # exception, so without these 503s retried through the frontier counted nowhere
+    "retry/reason_count/": "retry",
 }
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 

@@ -133,7 +133,8 @@ def filter_estimates(meta: dict) -> dict:
     count = sum(layer["count"] for layer in layers)
     fill = sum(layer["fill_ratio"] * layer["bits"] for layer in layers) / bits if bits else 0.0
     return {"layers": len(layers), "count": count, "bits": bits, "fill_ratio": fill,
-            "est_fp_rate": 1 - miss, "bytes_per_item": bits / 8 / count if count else 0.0}
+            "est_fp_rate": 1 - miss, "bytes_per_item": bits / 8 / count if count else 0.0,
+            "capacity": sum(layer["capacity"] for layer in layers)}
 
 
 class BloomFilter:

@@ -13,6 +13,8 @@ from crawlproject.keys import (
     SeedKeys,
 )
 from crawlproject.keys import as_text as _s
+from crawlproject.ops.budgets import budget_summary
+from crawlproject.ops.crawlstate import crawl_state, pages_crawled
 from crawlproject.ops.common import redis_time_ms, seed_count
 
 
@@ -37,15 +39,19 @@ def status_data(spider: str, parts: list[Frontier], seeds: SeedKeys) -> dict:
         for name, value in part.own_stats().items():
             totals[name] = totals.get(name, 0) + value
     reports = node_reports(f.client, spider)
+    held = _held_leases(parts, [*registered, *(r["node"] for r in reports)])
+    counts["nodes_holding_leases"] = sum(1 for n in held.values() if n)
     for report in reports:
         _lease_fields(report, deadlines.get(report["node"]), now_ms)
+        report["leases_held"] = held.get(report["node"], 0)
     est = _bloom_totals([part.bloom_estimates() for part in parts])
-    return {
+    data = {
         "politeness": _politeness_summary(parts, counts["hosts"]),
         "spider": spider, "at": int(time.time() * 1000),
         "control": _control(f.client, spider),
         "frontier": {k: counts[k] for k in ("queued", "delayed", "inflight", "dead", "invalid",
-                                            "hosts", "nodes", "partitions")},
+                                            "hosts", "nodes", "nodes_holding_leases",
+                                            "partitions")},
         "seeds": {"waiting": seed_count(f.client, seeds.key),
                   "claimed": f.client.hlen(seeds.claims),
                   "invalid": f.client.llen(seeds.invalid)},
@@ -59,10 +65,32 @@ def status_data(spider: str, parts: list[Frontier], seeds: SeedKeys) -> dict:
         "bloom": {"layers": est["layers"], "items": est["count"],
                   "fill_ratio": round(est["fill_ratio"], 6),
                   "est_fp_rate": est["est_fp_rate"],
-                  "bytes_per_item": round(est["bytes_per_item"], 3)},
+                  "bytes_per_item": round(est["bytes_per_item"], 3),
+                  "bytes": est["bits"] // 8, "capacity": int(est["capacity"])},
         "recrawl": _recrawl_summary(f.client, spider),
+        "budgets": budget_summary(parts),
         "proxy_pool": _proxy_pool_summary(f.client, spider, now_ms),
     }
+    data["crawl"] = crawl_state(data)
+    data["crawl"]["pages_crawled"] = pages_crawled(data)
+    return data
+
+
+def _held_leases(parts: list[Frontier], nodes: list[str]) -> dict[str, int]:
+    """Entries each node holds leased, as the frontier counts them (its held
+    sets: what is reclaimed if the node dies); one pipelined SCARD each."""
+    nodes = list(dict.fromkeys(nodes))
+    out = dict.fromkeys(nodes, 0)
+    if not nodes:
+        return out
+    for part in parts:
+        pipe = part.client.pipeline(transaction=False)
+        for node in nodes:
+            pipe.scard(part.keys.held(node))
+        for node, n in zip(nodes, pipe.execute(raise_on_error=False)):
+            if isinstance(n, int):   # (a held key of another type: not ours, not counted)
+                out[node] += n
+    return out
 
 
 def _control(client, spider: str) -> dict:
@@ -142,6 +170,7 @@ def _bloom_totals(estimates: list[dict]) -> dict:
     bits = sum(e["bits"] for e in estimates)
     count = sum(e["count"] for e in estimates)
     return {"layers": max((e["layers"] for e in estimates), default=0), "count": count,
+            "bits": bits, "capacity": sum(e.get("capacity", 0) for e in estimates),
             "fill_ratio": sum(e["fill_ratio"] * e["bits"] for e in estimates) / bits if bits else 0,
             "est_fp_rate": max((e["est_fp_rate"] for e in estimates), default=0.0),
             "bytes_per_item": bits / 8 / count if count else 0.0}

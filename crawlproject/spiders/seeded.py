@@ -96,8 +96,9 @@ class RedisSpider(Spider):
                                     claim_ttl=setting(s, "SEEDS_CLAIM_TTL"),
                                     invalid_max=setting(s, "SEEDS_INVALID_MAX"))
         logger.info(
-            "Reading seeds from %s key %r of %s (batch %d, idle close %ss)",
-            kind, self.redis_key, url, self.redis_batch_size, self.max_idle_time or "never",
+            "Reading seeds from %s key %r of %s (batch %d, idle close: %s)",
+            kind, self.redis_key, url, self.redis_batch_size,
+            f"after {self.max_idle_time:g} s idle" if self.max_idle_time else "never",
             extra={"spider": self},
         )
 

@@ -16,6 +16,10 @@
   const charts = [];
   const shown = new Map();
 
+  // seconds between time labels: whole seconds to hours
+  const TIME_STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400];
+  const hms = (t) => new Date(t * 1000).toISOString().slice(11, 19);
+
   function columns(from, count) {
     const data = [samples.map((s) => s[0])];
     for (let i = 0; i < count; i++) data.push(samples.map((s) => s[from + i]));
@@ -29,10 +33,21 @@
     const opts = {
       width: Math.max(300, el.clientWidth), height: 220,
       scales: {x: {time: true}},
+      // Names only: a live legend shows "--" for every series until the
+      // pointer is over the chart (the numbers are in the panels above).
+      legend: {live: false},
       // dashes as well as colours: the series differ without colour vision too
-      series: [{label: "time"}].concat(series.map(([label, stroke], i) => (
+      series: [{label: "time (UTC)"}].concat(series.map(([label, stroke], i) => (
         {label: label, stroke: stroke, width: 2, dash: [[], [8, 4], [2, 3], [12, 3, 2, 3], [4, 4]][i]}))),
-      axes: [axis, axis],
+      // Time as HH:MM:SS UTC (as the page's other times), whole seconds, at
+      // least 90 px apart: uPlot's own labels for a short span read ":48.000"
+      // and overlapped. The labels drawn are kept on the chart's element
+      // (data-ticks): the canvas holds no text for a reader or a test.
+      axes: [{...axis, space: 90, incrs: TIME_STEPS, values: (u, ticks) => {
+        const labels = ticks.map(hms);
+        el.dataset.ticks = labels.join(" ");
+        return labels;
+      }}, {...axis, size: 60}],
     };
     charts.push({plot: new uPlot(opts, columns(from, series.length), el), el, from,
                  count: series.length});
