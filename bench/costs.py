@@ -19,9 +19,14 @@ Measured directly on a private Redis with :class:`crawlproject.frontier.queue.Fr
   rounds interleaved: Redis server time and round trip per call;
 * a node's CPU per request outside Redis: Scrapy's request fingerprint, the
   local dedupe's set lookup of a URL already sent (what replaces it for a
-  repeat), the JSON encode of a new request and the decode of a leased one.
+  repeat), the JSON encode of a new request and the decode of a leased one;
+* SYNC's server time per part (``lua/sync/``): the same call shapes through
+  a profiling build of the script (:func:`crawlproject.frontier.scripts.sync_profiled`:
+  each step of ``lua/sync/main.lua`` timed with ``TIME`` inside the call),
+  next to the whole call's time in that build and in the real one (the
+  difference is what the timing itself costs). ``--parts`` runs only this.
 
-    python -m bench.costs [--quick]
+    python -m bench.costs [--quick] [--parts]
 """
 
 from __future__ import annotations
@@ -161,22 +166,35 @@ def queued_memory(redis: BenchRedis, spider, n: int) -> dict:
             "ours_bytes_per_queued": per_entry, "scrapy_redis_bytes_per_queued": theirs}
 
 
-def sync_costs(redis: BenchRedis, spider, calls: int) -> list[dict]:
-    """Server µs per SYNC for a few batch shapes, on a 10M-capacity filter."""
+SYNC_SHAPES = [
+    # name, adds per call, share of adds that are duplicates, acks, take
+    ("steady state: 16 acks + 64 adds (75 % duplicates) + take 16", 64, 0.75, 16, 16),
+    ("full batch: 100 new adds + 16 acks + take 16", 100, 0.0, 16, 16),
+    ("same, adds without fingerprint (no Bloom work)", 100, None, 16, 16),
+    ("take only: 16", 0, 0.0, 0, 16),
+    ("big batch: 1,000 new adds", 1000, 0.0, 0, 0),
+    ("huge batch: 10,000 new adds", 10_000, 0.0, 0, 0),
+]
+#: the shapes measured per part: a node's usual calls, and one with maintenance
+#: (heartbeat, reclaim check, delayed promotion: every lease_ttl/3 per node)
+PART_SHAPES = [SYNC_SHAPES[0], SYNC_SHAPES[1], SYNC_SHAPES[3],
+               ("steady state + maintenance ('m', 'd')", 64, 0.75, 16, 16, True)]
+
+
+def sync_costs(redis: BenchRedis, spider, calls: int, shapes=SYNC_SHAPES,
+               profiled: bool = False) -> list[dict]:
+    """Server µs per SYNC for a few batch shapes, on a 10M-capacity filter.
+    With *profiled*, through SYNC's profiling build: each result also has
+    ``parts`` (function -> server µs per call, from the stats hash)."""
+    from crawlproject.frontier.scripts import sync_profiled
+
     client = redis.client
     out = []
-    shapes = [
-        # name, adds per call, share of adds that are duplicates, acks, take
-        ("steady state: 16 acks + 64 adds (75 % duplicates) + take 16", 64, 0.75, 16, 16),
-        ("full batch: 100 new adds + 16 acks + take 16", 100, 0.0, 16, 16),
-        ("same, adds without fingerprint (no Bloom work)", 100, None, 16, 16),
-        ("take only: 16", 0, 0.0, 0, 16),
-        ("big batch: 1,000 new adds", 1000, 0.0, 0, 0),
-        ("huge batch: 10,000 new adds", 10_000, 0.0, 0, 0),
-    ]
-    for name, adds, dup_share, acks, take in shapes:
+    for name, adds, dup_share, acks, take, *maintenance in shapes:
         redis.reset()
         f = Frontier(client, "costs", "node-a", bloom=BloomConfig())
+        if profiled:   # (EVALSHA of the profiling build: never in the library)
+            f._sync = client.register_script(sync_profiled())
         seen = []
         payload = request_to_json(typical_request(1, spider), spider)
         # a queue to take from
@@ -186,12 +204,17 @@ def sync_costs(redis: BenchRedis, spider, calls: int) -> list[dict]:
                 b.add(payload, fingerprint=f"pre{j}")
             f.sync(b)
         n_calls = calls if adds < 1000 else max(3, calls // (adds // 100))
+        prof = [k for k in client.hkeys(f.keys.stats) if k.startswith(b"prof:")]
+        if prof:
+            client.hdel(f.keys.stats, *prof)   # the queue filling above is not measured
         c0, u0 = evalsha_usec(client)
         wall = 0.0
         counter = 0
         to_ack: list[str] = []
         for _ in range(n_calls):
             b = steady_batch(take)
+            if maintenance and maintenance[0]:
+                b.maintenance = b.promote = True
             for j in range(adds):
                 if dup_share is None:  # dont_filter requests: no Bloom work
                     b.add(payload, fingerprint=None)
@@ -211,7 +234,40 @@ def sync_costs(redis: BenchRedis, spider, calls: int) -> list[dict]:
         c1, u1 = evalsha_usec(client)
         out.append({"shape": name, "calls": n_calls, "server_us_per_call": (u1 - u0) / max(1, c1 - c0),
                     "client_ms_per_call": 1000 * wall / n_calls})
+        if profiled:
+            raw = {k.decode()[5:]: int(v) for k, v in client.hgetall(f.keys.stats).items()
+                   if k.startswith(b"prof:")}
+            n = max(1, raw.pop("calls", 0))
+            out[-1]["parts"] = {k: v / n for k, v in raw.items()}
     return out
+
+
+def sync_part_costs(redis: BenchRedis, spider, calls: int, rounds: int = 3) -> dict:
+    """SYNC's server µs per part for :data:`PART_SHAPES`: the profiling build
+    (steps timed inside the call) and, interleaved shape by shape, the real
+    script (what the timing adds is the difference of the two whole calls);
+    each figure the median of *rounds* rounds (the machine is shared)."""
+    from crawlproject.frontier.scripts import SYNC_INNER, sync_steps
+
+    plain, profiled = [], []
+    for _ in range(rounds):
+        for i, shape in enumerate(PART_SHAPES):
+            p = sync_costs(redis, spider, calls, [shape])[0]
+            q = sync_costs(redis, spider, calls, [shape], profiled=True)[0]
+            if len(plain) <= i:
+                plain.append({**p, "server_us_per_call": []})
+                profiled.append({**q, "server_us_per_call": [], "parts": {}})
+            plain[i]["server_us_per_call"].append(p["server_us_per_call"])
+            profiled[i]["server_us_per_call"].append(q["server_us_per_call"])
+            for name, us in q["parts"].items():
+                profiled[i]["parts"].setdefault(name, []).append(us)
+    for s in plain + profiled:
+        s["server_us_per_call"] = median(s["server_us_per_call"])
+        s["rounds"] = rounds
+    for s in profiled:
+        s["parts"] = {name: median(v + [0.0] * (rounds - len(v))) for name, v in s["parts"].items()}
+    return {"steps": [[part, name] for part, name in sync_steps()], "inner": list(SYNC_INNER),
+            "plain": plain, "profiled": profiled}
 
 
 def client_cpu_costs(redis: BenchRedis, spider, calls: int, rounds: int = 3) -> list[dict]:
@@ -345,10 +401,18 @@ def node_costs(spider, number: int) -> dict:
 
 
 def main(argv=None) -> dict:
-    args = base_parser(__doc__.splitlines()[0]).parse_args(argv)
+    parser = base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--parts", action="store_true",
+                        help="only SYNC's server time per part (lua/sync/)")
+    args = parser.parse_args(argv)
     mode = mode_of(args)
     t0 = time.monotonic()
     spider = _Spider()
+    if args.parts:
+        with BenchRedis() as redis:
+            parts = sync_part_costs(redis, spider, SYNC_CALLS[mode])
+        return finish(NAME + "_parts", {"mode": mode, "sync_parts": parts,
+                                        "duration_s": time.monotonic() - t0}, args.out, render)
     node = node_costs(spider, {"full": 20_000}.get(mode, 2_000))
     with BenchRedis() as redis:
         sizes = payload_sizes(spider)
@@ -356,14 +420,44 @@ def main(argv=None) -> dict:
         syncs = sync_costs(redis, spider, SYNC_CALLS[mode])
         client_cpu = client_cpu_costs(redis, spider, CLIENT_CALLS[mode])
         reclaim = reclaim_costs(redis, INFLIGHT_SIZES[mode])
+        parts = sync_part_costs(redis, spider, SYNC_CALLS[mode])
     calls = fcall_vs_evalsha(spider, SYNC_CALLS[mode], 5 if mode == "full" else 3)
     data = {"mode": mode, "node": node, "payload": sizes, "queued": queued, "sync": syncs,
             "client_cpu": client_cpu, "reclaim": reclaim, "fcall_vs_evalsha": calls,
+            "sync_parts": parts,
             "duration_s": time.monotonic() - t0}
     return finish(NAME, data, args.out, render)
 
 
+def render_parts(parts: dict) -> str:
+    """One column per call shape: each step's server µs per call and share of
+    the whole call (the profiling build's), then the functions inside them."""
+    prof, plain = parts["profiled"], parts["plain"]
+    heads = [f"SYNC part (lua/sync/): server µs/call (share), median of "
+             f"{prof[0].get('rounds', 1)} rounds"] + [
+        f"{i + 1}: {s['shape']}" for i, s in enumerate(prof)]
+    rows = []
+    for part, name in parts["steps"]:
+        row = [f"{part}.lua {name}"]
+        for s in prof:
+            us = s["parts"].get(name, 0.0)
+            row.append(f"{us:.1f} ({100 * us / max(1e-9, s['server_us_per_call']):.0f} %)")
+        rows.append(row)
+    rows.append(["sum of the steps"] + [f"{sum(s['parts'].get(n, 0.0) for _, n in parts['steps']):.1f}"
+                                        for s in prof])
+    rows.append(["whole call, profiling build"] + [f"{s['server_us_per_call']:.1f}" for s in prof])
+    rows.append(["whole call, real script (same shape)"] + [f"{s['server_us_per_call']:.1f}"
+                                                          for s in plain])
+    for name in parts["inner"]:
+        if any(name in s["parts"] for s in prof):
+            rows.append([f"  inside the steps: {name}"] + [f"{s['parts'].get(name, 0.0):.1f}"
+                                                         for s in prof])
+    return table(heads, rows)
+
+
 def render(data: dict) -> str:
+    if "payload" not in data:   # --parts
+        return render_parts(data["sync_parts"])
     p, q = data["payload"], data["queued"]
     out = table(["what", "ours", "scrapy-redis"], [
         ["payload bytes of a product request", p["ours_json_bytes"], p["scrapy_redis_pickle_bytes"]],
@@ -396,6 +490,8 @@ def render(data: dict) -> str:
     out += "\n\n" + table(["inflight entries", "reclaimed", "reclaiming SYNC µs", "normal SYNC µs"],
                           [[r["inflight"], r["reclaimed"], r["reclaim_sync_us"], r["normal_sync_us"]]
                            for r in data["reclaim"]])
+    if data.get("sync_parts"):
+        out += "\n\n" + render_parts(data["sync_parts"])
     return out
 
 

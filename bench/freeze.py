@@ -29,7 +29,7 @@ answers, fewer than the 24 in flight, passed the 20 % tolerance whenever a
 few 503s landed together (the woken node's answers come in one call, its
 503s after its successes), which backed the whole site off (1 s for every
 node, then halved per success). Averaged over at least the key's concurrency
-(sync.lua ``err_weight_of``): ~305/s steady before, ~166/s during the stop
+(lua/sync/keystate.lua ``err_weight_of``): ~305/s steady before, ~166/s during the stop
 (the stopped node's slots), ~304/s in the first second after SIGCONT.
 
 Bounded: the run ends ``--after`` s after SIGCONT (nodes killed). Not part of

@@ -279,7 +279,7 @@ async def drain_complete(redis, spider: str, partitions: int, node: str,
 
 
 WAITING_REPORT_FRESH_S = 15   # a node's "waiting" report counts this long (sent every 5 s)
-#: The longest lease the frontier honours (sync.lua's LEASE_HARD_MS).
+#: The longest lease the frontier honours (lua/sync/contract.lua's LEASE_HARD_MS).
 LEASE_MAX_MS = 3_600_000
 
 

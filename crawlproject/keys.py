@@ -48,8 +48,8 @@ key                                type    contents / written by
                                            have queued entries and are below their
                                            concurrency; SYNC
 ``T:qlen``                         string  entries queued in the partition, as older
-                                           versions kept it: SYNC moves it into
-                                           ``T:kstate`` and deletes it
+                                           versions kept it (now kstate's ``||qlen``;
+                                           SYNC no longer reads it: KEYS[15], unused)
 ``T:kstate``                       hash    politeness key → ``"inflight|last start ms|
                                            blocked until ms|backoff ms|crawl delay ms"``;
                                            ``|key`` → its override (mirrored),

@@ -338,8 +338,7 @@ def test_every_take_registers_the_taker(node, clock, redis):
 
 def test_a_queue_length_holding_junk_is_recounted_not_fatal(node, redis):
     """The partition's queue length is a count in Redis (kstate's ``||qlen``):
-    junk written there, or in the key older versions kept it in (a string, a
-    key of another type), must not make every call fail; it is recounted from
+    junk written there must not make every call fail; it is recounted from
     the entries themselves and the crawl goes on."""
     a = node("a")
     add_all(a, [(f"p{i}", 0) for i in range(5)])
@@ -349,42 +348,17 @@ def test_a_queue_length_holding_junk_is_recounted_not_fatal(node, redis):
     a.sync(later)                                  # one delayed entry
     junks = (lambda: redis.hset(a.keys.kstate, "||qlen", "abc"),
              lambda: redis.hset(a.keys.kstate, "||qlen", "1e3"),
-             lambda: redis.hset(a.keys.kstate, "||qlen", "-7"),   # every node would close
-             # a crawl begun by an older version, its counter spoilt
-             lambda: (redis.hdel(a.keys.kstate, "||qlen"), redis.set(a.keys.qlen, "abc")),
-             lambda: (redis.hdel(a.keys.kstate, "||qlen"), redis.delete(a.keys.qlen),
-                      redis.rpush(a.keys.qlen, "x")))
+             lambda: redis.hset(a.keys.kstate, "||qlen", "-7"))   # every node would close
     for n, junk in enumerate(junks):
         junk()
         assert a.sync(Batch()).queued == 3 + n      # 5 - 2 taken; the delayed one apart
         assert a.counts()["queued"] == 3 + n
-        assert not redis.exists(a.keys.qlen)
         junk()
         res = a.sync(Batch(take=1))
         assert len(res.taken) == 1 and res.queued == 2 + n
         add_all(a, [(f"new{n}a", 0), (f"new{n}b", 0)])
         assert a.counts()["queued"] == 4 + n
     assert a.stats()["qlen_recounted"] == 2 * len(junks)
-
-
-def test_a_queue_length_kept_by_an_older_version_is_moved_not_recounted(node, redis):
-    """A crawl begun by an older version has its queue length in the ``qlen``
-    key: the first call takes it from there (no recount, which reads three
-    whole structures) and deletes the key; the count goes on in kstate."""
-    a = node("a")
-    add_all(a, [(f"p{i}", 0) for i in range(6)])
-    a.take(1)
-    count = int(redis.hget(a.keys.kstate, "||qlen"))
-    assert count == 5
-    # As an older version left it (a count that is off by 2, to tell which was used).
-    redis.hdel(a.keys.kstate, "||qlen")
-    redis.set(a.keys.qlen, count + 2)
-    assert a.counts()["queued"] == count + 2       # read from the old key until moved
-    res = a.sync(Batch(take=1))
-    assert len(res.taken) == 1 and res.queued == count + 1
-    assert not redis.exists(a.keys.qlen)
-    assert int(redis.hget(a.keys.kstate, "||qlen")) == count + 1 == a.counts()["queued"]
-    assert a.stats().get("qlen_recounted", 0) == 0
 
 
 def test_a_call_that_touches_key_state_pays_no_command_for_the_queue_length(node, redis):

@@ -1,38 +1,10 @@
--- Shared Lua helpers: scoring and the sharded, scalable Bloom filter.
+-- Shared Lua helpers: the sharded, scalable Bloom filter (uses lib/score: fmt, call_chunked).
 -- Bloom helpers take the filter's meta key (from the caller's KEYS) and derive
 -- its shard keys as <meta key>:<layer>:<shard>; shards of the next layer may
 -- exist before the layer opens (the meta field 'ahead' counts them).
 local TWO32 = 4294967296
-local SHIFT = 1099511627776
 local BLOOM_STEP_BYTES = 33554432  -- a next layer this small is made when it opens
 local BLOOM_AHEAD_ROOM = 0.1       -- make the next layer from 90 % full
-
-local function fmt(x) return string.format('%.0f', x) end
-
-local function score_of(priority, seq) return fmt(-priority * SHIFT + seq) end
-
-local function score(member)
-  -- "<priority>:<seq>" or "<priority>:<seq>@<politeness key>"
-  local p, s = string.match(member, '^(-?%d+):(%d+)')
-  return score_of(tonumber(p), tonumber(s))
-end
-
-local function call_chunked(cmd, key, args, width, counts)
-  -- Run CMD key args... in chunks of whole WIDTH-sized groups (unpack limits).
-  -- Returns the concatenated array replies (or, with COUNTS, the integer ones).
-  local out = {}
-  local step = width * 600
-  for i = 1, #args, step do
-    local last = math.min(i + step - 1, #args)
-    local res = redis.call(cmd, key, unpack(args, i, last))
-    if type(res) == 'table' then
-      for _, v in ipairs(res) do out[#out + 1] = v end
-    elseif counts then
-      out[#out + 1] = res
-    end
-  end
-  return out
-end
 
 local function bloom_meta(key)
   local raw = redis.call('HGETALL', key)

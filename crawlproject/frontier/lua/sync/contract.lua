@@ -1,0 +1,51 @@
+-- sync/contract.lua: the rules every part of SYNC keeps (main.lua has the
+-- KEYS/ARGV/reply contract), and the most it honours whatever it is sent.
+-- Reads and writes no key. Defines BLOCK_HARD_MS, INTERVAL_HARD_MS, LEASE_HARD_MS.
+--
+-- Politeness is enforced here, at lease time, for all nodes: a key is taken
+-- from only when its ready time has come (a minimum interval since its last
+-- start, a Retry-After block, a backoff, a robots.txt crawl delay) and while
+-- fewer than its concurrency are in flight. Ready keys are served oldest-ready
+-- first, each at most once per call (several entries only when it has no
+-- interval), highest priority first within a key.
+-- Ownership: ack, fail and nack change an entry only if this node holds its
+-- lease; a late ack or fail of an entry whose lease expired and that is back
+-- in its queue (not leased by anyone) also removes it (the work was done); an
+-- ack or fail of an entry already gone (repeated after a lost reply) is a
+-- no-op. Anything else is a stale call: counted, nothing changed. Every take
+-- registers the node with a deadline, so no entry is held by an id that
+-- cannot expire.
+-- Reserve (the slot hand-off): a key with no interval and no block that has
+-- its concurrency in flight frees a slot only when a download ends; the node
+-- whose download ended may start the next request of that key at once, from
+-- its reserve, and say so afterwards (handoff): the key's in-flight count never
+-- goes up, so its concurrency holds for the cluster. A reserve is given only
+-- while the key is at its concurrency, at most its share (concurrency / nodes
+-- of the partition, rounded up) per ask; the reply tells, for every key asked
+-- about, whether the reserve may still be used (no interval, no block, not
+-- over its concurrency) and the share.
+-- Sharing a key's slots: a node whose take got fewer entries than it asked
+-- while entries were queued is *wanting* (KEYS[16], for SHARE_WINDOW ms).
+-- While other nodes are wanting, a take gives this node at most its share of
+-- a key's concurrency, ceil(concurrency / (1 + other wanting nodes)), counting
+-- the entries of the key it already holds a slot for; a key it holds its share
+-- of is passed over (it stays ready for the others, and is not this node's
+-- next ready time). With no other node wanting, a node may hold all of a
+-- key's slots: nothing is left idle for a node that does not ask (paused,
+-- busy elsewhere, gone).
+-- What is read back is untrusted (anyone who can write to Redis writes it):
+-- each field of a state, an override or a budget count is parsed on its own
+-- (junk in one never zeroes the others), values are bounded (a block at most
+-- a day from now, intervals at most a day, a last start at most now, an
+-- in-flight count at most the leases there are), a member this script does
+-- not write is set aside (never leased), a node deadline beyond the longest
+-- lease is expired and a ready time beyond any state is brought back to now;
+-- each is counted in the reply and in KEYS[10]'s 'state_junk', and a state
+-- the script owns is written back mended.
+--
+-- What this script honours at most, whatever a call passes in ARGV or Redis
+-- holds (anyone with a node's credential can make a call or write a state:
+-- docs/frontier.md, trust model): a block until at most a day after it is
+-- read, an interval (a limit's delay, a backoff, a crawl delay) of at most a
+-- day, a lease of at most an hour.
+local BLOCK_HARD_MS, INTERVAL_HARD_MS, LEASE_HARD_MS = 86400000, 86400000, 3600000
