@@ -1,67 +1,24 @@
 """RedisScheduler: Scrapy's scheduler over the shared Redis frontier.
 
-A thin adapter: the frontier's rules live in :mod:`crawlproject.frontier`
-(per-partition Lua calls in ``queue.py``, the node's sync loop in
-``client.py``, politeness keys and limits in ``sitelimits.py``, retries in
-``retrypolicy.py``); this module turns requests into JSON payloads and back,
-and tells the loop when the engine is done with a request.
-
-* ``next_request()`` returns from a local prefetch buffer, never waiting on
-  Redis (with ``SCHEDULER_START_BURST``, at most that many per turn of the
-  event loop: :class:`~crawlproject.scheduling.burst.StartBurst`); the loop refills it with requests whose
-  site may be fetched *now* (politeness is enforced cluster-wide when requests are leased: see
-  :mod:`crawlproject.frontier.sitelimits`), sends new requests (deduplicated
-  and enqueued in the same atomic call, in batches), acknowledges finished
-  ones and renews this node's lease.
-* A request is acknowledged only when it has left the engine: downloaded, its
-  callback's output consumed, its new requests stored and its items through
-  the pipelines. A node killed at any moment loses nothing: its leased
-  requests are put back by any other node once its lease
-  (``SCHEDULER_LEASE_TTL``, 10 s by default, renewed every
-  ``SCHEDULER_HEARTBEAT_INTERVAL``) expires.
-* Downloads that keep failing are retried with exponential backoff through
-  Redis (see :mod:`crawlproject.middlewares.retry`), then dead-lettered; a
-  callback that keeps crashing is retried ``CALLBACK_RETRY_TIMES`` times,
-  then dead-lettered too (``python -m crawlproject.cli dead`` / ``replay``).
-* Requests travel as JSON (:mod:`crawlproject.serialization`); a request that
-  cannot be serialised is refused at enqueue time with the offending key. A
-  stored payload is untrusted: one that does not decode into a request the
-  spider published (:mod:`crawlproject.policy`) is moved to ``{spider}:invalid``.
-* What sites say reaches every node: a 429/503 (``FRONTIER_BACKOFF_HTTP_CODES``)
-  with ``Retry-After`` blocks the site, without it slows it down
-  (:mod:`crawlproject.middlewares.slowdown`), and a robots.txt
-  ``Crawl-delay`` applies when ``ROBOTSTXT_OBEY`` is on.
-* Acknowledgements rely on the engine's private slot (``_slot.inprogress`` and
-  ``_slot.nextcall``, Scrapy 2.13–2.19); :meth:`RedisScheduler.open` refuses
-  to start, with a clear message, on a Scrapy without them rather than never
-  acknowledging anything. The same for the downloader attributes that keep
-  Scrapy's own per-domain delay from adding to the frontier's.
-
-Size (over 600 lines): :class:`RedisScheduler` is the one object Scrapy
-calls as its scheduler (``enqueue_request``, ``next_request``,
-``has_pending_requests``, ``open``/``close``) and whose signal handlers
-(response, spider error, download left, control) update the same per-request
-state; its parts that stand alone are in :mod:`crawlproject.scheduling`.
+The one object Scrapy calls as its scheduler (``enqueue_request``,
+``next_request``, ``has_pending_requests``, ``open``/``close``): it turns
+requests into stored payloads and back, and acknowledges each request once it
+has left the engine. The node's sync loop with Redis is
+:mod:`crawlproject.frontier.client`; the scheduler's other parts are in
+:mod:`crawlproject.scheduling`. How it works: docs/frontier.md, "The Scrapy
+adapter".
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
-import time
-from collections import deque
+from functools import partial
 
-import scrapy
 from scrapy import Request, signals
 from scrapy.core.scheduler import BaseScheduler
-from scrapy.exceptions import DontCloseSpider
-from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.defer import deferred_from_coro
-from scrapy.utils.request import RequestFingerprinter
-from scrapy.utils.request import fingerprint as scrapy_fingerprint
 
-from crawlproject.connection import (REDIS_FAILURES, redact_url, redis_from_settings,
+from crawlproject.connection import (redact_url, redis_from_settings,
                                      redis_url_from_settings)
 from crawlproject import defaults
 from crawlproject.defaults import setting
@@ -69,24 +26,24 @@ from crawlproject.egress.resolver import install_guard
 from crawlproject.frontier.bloom import BloomConfig
 from crawlproject.frontier.client import FrontierClient, Rejected
 from crawlproject.scheduling.burst import StartBurst, default_prefetch
+from crawlproject.scheduling.engineguards import (SUPPORTED_SCRAPY, check_engine,
+                                                  log_trust, no_local_politeness,
+                                                  no_remote_control, per_node_robots)
 from crawlproject.scheduling.compat import idle_before_close, scrapy_redis_notes
 from crawlproject.scheduling.errback import LeaseErrback
-from crawlproject.scheduling.local import (KEPT_META, SLOT_PREFIX, LocalRequests, is_kept,
-                                           strip_slot)
+from crawlproject.scheduling.failures import Failures
+from crawlproject.scheduling.limits import (HOST_LIMITS_REFRESH, LIMITS_CHUNK,
+                                            LimitsPublisher)
+from crawlproject.scheduling.local import LocalRequests, local_slot, strip_slot
+from crawlproject.scheduling.nodecontrol import NodeControl
+from crawlproject.scheduling.recent import RecentlySent
+from crawlproject.scheduling.report import NodeReport
 from crawlproject.scheduling.sitepoliteness import SitePoliteness
+from crawlproject.scheduling.sitefeedback import SiteFeedback
 from crawlproject.scheduling.startstate import StartState
-from crawlproject.control import (ControlWatcher, clear_finished_drain, drain_complete,
-                                  read_control)
-from crawlproject.hooks import ACK, DEAD, RELEASED, RETRY, request_hooks
-from crawlproject.frontier.queue import (
-    ATTEMPT_META_KEYS,
-    DEAD_MAX,
-    INVALID_MAX,
-    MAX_PRIORITY,
-    NEW_UNFILTERED,
-    AsyncFrontier,
-    refused,
-)
+from crawlproject.control import ControlWatcher
+from crawlproject.hooks import ACK, RELEASED, RETRY, request_hooks
+from crawlproject.frontier.queue import DEAD_MAX, INVALID_MAX, MAX_PRIORITY, AsyncFrontier
 from crawlproject.frontier.retrypolicy import (
     CALLBACK_ATTEMPTS_META,
     LEASE_META,
@@ -98,7 +55,6 @@ from crawlproject.frontier.retrypolicy import (
 )
 from crawlproject.node import node_id
 from crawlproject.outage import outage_log
-from crawlproject.frontier.sitelimits import UNLIMITED
 from crawlproject.policy import InputPolicy
 from crawlproject.serialization import (
     RequestDecodeError,
@@ -112,25 +68,8 @@ from crawlproject.urls import UrlCanonicalizer, canonicalizer_for
 
 logger = logging.getLogger(__name__)
 
-#: Scrapy versions whose engine internals the acknowledgements were checked on.
-SUPPORTED_SCRAPY = ((2, 13), (2, 19))
-# Seconds between a node's checks that its FRONTIER_HOST_LIMITS entries are
-# still in Redis (``crawlctl politeness --clear`` removes one: it comes back).
-HOST_LIMITS_REFRESH = 5.0
-LIMITS_CHUNK = 500   # FRONTIER_HOST_LIMITS entries per SET_LIMITS call
-# Seconds between a held node's checks that a --then-clear drain is complete
-# (a few Redis reads a partition; only while it is held and has nothing to do).
-DRAIN_CHECK_INTERVAL = 5.0
-__all__ = ["RedisScheduler", "LEASE_META", "RETRY_DELAY_META", "CALLBACK_ATTEMPTS_META"]
-
-
-def _stored_count(raw) -> int:
-    """A count read from Redis, or -1 when it is not one."""
-    try:
-        value = int(raw)
-    except (TypeError, ValueError):
-        return -1
-    return value if value > 0 else -1
+__all__ = ["RedisScheduler", "LEASE_META", "RETRY_DELAY_META", "CALLBACK_ATTEMPTS_META",
+           "SUPPORTED_SCRAPY", "HOST_LIMITS_REFRESH", "LIMITS_CHUNK"]
 
 
 class RedisScheduler(BaseScheduler):
@@ -158,18 +97,8 @@ class RedisScheduler(BaseScheduler):
         self.idle_poll, self.lease_ttl, self.heartbeat = idle_poll, lease_ttl, heartbeat
         self.idle_poll_max = idle_poll_max
         self.local_dedupe_size = local_dedupe_size
-        self._recent: set[int] = set()
-        self._recent_old: set[int] = set()
-        # The same two generations, of the URLs those fingerprints came from:
-        # with Scrapy's own fingerprinter a GET without a body (or verbatim_url)
-        # has the fingerprint of its URL string, so a link this node already
-        # sent (menus, related items: most links a page yields) is dropped on
-        # a set lookup instead of a canonicalisation and a SHA-1 (~9 us, bench.costs).
-        self._recent_urls: set[int] = set()
-        self._recent_urls_old: set[int] = set()
-        self._urls_decide = (type(self.fingerprinter) is RequestFingerprinter
-                             and getattr(self.fingerprinter, "_fingerprint", None)
-                             is scrapy_fingerprint)
+        #: the local dedupe: what this node sent most recently
+        self.recent = RecentlySent(local_dedupe_size, self.fingerprinter)
         self.bloom = bloom
         self.retry = retry
         #: every request's URL in its canonical form (crawlproject/urls.py), shared
@@ -184,38 +113,36 @@ class RedisScheduler(BaseScheduler):
         self.signer: Signer | None = None
         self.client: FrontierClient | None = None
         self.local: LocalRequests | None = None
-        self._kept_dead_tasks: set[asyncio.Future] = set()
         self._redis_url = redis_url_from_settings(crawler.settings)
         self._redis_outage = outage_log(crawler, "redis", f"Redis at {redact_url(self._redis_url)}")
         self._warned_priority = False
         self._scraping: set[str] = set()
-        self._failed: dict[str, tuple[str, str]] = {}
-        self._stat_deltas: dict[str, int] = {}
         # Counts of the per-request path, added to the stats by flush_counts()
         # (every loop turn and at close): Scrapy 2.19's inc_value costs ~1.7 us
         # through its deprecation wrappers, and a page made up to 11 of them.
         self._filtered_locally = self._enqueued = self._dequeued = self._unproven = 0
-        self._last_report = time.monotonic()
-        self._limits_published: float | None = None   # monotonic time, once published
-        self._limits_task: asyncio.Future | None = None
-        self._report_task: asyncio.Future | None = None
         self.report_interval = setting(crawler.settings, "SCHEDULER_LOG_INTERVAL")
         self.control_interval = setting(crawler.settings, "CONTROL_POLL_INTERVAL")
-        self.control: ControlWatcher | None = None
         #: the operator's state found at start (CONTROL_ON_START: wait or exit)
         self.start_state = StartState("", control_on_start)
-        self._drain_checked = float("-inf")   # monotonic time of the last drain-complete check
-        self._stopping = False
-        self._stop_task: asyncio.Future | None = None
-        self._spider_opened = False
-        self._report_samples: deque[tuple[float, int, int]] = deque()
+        # Its parts (crawlproject.scheduling), set up at open with the frontier client:
+        #: the node's report, its cluster-wide counts and the Frontier line
+        self.report: NodeReport | None = None
+        #: the operator's state applied to this node, and its ControlWatcher
+        self.node_control: NodeControl | None = None
+        self.control: ControlWatcher | None = None
+        #: FRONTIER_HOST_LIMITS published to Redis and kept there
+        self.limits: LimitsPublisher | None = None
+        #: what sites answer, told to every node
+        self.site_feedback: SiteFeedback | None = None
+        #: failed requests, retried or dead-lettered once they leave the engine
+        self.failures: Failures | None = None
         #: request lifecycle hooks (crawlproject.hooks), read at open
         self.hooks: list = []
         self.start_burst = StartBurst(start_burst, self._nudge_engine)
         #: seconds a node whose crawl is done waits before closing (scrapy-redis'
-        #: SCHEDULER_IDLE_BEFORE_CLOSE), and since when it has been done
+        #: SCHEDULER_IDLE_BEFORE_CLOSE)
         self.idle_before_close = idle_before_close
-        self._done_since: float | None = None
 
     @classmethod
     def from_crawler(cls, crawler):
@@ -247,22 +174,25 @@ class RedisScheduler(BaseScheduler):
 
     # -- Scrapy scheduler interface ------------------------------------------
     def open(self, spider):
-        self._check_engine()
+        check_engine(self.crawler)
         self.setup(spider)
         if self.politeness.enabled:
-            self._no_local_politeness()
-        self._per_node_robots()
+            no_local_politeness(self.crawler, self.politeness, {"spider": spider})
+        per_node_robots(self.crawler, {"spider": spider})
         install_guard(self.crawler)   # DOWNLOAD_ALLOWED_NETWORKS for every connection (egress/)
         self.crawler.signals.connect(self._on_response, signal=signals.response_received)
-        self.crawler.signals.connect(self._on_left_downloader,
+        feedback = self.site_feedback
+        self.crawler.signals.connect(feedback.on_left_downloader,
                                      signal=signals.request_left_downloader)
-        self.crawler.signals.connect(self._on_downloaded, signal=signals.response_downloaded)
-        self.crawler.signals.connect(self._on_reached_downloader,
+        self.crawler.signals.connect(feedback.on_downloaded, signal=signals.response_downloaded)
+        self.crawler.signals.connect(feedback.on_reached_downloader,
                                      signal=signals.request_reached_downloader)
-        self.crawler.signals.connect(self._on_spider_error, signal=signals.spider_error)
-        self.crawler.signals.connect(self._on_robots, signal=signals.robots_parsed)
-        self.crawler.signals.connect(self._on_spider_opened, signal=signals.spider_opened)
-        self.crawler.signals.connect(self._on_spider_idle, signal=signals.spider_idle)
+        self.crawler.signals.connect(self.failures.on_spider_error, signal=signals.spider_error)
+        self.crawler.signals.connect(feedback.on_robots, signal=signals.robots_parsed)
+        self.crawler.signals.connect(self.node_control.on_spider_opened,
+                                     signal=signals.spider_opened)
+        self.crawler.signals.connect(self.node_control.on_spider_idle,
+                                     signal=signals.spider_idle)
         pol = self.politeness
         logger.info("Shared frontier for %r on %s as node %s (prefetch %d, %s starts a loop "
                     "turn, lease %ss, heartbeat %ss, %d partition(s); politeness per %s %s)",
@@ -272,10 +202,10 @@ class RedisScheduler(BaseScheduler):
                     f"cluster-wide: {pol.default.delay:g}s between starts, at most "
                     f"{pol.default.concurrency} in flight" if pol.enabled else "off",
                     extra={"spider": spider})
-        self._log_trust()
+        log_trust(self.signer, self.stats, {"spider": spider})
         for level, message in scrapy_redis_notes(self.crawler.settings):
             logger.log(level, message, extra={"spider": spider})
-        # Nothing is taken before the operator's state is known (_on_control_ready).
+        # Nothing is taken before the operator's state is known (NodeControl.ready).
         self.client.paused = True
         self.client.start()
         self.control.start()
@@ -284,7 +214,7 @@ class RedisScheduler(BaseScheduler):
     def setup(self, spider) -> None:
         """Everything :meth:`open` does that needs neither the engine nor Redis."""
         self.spider = spider
-        self._no_remote_control()
+        no_remote_control(self.crawler, {"spider": spider})
         self.hooks = request_hooks(self.crawler)
         self.policy = InputPolicy.from_settings(self.crawler.settings, type(spider))
         self.signer = signer_from_settings(self.crawler.settings, spider.name)
@@ -301,216 +231,42 @@ class RedisScheduler(BaseScheduler):
                                    politeness=self.politeness)
                      for p in range(parts)]
         extra = {"spider": spider}
+        self.report = NodeReport(self.stats, self.report_interval, extra)
         self.client = FrontierClient(
             frontiers, self.politeness, accept=self._accept, before_tick=self._collect_done,
-            count=self._count, outage=self._redis_outage, log_extra=extra,
+            count=self.report.count, outage=self._redis_outage, log_extra=extra,
             prefetch=self.prefetch, batch_size=self.batch_size,
             flush_interval=self.flush_interval, min_sync_interval=self.min_sync_interval,
             idle_poll=self.idle_poll, heartbeat=self.heartbeat, lease_ttl=self.lease_ttl,
             nudge=self._nudge_engine, free_slots=self._free_slots,
             idle_poll_max=self.idle_poll_max)
-        self.client.on_first_sync = self._on_first_sync
+        self.start_state.spider = spider.name
+        self.node_control = NodeControl(
+            self.crawler, self.client, self.start_state, redis=redis,
+            interval=self.control_interval, report=self._node_report, node=self.node,
+            partitions=parts, idle_before_close=self.idle_before_close,
+            nudge=self._nudge_engine, downloading=lambda: self.downloading,
+            has_pending=self.has_pending_requests, log_extra=extra)
+        self.control = self.node_control.watcher
+        self.limits = LimitsPublisher(self.client, self.politeness, self.stats,
+                                      stop=self.node_control.stop, log_extra=extra)
+        self.client.on_first_sync = self.limits.first_sync
         self.client.budgets.idle_close = getattr(spider, "max_idle_time", None)  # said when spent
+        self.site_feedback = SiteFeedback(self.client, self.politeness, self.stats,
+                                          SiteFeedback.robots_agent(self.crawler.settings))
+        self.failures = Failures(self.client, self.politeness, self.retry, self.report.count,
+                                 spider=spider, policy=self.policy, signer=self.signer)
         # A lease given back unstarted ends for the hooks (a tracing span) too.
         self.client.on_returned = lambda entry: (
             self._settled(entry.item, entry.member, RELEASED) if self.hooks else None)
         self.local = LocalRequests(
             mark_seen=lambda p, fps: self.client.partitions[p].mark_seen(fps),
-            partition_of=self.client.partition_of, slot_for=self._local_slot,
-            count=self._count, nudge=self._nudge_engine, log_extra=extra)
-        self.start_state.spider = spider.name
-        self.control = ControlWatcher(redis, spider.name, self._on_control,
-                                      interval=self.control_interval, log_extra=extra,
-                                      on_ready=self._on_control_ready,
-                                      report=self._node_report, node=self.node,
-                                      on_tick=self._control_tick)
+            partition_of=self.client.partition_of,
+            slot_for=partial(local_slot, self.crawler, self.politeness),
+            count=self.report.count, nudge=self._nudge_engine, log_extra=extra)
 
     def close(self, reason: str):
         return deferred_from_coro(self._close(reason))
-
-    def _log_trust(self) -> None:
-        extra = {"spider": self.spider}
-        if self.signer is not None:
-            logger.info("Requests are stored signed (FRONTIER_SECRET): what this crawl's nodes "
-                        "stored comes back whole; anything else read from Redis gets the seed "
-                        "policy", extra=extra)
-            return
-        self.stats.set_value("scheduler/unsigned", 1)
-        logger.warning(
-            "FRONTIER_SECRET is not set: nodes cannot prove which requests in Redis they wrote, "
-            "so every request read back gets the seed policy (published callbacks, GET/HEAD, "
-            "allowed meta). Requests of this spider that need more (a private callback such as "
-            "CrawlSpider's, a body, unpublished meta) are kept and crawled on the node that "
-            "made them (scheduler/kept_local), not shared. Set FRONTIER_SECRET, the same on "
-            "every node (python -m crawlproject.cli secret prints one)", extra=extra)
-
-    def _no_remote_control(self) -> None:
-        """Keep Scrapy's remote control server from starting unless the user
-        asked for it.
-
-        Scrapy 2.19 turns it on by default: an HTTP endpoint on localhost that
-        runs the Python code posted to it (with a token in a job file). A
-        crawl node has no use for it, and it is one more way to run code on
-        every node; a user project that pasted the README block without
-        ``REMOTE_CONTROL_ENABLED = False`` would have it. It is taken off the
-        ``engine_started`` signal before the engine starts (the scheduler is
-        opened first); a user who set the setting keeps it, with a warning.
-        """
-        settings = self.crawler.settings
-        if not settings.getbool("REMOTE_CONTROL_ENABLED"):
-            return
-        extensions = getattr(getattr(self.crawler, "extensions", None), "middlewares", ())
-        for ext in extensions:
-            if type(ext).__name__ != "RemoteControl":
-                continue
-            if settings.getpriority("REMOTE_CONTROL_ENABLED") > SETTINGS_PRIORITIES["default"]:
-                logger.warning("Scrapy's remote control (runs Python code posted to it over "
-                               "HTTP on localhost) is on, as REMOTE_CONTROL_ENABLED says",
-                               extra={"spider": self.spider})
-                return
-            self.crawler.signals.disconnect(ext.start, signal=signals.engine_started)
-            logger.info("Scrapy's remote control server is not started on a shared-frontier "
-                        "node (it runs code posted to it); set REMOTE_CONTROL_ENABLED = True "
-                        "to keep it", extra={"spider": self.spider})
-
-    def _per_node_robots(self) -> None:
-        """Say so when Scrapy's own robots.txt middleware runs on this node:
-        each node then fetches each site's robots.txt itself, outside the
-        site's limits (crawlproject.robots fetches one for the cluster)."""
-        from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
-
-        downloader = getattr(getattr(self.crawler, "engine", None), "downloader", None)
-        middlewares = getattr(getattr(downloader, "middleware", None), "middlewares", ())
-        if any(type(mw) is RobotsTxtMiddleware for mw in middlewares):
-            self.stats.set_value("robotstxt/per_node", 1)
-            logger.warning(
-                "ROBOTSTXT_OBEY with Scrapy's RobotsTxtMiddleware: every node fetches each "
-                "site's robots.txt itself, outside the site's limits; use "
-                "crawlproject.robots.ClusterRobotsTxtMiddleware (see README's settings block)",
-                extra={"spider": self.spider})
-
-    def _check_engine(self) -> None:
-        """Fail at open, loudly, if the engine lacks what acknowledgements need.
-
-        A request is acknowledged once it leaves the engine's slot
-        (``engine._slot.inprogress``, private to Scrapy); without it nothing
-        would ever be acknowledged, silently.
-        """
-        slot = getattr(self.crawler.engine, "_slot", None)
-        inprogress = getattr(slot, "inprogress", None)
-        nextcall = getattr(slot, "nextcall", None)
-        if not isinstance(inprogress, set) or not callable(getattr(nextcall, "schedule", None)):
-            raise RuntimeError(self._unsupported("its engine has no _slot.inprogress set / "
-                                                 "_slot.nextcall, which tell when a request "
-                                                 "is done"))
-
-    def _unsupported(self, what: str) -> str:
-        (lo_major, lo_minor), (hi_major, hi_minor) = SUPPORTED_SCRAPY
-        return (f"crawlproject.scheduler.RedisScheduler cannot run on Scrapy "
-                f"{scrapy.__version__}: {what} (supported: Scrapy {lo_major}.{lo_minor} to "
-                f"{hi_major}.{hi_minor}; see requirements.txt)")
-
-    def _no_local_politeness(self) -> None:
-        """Keep Scrapy's per-process download slots from delaying or limiting a
-        second time what the frontier already spaced out for all nodes."""
-        downloader = getattr(self.crawler.engine, "downloader", None)
-        if not all(hasattr(downloader, a) for a in ("_delay", "domain_concurrency",
-                                                     "ip_concurrency", "per_slot_settings")):
-            raise RuntimeError(self._unsupported("its downloader has no _delay / "
-                                                 "domain_concurrency / per_slot_settings"))
-        downloader._delay = 0.0
-        downloader._jitter = 0.0
-        downloader.domain_concurrency = max(1, downloader.total_concurrency or 1_000_000)
-        downloader.ip_concurrency = 0
-        if downloader.per_slot_settings:
-            logger.info("DOWNLOAD_SLOTS %s: enforced by the frontier for all nodes together "
-                        "(FRONTIER_HOST_LIMITS wins for a site both name)",
-                        sorted(downloader.per_slot_settings)[:10], extra={"spider": self.spider})
-        downloader.per_slot_settings = {}
-        for slot in downloader.slots.values():
-            slot.delay, slot.concurrency = 0.0, downloader.domain_concurrency
-        per_ip = self.crawler.settings.getint("CONCURRENT_REQUESTS_PER_IP")
-        if per_ip > 0:
-            logger.warning("CONCURRENT_REQUESTS_PER_IP = %d is not applied: Scrapy's limit is per "
-                           "process (and deprecated); for a limit per server across all nodes "
-                           "set FRONTIER_POLITENESS_KEY = 'ip' and CONCURRENT_REQUESTS_PER_DOMAIN",
-                           per_ip, extra={"spider": self.spider})
-        if self.crawler.settings.getbool("AUTOTHROTTLE_ENABLED"):
-            logger.warning("AUTOTHROTTLE_ENABLED adds a per-process delay on top of the "
-                           "frontier's cluster-wide politeness: turn it off (the frontier "
-                           "slows a site down for every node when it answers %s)",
-                           sorted(self.politeness.backoff_codes), extra={"spider": self.spider})
-
-    async def _on_first_sync(self) -> None:
-        """Redis answered: check the partition count, publish FRONTIER_HOST_LIMITS."""
-        frontier = self.client.partitions[0]
-        client = frontier.client
-        stored = await client.hsetnx(frontier.keys.config, "partitions",
-                                     self.politeness.partitions)
-        if not stored:
-            raw = await client.hget(frontier.keys.config, "partitions")
-            existing = _stored_count(raw)
-            if existing != self.politeness.partitions:
-                # Read from Redis: a value that is not a count is refused like
-                # a different count (shown as -1), never trusted nor raised.
-                logger.error("This crawl's frontier has %s partition(s); FRONTIER_PARTITIONS is "
-                             "%d here. Use the crawl's count (or reset the spider): closing.",
-                             existing if existing >= 0 else f"an unreadable count ({raw!r:.40})",
-                             self.politeness.partitions, extra={"spider": self.spider})
-                self.stats.set_value("scheduler/partition_mismatch", existing)
-                self._stop("frontier_partitions_mismatch")
-                return
-        try:
-            await self._publish_limits(only_missing=False)
-        except Exception as exc:
-            if not refused(exc):
-                raise  # Redis away: this hook runs again after the next call
-            # A limits key holding junk (anyone who can write to Redis): the
-            # crawl goes on under the nodes' settings; said, counted, retried.
-            self._limits_refused(exc)
-
-    def _limits_refused(self, exc: BaseException) -> None:
-        self._limits_published = time.monotonic()   # the refresh tries again later
-        self.stats.inc_value("politeness/limits_refused")
-        if self.stats.get_value("politeness/limits_refused") > 1:
-            return  # said once; the stat counts the tries
-        logger.error("Cannot publish FRONTIER_HOST_LIMITS: Redis refused it (%s); those "
-                     "hosts get DOWNLOAD_DELAY / CONCURRENT_REQUESTS_PER_DOMAIN until it "
-                     "goes through (tried again every %.0f s)", exc, HOST_LIMITS_REFRESH,
-                     extra={"spider": self.spider})
-
-    async def _publish_limits(self, only_missing: bool) -> None:
-        """Write this node's ``FRONTIER_HOST_LIMITS`` to Redis: at the first sync
-        replacing another node's settings (not an operator's ``crawlctl``
-        override); later only where a key has no override at all."""
-        overrides: dict[int, dict] = {}
-        for key, limits in self.politeness.overrides.items():
-            overrides.setdefault(self.client.partition_of(key), {})[key] = limits
-        for p, limits in overrides.items():
-            keys = list(limits)
-            for start in range(0, len(keys), LIMITS_CHUNK):  # no long script call
-                chunk = {key: limits[key] for key in keys[start:start + LIMITS_CHUNK]}
-                await self.client.partitions[p].set_limits(chunk, source="s",
-                                                           only_missing=only_missing)
-        self._limits_published = time.monotonic()
-
-    def _maybe_refresh_limits(self) -> None:
-        if (not self.politeness.overrides or self._limits_published is None
-                or time.monotonic() - self._limits_published < HOST_LIMITS_REFRESH
-                or (self._limits_task is not None and not self._limits_task.done())):
-            return
-        self._limits_published = time.monotonic()   # one try per period, even if it fails
-        self._limits_task = asyncio.ensure_future(self._refresh_limits())
-
-    async def _refresh_limits(self) -> None:
-        try:
-            await self._publish_limits(only_missing=True)
-        except Exception as exc:  # the next period tries again
-            if refused(exc):
-                self._limits_refused(exc)
-            else:  # Redis away: the frontier loop says so
-                logger.debug("Cannot refresh FRONTIER_HOST_LIMITS in Redis: %s", exc,
-                             extra={"spider": self.spider})
 
     def has_pending_requests(self) -> bool:
         return self.client is not None and (self.client.has_pending() or self.local.pending())
@@ -524,15 +280,18 @@ class RedisScheduler(BaseScheduler):
             return False
 
     def _enqueue(self, request: Request) -> bool:
-        url_key = self._url_key(request)
-        if self._sent_here(url_key):   # a canonical URL this node sent: no more work
+        recent = self.recent
+        url_key = recent.url_key(request)
+        if recent.sent(url_key):   # a canonical URL this node sent: no more work
+            self._filtered_locally += 1
             return False
         # One URL a page, one host a site: what is fetched, fingerprinted, keyed
         # for politeness and robots.txt, logged and stored (no credentials).
         canonical = self.urls.request(request)
         if canonical is not request:
-            request, url_key = canonical, self._url_key(canonical)
-            if self._sent_here(url_key):
+            request, url_key = canonical, recent.url_key(canonical)
+            if recent.sent(url_key):
+                self._filtered_locally += 1
                 return False
         strip_slot(request)
         member = request.meta.pop(LEASE_META, None)
@@ -541,7 +300,7 @@ class RedisScheduler(BaseScheduler):
         delay = request.meta.pop(RETRY_DELAY_META, 0)
         request.meta.pop(SLOW_DOWN_META, None)
         fp = None if request.dont_filter else self.fingerprinter.fingerprint(request)
-        if fp is not None and self._seen_here(fp):
+        if fp is not None and recent.seen(fp):
             # This node already sent it: the shared filter has it (or will have
             # it with the pending call); skip the encoding and the round trip.
             self._filtered_locally += 1
@@ -550,11 +309,11 @@ class RedisScheduler(BaseScheduler):
             payload = request_to_json(request, self.spider, self.policy, self.signer)
         except RequestEncodeError as exc:
             if fp is not None:
-                self._remember(fp, url_key)
+                recent.remember(fp, url_key)
             self._keep_local(request, fp, member, exc)
             return True
         if fp is not None:
-            self._remember(fp, url_key)
+            recent.remember(fp, url_key)
         if abs(request.priority) > MAX_PRIORITY:
             self._priority_clamped(request)
         replaces = (member is not None and member in self.client.held
@@ -570,7 +329,7 @@ class RedisScheduler(BaseScheduler):
             # for budgets, and its fingerprint recorded, so that a link back to
             # it (a start URL linked from its own pages) is not fetched again.
             fp, unfiltered = self.fingerprinter.fingerprint(request), True
-            self._remember(fp, url_key)
+            recent.remember(fp, url_key)
         self.client.add(payload, fp, request.priority, int(delay * 1000),
                         self.politeness.key(request), parent=parent, unfiltered=unfiltered)
         if replaces:
@@ -601,24 +360,6 @@ class RedisScheduler(BaseScheduler):
             if self.hooks:
                 self._settled(replaced, member, ACK)
 
-    def _local_slot(self, key: str) -> str | None:
-        """The download slot of kept requests of politeness key *key*, with the
-        site's limits (None when the frontier's politeness is off: Scrapy's
-        own slots then apply as configured)."""
-        if not self.politeness.enabled:
-            return None
-        slot = SLOT_PREFIX + key
-        try:
-            downloader = self.crawler.engine.downloader
-        except (RuntimeError, AttributeError):   # no engine yet: Scrapy's slot defaults
-            downloader = None
-        if downloader is not None and slot not in downloader.per_slot_settings:
-            limits = self.politeness.overrides.get(key, self.politeness.default)
-            concurrency = limits.concurrency if 0 < limits.concurrency < UNLIMITED else 1_000_000
-            downloader.per_slot_settings[slot] = {"delay": limits.delay,
-                                                  "concurrency": concurrency}
-        return slot
-
     def _priority_clamped(self, request: Request) -> None:
         self.stats.inc_value("scheduler/priority_clamped")
         if not self._warned_priority:
@@ -642,7 +383,7 @@ class RedisScheduler(BaseScheduler):
             return None
         self.start_burst.handed_out()
         self._dequeued += 1
-        self._done_since = None
+        self.node_control.done_since = None
         return entry.item
 
     def __len__(self) -> int:
@@ -655,7 +396,7 @@ class RedisScheduler(BaseScheduler):
         (``dupefilter/filtered``, ``dupefilter/filtered_locally``,
         ``scheduler/enqueued/redis``, ``scheduler/dequeued/redis``)."""
         if self._filtered_locally:
-            self._count("dupefilter/filtered", self._filtered_locally)
+            self.report.count("dupefilter/filtered", self._filtered_locally)
             self.stats.inc_value("dupefilter/filtered_locally", self._filtered_locally)
             self._filtered_locally = 0
         if self._enqueued:
@@ -668,40 +409,6 @@ class RedisScheduler(BaseScheduler):
             self.stats.inc_value("scheduler/unproven", self._unproven)
             self._unproven = 0
 
-    def _sent_here(self, url_key: int | None) -> bool:
-        if url_key is not None and (url_key in self._recent_urls
-                                    or url_key in self._recent_urls_old):
-            self._filtered_locally += 1
-            return True
-        return False
-
-    def _seen_here(self, fp: bytes) -> bool:
-        key = hash(fp)
-        return key in self._recent or key in self._recent_old
-
-    def _url_key(self, request: Request) -> int | None:
-        """The key of *request*'s URL in the local dedupe, or None where its
-        fingerprint is not a function of its URL string alone."""
-        if (not self._urls_decide or request.dont_filter or request.method != "GET"
-                or request.body or request.meta.get("verbatim_url")):
-            return None
-        # Like the fingerprints', a 64-bit hash, salted per process (unless
-        # PYTHONHASHSEED is pinned): a page cannot craft a URL that collides
-        # with another to keep it from being sent.
-        return hash(request.url)
-
-    def _remember(self, fp: bytes, url_key: int | None = None) -> None:
-        # Two generations of at most local_dedupe_size hashes each: bounded
-        # memory, and the most recent fingerprints are always remembered. The
-        # URLs turn over with their fingerprints: a URL is never remembered
-        # after its fingerprint is forgotten.
-        if len(self._recent) >= self.local_dedupe_size:
-            self._recent_old, self._recent = self._recent, set()
-            self._recent_urls_old, self._recent_urls = self._recent_urls, set()
-        self._recent.add(hash(fp))
-        if url_key is not None:
-            self._recent_urls.add(url_key)
-
     def local_backlog(self) -> int:
         """Requests this node holds that Redis has not handed to the engine yet
         (and those it keeps to itself)."""
@@ -712,103 +419,14 @@ class RedisScheduler(BaseScheduler):
         return self.client.flushed()
 
     # -- what sites and middlewares report -------------------------------------
-    def _download_failed(self, member: str, reason: str) -> None:
-        # What was recorded first wins: the retry middleware's "retries
-        # exhausted" (mark_failed) comes before the errback sees the failure.
-        if member in self.client.held:
-            self._failed.setdefault(member, ("download", reason))
-
     def mark_failed(self, request: Request, reason: str, kind: str = "download") -> None:
         """Dead-letter *request* when it leaves the engine (retries exhausted)."""
-        member = request.meta.get(LEASE_META)
-        if member in self.client.held:
-            self._failed[member] = (kind, reason)
-        elif is_kept(request):
-            self._kept_failed(request, kind, reason)
-
-    def _kept_failed(self, request: Request, kind: str, reason: str) -> None:
-        """A request this node kept (it cannot be stored) failed for good: a
-        dead letter too, with its URL and reason (no payload to replay)."""
-        if request.meta.get(KEPT_META) == "dead":
-            return   # said already (a callback raising for each of its outputs)
-        request.meta[KEPT_META] = "dead"
-        key = self.politeness.key(request)
-        record = {"member": "", "key": key, "payload": None, "priority": request.priority,
-                  "url": request.url, "kind": kind,
-                  "reason": f"{reason}; kept on this node (not storable): not replayable",
-                  "attempts": request.meta.get("retry_times", 0) + 1,
-                  "node": self.client.node, "at": time.time()}
-        self._count("scheduler/dead")
-        self._count(f"scheduler/dead/{kind}")
-        logger.error("Dead-lettered %s (kept on this node) after %s attempt(s): %s", request,
-                     record["attempts"], reason, extra={"spider": self.spider})
-        frontier = self.client.partitions[self.client.partition_of(key)]
-        task = asyncio.ensure_future(frontier.keep_dead(json.dumps(record)))
-        self._kept_dead_tasks.add(task)
-        task.add_done_callback(self._kept_dead_written)
-
-    def _kept_dead_written(self, task: asyncio.Future) -> None:
-        self._kept_dead_tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:   # logged above already
-            logger.warning("Could not write a kept request's dead letter to Redis: %s",
-                           task.exception(), extra={"spider": self.spider})
+        self.failures.mark_failed(request, reason, kind)
 
     def slow_down(self, request: Request, retry_after: float | None) -> None:
         """*request*'s site answered a slow-down status: block its politeness key
         for *retry_after* seconds for every node, or back it off."""
-        key = self.politeness.key(request)
-        if retry_after is not None:
-            self.client.feedback(key, "block", retry_after)
-        else:
-            self.client.feedback(key, "backoff")
-        request.meta[SLOW_DOWN_META] = True
-        self.stats.inc_value("politeness/blocked" if retry_after is not None
-                             else "politeness/backoffs")
-
-    def _on_robots(self, robotparser, request, **kwargs):
-        agent = (self.crawler.settings.get("ROBOTSTXT_USER_AGENT")
-                 or self.crawler.settings.get("USER_AGENT") or "*")
-        try:
-            delay = robotparser.crawl_delay(agent)
-        except Exception:  # a parser that cannot tell: no crawl delay
-            delay = None
-        if delay:
-            self.client.feedback(self.politeness.key(request), "crawldelay", float(delay))
-            self.stats.inc_value("politeness/crawl_delays")
-
-    def _on_downloaded(self, response, request, spider=None, **kwargs):
-        # Sent before request_left_downloader (and before the middlewares see
-        # the status): a site that says "wait this long" (Retry-After) gets no
-        # request handed its slot, even before slow_down() tells every node. A
-        # slow-down answer without it slows the site only when its recent
-        # error rate says so (the frontier decides; the reply says whether
-        # the reserve may still be used): a transient 503 stops nothing here.
-        if (response.status in self.politeness.backoff_codes and LEASE_META in request.meta
-                and response.headers.get(b"Retry-After")):
-            self.client.hold_back(self.politeness.key(request))
-
-    def _on_reached_downloader(self, request, spider=None, **kwargs):
-        # How long after its lease a request of a site with an interval was
-        # sent: one the buffer held too long went back to the frontier
-        # (politeness/late_returned); one held up after the buffer (the
-        # engine's loop busy, a downloader middleware) is reported: the site's
-        # next start, for every node, counts from this send, not the lease.
-        entry = self.client.held.get(request.meta.get(LEASE_META))
-        if entry is None or not entry.polite:
-            return
-        now = time.monotonic()
-        lag = now - entry.leased_at
-        if lag > entry.lag_allowed:
-            self.stats.inc_value("politeness/sent_late")
-            self.client.sent_late(entry, now)
-        self.stats.max_value("politeness/send_lag_max_ms", int(lag * 1000))
-
-    def _on_left_downloader(self, request, spider=None, **kwargs):
-        # The download is over (response or error): the site's slot is free for
-        # another node even though the request is not done (callback, items).
-        member = request.meta.get(LEASE_META)
-        if member is not None:
-            self.client.fetched(member)
+        self.site_feedback.slow_down(request, retry_after)
 
     def _free_slots(self) -> int:
         downloader = getattr(self.crawler.engine, "downloader", None)
@@ -822,22 +440,7 @@ class RedisScheduler(BaseScheduler):
         if member in self.client.held:
             self._scraping.add(member)
 
-    def _on_spider_error(self, failure, response, spider):
-        request = getattr(response, "request", None)
-        member = request.meta.get(LEASE_META) if request is not None else None
-        exc = failure.value
-        if member in self.client.held:
-            self._failed[member] = ("callback", f"{type(exc).__name__}: {exc}")
-        elif request is not None and is_kept(request):
-            self._kept_failed(request, "callback", f"{type(exc).__name__}: {exc}")
-
     # -- the loop's hooks --------------------------------------------------------
-    def _count(self, name: str, value: int = 1) -> None:
-        """A scheduler stat, also added to the cluster-wide counters."""
-        if value:
-            self.stats.inc_value(name, value)
-            self._stat_deltas[name] = self._stat_deltas.get(name, 0) + value
-
     def _accept(self, partition: int, member: str, payload: bytes) -> Request:
         try:
             request, proven = load_request(payload, self.spider, self.policy, self.signer)
@@ -851,7 +454,7 @@ class RedisScheduler(BaseScheduler):
         # Written by anyone (or an older version): canonical before it is fetched.
         request = self.urls.request(request)
         request.meta[LEASE_META] = member
-        request.errback = LeaseErrback(self._download_failed, member, request.errback)
+        request.errback = LeaseErrback(self.failures.download_failed, member, request.errback)
         # What the frontier stored, before downloader middlewares added their
         # headers: a page record keeps it to fetch the page again (recrawl).
         request.meta[PAYLOAD_META] = payload
@@ -875,32 +478,9 @@ class RedisScheduler(BaseScheduler):
 
     def _node_report(self) -> dict:
         """What `crawlctl status` shows for this node (sent every few seconds)."""
-        get = self.stats.get_value
-        pages, items = get("response_received_count", 0), get("item_scraped_count", 0)
-        now = time.monotonic()
-        self._report_samples.append((now, pages, items))
-        while self._report_samples and now - self._report_samples[0][0] > 60:
-            self._report_samples.popleft()
-        t0, p0, i0 = self._report_samples[0]
-        span = now - t0
-        stats = self.stats.get_stats()
-        download = sum(v for k, v in stats.items()
-                       if k.startswith("downloader/exception_type_count/"))
-        callback = sum(v for k, v in stats.items()
-                       if k.startswith("spider_exceptions/") and k.count("/") == 1)
-        return {"pages": pages, "items": items, "errors": download + callback,
-                "errors_download": download, "errors_callback": callback,
-                "dead": get("scheduler/dead", 0),
-                "pages_per_s": round((pages - p0) / span, 2) if span > 0 else 0.0,
-                "items_per_s": round((items - i0) / span, 2) if span > 0 else 0.0,
-                "leases": (len(self.client.held) + len(self.client.buffer)
-                           + self.client.reserved_count()),
-                # started and not yet answered: what a paused node still finishes
-                "downloading": self.downloading,
-                # with the lease deadline in {spider}:nodes: when it last renewed
-                "lease_ttl_s": self.lease_ttl, "state": self.control_state,
-                # held by the state found at start (CONTROL_ON_START = wait)
-                "waiting": int(self.start_state.held is not None)}
+        return self.report.status(self.client, downloading=self.downloading,
+                                  lease_ttl=self.lease_ttl, state=self.control_state,
+                                  waiting=self.start_state.held is not None)
 
     @property
     def control_state(self) -> str:
@@ -912,121 +492,6 @@ class RedisScheduler(BaseScheduler):
         """Held by the stop or drain found at start: the node neither closes
         because of it nor counts as idle (CONTROL_ON_START = wait)."""
         return self.start_state.held is not None
-
-    def _on_control_ready(self, state: str) -> None:
-        if self._stopping:  # refused at the first sync (partition count): stays shut
-            return
-        self.client.paused = False
-        if state == "run":
-            self.client.wake()
-            self._nudge_engine()
-            return
-        action = self.start_state.arrived(self.control.info, {"spider": self.spider})
-        if action == "follow":   # a pause: as for any node
-            self._on_control("run", state)
-            return
-        self.stats.inc_value(f"control/{state}")
-        self.stats.set_value("control/state_at_start", state)
-        if action == "exit":
-            self._stop(f"control_{state}_at_start")
-            return
-        self.client.paused = state == "stop"   # a drain: what the frontier holds is done
-        if state == "drain":
-            self.client.wake()
-            self._nudge_engine()
-
-    def _on_spider_idle(self) -> None:
-        """The engine has nothing left (start requests handled, nothing here):
-        with the cluster's frontier empty too (has_pending_requests), the node
-        closes, after SCHEDULER_IDLE_BEFORE_CLOSE seconds of that if set."""
-        if self.control_holds or self._stopping:
-            # Stopping closes the spider with its own reason (_stop): an idle close
-            # racing it would say "finished" (a node started into a drain with
-            # CONTROL_ON_START = exit, whose seed reader saw nothing to drain).
-            raise DontCloseSpider
-        if self.idle_before_close <= 0:
-            return
-        now = time.monotonic()
-        if self._done_since is None or self.has_pending_requests():
-            self._done_since = now
-        waited = now - self._done_since
-        if waited < self.idle_before_close:
-            # Asked again at the end of the wait (the engine's own heartbeat
-            # would ask only every 5 s).
-            asyncio.get_running_loop().call_later(self.idle_before_close - waited + 0.01,
-                                                  self._nudge_engine)
-            raise DontCloseSpider
-
-    async def _control_tick(self) -> None:
-        """Each control poll: a node held by a drain set with --then-clear
-        looks (every few seconds, while it has nothing to do) whether the
-        drain is complete, and if so ends it."""
-        if (self.start_state.held != "drain" or self.control.state != "drain"
-                or self.client.has_pending()
-                or time.monotonic() - self._drain_checked < DRAIN_CHECK_INTERVAL):
-            return
-        self._drain_checked = time.monotonic()
-        await self._clear_finished_drain()
-
-    async def _clear_finished_drain(self) -> None:
-        """Set the state back to run if this drain (with --then-clear) is
-        complete: called by a node closing in a drain, after it left the
-        frontier, and by nodes held by it (see crawlproject.control)."""
-        redis = self.client.partitions[0].client
-        spider = self.spider.name
-        info = await read_control(redis, spider)   # now: a drain given again since changes it
-        if info["state"] != "drain" or not info["then_clear"]:
-            return
-        if await drain_complete(redis, spider, self.politeness.partitions, self.node) \
-                and await clear_finished_drain(redis, spider, info.get("since"),
-                                               f"node {self.node} (drain complete)"):
-            logger.info("The drain of %r is complete: state back to run (it was set with "
-                        "--then-clear)", spider, extra={"spider": self.spider})
-            self.stats.set_value("control/drain_cleared", 1)
-
-    def _on_control(self, old: str, new: str) -> None:
-        self.start_state.release(new, {"spider": self.spider})
-        # The downloads a pause lets finish: counted in the same turn of the
-        # loop that sets `paused` below, so none can start in between.
-        logger.info("Operator control: %s (was %s)%s", new, old, {
-            "pause": ": taking no request and no seed; prefetched requests stay leased here; "
-                     f"downloads under way finish: {self.downloading}",
-            "drain": ": taking no seed; closing once the frontier is empty",
-            "stop": ": closing now; leases go back to the queue",
-            "run": ""}[new], extra={"spider": self.spider})
-        self.stats.inc_value(f"control/{new}")
-        self.client.paused = new in ("pause", "stop") or self._stopping
-        if new in ("run", "drain") and not self._stopping:
-            self.client.wake()
-            self._nudge_engine()
-        if new == "stop":
-            self._stop("operator_stop")
-
-    def _stop(self, reason: str) -> None:
-        """Take nothing more and close the spider with *reason*, once.
-
-        Not awaited by the caller: called from the frontier loop (its first
-        sync), and closing the spider closes this scheduler, which waits for
-        that loop to end: awaited there, the node hung for ever."""
-        self.client.paused = True
-        if self._stopping:
-            return
-        self._stopping = True
-        # Kept: the event loop holds tasks only weakly.
-        self._stop_task = asyncio.ensure_future(self._stop_when_open(reason))
-
-    async def _stop_when_open(self, reason: str) -> None:
-        # A node started while the state is "stop" reads it before the engine
-        # has finished opening the spider (spider_opened handlers such as
-        # CoreStats' have not run): closing then fails; wait for the signal.
-        for _ in range(600):
-            if self._spider_opened:
-                break
-            await asyncio.sleep(0.05)
-        await self.crawler.engine.close_spider_async(reason=reason)
-
-    def _on_spider_opened(self, spider) -> None:
-        self._spider_opened = True
 
     def _nudge_engine(self) -> None:
         # The engine polls next_request() only every few seconds when it got
@@ -1049,56 +514,17 @@ class RedisScheduler(BaseScheduler):
             if request in inprogress:
                 continue
             self._scraping.discard(member)
-            failure = self._failed.pop(member, None)
+            failure = self.failures.failed.pop(member, None)
             if failure is None:
                 self.client.ack(member, relieve=not request.meta.get(SLOW_DOWN_META))
-                self._count("scheduler/acked")
+                self.report.count("scheduler/acked")
                 outcome = ACK
             else:
-                outcome = self._handle_failure(member, request, *failure)
+                outcome = self.failures.handle(member, request, *failure)
             if self.hooks:
                 self._settled(request, member, outcome)
-        self._maybe_report()
-        self._maybe_refresh_limits()
-
-    def _handle_failure(self, member: str, request: Request, kind: str, reason: str) -> str:
-        """Retry a failed callback or dead-letter *request*; the outcome (retry, dead)."""
-        attempts = request.meta.get(CALLBACK_ATTEMPTS_META, 0) + 1
-        key = self.politeness.key(request)
-        if kind == "callback" and self.retry.retry_callback(attempts):
-            retry = request.replace(dont_filter=True)
-            retry.meta.pop(LEASE_META, None)
-            retry.meta[CALLBACK_ATTEMPTS_META] = attempts
-            try:
-                payload = request_to_json(retry, self.spider, self.policy, self.signer)
-            except RequestEncodeError as exc:  # a callback put something odd in meta
-                reason = f"{reason}; cannot be retried: {exc}"
-            else:
-                self.client.add(payload, None, retry.priority,
-                                int(self.retry.delay(attempts) * 1000), key, parent=member)
-                self.client.ack(member)
-                self._count("scheduler/callback_retries")
-                return RETRY
-        request.meta.pop(LEASE_META, None)
-        retries = request.meta.get("retry_times", 0)
-        try:
-            # Stored without its attempt counters: a replay gets fresh retries, and
-            # a signed payload is replayed byte for byte (nobody else may edit it).
-            fresh = request.replace(meta={k: v for k, v in request.meta.items()
-                                          if k not in ATTEMPT_META_KEYS})
-            payload = request_to_json(fresh, self.spider, self.policy, self.signer)
-        except RequestEncodeError as exc:  # kept without a payload: visible, not replayable
-            payload, reason = None, f"{reason}; request not storable: {exc}"
-        record = {"member": member, "key": key, "payload": payload,
-                  "priority": request.priority, "url": request.url, "kind": kind,
-                  "reason": reason, "attempts": (attempts if kind == "callback" else retries + 1),
-                  "node": self.client.node, "at": time.time()}
-        self.client.fail(member, "dead", record)
-        self._count("scheduler/dead")
-        self._count(f"scheduler/dead/{kind}")
-        logger.error("Dead-lettered %s after %s attempt(s): %s", request, record["attempts"],
-                     reason, extra={"spider": self.spider})
-        return DEAD
+        self.report.maybe_report(self.client)
+        self.limits.maybe_refresh()
 
     @property
     def downloading(self) -> int:
@@ -1107,69 +533,20 @@ class RedisScheduler(BaseScheduler):
         downloader = getattr(self.crawler.engine, "downloader", None)
         return len(getattr(downloader, "active", ()))
 
-    def _maybe_report(self) -> None:
-        now = time.monotonic()
-        if now - self._last_report >= self.report_interval:
-            if self._report_task is None or self._report_task.done():
-                self._last_report = now
-                # Kept: the event loop holds tasks only weakly.
-                self._report_task = asyncio.ensure_future(self._report())
-
-    async def _report(self) -> None:
-        sizes = self.client.sizes()
-        logger.info("Frontier: %d queued, %d delayed, %d in flight across nodes; %d prefetched "
-                    "here", sizes["queued"], sizes["delayed"], sizes["inflight"],
-                    sizes["prefetched"], extra={"spider": self.spider})
-        deltas, self._stat_deltas = self._stat_deltas, {}
-        try:
-            await self.client.partitions[0].add_stats(deltas)
-        except Exception:  # kept for the next report, with what was counted meanwhile
-            for name, value in deltas.items():
-                self._stat_deltas[name] = self._stat_deltas.get(name, 0) + value
-        await self._record_bloom_stats()
-
     async def _close(self, reason: str) -> None:
         if self.client is None:
             return
         self.flush_counts()
-        if self._limits_task is not None and not self._limits_task.done():
-            self._limits_task.cancel()   # a refresh in flight: the next node's is enough
-            await asyncio.gather(self._limits_task, return_exceptions=True)
-        if self._report_task is not None:   # its counts stored, or back in _stat_deltas
-            await asyncio.gather(self._report_task, return_exceptions=True)
+        await self.limits.close()   # a refresh in flight: the next node's is enough
+        await self.report.settle()
         await self.control.stop()
         await self.local.close()
-        if self._kept_dead_tasks:   # dead letters of kept requests, written before leaving
-            await asyncio.gather(*self._kept_dead_tasks, return_exceptions=True)
+        await self.failures.close()   # dead letters of kept requests, written before leaving
         leftovers = await self.client.close()
         self.flush_counts()   # the final calls' (the engine may have asked once more)
-        if self.control.state == "drain":   # the last draining node out ends a --then-clear drain
-            try:
-                await self._clear_finished_drain()
-            except REDIS_FAILURES as exc:   # the drain stays; a node held by it checks again
-                logger.warning("Could not check whether the drain is complete: %s", exc,
-                               extra={"spider": self.spider})
+        await self.node_control.left_frontier()
         if self.hooks:  # back in the queue for another node
             for entry in leftovers:
                 self._settled(entry.item, entry.member, RELEASED)
-        try:
-            await self.client.partitions[0].add_stats(self._stat_deltas)
-        except Exception:
-            pass
-        await self._record_bloom_stats()
+        await self.report.close(self.client)
         await self.client.partitions[0].client.aclose()
-
-    async def _record_bloom_stats(self) -> None:
-        try:
-            estimates = [await f.bloom_estimates() for f in self.client.partitions]
-        except Exception:
-            return
-        layers = max((e["layers"] for e in estimates), default=0)
-        if layers:
-            count = sum(e["count"] for e in estimates)
-            bits = sum(e["bits"] for e in estimates)
-            self.stats.set_value("bloom/layers", layers)
-            self.stats.set_value("bloom/items", count)
-            self.stats.set_value("bloom/fill_ratio", round(
-                sum(e["fill_ratio"] * e["bits"] for e in estimates) / bits, 6) if bits else 0.0)
-            self.stats.set_value("bloom/est_fp_rate", max(e["est_fp_rate"] for e in estimates))

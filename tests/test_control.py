@@ -716,7 +716,7 @@ def test_a_drain_whose_since_is_garbage_is_ended_like_any_other(redis, redis_url
     async def scenario():
         client = aioredis.Redis.from_url(redis_url)
         try:
-            info = await read_control(client, "products")     # as _clear_finished_drain
+            info = await read_control(client, "products")     # as NodeControl.clear_finished_drain
             assert info["state"] == "drain" and info["then_clear"] and info["since"] is None
             assert await drain_complete(client, "products", 1, "me")
             return await clear_finished_drain(client, "products", info.get("since"),

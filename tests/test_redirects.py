@@ -182,7 +182,7 @@ def test_a_kept_request_that_loops_is_dead_lettered_with_its_chain(redis, redis_
                                                      "redirect_urls": [f"{A}/k1"]})
         with pytest.raises(IgnoreRequest):
             mw.process_response(back, moved(back, f"{A}/k1"))
-        await asyncio.gather(*scheduler._kept_dead_tasks)
+        await asyncio.gather(*scheduler.failures.kept_tasks)
         await scheduler.client.partitions[0].client.aclose()
     asyncio.run(loop_once())
     (dead,) = [json.loads(r) for r in redis.lrange("{test}:dead", 0, -1)]

@@ -72,7 +72,7 @@ def test_a_kept_request_that_fails_for_good_is_dead_lettered_with_its_reason(red
         assert scheduler.enqueue_request(request)
         scheduler.mark_failed(request, "TimeoutError: took too long")
         scheduler.mark_failed(request, "said twice")          # one letter, not two
-        await asyncio.gather(*scheduler._kept_dead_tasks)
+        await asyncio.gather(*scheduler.failures.kept_tasks)
         await scheduler.client.partitions[0].client.aclose()
     asyncio.run(fail_it())
     dead = [json_.loads(r) for r in redis.lrange("{meta}:dead", 0, -1)]
@@ -424,7 +424,7 @@ def test_robots_crawl_delay_and_slow_down_answers_reach_the_frontier(redis_url):
     scheduler.setup(crawler.spider)
     crawler.stats.open_spider()
     parser = ProtegoRobotParser(b"User-agent: *\nCrawl-delay: 3\n", crawler.spider)
-    scheduler._on_robots(parser, Request("http://Shop.Example:8080/x"))
+    scheduler.site_feedback.on_robots(parser, Request("http://Shop.Example:8080/x"))
     assert scheduler.client.outbox[0].feedback == [("shop.example", "crawldelay", 3000)]
 
     crawler.engine = type("E", (), {"scheduler": scheduler})()
@@ -453,14 +453,14 @@ def test_a_junk_limits_key_is_said_and_counted_not_a_stopped_node(redis, redis_u
     redis.set(limits_key, "junk")
 
     async def first_sync_then_refresh():
-        await scheduler._on_first_sync()                   # refused: no exception
-        scheduler._limits_published -= 60                  # the refresh is due
-        scheduler._maybe_refresh_limits()
-        await scheduler._limits_task
+        await scheduler.limits.first_sync()                   # refused: no exception
+        scheduler.limits.published -= 60                  # the refresh is due
+        scheduler.limits.maybe_refresh()
+        await scheduler.limits.task
         redis.delete(limits_key)                           # mended
-        scheduler._limits_published -= 60
-        scheduler._maybe_refresh_limits()
-        await scheduler._limits_task
+        scheduler.limits.published -= 60
+        scheduler.limits.maybe_refresh()
+        await scheduler.limits.task
         await scheduler.client.partitions[0].client.aclose()
 
     with caplog.at_level("ERROR"):
@@ -487,7 +487,7 @@ def test_many_host_limits_are_published_in_bounded_calls(redis, redis_url):
     before = script_calls()
 
     async def first_sync():
-        await scheduler._on_first_sync()
+        await scheduler.limits.first_sync()
         await scheduler.client.partitions[0].client.aclose()
 
     asyncio.run(first_sync())
@@ -506,17 +506,17 @@ def test_counts_of_a_report_that_fails_are_kept_with_those_made_meanwhile():
     scheduler, _ = _scheduler(f"redis://127.0.0.1:{closed_port()}/0")
 
     async def report_while_counting():
-        scheduler._count("scheduler/acked", 2)
-        scheduler._last_report = float("-inf")  # due (0.0 is not, on a machine up < 60 s)
-        scheduler._maybe_report()
+        scheduler.report.count("scheduler/acked", 2)
+        scheduler.report.last_report = float("-inf")  # due (0.0 is not, on a machine up < 60 s)
+        scheduler.report.maybe_report(scheduler.client)
         await asyncio.sleep(0)
-        assert scheduler._stat_deltas == {}            # taken by the report in flight
-        scheduler._count("scheduler/acked", 3)         # counted meanwhile
-        await scheduler._report_task                   # Redis refused: kept
+        assert scheduler.report.stat_deltas == {}      # taken by the report in flight
+        scheduler.report.count("scheduler/acked", 3)   # counted meanwhile
+        await scheduler.report.task                    # Redis refused: kept
         await scheduler.client.partitions[0].client.aclose()
 
     asyncio.run(report_while_counting())
-    assert scheduler._stat_deltas == {"scheduler/acked": 5}
+    assert scheduler.report.stat_deltas == {"scheduler/acked": 5}
 
 
 def test_the_frontier_status_line_is_logged_once_an_interval_not_every_turn(
@@ -528,19 +528,19 @@ def test_the_frontier_status_line_is_logged_once_an_interval_not_every_turn(
     import logging
     import types
 
-    import crawlproject.scheduler as scheduler_module
+    import crawlproject.scheduling.report as report_module
 
     now = [1000.0]
-    monkeypatch.setattr(scheduler_module, "time",
+    monkeypatch.setattr(report_module, "time",
                         types.SimpleNamespace(monotonic=lambda: now[0], time=time.time))
     scheduler, _ = _scheduler(redis_url, SCHEDULER_LOG_INTERVAL=60)
 
     async def ten_minutes_of_turns():
         for _ in range(600 * 4):                       # a turn every 0.25 s
             now[0] += 0.25
-            scheduler._maybe_report()
-            if scheduler._report_task is not None:
-                await scheduler._report_task
+            scheduler.report.maybe_report(scheduler.client)
+            if scheduler.report.task is not None:
+                await scheduler.report.task
         await scheduler.client.partitions[0].client.aclose()
 
     with caplog.at_level(logging.INFO, logger="crawlproject.scheduler"):
@@ -610,13 +610,15 @@ def test_scrapys_per_process_limits_are_taken_over_or_named(redis_url, caplog):
 
     from scrapy.core.downloader import Downloader
 
+    from crawlproject.scheduling.engineguards import no_local_politeness
+
     scheduler, crawler = _scheduler(
         redis_url, DOWNLOAD_DELAY=2, CONCURRENT_REQUESTS_PER_IP=3,
         DOWNLOAD_SLOTS={"books.example": {"delay": 5}})
     downloader = Downloader(crawler)
     crawler.engine = SimpleNamespace(downloader=downloader)
     with caplog.at_level("INFO"):
-        scheduler._no_local_politeness()
+        no_local_politeness(crawler, scheduler.politeness, {})
     said = " ".join(r.getMessage() for r in caplog.records)
     assert "CONCURRENT_REQUESTS_PER_IP = 3 is not applied" in said
     assert "DOWNLOAD_SLOTS ['books.example']: enforced by the frontier" in said

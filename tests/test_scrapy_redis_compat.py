@@ -58,17 +58,18 @@ def test_idle_before_close_holds_a_done_node_that_long(redis_url):
     scheduler = RedisScheduler.from_crawler(crawler)
     scheduler.setup(crawler.spider)
     scheduler.start_state.held = None
-    scheduler._nudge_engine = lambda: None
+    control = scheduler.node_control
+    control.nudge = lambda: None
 
     async def check():
         with pytest.raises(DontCloseSpider):
-            scheduler._on_spider_idle()          # done just now: wait
-        scheduler._done_since -= 31
-        scheduler._on_spider_idle()              # done for longer than the wait: close
+            control.on_spider_idle()             # done just now: wait
+        control.done_since -= 31
+        control.on_spider_idle()                 # done for longer than the wait: close
     import asyncio
     asyncio.run(check())
-    scheduler.idle_before_close = 0
-    scheduler._on_spider_idle()                  # no wait set: close at once
+    control.idle_before_close = 0
+    control.on_spider_idle()                     # no wait set: close at once
 
 
 class FromData(RedisSpider):

@@ -36,6 +36,8 @@ from typing import Awaitable, Callable
 
 from scrapy import Request
 
+from crawlproject.frontier.sitelimits import UNLIMITED
+
 logger = logging.getLogger(__name__)
 
 #: download slots of kept requests (never a politeness key: see strip_slot)
@@ -57,6 +59,25 @@ def strip_slot(request: Request) -> None:
 def is_kept(request: Request) -> bool:
     """Whether *request* is one this node keeps (not leased from the frontier)."""
     return KEPT_META in request.meta
+
+
+def local_slot(crawler, politeness, key: str) -> str | None:
+    """The download slot of kept requests of politeness key *key*, with the
+    site's limits (None when the frontier's politeness is off: Scrapy's
+    own slots then apply as configured)."""
+    if not politeness.enabled:
+        return None
+    slot = SLOT_PREFIX + key
+    try:
+        downloader = crawler.engine.downloader
+    except (RuntimeError, AttributeError):   # no engine yet: Scrapy's slot defaults
+        downloader = None
+    if downloader is not None and slot not in downloader.per_slot_settings:
+        limits = politeness.overrides.get(key, politeness.default)
+        concurrency = limits.concurrency if 0 < limits.concurrency < UNLIMITED else 1_000_000
+        downloader.per_slot_settings[slot] = {"delay": limits.delay,
+                                              "concurrency": concurrency}
+    return slot
 
 
 class LocalRequests:
