@@ -1,7 +1,8 @@
 """Item types, each with its cleaning rules and its schema beside its fields.
 
 Cleaning uses the well-kept libraries: w3lib (entities, URLs), price-parser
-(amount and currency), dateparser (dates to timezone-aware UTC). Validation
+(amount and currency), dateparser (dates to timezone-aware UTC); the last two are
+the ``items`` extra, imported when a price or a date is first parsed. Validation
 rules are :class:`crawlproject.validation.Schema` objects in each field's
 ``schema`` metadata. Storage is keyed on the field named by the class
 attribute ``mongo_key`` (default: the ``MONGO_UNIQUE_KEY`` setting, ``url``);
@@ -14,13 +15,12 @@ with ``field(metadata={"input_processor": ..., "schema": ...})``.
 
 from __future__ import annotations
 
+import importlib
 import re
 from datetime import datetime, timezone
 from decimal import Decimal
 
-import dateparser
 from itemloaders.processors import Identity, MapCompose, TakeFirst
-from price_parser import Price
 from scrapy import Field, Item
 from scrapy.loader import ItemLoader
 from w3lib.html import remove_tags, replace_entities
@@ -36,6 +36,32 @@ _DATEPARSER_SETTINGS = {"TIMEZONE": "UTC", "TO_TIMEZONE": "UTC",
                         "DATE_ORDER": "DMY"}
 
 
+ITEMS_EXTRA = "pip install '/path/to/checkout[items]' (this package's checkout or wheel)"
+
+
+class ItemsExtraMissing(ImportError):
+    """A price or date processor ran without the ``items`` extra installed."""
+
+
+def _load(module: str, what: str):
+    """*module* (price_parser, dateparser), imported on first use: a node whose
+    items parse no price or date needs neither. Missing: an error naming the extra."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.split(".")[0] != module:
+            raise
+        raise ItemsExtraMissing(f"{what} needs {module} ({exc.name} is missing): "
+                                f"{ITEMS_EXTRA}") from None
+
+
+def require_items_extra() -> None:
+    """Raise :class:`ItemsExtraMissing` now, at start, rather than on every page
+    (for spiders whose items parse prices or dates)."""
+    _load("price_parser", "crawling with price processors")
+    _load("dateparser", "crawling with date processors")
+
+
 def clean_text(value: str) -> str | None:
     """Decode entities, turn non-breaking spaces into spaces, collapse whitespace."""
     text = replace_entities(remove_tags(value)).replace("\xa0", " ")
@@ -44,12 +70,14 @@ def clean_text(value: str) -> str | None:
 
 def parse_price_amount(value: str) -> Decimal | None:
     """``"1 299,00 €"`` → ``Decimal("1299.00")``."""
-    return Price.fromstring(value.replace("\xa0", " ")).amount
+    return _load("price_parser", "parse_price_amount").Price.fromstring(
+        value.replace("\xa0", " ")).amount
 
 
 def parse_currency(value: str) -> str | None:
     """``"1 299,00 €"`` → ``"EUR"`` (ISO 4217 code when it can be told)."""
-    symbol = Price.fromstring(value.replace("\xa0", " ")).currency
+    symbol = _load("price_parser", "parse_currency").Price.fromstring(
+        value.replace("\xa0", " ")).currency
     if not symbol:
         return None
     symbol = symbol.strip()
@@ -77,7 +105,7 @@ def parse_date(value: str) -> datetime | None:
             if parsed.tzinfo is None:
                 parsed = parsed.replace(tzinfo=timezone.utc)
             return parsed.astimezone(timezone.utc)
-    parsed = dateparser.parse(value, settings=_DATEPARSER_SETTINGS)
+    parsed = _load("dateparser", "parse_date").parse(value, settings=_DATEPARSER_SETTINGS)
     if parsed is None:
         return None
     return parsed.astimezone(timezone.utc)

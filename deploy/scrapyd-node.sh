@@ -51,7 +51,6 @@ if [ -n "$PREFIX" ]; then  # relative to where the script was run from
   PREFIX="$(cd "$PREFIX" && pwd)"
 fi
 cd "$(dirname "$0")/.."
-SCRAPYD_VERSION="$(sed -nE 's/^scrapyd==([^ ]+).*/\1/p' requirements-dev.txt)"
 
 if [ -n "$PREFIX" ]; then
   VENV="$PREFIX/venv"
@@ -78,10 +77,11 @@ if [ "$SYSTEMD" = 1 ] && command -v apt-get >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv chromium >/dev/null
 fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-# The hashed node lock (CPython 3.11, Linux x86_64), then scrapyd alone: its own
-# dependencies are in the lock (pip check). The project comes as the egg.
-"$VENV/bin/python" -m pip install -q --require-hashes -r requirements.txt
-"$VENV/bin/python" -m pip install -q --no-deps "scrapyd==$SCRAPYD_VERSION"
+# The hashed node lock (CPython 3.11, Linux x86_64) with the extras the project's
+# spiders and settings use (items, metrics) and scrapyd, each hashed
+# (requirements/EXTRA.txt: deploy/lock.sh). The project comes as the egg.
+"$VENV/bin/python" -m pip install -q --require-hashes -r requirements.txt \
+  -r requirements/items.txt -r requirements/metrics.txt -r requirements/scrapyd.txt
 "$VENV/bin/python" -m pip check >/dev/null
 # scrapyd's launcher (deploy/scrapyd.conf names it): a module of its own in
 # scrapyd's virtualenv, not the package (the jobs take crawlproject from the egg).

@@ -7,6 +7,7 @@ import uuid
 
 import pymongo
 import pytest
+from filelock import FileLock
 
 from tests.crawl_helpers import TEST_SECRET
 from tests.fixtures_services import *  # noqa: F401,F403
@@ -21,6 +22,30 @@ os.environ.setdefault("FRONTIER_SECRET", TEST_SECRET)
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: end-to-end crawls (several seconds each)")
+    config.addinivalue_line("markers", "xdist_group(name): tests of one group never run at the "
+                                       "same time as each other (_serial_group)")
+
+
+#: the group of the tests that measure timing at the site (intervals, rates,
+#: waits): one at a time, so two of them never load the machine together.
+SITE_TIMING = "site-timing"
+
+
+@pytest.fixture(autouse=True)
+def _serial_group(request, tmp_path_factory):
+    """A test marked ``xdist_group(NAME)`` runs while no other test of NAME
+    does, whatever ``--dist`` (deploy/test.sh's worksteal ignores the mark;
+    loadgroup sends a group to one worker): one file lock per group, shared by
+    the run's workers. Taken before the test's own fixtures (it is autouse)."""
+    marker = request.node.get_closest_marker("xdist_group")
+    if marker is None:
+        yield
+        return
+    name = marker.args[0] if marker.args else marker.kwargs.get("name", "default")
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    with FileLock(str(root / f"serial-{name}.lock"), timeout=480):
+        yield
 
 
 def pytest_collection_modifyitems(config, items):

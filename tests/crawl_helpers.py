@@ -230,3 +230,25 @@ def partial_cluster(tmp_path):
                 os.kill(node.pid, signal.SIGCONT)
         cluster.stop()
         cluster.cleanup()
+
+
+def wait_for_node_loops(redis, spider: str, nodes: int, seconds: float = 2.0,
+                        timeout: float = 30) -> None:
+    """Wait until each of *nodes* nodes has renewed its leases (a frontier call:
+    every heartbeat, paused or not) at least *seconds* of its lease later than
+    now. Where a test proves that nothing happens (a paused cluster fetches
+    nothing), this is the event that bounds the wait: every node's loop went
+    round for that long and could have acted; a sleep proves only that time
+    passed (a node stopped or starved passes it too)."""
+    from crawlproject.keys import FrontierKeys
+
+    key = FrontierKeys(spider).nodes
+    first = dict(redis.zrange(key, 0, -1, withscores=True))
+    assert len(first) == nodes, first
+    deadline = time.monotonic() + timeout
+    while True:
+        now = dict(redis.zrange(key, 0, -1, withscores=True))
+        if all(now.get(node, 0) >= at + seconds * 1000 for node, at in first.items()):
+            return
+        assert time.monotonic() < deadline, (first, now)
+        time.sleep(0.1)

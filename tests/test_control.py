@@ -15,7 +15,7 @@ from crawlproject.control import ControlWatcher, control_key, node_reports
 from devtools.demo.site import DemoSite, expected_items
 from crawlproject.keys import FrontierKeys, start_urls_key
 from tests.crawl_helpers import (ROOT, Node, assert_matches_catalog, assert_written_once,
-                                 node_env, stored_products)
+                                 node_env, stored_products, wait_for_node_loops)
 
 SETTINGS = {"MAX_IDLE_TIME_BEFORE_CLOSE": 3, "CONCURRENT_REQUESTS": 2}
 
@@ -262,7 +262,7 @@ def test_pause_stops_fetching_on_every_node_and_resume_finishes_the_crawl(
             # ... and nothing else: not the requests prefetched into the nodes' buffers.
             assert sum(before.values()) - at_pause <= underway, (at_pause, underway, before)
             stored_paused = database["products"].count_documents({})
-            time.sleep(3)  # nothing may happen: a wait for an event that must not come
+            wait_for_node_loops(redis, "products", 2)  # nothing may happen meanwhile
             fetched = {path: n - before.get(path, 0) for path, n in site.stats().items()
                        if n != before.get(path, 0)}
             assert not fetched, f"a paused cluster fetched pages: {fetched}"

@@ -25,7 +25,7 @@ from crawlproject.dashboard.server import BindRefused, check_bind, is_loopback
 from crawlproject.frontier.queue import Batch, Frontier
 from crawlproject.keys import FrontierKeys, ProxyKeys, start_urls_key
 from crawlproject.rendering.addon import CHROMIUM_ARGS, chromium_path
-from tests.crawl_helpers import ROOT, Node, node_env
+from tests.crawl_helpers import ROOT, Node, node_env, wait_for_node_loops
 
 DASHBOARD = ROOT / "crawlproject" / "dashboard"
 ARTIFACTS = ROOT / "tests" / "artifacts"
@@ -503,7 +503,7 @@ def test_during_a_live_crawl_the_page_agrees_with_redis_and_pause_stops_fetching
 
             wait_until(settled, 30, "started downloads to end")
             paused_at = len(site.requests())
-            time.sleep(3)    # nothing may happen: a wait for an event that must not come
+            wait_for_node_loops(redis, "hosts", len(nodes))  # nothing may happen meanwhile
             assert len(site.requests()) == paused_at, "a paused crawl fetched pages"
             # While paused the frontier is stable: read it straight from Redis.
             keys = FrontierKeys("hosts")

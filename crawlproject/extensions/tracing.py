@@ -1,43 +1,9 @@
 """OpenTelemetry tracing: one span per request, from its lease to its ack (opt-in).
 
-``TRACING_ENABLED = True`` (and the packages of the ``tracing`` extra:
-``pip install 'crawlproject[tracing]'``) gives every request this node leases
-from the shared frontier one span, ``crawl.request``. It starts when the
-request is leased (it enters the node's prefetch buffer) and ends when the
-lease ends (:mod:`crawlproject.hooks`): acknowledged once downloaded, its
-callback's output consumed and its items stored; retried; dead-lettered; or
-released at close. Attributes:
-
-=============================  ===============================================
-``url.full``                   the URL, password and secret query values
-                               redacted (:func:`crawlproject.connection.redact_url`)
-``crawl.spider``               the spider's name
-``crawl.politeness_key``       the site the frontier's politeness applies to
-``crawl.partition``            the frontier partition it was leased from
-``crawl.node``                 this node's id (``<NODE_ID>-<pid>-<random>``)
-``http.response.status_code``  the status of the response downloaded (absent:
-                               no response, e.g. a connection error)
-``crawl.outcome``              ``ack``, ``retry``, ``dead`` or ``released``
-``crawl.items_stored``         items of its callback that went through every
-                               pipeline (stored in MongoDB or its spool)
-``crawl.items_dropped``        items a pipeline dropped (validation)
-=============================  ===============================================
-
-A dead-lettered request's span has the status ERROR.
-
-Where spans go: when the process already has a tracer provider (set up by
-``opentelemetry-instrument`` or the project's own code), that one; otherwise
-the extension makes one (service name ``$OTEL_SERVICE_NAME``, else
-``crawlproject``) with a batch processor and the exporter of
-``TRACING_EXPORTER``: ``otlp`` (OTLP over HTTP to
-``TRACING_ENDPOINT``, else the exporter's own
-``$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` / ``$OTEL_EXPORTER_OTLP_ENDPOINT`` /
-``http://localhost:4318/v1/traces``) or ``console``; it flushes them at close,
-in a thread. Without the packages the extension is disabled
-(``NotConfigured``, one warning saying what to install) and the crawl runs.
-
-Spans cost the node nothing on the reactor but their bookkeeping: the batch
-processor exports from its own thread.
+``TRACING_ENABLED = True`` with the ``tracing`` extra
+(``pip install '/path/to/checkout[tracing]' (this package's checkout or wheel)``; without it the extension is disabled
+with one warning). The span's attributes and outcomes, where spans go and what
+they cost: docs/deploy.md, "Tracing".
 """
 
 from __future__ import annotations
@@ -58,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 SPAN_NAME = "crawl.request"
 EXPORTERS = ("otlp", "console")
-INSTALL_HINT = "pip install 'crawlproject[tracing]'"
+INSTALL_HINT = "pip install '/path/to/checkout[tracing]' (this package's checkout or wheel)"
 
 
 class RequestTracing(RequestHooks):

@@ -24,7 +24,7 @@ import functools
 import re
 from dataclasses import dataclass
 
-EXTRA = "pip install 'crawlproject[impersonate]'"
+EXTRA = "pip install '/path/to/checkout[impersonate]' (this package's checkout or wheel)"
 _CHROME = re.compile(r"Chrome/(\d+)")
 _EDGE = re.compile(r"Edg(?:e|A|iOS)?/(\d+)")
 _FIREFOX = re.compile(r"Firefox/(\d+)")

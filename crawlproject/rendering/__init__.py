@@ -28,7 +28,7 @@ __all__ = ["CHROMIUM_ARGS", "CHROMIUM_CANDIDATES", "DEFAULT_BLOCKED", "HANDLER",
            "launch_options"]
 
 
-RENDER_EXTRA = "pip install 'crawlproject[render]'"
+RENDER_EXTRA = "pip install '/path/to/checkout[render]' (this package's checkout or wheel)"
 
 
 def load_addon():

@@ -12,7 +12,7 @@ from __future__ import annotations
 from scrapy import Request
 from scrapy.http import Response
 
-from crawlproject.items import ProductLoader
+from crawlproject.items import ProductLoader, require_items_extra
 from crawlproject.spiders.seeded import RedisSpider
 
 JS_READY_SELECTOR = "#app .title"
@@ -20,6 +20,11 @@ JS_READY_SELECTOR = "#app .title"
 
 class ProductsSpider(RedisSpider):
     name = "products"
+
+    @classmethod
+    def from_crawler(cls, crawler, *args, **kwargs):
+        require_items_extra()  # its items parse prices and dates: fail at start, not per page
+        return super().from_crawler(crawler, *args, **kwargs)
 
     def parse(self, response: Response):
         """A listing page: product links and the next listing page."""

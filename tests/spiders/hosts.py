@@ -9,14 +9,38 @@ import time
 from urllib.parse import urlsplit
 
 from scrapy import Request
+from scrapy.exceptions import NotConfigured
+from scrapy.utils.defer import deferred_to_future
 
 from crawlproject.spiders.seeded import RedisSpider
 
 LINKS = "a.page::attr(href), a.next::attr(href), a.link::attr(href)"
 
 
+class SendLag:
+    """``HOSTS_SEND_LAG_MS``: every request waits that long, without holding up
+    the node's loop, between the scheduler and the downloader: a node whose
+    sends lag behind its leases (a slow downloader middleware, a busy engine)."""
+
+    def __init__(self, lag: float):
+        self.lag = lag
+
+    @classmethod
+    def from_crawler(cls, crawler):
+        lag = crawler.settings.getfloat("HOSTS_SEND_LAG_MS", 0) / 1000
+        if lag <= 0:
+            raise NotConfigured
+        return cls(lag)
+
+    async def process_request(self, request, spider=None):
+        from twisted.internet import reactor, task
+
+        await deferred_to_future(task.deferLater(reactor, self.lag))
+
+
 class HostsSpider(RedisSpider):
     name = "hosts"
+    custom_settings = {"DOWNLOADER_MIDDLEWARES": {"tests.spiders.hosts.SendLag": 1}}
 
     def parse(self, response):
         """One item for a page; requests for every same-host listing or page link.
