@@ -1,7 +1,7 @@
 """OpenTelemetry tracing: one span per request, from its lease to its ack (opt-in).
 
 ``TRACING_ENABLED = True`` with the ``tracing`` extra
-(``pip install '/path/to/checkout[tracing]' (this package's checkout or wheel)``; without it the extension is disabled
+(``pip install '/path/to/checkout[tracing]'``, from this package's checkout or wheel; without it the extension is disabled
 with one warning). The span's attributes and outcomes, where spans go and what
 they cost: docs/deploy.md, "Tracing".
 """
