@@ -117,3 +117,13 @@ def test_a_beat_that_cannot_be_written_is_logged_once_and_counted(tmp_path, capl
         assert ext.failed is False and check(str(tmp_path / "d" / "alive"), 30)[0]
     finally:
         ext.stop()
+
+
+def test_a_beat_read_back_at_once_is_fresh_not_from_before_the_boot(tmp_path):
+    # the beat is written in ms: rounded up, one read within the same ms looked newer
+    # than the clock, i.e. "from before this boot" (about half the reads did)
+    path = str(tmp_path / "alive")
+    for _ in range(200):
+        write_beat(path, time.monotonic())
+        ok, message = check(path, 30)
+        assert ok, message

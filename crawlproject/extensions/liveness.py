@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 import tempfile
@@ -51,7 +52,8 @@ def write_beat(path: str, now: float) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".liveness-", dir=directory)
     try:
         with os.fdopen(fd, "w") as f:
-            f.write(f"{now:.3f}\n")
+            # rounded down: a beat read back at once must not look newer than the clock
+            f.write(f"{math.floor(now * 1000) / 1000:.3f}\n")
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
