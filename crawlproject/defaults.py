@@ -85,6 +85,18 @@ FRONTIER_CRAWL_BUDGET = 0                   # most new pages queued by the crawl
 FRONTIER_PARTITIONS = 1                     # hash-tagged partitions (Redis Cluster masters)
 FRONTIER_LINEAGE_ENABLED = True             # with partitions: an ack waits for its own requests
 
+# --- Frontier larger than RAM: the backlog in MongoDB (frontier/backlog.py) ----
+# Per politeness key Redis keeps a window of at least FRONTIER_WINDOW_MIN entries
+# and about FRONTIER_WINDOW_SECONDS of fetches at the key's pace (BUbiNG's rule:
+# the site's pace never waits on a refill); entries beyond it wait in MongoDB.
+FRONTIER_BACKLOG_ENABLED = True             # entries beyond a key's window go to MongoDB
+FRONTIER_BACKLOG_COLLECTION = "frontier_backlog.%(spider)s"  # one per spider, in MONGO_DATABASE
+FRONTIER_BACKLOG_WRITE_CONCERN = "majority"  # w of spills/removals: acknowledged = durable
+FRONTIER_BACKLOG_TIMEOUT = 10.0             # seconds a backlog call may take (then: unavailable)
+FRONTIER_WINDOW_MIN = 4                     # entries a key's Redis window holds at least
+FRONTIER_WINDOW_SECONDS = 300.0             # ... and about this many seconds of its fetches
+FRONTIER_REFILL_BATCH = 256                 # entries one refill moves from MongoDB to Redis
+
 # --- robots.txt once per site for the cluster (crawlproject/robots/) ----------
 ROBOTSTXT_CACHE_TTL = 86_400.0              # seconds a 2xx / 4xx robots.txt is kept
 ROBOTSTXT_CACHE_MAX_AGE = 2_592_000.0       # seconds its rules serve while it is unreachable
