@@ -26,7 +26,7 @@ Intended protocol (the SYNC/client integration decides the details; the
 
 * **spill** (a key's window is over its size): the entries leaving Redis are
   first marked in Redis as spilling (still durable there, never leased), then
-  :meth:`Backlog.spill` writes them (write concern ``majority``), and only once
+  :meth:`Backlog.spill` writes them (write concern ``majority``, journaled), and only once
   MongoDB acknowledged, one atomic Redis call removes them from the window. A
   crash or an outage in between leaves them in Redis, spilling: the next
   attempt writes them again (an upsert of the same ``_id`` stores nothing
@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pymongo
+from bson.errors import BSONError
 from pymongo import ASCENDING, DESCENDING, UpdateOne
 from pymongo.errors import (
     BulkWriteError,
@@ -83,6 +84,7 @@ INDEX_NAME = "key_pri_seq"
 #: ids per ``delete_many`` (a 16 MiB command holds far more; this bounds one call's work)
 REMOVE_CHUNK = 1000
 DUPLICATE_KEY = 11000
+BAD_VALUE = 2
 #: Server codes after which the same call can succeed: no primary, shutting
 #: down, timeouts, write conflicts (MongoDB's retryable-write list).
 RETRYABLE_CODES = frozenset({6, 7, 50, 89, 91, 112, 189, 262, 9001, 10107, 11600, 11602,
@@ -196,8 +198,12 @@ class Backlog:
                  timeout: float = defaults.FRONTIER_BACKLOG_TIMEOUT, stats=None,
                  owns_client: bool = False, where: str = ""):
         self.client = client
+        # j=True: an acknowledged spill is then removed from Redis, so it must
+        # survive a crash of mongod. "majority" implies the journal only where
+        # writeConcernMajorityJournalDefault is on (a replica set's default),
+        # not on a standalone mongod; j=True asks for it everywhere.
         self.collection = client[database].get_collection(
-            collection, write_concern=WriteConcern(w=write_concern))
+            collection, write_concern=WriteConcern(w=write_concern, j=True))
         self.timeout = timeout
         self.stats = stats
         self.owns_client = owns_client
@@ -260,11 +266,25 @@ class Backlog:
         if n <= 0:
             return []
         async with self._call(f"read the entries of {key!r} from"):
-            cursor = self.collection.find({"key": key}, sort=INDEX[1:], limit=n,
-                                          hint=INDEX_NAME)
-            docs = await cursor.to_list()
+            try:
+                docs = await self._range(key, n)
+            except OperationFailure as exc:
+                if exc.code != BAD_VALUE or "hint" not in str(exc):
+                    raise
+                # The index went missing (dropped by hand, a restore without
+                # indexes): a scan of the whole collection per refill is what
+                # the hint refuses, so build it again, once, and go on.
+                logger.warning("The frontier backlog's %s has no index %r: creating it",
+                               self.where, INDEX_NAME)
+                await self.collection.create_index(INDEX, name=INDEX_NAME)
+                docs = await self._range(key, n)
         return [BacklogEntry(d["_id"], d["key"], d["p"], d["pri"], d["seq"], d["member"],
                              d["payload"]) for d in docs]
+
+    async def _range(self, key: str, n: int) -> list[dict]:
+        # the hint: never a collection scan, whatever the planner thinks
+        cursor = self.collection.find({"key": key}, sort=INDEX[1:], limit=n, hint=INDEX_NAME)
+        return await cursor.to_list()
 
     async def remove(self, ids: Sequence[str]) -> int:
         """Delete the entries *ids* (once they are safely in Redis); return how
@@ -307,6 +327,9 @@ class Backlog:
                 yield
         except PyMongoError as exc:
             raise self._error(what, exc) from exc
+        except BSONError as exc:  # an entry MongoDB cannot store: the caller's to fix
+            raise BacklogError(f"cannot {what} the frontier backlog: {self.where}: "
+                               f"{type(exc).__name__}: {_first_line(exc)}") from exc
         if self._down:
             self._down = False
             logger.info("The frontier backlog's %s answers again", self.where)

@@ -1,0 +1,242 @@
+"""The frontier's MongoDB tier (crawlproject/frontier/backlog.py) against the
+real MongoDB-wire server of the tests: per-key order by priority then
+arrival, idempotent spills, removal, counts, and an outage that raises
+BacklogUnavailable and loses nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import pytest
+from scrapy.settings import Settings
+
+from crawlproject.connection import mongo_client
+from crawlproject.frontier.backlog import (
+    INDEX_NAME,
+    Backlog,
+    BacklogConfig,
+    BacklogError,
+    BacklogUnavailable,
+    entry_id,
+)
+from crawlproject.pipelines.writer import Counters
+from devtools.services import MongoServer
+
+
+def run(uri: str, database: str, body, **options):
+    """Run ``body(backlog)`` on a fresh Backlog of spider ``shop`` in *database*."""
+    config = BacklogConfig(uri=uri, database=database, **options)
+
+    async def main():
+        backlog = Backlog.from_config(config, "shop", stats=Counters())
+        try:
+            await backlog.open()
+            return await body(backlog)
+        finally:
+            await backlog.close()
+
+    return asyncio.run(main())
+
+
+def entries(pairs, start=0):
+    """(member, priority, seq, payload) for each (priority, seq) in *pairs*."""
+    return [(f"{pri}:{seq}", pri, seq, f"request {seq}".encode()) for pri, seq in pairs]
+
+
+def test_peek_returns_a_keys_entries_by_priority_then_arrival(mongo_uri, mongo_db):
+    # arrival (seq) deliberately not in order of writing, priorities mixed, negative too
+    a = entries([(0, 5), (10, 7), (0, 1), (-3, 2), (10, 3), (0, 4), (5, 9)])
+    b = entries([(99, 6), (0, 8)])
+
+    async def body(backlog):
+        assert await backlog.spill("a.example", a[:4]) == 4
+        assert await backlog.spill("b.example", b) == 2
+        assert await backlog.spill("a.example", a[4:]) == 3
+        first = await backlog.peek("a.example", 3)
+        return first, await backlog.peek("a.example", 100), await backlog.peek("b.example", 100)
+
+    first, every, other = run(mongo_uri, mongo_db.name, body)
+    order = [(10, 3), (10, 7), (5, 9), (0, 1), (0, 4), (0, 5), (-3, 2)]
+    assert [(e.priority, e.seq) for e in every] == order
+    assert [(e.priority, e.seq) for e in first] == order[:3]   # the limit
+    # keys don't mix: b's priority-99 entry never shows in a's range
+    assert [(e.key, e.priority, e.seq) for e in other] == [("b.example", 99, 6),
+                                                             ("b.example", 0, 8)]
+    top = every[0]
+    assert (top.id, top.member, top.partition, top.payload) == (
+        entry_id(0, "a.example", "10:3"), "10:3", 0, b"request 3")
+    assert mongo_db["frontier_backlog.shop"].count_documents({}) == 9
+
+
+def test_peek_is_one_range_scan_of_the_key_index(mongo_uri, mongo_db):
+    async def body(backlog):
+        await backlog.spill("a.example", entries([(1, 1), (2, 2)]))
+
+    run(mongo_uri, mongo_db.name, body)
+    collection = mongo_db["frontier_backlog.shop"]
+    index = collection.index_information()[INDEX_NAME]
+    assert index["key"] == [("key", 1), ("pri", -1), ("seq", 1)]
+    plan = str(collection.find({"key": "a.example"}).sort([("pri", -1), ("seq", 1)])
+               .limit(2).hint(INDEX_NAME).explain()["queryPlanner"]["winningPlan"])
+    assert "IXSCAN" in plan and INDEX_NAME in plan
+
+
+def test_an_index_gone_missing_is_built_again_not_scanned_around(mongo_uri, mongo_db, caplog):
+    async def body(backlog):
+        await backlog.spill("a.example", entries([(1, 1), (2, 2)]))
+        mongo_db["frontier_backlog.shop"].drop_index(INDEX_NAME)   # an operator's mistake
+        return [e.seq for e in await backlog.peek("a.example", 5)]
+
+    assert run(mongo_uri, mongo_db.name, body) == [2, 1]
+    assert INDEX_NAME in mongo_db["frontier_backlog.shop"].index_information()
+    assert "creating it" in caplog.text
+
+
+def test_a_spill_retried_after_a_crash_stores_each_entry_once(mongo_uri, mongo_db):
+    batch = entries([(0, seq) for seq in range(1, 21)])
+
+    async def body(backlog):
+        first = await backlog.spill("a.example", batch[:12], partition=3)  # the crash: half
+        retry = await backlog.spill("a.example", batch, partition=3)       # the retry: all
+        again = await backlog.spill("a.example", batch, partition=3)
+        return first, retry, again, backlog.stats
+
+    first, retry, again, stats = run(mongo_uri, mongo_db.name, body)
+    assert (first, retry, again) == (12, 8, 0)
+    collection = mongo_db["frontier_backlog.shop"]
+    assert collection.count_documents({}) == 20
+    assert collection.count_documents({"p": 3, "key": "a.example"}) == 20
+    assert stats["frontier/backlog/spilled"] == 20
+
+
+def test_remove_takes_out_what_went_to_redis_and_tolerates_a_retry(mongo_uri, mongo_db):
+    async def body(backlog):
+        await backlog.spill("a.example", entries([(0, seq) for seq in range(1, 11)]))
+        await backlog.spill("b.example", entries([(0, 11)]))
+        batch = await backlog.peek("a.example", 4)
+        removed = await backlog.remove([e.id for e in batch])
+        retried = await backlog.remove([e.id for e in batch])
+        return removed, retried, await backlog.peek("a.example", 100), backlog.stats
+
+    removed, retried, rest, stats = run(mongo_uri, mongo_db.name, body)
+    assert (removed, retried) == (4, 0)
+    assert [e.seq for e in rest] == [5, 6, 7, 8, 9, 10]
+    assert mongo_db["frontier_backlog.shop"].count_documents({"key": "b.example"}) == 1
+    assert stats["frontier/backlog/removed"] == 4
+
+
+def test_counts_give_the_total_the_partitions_and_the_largest_keys(mongo_uri, mongo_db):
+    async def body(backlog):
+        empty = await backlog.counts()
+        for n, (key, part) in zip((5, 2, 7, 1), [("a", 0), ("b", 1), ("c", 1), ("d", 2)]):
+            await backlog.spill(key, entries([(0, s) for s in range(n)]), partition=part)
+        return empty, await backlog.counts(top=2), await backlog.counts(top=0)
+
+    empty, counts, no_keys = run(mongo_uri, mongo_db.name, body)
+    assert (empty.total, empty.partitions, empty.keys) == (0, {}, [])
+    assert counts.total == 15
+    assert counts.partitions == {0: 5, 1: 9, 2: 1}
+    assert counts.keys == [("c", 7), ("a", 5)]
+    assert (no_keys.total, no_keys.keys) == (15, [])
+
+
+def test_spiders_have_collections_of_their_own(mongo_uri, mongo_db):
+    config = BacklogConfig(uri=mongo_uri, database=mongo_db.name)
+
+    async def main():
+        shop, blog = (Backlog.from_config(config, name) for name in ("shop", "blog"))
+        try:
+            await shop.open()
+            await blog.open()
+            await shop.spill("a.example", entries([(0, 1)]))
+            await blog.spill("a.example", entries([(0, 1), (0, 2)]))
+            return len(await shop.peek("a.example", 10)), len(await blog.peek("a.example", 10))
+        finally:
+            await shop.close()
+            await blog.close()
+
+    assert asyncio.run(main()) == (1, 2)
+    assert sorted(mongo_db.list_collection_names()) == ["frontier_backlog.blog",
+                                                        "frontier_backlog.shop"]
+
+
+def test_settings_are_read_once_and_bad_ones_refused(monkeypatch):
+    monkeypatch.delenv("MONGO_URI", raising=False)
+    monkeypatch.delenv("MONGO_DATABASE", raising=False)
+    config = BacklogConfig.from_settings(Settings({
+        "MONGO_URI": "mongodb://127.0.0.1:7219/", "MONGO_DATABASE": "crawl",
+        "FRONTIER_BACKLOG_WRITE_CONCERN": "2", "FRONTIER_BACKLOG_TIMEOUT": "1.5"}))
+    assert (config.enabled, config.uri, config.database, config.write_concern,
+            config.timeout) == (True, "mongodb://127.0.0.1:7219/", "crawl", 2, 1.5)
+    assert config.collection_name("shop") == "frontier_backlog.shop"
+    assert BacklogConfig.from_settings(Settings({"FRONTIER_BACKLOG_ENABLED": "false"})) \
+        .enabled is False
+    with pytest.raises(ValueError, match="%\\(spider\\)s"):
+        BacklogConfig(collection="frontier_backlog")
+    with pytest.raises(ValueError, match="TIMEOUT"):
+        BacklogConfig(timeout=0)
+
+
+def test_a_refusal_is_a_backlog_error_not_an_outage(mongo_uri, mongo_db):
+    # A payload MongoDB cannot store (a set is no BSON type): refused, not "unavailable".
+    async def body(backlog):
+        with pytest.raises(BacklogError) as refused:
+            await backlog.spill("a.example", [("0:1", 0, 1, {1, 2})])
+        return refused.value
+
+    error = run(mongo_uri, mongo_db.name, body)
+    assert not isinstance(error, BacklogUnavailable)
+
+
+@pytest.fixture
+def own_mongo(tmp_path):
+    """A server this test may kill and start again (SIGKILL: a crash, and instant)."""
+    server = MongoServer(storage_path=tmp_path / "mongo-data")
+    server.start()
+    yield server
+    server.kill()
+
+
+def test_mongodb_down_raises_backlog_unavailable_and_loses_nothing(own_mongo, caplog):
+    uri, stored = own_mongo.uri, entries([(1, 1), (0, 2), (1, 3)])
+    outcome = {}
+
+    async def body(backlog):
+        await backlog.spill("a.example", stored)
+        own_mongo.kill()   # acknowledged entries must survive a crash of MongoDB
+        calls = {"spill": backlog.spill("a.example", entries([(9, 4)])),
+                 "peek": backlog.peek("a.example", 10),
+                 "remove": backlog.remove([entry_id(0, "a.example", "1:1")]),
+                 "counts": backlog.counts()}
+        started = time.monotonic()
+        failed = await asyncio.gather(*calls.values(), return_exceptions=True)
+        outcome["elapsed"] = time.monotonic() - started
+        outcome["failed"] = dict(zip(calls, failed))
+        own_mongo.start()
+        backlog.timeout = 10   # the outage is over: a loaded machine may be slow
+        outcome["retried"] = await backlog.spill("a.example", entries([(9, 4)]))
+        outcome["after"] = [(e.priority, e.seq) for e in await backlog.peek("a.example", 10)]
+        return backlog.stats
+
+    with caplog.at_level(logging.INFO, logger="crawlproject.frontier.backlog"):
+        stats = run(uri, "outage", body, timeout=0.5)
+    # bounded by FRONTIER_BACKLOG_TIMEOUT, not pymongo's 10-30 s
+    assert outcome["elapsed"] < 5, outcome["elapsed"]
+    for name, error in outcome["failed"].items():
+        assert isinstance(error, BacklogUnavailable), (name, error)
+        assert "does not answer" in str(error), str(error)
+        assert "frontier_backlog.shop" in str(error), str(error)
+    assert outcome["retried"] == 1
+    # nothing lost by the failed calls (the remove did not happen), the retried spill stored once
+    assert outcome["after"] == [(9, 4), (1, 1), (1, 3), (0, 2)]
+    assert stats["frontier/backlog/unavailable"] == 4
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1                        # once per outage, not per call
+    assert any("answers again" in r.getMessage() for r in caplog.records)
+    client = mongo_client(uri, asyncio=False)
+    try:
+        assert client["outage"]["frontier_backlog.shop"].count_documents({}) == 4
+    finally:
+        client.close()
