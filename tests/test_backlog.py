@@ -111,6 +111,18 @@ def test_a_spill_retried_after_a_crash_stores_each_entry_once(mongo_uri, mongo_d
     assert stats["frontier/backlog/spilled"] == 20
 
 
+def test_a_retry_racing_its_first_try_stores_each_entry_once(mongo_uri, mongo_db):
+    # a spill timed out on the node while MongoDB still runs it: the retry overlaps it
+    batch = entries([(0, seq) for seq in range(1, 101)])
+
+    async def body(backlog):
+        return await asyncio.gather(*(backlog.spill("a.example", batch) for _ in range(4)))
+
+    new = run(mongo_uri, mongo_db.name, body)
+    assert sum(new) == 100
+    assert mongo_db["frontier_backlog.shop"].count_documents({}) == 100
+
+
 def test_remove_takes_out_what_went_to_redis_and_tolerates_a_retry(mongo_uri, mongo_db):
     async def body(backlog):
         await backlog.spill("a.example", entries([(0, seq) for seq in range(1, 11)]))

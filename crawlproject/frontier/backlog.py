@@ -83,7 +83,6 @@ INDEX = [("key", ASCENDING), ("pri", DESCENDING), ("seq", ASCENDING)]
 INDEX_NAME = "key_pri_seq"
 #: ids per ``delete_many`` (a 16 MiB command holds far more; this bounds one call's work)
 REMOVE_CHUNK = 1000
-DUPLICATE_KEY = 11000
 BAD_VALUE = 2
 #: Server codes after which the same call can succeed: no primary, shutting
 #: down, timeouts, write conflicts (MongoDB's retryable-write list).
@@ -247,18 +246,12 @@ class Backlog:
         if not ops:
             return 0
         async with self._call(f"spill {len(ops)} entries of {key!r} to"):
-            try:
-                result = await self.collection.bulk_write(ops, ordered=False)
-                new = result.upserted_count
-            except BulkWriteError as exc:
-                # Two upserts of one _id at once (a retry racing its first
-                # try): the loser's E11000 means the entry is stored.
-                if exc.details.get("writeConcernErrors") or any(
-                        e.get("code") != DUPLICATE_KEY for e in exc.details["writeErrors"]):
-                    raise
-                new = exc.details.get("nUpserted", 0)
-        self._count("frontier/backlog/spilled", new)
-        return new
+            # Two upserts of one _id at once (a retry racing its first try):
+            # MongoDB (4.2+) retries the loser's E11000 itself, an equality
+            # match on the unique _id, so both succeed and one inserts.
+            result = await self.collection.bulk_write(ops, ordered=False)
+        self._count("frontier/backlog/spilled", result.upserted_count)
+        return result.upserted_count
 
     async def peek(self, key: str, n: int) -> list[BacklogEntry]:
         """The next *n* entries of *key*, highest priority first, then oldest
