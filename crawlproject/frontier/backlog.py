@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -198,9 +198,10 @@ class Backlog:
                  owns_client: bool = False, where: str = ""):
         self.client = client
         # j=True: an acknowledged spill is then removed from Redis, so it must
-        # survive a crash of mongod. "majority" implies the journal only where
-        # writeConcernMajorityJournalDefault is on (a replica set's default),
-        # not on a standalone mongod; j=True asks for it everywhere.
+        # survive a crash of mongod. "majority" implies the journal only while
+        # writeConcernMajorityJournalDefault is on (a replica set's default)
+        # and w=1 never does; j=True asks for it whatever the setting and the
+        # server's defaults are.
         self.collection = client[database].get_collection(
             collection, write_concern=WriteConcern(w=write_concern, j=True))
         self.timeout = timeout
@@ -279,10 +280,10 @@ class Backlog:
         cursor = self.collection.find({"key": key}, sort=INDEX[1:], limit=n, hint=INDEX_NAME)
         return await cursor.to_list()
 
-    async def remove(self, ids: Sequence[str]) -> int:
+    async def remove(self, ids: Iterable[str]) -> int:
         """Delete the entries *ids* (once they are safely in Redis); return how
         many were there (an id already gone is no error: a retry)."""
-        removed = 0
+        ids, removed = list(ids), 0
         for start in range(0, len(ids), REMOVE_CHUNK):
             chunk = list(ids[start:start + REMOVE_CHUNK])
             async with self._call(f"remove {len(chunk)} entries from"):
