@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from bench import (commands, costs, crawl, dedupe, frontier_capacity, kstate, memory, polite, seeds,
+from bench import (backlog, commands, costs, crawl, dedupe, frontier_capacity, kstate, memory, polite, seeds,
                    status_reads, web)
 
 pytestmark = pytest.mark.timeout(240)
@@ -272,3 +272,15 @@ def test_web_smallest(tmp_path):
     assert {"checks", "per_site", "fetched_ratio", "node_peak_rss_mb", "ideal_s"} <= set(data)
     assert positive(data["requests"]) and positive(data["ideal_s"])
     assert all("pass" in c for c in data["checks"])
+
+
+def test_backlog_smallest(tmp_path):
+    data = backlog.main(["--smallest", "--out", str(tmp_path / "backlog.json")])
+    today = data["runs"]["today"]
+    assert today["status"] == "ok" and data["runs"]["spill"]["status"] == "not built yet"
+    point = today["points"][-1]
+    assert point["memory"]["queued"] >= 0.99 * data["queued"]
+    for key in ("queue_bytes_per_request", "bloom_bytes", "payloads_bytes"):
+        assert positive(point["memory"][key])
+    assert all(positive(e["requests_per_s"]) for e in point["enqueue"])
+    assert positive(point["take"]["take"]["server_us_per_call"])
