@@ -90,9 +90,11 @@ FRONTIER_LINEAGE_ENABLED = True             # with partitions: an ack waits for 
 # and about FRONTIER_WINDOW_SECONDS of fetches at the key's pace (BUbiNG's rule:
 # the site's pace never waits on a refill); entries beyond it wait in MongoDB.
 FRONTIER_BACKLOG_ENABLED = True             # entries beyond a key's window go to MongoDB
-FRONTIER_BACKLOG_COLLECTION = "frontier_backlog.%(spider)s"  # one per spider, in MONGO_DATABASE
+FRONTIER_BACKLOG_COLLECTION = "frontier_backlog"  # in MONGO_DATABASE, shared (field s: spider)
 FRONTIER_BACKLOG_WRITE_CONCERN = "majority"  # w of spills/removals: acknowledged = durable
 FRONTIER_BACKLOG_TIMEOUT = 10.0             # seconds a backlog call may take (then: unavailable)
+FRONTIER_BACKLOG_LEASE_TTL = 30.0           # seconds a mover holds a key (Redis time, fenced)
+FRONTIER_BACKLOG_SETTLE = 2.0               # s a move waits for a commit to reach the AOF (< 7.2)
 FRONTIER_WINDOW_MIN = 4                     # entries a key's Redis window holds at least
 FRONTIER_WINDOW_SECONDS = 300.0             # ... and about this many seconds of its fetches
 FRONTIER_REFILL_BATCH = 256                 # entries one refill moves from MongoDB to Redis

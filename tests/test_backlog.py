@@ -1,6 +1,7 @@
 """The frontier's MongoDB tier (crawlproject/frontier/backlog.py) against the
 real MongoDB-wire server of the tests: per-key order by priority then
-arrival, idempotent spills, removal, counts, and an outage that raises
+arrival, idempotent spills (a duplicate key counts as written), tombstones,
+counts, spiders apart in one collection, and an outage that raises
 BacklogUnavailable and loses nothing."""
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from scrapy.settings import Settings
 from crawlproject.connection import mongo_client
 from crawlproject.frontier.backlog import (
     INDEX_NAME,
+    LIVE,
+    TOMBSTONE_TTL,
     Backlog,
     BacklogConfig,
     BacklogError,
@@ -40,57 +43,74 @@ def run(uri: str, database: str, body, **options):
     return asyncio.run(main())
 
 
-def entries(pairs, start=0):
-    """(member, priority, seq, payload) for each (priority, seq) in *pairs*."""
-    return [(f"{pri}:{seq}", pri, seq, f"request {seq}".encode()) for pri, seq in pairs]
+SHIFT = 2 ** 40
+COLLECTION = "frontier_backlog"
+
+
+def entries(pairs, key="a.example"):
+    """(member, score, payload) for each (priority, seq) in *pairs*, as Redis scores them."""
+    return [(f"{pri}:{seq}@{key}", -pri * SHIFT + seq, f"request {seq}".encode())
+            for pri, seq in pairs]
+
+
+def pri_seq(entry):
+    pri, seq = entry.member.split("@")[0].split(":")
+    return int(pri), int(seq)
 
 
 def test_peek_returns_a_keys_entries_by_priority_then_arrival(mongo_uri, mongo_db):
     # arrival (seq) deliberately not in order of writing, priorities mixed, negative too
     a = entries([(0, 5), (10, 7), (0, 1), (-3, 2), (10, 3), (0, 4), (5, 9)])
-    b = entries([(99, 6), (0, 8)])
+    b = entries([(99, 6), (0, 8)], key="b.example")
+    c = entries([(50, 10)])   # the same key in another partition
 
     async def body(backlog):
-        assert await backlog.spill("a.example", a[:4]) == 4
-        assert await backlog.spill("b.example", b) == 2
-        assert await backlog.spill("a.example", a[4:]) == 3
-        first = await backlog.peek("a.example", 3)
-        return first, await backlog.peek("a.example", 100), await backlog.peek("b.example", 100)
+        assert await backlog.spill(0, "a.example", a[:4]) == 4
+        assert await backlog.spill(0, "b.example", b) == 2
+        assert await backlog.spill(0, "a.example", a[4:]) == 3
+        assert await backlog.spill(1, "a.example", c) == 1
+        first = await backlog.peek(0, "a.example", 3)
+        return (first, await backlog.peek(0, "a.example", 100),
+                await backlog.peek(0, "b.example", 100))
 
     first, every, other = run(mongo_uri, mongo_db.name, body)
     order = [(10, 3), (10, 7), (5, 9), (0, 1), (0, 4), (0, 5), (-3, 2)]
-    assert [(e.priority, e.seq) for e in every] == order
-    assert [(e.priority, e.seq) for e in first] == order[:3]   # the limit
-    # keys don't mix: b's priority-99 entry never shows in a's range
-    assert [(e.key, e.priority, e.seq) for e in other] == [("b.example", 99, 6),
-                                                             ("b.example", 0, 8)]
+    assert [pri_seq(e) for e in every] == order
+    assert [pri_seq(e) for e in first] == order[:3]   # the limit
+    # keys and partitions don't mix: b's priority-99 entry never shows in a's range
+    assert [(e.key, pri_seq(e)) for e in other] == [("b.example", (99, 6)),
+                                                      ("b.example", (0, 8))]
     top = every[0]
-    assert (top.id, top.member, top.partition, top.payload) == (
-        entry_id(0, "a.example", "10:3"), "10:3", 0, b"request 3")
-    assert mongo_db["frontier_backlog.shop"].count_documents({}) == 9
+    assert (top.id, top.member, top.partition, top.score, top.payload) == (
+        entry_id("shop", 0, "10:3@a.example"), "10:3@a.example", 0, -10 * SHIFT + 3,
+        b"request 3")
+    assert mongo_db[COLLECTION].count_documents({"s": "shop"}) == 10
 
 
-def test_peek_is_one_range_scan_of_the_key_index(mongo_uri, mongo_db):
+def test_peek_is_one_range_scan_of_the_partial_key_index(mongo_uri, mongo_db):
     async def body(backlog):
-        await backlog.spill("a.example", entries([(1, 1), (2, 2)]))
+        await backlog.spill(0, "a.example", entries([(1, 1), (2, 2)]))
 
     run(mongo_uri, mongo_db.name, body)
-    collection = mongo_db["frontier_backlog.shop"]
-    index = collection.index_information()[INDEX_NAME]
-    assert index["key"] == [("key", 1), ("pri", -1), ("seq", 1)]
-    plan = str(collection.find({"key": "a.example"}).sort([("pri", -1), ("seq", 1)])
+    collection = mongo_db[COLLECTION]
+    indexes = collection.index_information()
+    index = indexes[INDEX_NAME]
+    assert index["key"] == [("s", 1), ("p", 1), ("k", 1), ("sc", 1)]
+    assert dict(index["partialFilterExpression"]) == {"pl": {"$exists": True}}
+    assert indexes["at_ttl"]["expireAfterSeconds"] == TOMBSTONE_TTL
+    plan = str(collection.find({"s": "shop", "p": 0, "k": "a.example", **LIVE}).sort("sc", 1)
                .limit(2).hint(INDEX_NAME).explain()["queryPlanner"]["winningPlan"])
     assert "IXSCAN" in plan and INDEX_NAME in plan
 
 
 def test_an_index_gone_missing_is_built_again_not_scanned_around(mongo_uri, mongo_db, caplog):
     async def body(backlog):
-        await backlog.spill("a.example", entries([(1, 1), (2, 2)]))
-        mongo_db["frontier_backlog.shop"].drop_index(INDEX_NAME)   # an operator's mistake
-        return [e.seq for e in await backlog.peek("a.example", 5)]
+        await backlog.spill(0, "a.example", entries([(1, 1), (2, 2)]))
+        mongo_db[COLLECTION].drop_index(INDEX_NAME)   # an operator's mistake
+        return [pri_seq(e)[1] for e in await backlog.peek(0, "a.example", 5)]
 
     assert run(mongo_uri, mongo_db.name, body) == [2, 1]
-    assert INDEX_NAME in mongo_db["frontier_backlog.shop"].index_information()
+    assert INDEX_NAME in mongo_db[COLLECTION].index_information()
     assert "creating it" in caplog.text
 
 
@@ -98,16 +118,16 @@ def test_a_spill_retried_after_a_crash_stores_each_entry_once(mongo_uri, mongo_d
     batch = entries([(0, seq) for seq in range(1, 21)])
 
     async def body(backlog):
-        first = await backlog.spill("a.example", batch[:12], partition=3)  # the crash: half
-        retry = await backlog.spill("a.example", batch, partition=3)       # the retry: all
-        again = await backlog.spill("a.example", batch, partition=3)
+        first = await backlog.spill(3, "a.example", batch[:12])  # the crash: half
+        retry = await backlog.spill(3, "a.example", batch)       # the retry: all
+        again = await backlog.spill(3, "a.example", batch)
         return first, retry, again, backlog.stats
 
     first, retry, again, stats = run(mongo_uri, mongo_db.name, body)
     assert (first, retry, again) == (12, 8, 0)
-    collection = mongo_db["frontier_backlog.shop"]
+    collection = mongo_db[COLLECTION]
     assert collection.count_documents({}) == 20
-    assert collection.count_documents({"p": 3, "key": "a.example"}) == 20
+    assert collection.count_documents({"s": "shop", "p": 3, "k": "a.example"}) == 20
     assert stats["frontier/backlog/spilled"] == 20
 
 
@@ -116,45 +136,55 @@ def test_a_retry_racing_its_first_try_stores_each_entry_once(mongo_uri, mongo_db
     batch = entries([(0, seq) for seq in range(1, 101)])
 
     async def body(backlog):
-        return await asyncio.gather(*(backlog.spill("a.example", batch) for _ in range(4)))
+        return await asyncio.gather(*(backlog.spill(0, "a.example", batch) for _ in range(4)))
 
     new = run(mongo_uri, mongo_db.name, body)
     assert sum(new) == 100
-    assert mongo_db["frontier_backlog.shop"].count_documents({}) == 100
+    assert mongo_db[COLLECTION].count_documents({}) == 100
 
 
-def test_remove_takes_out_what_went_to_redis_and_tolerates_a_retry(mongo_uri, mongo_db):
+def test_tombstones_leave_the_range_and_refuse_a_late_spill(mongo_uri, mongo_db):
+    a = entries([(0, seq) for seq in range(1, 11)])
+
     async def body(backlog):
-        await backlog.spill("a.example", entries([(0, seq) for seq in range(1, 11)]))
-        await backlog.spill("b.example", entries([(0, 11)]))
-        batch = await backlog.peek("a.example", 4)
-        removed = await backlog.remove([e.id for e in batch])
-        retried = await backlog.remove([e.id for e in batch])
-        return removed, retried, await backlog.peek("a.example", 100), backlog.stats
+        await backlog.spill(0, "a.example", a)
+        await backlog.spill(0, "b.example", entries([(0, 11)], key="b.example"))
+        batch = await backlog.peek(0, "a.example", 4)
+        done = await backlog.tombstone(0, [e.member for e in batch])
+        retried = await backlog.tombstone(0, [e.member for e in batch])
+        # a spill node paused past its lease writes the refilled entries again
+        late = await backlog.spill(0, "a.example", a[:4])
+        purged_young = await backlog.purge_tombstones()
+        rest = await backlog.peek(0, "a.example", 100)
+        purged = await backlog.purge_tombstones(older_than=0)
+        return done, retried, late, purged_young, rest, purged, backlog.stats
 
-    removed, retried, rest, stats = run(mongo_uri, mongo_db.name, body)
-    assert (removed, retried) == (4, 0)
-    assert [e.seq for e in rest] == [5, 6, 7, 8, 9, 10]
-    assert mongo_db["frontier_backlog.shop"].count_documents({"key": "b.example"}) == 1
-    assert stats["frontier/backlog/removed"] == 4
+    done, retried, late, purged_young, rest, purged, stats = run(
+        mongo_uri, mongo_db.name, body)
+    assert (done, retried, late) == (4, 0, 0)
+    assert [pri_seq(e)[1] for e in rest] == [5, 6, 7, 8, 9, 10]
+    assert (purged_young, purged) == (0, 4)
+    assert mongo_db[COLLECTION].count_documents({"k": "b.example"}) == 1
+    assert stats["frontier/backlog/tombstoned"] == 4
 
 
 def test_counts_give_the_total_the_partitions_and_the_largest_keys(mongo_uri, mongo_db):
     async def body(backlog):
         empty = await backlog.counts()
         for n, (key, part) in zip((5, 2, 7, 1), [("a", 0), ("b", 1), ("c", 1), ("d", 2)]):
-            await backlog.spill(key, entries([(0, s) for s in range(n)]), partition=part)
+            await backlog.spill(part, key, entries([(0, s) for s in range(n)], key=key))
+        await backlog.tombstone(0, [f"0:0@a"])   # tombstones are not counted
         return empty, await backlog.counts(top=2), await backlog.counts(top=0)
 
     empty, counts, no_keys = run(mongo_uri, mongo_db.name, body)
     assert (empty.total, empty.partitions, empty.keys) == (0, {}, [])
-    assert counts.total == 15
-    assert counts.partitions == {0: 5, 1: 9, 2: 1}
-    assert counts.keys == [("c", 7), ("a", 5)]
-    assert (no_keys.total, no_keys.keys) == (15, [])
+    assert counts.total == 14
+    assert counts.partitions == {0: 4, 1: 9, 2: 1}
+    assert counts.keys == [("c", 7), ("a", 4)]
+    assert (no_keys.total, no_keys.keys) == (14, [])
 
 
-def test_spiders_have_collections_of_their_own(mongo_uri, mongo_db):
+def test_spiders_share_the_collection_apart_and_reset_their_own(mongo_uri, mongo_db):
     config = BacklogConfig(uri=mongo_uri, database=mongo_db.name)
 
     async def main():
@@ -162,16 +192,17 @@ def test_spiders_have_collections_of_their_own(mongo_uri, mongo_db):
         try:
             await shop.open()
             await blog.open()
-            await shop.spill("a.example", entries([(0, 1)]))
-            await blog.spill("a.example", entries([(0, 1), (0, 2)]))
-            return len(await shop.peek("a.example", 10)), len(await blog.peek("a.example", 10))
+            await shop.spill(0, "a.example", entries([(0, 1)]))
+            await blog.spill(0, "a.example", entries([(0, 1), (0, 2)]))
+            seen = (len(await shop.peek(0, "a.example", 10)),
+                    len(await blog.peek(0, "a.example", 10)))
+            return seen, await blog.reset(), len(await shop.peek(0, "a.example", 10))
         finally:
             await shop.close()
             await blog.close()
 
-    assert asyncio.run(main()) == (1, 2)
-    assert sorted(mongo_db.list_collection_names()) == ["frontier_backlog.blog",
-                                                        "frontier_backlog.shop"]
+    assert asyncio.run(main()) == ((1, 2), 2, 1)
+    assert mongo_db.list_collection_names() == [COLLECTION]
 
 
 def test_settings_are_read_once_and_bad_ones_refused(monkeypatch):
@@ -182,11 +213,11 @@ def test_settings_are_read_once_and_bad_ones_refused(monkeypatch):
         "FRONTIER_BACKLOG_WRITE_CONCERN": "2", "FRONTIER_BACKLOG_TIMEOUT": "1.5"}))
     assert (config.enabled, config.uri, config.database, config.write_concern,
             config.timeout) == (True, "mongodb://127.0.0.1:7219/", "crawl", 2, 1.5)
-    assert config.collection_name("shop") == "frontier_backlog.shop"
+    assert config.collection == "frontier_backlog"
     assert BacklogConfig.from_settings(Settings({"FRONTIER_BACKLOG_ENABLED": "false"})) \
         .enabled is False
-    with pytest.raises(ValueError, match="%\\(spider\\)s"):
-        BacklogConfig(collection="frontier_backlog")
+    with pytest.raises(ValueError, match="collection name"):
+        BacklogConfig(collection="")
     with pytest.raises(ValueError, match="TIMEOUT"):
         BacklogConfig(timeout=0)
 
@@ -195,7 +226,7 @@ def test_a_refusal_is_a_backlog_error_not_an_outage(mongo_uri, mongo_db):
     # A payload MongoDB cannot store (a set is no BSON type): refused, not "unavailable".
     async def body(backlog):
         with pytest.raises(BacklogError) as refused:
-            await backlog.spill("a.example", [("0:1", 0, 1, {1, 2})])
+            await backlog.spill(0, "a.example", [("0:1@a.example", 1, {1, 2})])
         return refused.value
 
     error = run(mongo_uri, mongo_db.name, body)
@@ -216,11 +247,11 @@ def test_mongodb_down_raises_backlog_unavailable_and_loses_nothing(own_mongo, ca
     outcome = {}
 
     async def body(backlog):
-        await backlog.spill("a.example", stored)
+        await backlog.spill(0, "a.example", stored)
         own_mongo.kill()   # acknowledged entries must survive a crash of MongoDB
-        calls = {"spill": backlog.spill("a.example", entries([(9, 4)])),
-                 "peek": backlog.peek("a.example", 10),
-                 "remove": backlog.remove([entry_id(0, "a.example", "1:1")]),
+        calls = {"spill": backlog.spill(0, "a.example", entries([(9, 4)])),
+                 "peek": backlog.peek(0, "a.example", 10),
+                 "tombstone": backlog.tombstone(0, ["1:1@a.example"]),
                  "counts": backlog.counts()}
         started = time.monotonic()
         failed = await asyncio.gather(*calls.values(), return_exceptions=True)
@@ -228,8 +259,8 @@ def test_mongodb_down_raises_backlog_unavailable_and_loses_nothing(own_mongo, ca
         outcome["failed"] = dict(zip(calls, failed))
         own_mongo.start()
         backlog.timeout = 10   # the outage is over: a loaded machine may be slow
-        outcome["retried"] = await backlog.spill("a.example", entries([(9, 4)]))
-        outcome["after"] = [(e.priority, e.seq) for e in await backlog.peek("a.example", 10)]
+        outcome["retried"] = await backlog.spill(0, "a.example", entries([(9, 4)]))
+        outcome["after"] = [pri_seq(e) for e in await backlog.peek(0, "a.example", 10)]
         return backlog.stats
 
     with caplog.at_level(logging.INFO, logger="crawlproject.frontier.backlog"):
@@ -239,9 +270,9 @@ def test_mongodb_down_raises_backlog_unavailable_and_loses_nothing(own_mongo, ca
     for name, error in outcome["failed"].items():
         assert isinstance(error, BacklogUnavailable), (name, error)
         assert "does not answer" in str(error), str(error)
-        assert "frontier_backlog.shop" in str(error), str(error)
+        assert "'frontier_backlog'" in str(error), str(error)
     assert outcome["retried"] == 1
-    # nothing lost by the failed calls (the remove did not happen), the retried spill stored once
+    # nothing lost by the failed calls (the tombstone did not happen), the retried spill stored once
     assert outcome["after"] == [(9, 4), (1, 1), (1, 3), (0, 2)]
     assert stats["frontier/backlog/unavailable"] == 4
     warnings = [r for r in caplog.records if r.levelname == "WARNING"]
@@ -249,6 +280,6 @@ def test_mongodb_down_raises_backlog_unavailable_and_loses_nothing(own_mongo, ca
     assert any("answers again" in r.getMessage() for r in caplog.records)
     client = mongo_client(uri, asyncio=False)
     try:
-        assert client["outage"]["frontier_backlog.shop"].count_documents({}) == 4
+        assert client["outage"][COLLECTION].count_documents({}) == 4
     finally:
         client.close()
