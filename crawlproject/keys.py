@@ -137,6 +137,19 @@ class FrontierKeys:
     def stats(self) -> str: return self._k("stats")
     @property
     def bloom(self) -> str: return self._k("bloom")
+    # The MongoDB tier's bookkeeping (crawlproject/frontier/mover.py).
+    @property
+    def backlog(self) -> str: return self._k("backlog")
+    @property
+    def moves(self) -> str: return self._k("moves")
+    @property
+    def mover(self) -> str: return self._k("mover")
+    @property
+    def moving_prefix(self) -> str: return self._k("moving")
+    def moving(self, key: str) -> str: return f"{self.moving_prefix}:{key}"
+    @property
+    def refilled_prefix(self) -> str: return self._k("refilled")
+    def refilled(self, key: str) -> str: return f"{self.refilled_prefix}:{key}"
     # Spider-wide keys (the same for every partition).
     @property
     def config(self) -> str: return f"{{{self.spider}}}:config"
@@ -162,6 +175,15 @@ class FrontierKeys:
                 self.limits, self.queue_prefix, self.held_prefix, self.qlen, self.wanting,
                 self.budget]
 
+    def move_keys(self) -> list[str]:
+        """KEYS of the move scripts (CLAIM_MOVES, SPILL_COMMIT, REFILL_COMMIT,
+        REFILL_DONE), in their order; each uses some of them (its header says
+        which). A key's ``moving``/``refilled`` sets are derived from the
+        prefixes, as its queue is from ``queue_prefix``."""
+        return [self.mover, self.moves, self.queue_prefix, self.moving_prefix,
+                self.refilled_prefix, self.payloads, self.inflight, self.delayed,
+                self.backlog, self.kstate, self.ready, self.stats]
+
     def replay_keys(self) -> list[str]:
         """KEYS of the REPLAY_DEAD script, in its order."""
         return [self.dead, self.payloads, self.seq, self.delayed]
@@ -169,7 +191,7 @@ class FrontierKeys:
     def fixed(self) -> list[str]:
         """Every key of this partition with a fixed name (not queues, held sets, shards)."""
         return [*self.sync_keys()[:12], self.qlen, self.wanting, self.budget, self.config,
-                self.cluster_stats, self.dupefilter]
+                self.cluster_stats, self.dupefilter, self.backlog, self.moves, self.mover]
 
     def patterns(self) -> list[str]:
         """SCAN patterns of this partition's derived keys."""

@@ -68,7 +68,9 @@ def scripts() -> dict[str, str]:
             "set_limits": s.SET_LIMITS, "claim_seeds": s.CLAIM_SEEDS,
             "renew_claims": s.RENEW_CLAIMS, "clear_drain": s.CLEAR_DRAIN,
             "robots_fetch_lock": s.ROBOTS_FETCH_LOCK, "proxy_refresh": refresh,
-            "feed_sitemap_seeds": s.FEED_SITEMAP_SEEDS}
+            "feed_sitemap_seeds": s.FEED_SITEMAP_SEEDS, "claim_moves": s.CLAIM_MOVES,
+            "spill_commit": s.SPILL_COMMIT, "refill_commit": s.REFILL_COMMIT,
+            "refill_done": s.REFILL_DONE}
 
 
 @lru_cache(maxsize=None)

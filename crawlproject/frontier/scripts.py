@@ -121,6 +121,14 @@ REPLAY_DEAD = _script("lib/clock", "lib/score", "lib/bloom", "lib/key_check", "r
 SET_LIMITS = _script("lib/clock", "set_limits")
 CLAIM_SEEDS = _script("lib/clock", "lib/key_check", "claim_seeds")
 RENEW_CLAIMS = _script("lib/clock", "renew_claims")
+#: the MongoDB tier's moves (crawlproject/frontier/mover.py): a key's lease and a
+#: spill's step 1, a spill's commit, a refill's commit and its end
+#: (``lua/move/``; KEYS: crawlproject.keys.FrontierKeys.move_keys)
+_MOVE_LIBS = ("lib/clock", "lib/score", "lib/key_check", "move/common")
+CLAIM_MOVES = _script(*_MOVE_LIBS, "move/claim_moves")
+SPILL_COMMIT = _script(*_MOVE_LIBS, "move/spill_commit")
+REFILL_COMMIT = _script(*_MOVE_LIBS, "move/refill_commit")
+REFILL_DONE = _script(*_MOVE_LIBS, "move/refill_done")
 #: the operator's control hash (crawlproject/control.py), here with the other scripts
 CLEAR_DRAIN = _lua("clear_drain")
 #: a site's robots.txt fetch lock (crawlproject/robots/middleware.py)

@@ -1,0 +1,307 @@
+"""Moving a politeness key's entries between its Redis window and the MongoDB backlog.
+
+The protocol of docs/frontier.md ("Spill and refill: every marked URL durably
+in exactly one place"): a member is at every instant in exactly one of its
+key's queue (``T:q:<key>``), the moving set (``T:moving:<key>``, payload kept,
+not takeable), a live MongoDB document, or queued again and recorded in
+``T:refilled:<key>`` until its MongoDB copy is tombstoned.
+
+**Spill** (:meth:`Mover.spill`): CLAIM_MOVES takes the key's lease and moves
+its worst-ranked members beyond the window (at most a batch) from the queue to
+the moving set (step 1); once that is on disk the members are inserted into
+MongoDB (step 2, idempotent); SPILL_COMMIT (fenced) deletes their payloads and
+counts them in ``T:backlog`` (step 3).
+
+**Refill** (:meth:`Mover.refill`): CLAIM_MOVES takes the lease; one range scan
+reads the key's head from MongoDB (step 1); REFILL_COMMIT (fenced) queues those
+members not already in Redis and records them all in ``T:refilled:<key>``
+(step 2); once that is on disk their MongoDB copies are tombstoned (step 3);
+REFILL_DONE clears the record (step 4).
+
+A claim that finds a dead predecessor's leftovers (a non-empty moving set or
+refilled record) gets them instead, and the mover finishes them first. Every
+commit checks the lease's epoch (fencing): a mover whose lease expired or was
+taken over can never commit (:class:`StaleMove`).
+
+*On disk*: a MongoDB step that follows a Redis commit waits until the commit
+is durable, so that a Redis restarted from its AOF never lacks a commit that
+MongoDB acted on: ``WAITAOF 1 0`` on Redis >= 7.2 (on the mover's one
+connection: WAITAOF waits for that connection's writes, and the claim it just
+made is after every earlier commit in the AOF), else ``FRONTIER_BACKLOG_SETTLE``
+seconds (appendfsync everysec's bound) and a re-read of the marker: only the
+members still in it are acted on.
+
+What this module does not do yet (issue 49, integration): decide when a key
+wants a move (SYNC flags keys in ``T:moves``; the window rule with each key's
+pace), run as a node task, report in ``crawlctl status``. Its callers say which
+key to move and how far.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from redis.exceptions import ResponseError
+
+from crawlproject import defaults
+from crawlproject.frontier.backlog import Backlog, BacklogEntry
+from crawlproject.frontier.library import script
+from crawlproject.frontier.scripts import CLAIM_MOVES, REFILL_COMMIT, REFILL_DONE, SPILL_COMMIT
+from crawlproject.keys import FrontierKeys, as_text
+
+__all__ = ["Claim", "Mover", "MoveResult", "StaleMove", "MOVE_BATCH"]
+
+logger = logging.getLogger(__name__)
+
+#: Members one step moves at most (URL Frontier's 256 doubled its ingest).
+MOVE_BATCH = 256
+#: Rounds one :meth:`Mover.spill` call makes at most (a key far over its
+#: window is brought down over several calls: the node's other keys wait less).
+SPILL_ROUNDS = 16
+#: ms WAITAOF waits for the local fsync before the step is refused
+WAITAOF_TIMEOUT_MS = 5000
+
+
+class StaleMove(RuntimeError):
+    """A commit refused: this mover's lease of the key expired or was taken
+    over (another mover finishes the move)."""
+
+
+@dataclass
+class Claim:
+    """What CLAIM_MOVES gave: the lease (``epoch``, ``deadline`` ms) and the
+    members to finish or move."""
+
+    key: str
+    status: str
+    epoch: str = ""
+    deadline: int = 0
+    #: (member, score, payload) leaving for MongoDB
+    moving: list[tuple[str, int, bytes]] = field(default_factory=list)
+    #: members queued again whose MongoDB copies are still live
+    refilled: list[str] = field(default_factory=list)
+    #: how many of ``moving`` this claim's step 1 moved (0: leftovers)
+    moved: int = 0
+
+
+@dataclass
+class MoveResult:
+    """What a :meth:`Mover.spill` or :meth:`Mover.refill` call did."""
+
+    spilled: int = 0          # members that left Redis for MongoDB
+    refilled: int = 0         # members queued again from MongoDB
+    skipped: int = 0          # documents read whose member was already in Redis
+    tombstoned: int = 0       # MongoDB copies tombstoned
+    leftovers: int = 0        # members of a dead predecessor's move finished
+    busy: bool = False        # another node holds the key's lease
+
+
+class Mover:
+    """Moves one partition's keys between Redis (*redis*, an asyncio redis-py
+    client) and *backlog* (:class:`crawlproject.frontier.backlog.Backlog` of
+    the same spider), as node *node*.
+
+    The mover works on a single connection of *redis*'s pool (``client()``):
+    WAITAOF waits for its own connection's writes. *lease_ttl* and *settle*
+    are in seconds (``FRONTIER_BACKLOG_LEASE_TTL``, ``FRONTIER_BACKLOG_SETTLE``);
+    *clock* (tests) gives the time in ms instead of Redis.
+    """
+
+    def __init__(self, redis, backlog: Backlog, keys: FrontierKeys, node: str, *,
+                 lease_ttl: float = defaults.FRONTIER_BACKLOG_LEASE_TTL,
+                 settle: float = defaults.FRONTIER_BACKLOG_SETTLE, batch: int = MOVE_BATCH,
+                 stats=None, clock=None):
+        self.redis = redis.client() if hasattr(redis, "client") else redis
+        self.backlog = backlog
+        self.keys = keys
+        self.node = node
+        self.lease_ms = max(1, int(lease_ttl * 1000))
+        self.settle = settle
+        self.batch = max(1, min(int(batch), 1024))
+        self.stats = stats
+        # clock() -> ms; None means Redis server time (node clocks never matter)
+        self.clock = clock
+        self._move_keys = self.keys.move_keys()
+        self._claim = script(self.redis, CLAIM_MOVES)
+        self._spill_commit = script(self.redis, SPILL_COMMIT)
+        self._refill_commit = script(self.redis, REFILL_COMMIT)
+        self._refill_done = script(self.redis, REFILL_DONE)
+        self._waitaof: bool | None = None     # None: not known yet
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+    # -- the two moves -----------------------------------------------------------
+    async def spill(self, key: str, window: int) -> MoveResult:
+        """Bring *key*'s queue down to *window* entries, the rest to MongoDB
+        (a dead predecessor's leftovers first). At most :data:`SPILL_ROUNDS`
+        batches per call. Raises :class:`StaleMove` when the lease was lost
+        midway, :class:`~crawlproject.frontier.backlog.BacklogUnavailable` when
+        MongoDB does not answer (the members wait in the moving set)."""
+        result = MoveResult()
+        for _ in range(SPILL_ROUNDS):
+            claim = await self.claim(key, "spill", window)
+            if claim.status == "busy":
+                result.busy = True
+                return result
+            if claim.status == "idle":
+                return result
+            if claim.refilled:
+                await self._finish_refill(claim, result)
+            if claim.moving:
+                written = await self.write_spill(claim)
+                done = await self.commit_spill(claim, written, release=True)
+                if claim.moved:
+                    result.spilled += done
+                else:
+                    result.leftovers += done
+            else:
+                await self.release(claim)
+            if claim.moved and claim.moved < self.batch:
+                return result   # within the window now
+        return result
+
+    async def refill(self, key: str, want: int) -> MoveResult:
+        """Queue up to *want* (at most a batch) of *key*'s entries from MongoDB
+        again, first in queue order (a dead predecessor's leftovers first).
+        Raises as :meth:`spill`; MongoDB down mid-refill loses nothing (a
+        retry finishes it)."""
+        result = MoveResult()
+        claim = await self.claim(key, "refill")
+        if claim.status == "busy":
+            result.busy = True
+            return result
+        if claim.moving:
+            written = await self.write_spill(claim)
+            result.leftovers += await self.commit_spill(claim, written, release=False)
+        if claim.refilled:
+            await self._finish_refill(claim, result)
+        entries = await self.read_refill(claim, min(want, self.batch))
+        if not entries:
+            await self.release(claim)
+            return result
+        queued, skipped = await self.commit_refill(claim, entries)
+        result.refilled += queued
+        result.skipped += skipped
+        members = [e.member for e in entries]
+        result.tombstoned += await self.tombstone(claim, members)
+        await self.refill_done(claim, members, release=True)
+        return result
+
+    async def _finish_refill(self, claim: Claim, result: MoveResult) -> None:
+        members = list(claim.refilled)
+        result.tombstoned += await self.tombstone(claim, members)
+        result.leftovers += await self.refill_done(claim, members, release=False)
+        claim.refilled = []
+
+    # -- the steps (public: the tests run them one by one) -----------------------
+    async def claim(self, key: str, kind: str, window: int = 0) -> Claim:
+        """CLAIM_MOVES: the key's lease, its leftovers, and for a spill step 1."""
+        raw = await self._claim(keys=self._move_keys,
+                                args=[self._now(), self.node, key, self.lease_ms, kind, max(0, window),
+                                      self.batch])
+        status, epoch, deadline, moving, refilled, moved = raw
+        claim = Claim(key, as_text(status), as_text(epoch), int(deadline), moved=int(moved))
+        claim.moving = [(as_text(moving[i]), int(float(moving[i + 1])), moving[i + 2])
+                        for i in range(0, len(moving), 3)]
+        claim.refilled = [as_text(m) for m in refilled]
+        return claim
+
+    async def write_spill(self, claim: Claim) -> list[str]:
+        """Spill step 2: once the claim is on disk, insert the members still
+        in the moving set into MongoDB; returns the members written."""
+        await self._on_disk()
+        moving = claim.moving
+        if self._waitaof is False and moving:
+            # settled, not proven: act only on what the marker still holds
+            scores = await self.redis.zmscore(self.keys.moving(claim.key),
+                                              [m for m, _, _ in moving])
+            moving = [entry for entry, sc in zip(moving, scores) if sc is not None]
+        await self.backlog.spill(self.keys.partition, claim.key, moving)
+        return [m for m, _, _ in moving]
+
+    async def commit_spill(self, claim: Claim, members: list[str], *, release: bool) -> int:
+        """Spill step 3 (SPILL_COMMIT, fenced): returns how many left Redis."""
+        reply = await self._spill_commit(
+            keys=self._move_keys,
+            args=[self._now(), self.node, claim.key, claim.epoch, "1" if release else "0", *members])
+        return self._ok(reply, claim)[0]
+
+    async def read_refill(self, claim: Claim, n: int) -> list[BacklogEntry]:
+        """Refill step 1: the key's next *n* live documents (one range scan)."""
+        return await self.backlog.peek(self.keys.partition, claim.key, n)
+
+    async def commit_refill(self, claim: Claim, entries: list[BacklogEntry]) -> tuple[int, int]:
+        """Refill step 2 (REFILL_COMMIT, fenced): ``(queued, skipped)``."""
+        args = [self._now(), self.node, claim.key, claim.epoch]
+        for entry in entries:
+            args += [entry.member, entry.payload]
+        queued, skipped, junk = self._ok(await self._refill_commit(keys=self._move_keys,
+                                                                   args=args), claim)
+        if junk:
+            logger.warning("The frontier backlog held %d entries of %r that are not its "
+                           "members: tombstoned, not queued", junk, claim.key)
+        return queued, skipped
+
+    async def tombstone(self, claim: Claim, members: list[str]) -> int:
+        """Refill step 3: once the commit is on disk, tombstone the MongoDB
+        copies of the members still recorded as refilled."""
+        await self._on_disk()
+        if self._waitaof is False and members:
+            there = await self.redis.smismember(self.keys.refilled(claim.key), members)
+            members = [m for m, yes in zip(members, there) if yes]
+        return await self.backlog.tombstone(self.keys.partition, members)
+
+    async def refill_done(self, claim: Claim, members: list[str], *, release: bool) -> int:
+        """Refill step 4 (REFILL_DONE, fenced): the record cleared."""
+        reply = await self._refill_done(
+            keys=self._move_keys,
+            args=[self._now(), self.node, claim.key, claim.epoch, "1" if release else "0", *members])
+        return self._ok(reply, claim)[0]
+
+    async def release(self, claim: Claim) -> None:
+        """End the lease with nothing (more) to commit."""
+        await self.refill_done(claim, [], release=True)
+
+    # -- helpers -------------------------------------------------------------------
+    def _now(self) -> str:
+        return str(int(self.clock())) if self.clock else ""
+
+    def _ok(self, reply, claim: Claim) -> list[int]:
+        status = as_text(reply[0])
+        if status == "fenced":
+            self._count("frontier/backlog/stale_commits")
+            raise StaleMove(f"move of {claim.key!r} (epoch {claim.epoch}) refused: "
+                            f"{as_text(reply[1])}")
+        return [int(x) for x in reply[1:]]
+
+    async def _on_disk(self) -> None:
+        """Wait until this connection's writes (the last claim or commit, and
+        every write before it in the AOF) are durable in Redis."""
+        if self._waitaof is None:
+            info = await self.redis.info("server")
+            version = tuple(int(x) for x in str(info.get("redis_version", "0")).split(".")[:2])
+            self._waitaof = version >= (7, 2)
+        if self._waitaof:
+            try:
+                local, _ = await self.redis.execute_command("WAITAOF", 1, 0, WAITAOF_TIMEOUT_MS)
+            except ResponseError as exc:
+                if "appendonly" not in str(exc).lower():
+                    raise
+                # no AOF at all: nothing to wait for but the settle delay
+                logger.warning("Redis has no AOF (WAITAOF: %s): moves wait "
+                               "FRONTIER_BACKLOG_SETTLE instead", exc)
+                self._waitaof = False
+            else:
+                if int(local) < 1:
+                    raise TimeoutError(f"Redis did not fsync its AOF within "
+                                       f"{WAITAOF_TIMEOUT_MS} ms: the move waits")
+                return
+        if self.settle > 0:
+            await asyncio.sleep(self.settle)
+
+    def _count(self, name: str, n: int = 1) -> None:
+        if self.stats is not None and n:
+            self.stats.inc_value(name, n)
