@@ -332,3 +332,32 @@ def test_mongodb_stopped_mid_refill_loses_nothing_and_a_retry_finishes(
         assert take_all(redis, 100) == entries
     finally:
         client.close()
+
+
+def test_a_refilled_key_is_ready_again_and_one_in_flight_is_not_queued_twice(
+        redis, redis_url, mongo_uri, mongo_db):
+    entries = fill(redis, 6)
+    members = [m for m, _ in entries]
+    out = {}
+
+    async def body(movers):
+        mover = await movers.mover("n1")
+        assert (await mover.spill(KEY, window=1)).spilled == 5
+        # the one left is taken: in flight; the take that finds the queue empty
+        # takes the key out of the ready set
+        out["taken"] = take_all(redis, 10)
+        out["taken again"] = take_all(redis, 10)
+        out["ready before"] = redis.zscore("{shop}:ready", KEY)
+        # a copy of the entry in flight reaches MongoDB (a spill node paused
+        # past its lease and past the tombstone's hour)
+        first = entries[0]
+        await (await movers.backlog()).spill(0, KEY, [(first[0], -2**40, first[1])])
+        out["refill"] = await mover.refill(KEY, want=10)
+
+    run(redis_url, mongo_uri, mongo_db.name, body)
+    assert out["taken"] == entries[:1] and out["taken again"] == []
+    assert out["ready before"] is None
+    assert (out["refill"].refilled, out["refill"].skipped, out["refill"].tombstoned) == (5, 1, 6)
+    assert redis.zscore("{shop}:ready", KEY) is not None      # ready again
+    assert [m.decode() for m in redis.zrange("{shop}:q:" + KEY, 0, -1)] == members[1:]
+    assert take_all(redis, 10) == entries[1:]                  # the one in flight not again
