@@ -213,8 +213,13 @@ def test_a_mover_dead_at_a_step_boundary_is_finished_by_the_next(
                 assert await dead.commit_refill(claim, read) == (12, 0)
             if boundary == "tombstone":
                 await dead.tombstone(claim, [e.member for e in read])
-        # the node dies here: its lease runs out (the next mover's clock: an hour on)
+        # the node dies here; while its lease lasts no one else moves the key
         out["dead"] = check_invariant(redis, mongo_db, members)
+        other = await movers.mover("other")
+        out["busy"] = await (other.spill(KEY, window=4) if move == "spill"
+                             else other.refill(KEY, want=12))
+        assert check_invariant(redis, mongo_db, members) == out["dead"]
+        # its lease runs out (the next mover's clock: an hour on)
         later = await movers.mover("next", clock=lambda: redis_ms(redis) + HOUR_MS)
         if move == "spill":
             out["next"] = await later.spill(KEY, window=4)
@@ -225,6 +230,7 @@ def test_a_mover_dead_at_a_step_boundary_is_finished_by_the_next(
         out["end"] = check_invariant(redis, mongo_db, members)
 
     run(redis_url, mongo_uri, mongo_db.name, body)
+    assert out["busy"].busy
     nxt = out["next"]
     if move == "spill":
         # the leftovers first (20 in the moving set), then nothing more to move
@@ -361,3 +367,15 @@ def test_a_refilled_key_is_ready_again_and_one_in_flight_is_not_queued_twice(
     assert redis.zscore("{shop}:ready", KEY) is not None      # ready again
     assert [m.decode() for m in redis.zrange("{shop}:q:" + KEY, 0, -1)] == members[1:]
     assert take_all(redis, 10) == entries[1:]                  # the one in flight not again
+
+
+def test_settings_are_read_once_and_bad_ones_refused(redis_url):
+    from scrapy.settings import Settings
+
+    client = aioredis.Redis.from_url(redis_url)
+    settings = Settings({"FRONTIER_BACKLOG_LEASE_TTL": "5", "FRONTIER_BACKLOG_SETTLE": "0.5",
+                         "FRONTIER_REFILL_BATCH": "64"})
+    mover = Mover.from_settings(settings, client, None, FrontierKeys("shop"), "n1")
+    assert (mover.lease_ms, mover.settle, mover.batch) == (5000, 0.5, 64)
+    with pytest.raises(ValueError, match="LEASE_TTL"):
+        Mover(client, None, FrontierKeys("shop"), "n1", lease_ttl=0)

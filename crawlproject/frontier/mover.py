@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from redis.exceptions import ResponseError
 
 from crawlproject import defaults
+from crawlproject.defaults import setting
 from crawlproject.frontier.backlog import Backlog, BacklogEntry
 from crawlproject.frontier.library import script
 from crawlproject.frontier.scripts import CLAIM_MOVES, REFILL_COMMIT, REFILL_DONE, SPILL_COMMIT
@@ -117,6 +118,9 @@ class Mover:
         self.backlog = backlog
         self.keys = keys
         self.node = node
+        if lease_ttl <= 0 or settle < 0:
+            raise ValueError(f"FRONTIER_BACKLOG_LEASE_TTL must be > 0 and "
+                             f"FRONTIER_BACKLOG_SETTLE >= 0, got {lease_ttl!r}, {settle!r}")
         self.lease_ms = max(1, int(lease_ttl * 1000))
         self.settle = settle
         self.batch = max(1, min(int(batch), 1024))
@@ -129,6 +133,16 @@ class Mover:
         self._refill_commit = script(self.redis, REFILL_COMMIT)
         self._refill_done = script(self.redis, REFILL_DONE)
         self._waitaof: bool | None = None     # None: not known yet
+
+    @classmethod
+    def from_settings(cls, settings, redis, backlog: Backlog, keys: FrontierKeys, node: str, *,
+                      stats=None) -> "Mover":
+        """A mover with ``FRONTIER_BACKLOG_LEASE_TTL``, ``FRONTIER_BACKLOG_SETTLE``
+        and ``FRONTIER_REFILL_BATCH`` (the batch of both moves) from *settings*."""
+        return cls(redis, backlog, keys, node,
+                   lease_ttl=setting(settings, "FRONTIER_BACKLOG_LEASE_TTL"),
+                   settle=setting(settings, "FRONTIER_BACKLOG_SETTLE"),
+                   batch=setting(settings, "FRONTIER_REFILL_BATCH"), stats=stats)
 
     async def close(self) -> None:
         await self.redis.aclose()
