@@ -214,8 +214,8 @@ class Mover:
     async def claim(self, key: str, kind: str, window: int = 0) -> Claim:
         """CLAIM_MOVES: the key's lease, its leftovers, and for a spill step 1."""
         raw = await self._claim(keys=self._move_keys,
-                                args=[self._now(), self.node, key, self.lease_ms, kind, max(0, window),
-                                      self.batch])
+                                args=[self._now(), self.node, key, self.lease_ms, kind,
+                                      max(0, window), self.batch])
         status, epoch, deadline, moving, refilled, moved = raw
         claim = Claim(key, as_text(status), as_text(epoch), int(deadline), moved=int(moved))
         claim.moving = [(as_text(moving[i]), int(float(moving[i + 1])), moving[i + 2])
@@ -238,9 +238,8 @@ class Mover:
 
     async def commit_spill(self, claim: Claim, members: list[str], *, release: bool) -> int:
         """Spill step 3 (SPILL_COMMIT, fenced): returns how many left Redis."""
-        reply = await self._spill_commit(
-            keys=self._move_keys,
-            args=[self._now(), self.node, claim.key, claim.epoch, "1" if release else "0", *members])
+        reply = await self._spill_commit(keys=self._move_keys,
+                                         args=self._commit_args(claim, release, members))
         return self._ok(reply, claim)[0]
 
     async def read_refill(self, claim: Claim, n: int) -> list[BacklogEntry]:
@@ -270,9 +269,8 @@ class Mover:
 
     async def refill_done(self, claim: Claim, members: list[str], *, release: bool) -> int:
         """Refill step 4 (REFILL_DONE, fenced): the record cleared."""
-        reply = await self._refill_done(
-            keys=self._move_keys,
-            args=[self._now(), self.node, claim.key, claim.epoch, "1" if release else "0", *members])
+        reply = await self._refill_done(keys=self._move_keys,
+                                        args=self._commit_args(claim, release, members))
         return self._ok(reply, claim)[0]
 
     async def release(self, claim: Claim) -> None:
@@ -282,6 +280,10 @@ class Mover:
     # -- helpers -------------------------------------------------------------------
     def _now(self) -> str:
         return str(int(self.clock())) if self.clock else ""
+
+    def _commit_args(self, claim: Claim, release: bool, members: list[str]) -> list:
+        return [self._now(), self.node, claim.key, claim.epoch, "1" if release else "0",
+                *members]
 
     def _ok(self, reply, claim: Claim) -> list[int]:
         status = as_text(reply[0])
