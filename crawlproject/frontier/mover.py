@@ -25,7 +25,7 @@ taken over can never commit (:class:`StaleMove`).
 
 *On disk*: a MongoDB step that follows a Redis commit waits until the commit
 is durable, so that a Redis restarted from its AOF never lacks a commit that
-MongoDB acted on: ``WAITAOF 1 0`` on Redis >= 7.2 (on the mover's one
+MongoDB acted on: ``WAITAOF 1 0`` where Redis has it, >= 7.2 (on the mover's one
 connection: WAITAOF waits for that connection's writes, and the claim it just
 made is after every earlier commit in the AOF), else ``FRONTIER_BACKLOG_SETTLE``
 seconds (appendfsync everysec's bound) and a re-read of the marker: only the
@@ -230,9 +230,10 @@ class Mover:
         moving = claim.moving
         if self._waitaof is False and moving:
             # settled, not proven: act only on what the marker still holds
-            scores = await self.redis.zmscore(self.keys.moving(claim.key),
-                                              [m for m, _, _ in moving])
-            moving = [entry for entry, sc in zip(moving, scores) if sc is not None]
+            # (a batch at most: read whole, with a command a node's ACL user has)
+            there = {as_text(m) for m in await self.redis.zrange(self.keys.moving(claim.key),
+                                                                   0, -1)}
+            moving = [entry for entry in moving if entry[0] in there]
         await self.backlog.spill(self.keys.partition, claim.key, moving)
         return [m for m, _, _ in moving]
 
@@ -263,8 +264,9 @@ class Mover:
         copies of the members still recorded as refilled."""
         await self._on_disk()
         if self._waitaof is False and members:
-            there = await self.redis.smismember(self.keys.refilled(claim.key), members)
-            members = [m for m, yes in zip(members, there) if yes]
+            there = {as_text(m) for m in await self.redis.smembers(
+                self.keys.refilled(claim.key))}
+            members = [m for m in members if m in there]
         return await self.backlog.tombstone(self.keys.partition, members)
 
     async def refill_done(self, claim: Claim, members: list[str], *, release: bool) -> int:
@@ -296,21 +298,23 @@ class Mover:
     async def _on_disk(self) -> None:
         """Wait until this connection's writes (the last claim or commit, and
         every write before it in the AOF) are durable in Redis."""
-        if self._waitaof is None:
-            info = await self.redis.info("server")
-            version = tuple(int(x) for x in str(info.get("redis_version", "0")).split(".")[:2])
-            self._waitaof = version >= (7, 2)
-        if self._waitaof:
+        if self._waitaof is not False:
             try:
                 local, _ = await self.redis.execute_command("WAITAOF", 1, 0, WAITAOF_TIMEOUT_MS)
             except ResponseError as exc:
-                if "appendonly" not in str(exc).lower():
+                # Redis < 7.2 (unknown command), no AOF at all, or a user that
+                # may not: nothing to wait on but the settle delay
+                text = str(exc).lower()
+                if not any(w in text for w in ("unknown command", "appendonly", "permission",
+                                               "noperm")):
                     raise
-                # no AOF at all: nothing to wait for but the settle delay
-                logger.warning("Redis has no AOF (WAITAOF: %s): moves wait "
-                               "FRONTIER_BACKLOG_SETTLE instead", exc)
+                if self._waitaof is None and "unknown command" not in text:
+                    logger.warning("WAITAOF refused (%s): spills and refills wait "
+                                   "FRONTIER_BACKLOG_SETTLE (%gs) for the AOF instead",
+                                   exc, self.settle)
                 self._waitaof = False
             else:
+                self._waitaof = True
                 if int(local) < 1:
                     raise TimeoutError(f"Redis did not fsync its AOF within "
                                        f"{WAITAOF_TIMEOUT_MS} ms: the move waits")
