@@ -65,10 +65,10 @@ def test_peek_returns_a_keys_entries_by_priority_then_arrival(mongo_uri, mongo_d
     c = entries([(50, 10)])   # the same key in another partition
 
     async def body(backlog):
-        assert await backlog.spill(0, "a.example", a[:4]) == 4
-        assert await backlog.spill(0, "b.example", b) == 2
-        assert await backlog.spill(0, "a.example", a[4:]) == 3
-        assert await backlog.spill(1, "a.example", c) == 1
+        assert await backlog.spill(0, "a.example", a[:4], epoch=1) == 4
+        assert await backlog.spill(0, "b.example", b, epoch=1) == 2
+        assert await backlog.spill(0, "a.example", a[4:], epoch=1) == 3
+        assert await backlog.spill(1, "a.example", c, epoch=1) == 1
         first = await backlog.peek(0, "a.example", 3)
         return (first, await backlog.peek(0, "a.example", 100),
                 await backlog.peek(0, "b.example", 100))
@@ -89,7 +89,7 @@ def test_peek_returns_a_keys_entries_by_priority_then_arrival(mongo_uri, mongo_d
 
 def test_peek_is_one_range_scan_of_the_partial_key_index(mongo_uri, mongo_db):
     async def body(backlog):
-        await backlog.spill(0, "a.example", entries([(1, 1), (2, 2)]))
+        await backlog.spill(0, "a.example", entries([(1, 1), (2, 2)]), epoch=1)
 
     run(mongo_uri, mongo_db.name, body)
     collection = mongo_db[COLLECTION]
@@ -105,7 +105,7 @@ def test_peek_is_one_range_scan_of_the_partial_key_index(mongo_uri, mongo_db):
 
 def test_an_index_gone_missing_is_built_again_not_scanned_around(mongo_uri, mongo_db, caplog):
     async def body(backlog):
-        await backlog.spill(0, "a.example", entries([(1, 1), (2, 2)]))
+        await backlog.spill(0, "a.example", entries([(1, 1), (2, 2)]), epoch=1)
         mongo_db[COLLECTION].drop_index(INDEX_NAME)   # an operator's mistake
         return [pri_seq(e)[1] for e in await backlog.peek(0, "a.example", 5)]
 
@@ -118,9 +118,9 @@ def test_a_spill_retried_after_a_crash_stores_each_entry_once(mongo_uri, mongo_d
     batch = entries([(0, seq) for seq in range(1, 21)])
 
     async def body(backlog):
-        first = await backlog.spill(3, "a.example", batch[:12])  # the crash: half
-        retry = await backlog.spill(3, "a.example", batch)       # the retry: all
-        again = await backlog.spill(3, "a.example", batch)
+        first = await backlog.spill(3, "a.example", batch[:12], epoch=1)  # the crash: half
+        retry = await backlog.spill(3, "a.example", batch, epoch=1)       # the retry: all
+        again = await backlog.spill(3, "a.example", batch, epoch=1)
         return first, retry, again, backlog.stats
 
     first, retry, again, stats = run(mongo_uri, mongo_db.name, body)
@@ -136,7 +136,7 @@ def test_a_retry_racing_its_first_try_stores_each_entry_once(mongo_uri, mongo_db
     batch = entries([(0, seq) for seq in range(1, 101)])
 
     async def body(backlog):
-        return await asyncio.gather(*(backlog.spill(0, "a.example", batch) for _ in range(4)))
+        return await asyncio.gather(*(backlog.spill(0, "a.example", batch, epoch=1) for _ in range(4)))
 
     new = run(mongo_uri, mongo_db.name, body)
     assert sum(new) == 100
@@ -147,23 +147,33 @@ def test_tombstones_leave_the_range_and_refuse_a_late_spill(mongo_uri, mongo_db)
     a = entries([(0, seq) for seq in range(1, 11)])
 
     async def body(backlog):
-        await backlog.spill(0, "a.example", a)
-        await backlog.spill(0, "b.example", entries([(0, 11)], key="b.example"))
+        await backlog.spill(0, "a.example", a, epoch=1)
+        await backlog.spill(0, "b.example", entries([(0, 11)], key="b.example"), epoch=1)
         batch = await backlog.peek(0, "a.example", 4)
-        done = await backlog.tombstone(0, [e.member for e in batch])
-        retried = await backlog.tombstone(0, [e.member for e in batch])
-        # a spill node paused past its lease writes the refilled entries again
-        late = await backlog.spill(0, "a.example", a[:4])
+        done = await backlog.tombstone(0, [e.member for e in batch], epoch=2)
+        retried = await backlog.tombstone(0, [e.member for e in batch], epoch=2)
+        # a spill node paused past its lease (epoch 1, before the refill's 2)
+        # writes the refilled entries again: refused
+        late = await backlog.spill(0, "a.example", a[:4], epoch=1)
         purged_young = await backlog.purge_tombstones()
         rest = await backlog.peek(0, "a.example", 100)
+        # the same members spilled again by a later move (epoch 3): revived, and
+        # a refill node that paused past its lease (epoch 2) leaves them live
+        again = await backlog.spill(0, "a.example", a[:2], epoch=3)
+        stale = await backlog.tombstone(0, [e.member for e in batch], epoch=2)
+        revived = await backlog.peek(0, "a.example", 2)
         purged = await backlog.purge_tombstones(older_than=0)
-        return done, retried, late, purged_young, rest, purged, backlog.stats
+        return (done, retried, late, purged_young, rest, again, stale, revived, purged,
+                backlog.stats)
 
-    done, retried, late, purged_young, rest, purged, stats = run(
+    done, retried, late, purged_young, rest, again, stale, revived, purged, stats = run(
         mongo_uri, mongo_db.name, body)
     assert (done, retried, late) == (4, 0, 0)
     assert [pri_seq(e)[1] for e in rest] == [5, 6, 7, 8, 9, 10]
-    assert (purged_young, purged) == (0, 4)
+    assert (again, stale) == (2, 0)
+    assert [pri_seq(e)[1] for e in revived] == [1, 2]
+    assert "at" not in mongo_db[COLLECTION].find_one({"m": "0:1@a.example"})   # no TTL on it
+    assert (purged_young, purged) == (0, 2)
     assert mongo_db[COLLECTION].count_documents({"k": "b.example"}) == 1
     assert stats["frontier/backlog/tombstoned"] == 4
 
@@ -172,8 +182,8 @@ def test_counts_give_the_total_the_partitions_and_the_largest_keys(mongo_uri, mo
     async def body(backlog):
         empty = await backlog.counts()
         for n, (key, part) in zip((5, 2, 7, 1), [("a", 0), ("b", 1), ("c", 1), ("d", 2)]):
-            await backlog.spill(part, key, entries([(0, s) for s in range(n)], key=key))
-        await backlog.tombstone(0, [f"0:0@a"])   # tombstones are not counted
+            await backlog.spill(part, key, entries([(0, s) for s in range(n)], key=key), epoch=1)
+        await backlog.tombstone(0, [f"0:0@a"], epoch=2)   # tombstones are not counted
         return empty, await backlog.counts(top=2), await backlog.counts(top=0)
 
     empty, counts, no_keys = run(mongo_uri, mongo_db.name, body)
@@ -192,8 +202,8 @@ def test_spiders_share_the_collection_apart_and_reset_their_own(mongo_uri, mongo
         try:
             await shop.open()
             await blog.open()
-            await shop.spill(0, "a.example", entries([(0, 1)]))
-            await blog.spill(0, "a.example", entries([(0, 1), (0, 2)]))
+            await shop.spill(0, "a.example", entries([(0, 1)]), epoch=1)
+            await blog.spill(0, "a.example", entries([(0, 1), (0, 2)]), epoch=1)
             seen = (len(await shop.peek(0, "a.example", 10)),
                     len(await blog.peek(0, "a.example", 10)))
             return seen, await blog.reset(), len(await shop.peek(0, "a.example", 10))
@@ -226,7 +236,7 @@ def test_a_refusal_is_a_backlog_error_not_an_outage(mongo_uri, mongo_db):
     # A payload MongoDB cannot store (a set is no BSON type): refused, not "unavailable".
     async def body(backlog):
         with pytest.raises(BacklogError) as refused:
-            await backlog.spill(0, "a.example", [("0:1@a.example", 1, {1, 2})])
+            await backlog.spill(0, "a.example", [("0:1@a.example", 1, {1, 2})], epoch=1)
         return refused.value
 
     error = run(mongo_uri, mongo_db.name, body)
@@ -247,11 +257,11 @@ def test_mongodb_down_raises_backlog_unavailable_and_loses_nothing(own_mongo, ca
     outcome = {}
 
     async def body(backlog):
-        await backlog.spill(0, "a.example", stored)
+        await backlog.spill(0, "a.example", stored, epoch=1)
         own_mongo.kill()   # acknowledged entries must survive a crash of MongoDB
-        calls = {"spill": backlog.spill(0, "a.example", entries([(9, 4)])),
+        calls = {"spill": backlog.spill(0, "a.example", entries([(9, 4)]), epoch=1),
                  "peek": backlog.peek(0, "a.example", 10),
-                 "tombstone": backlog.tombstone(0, ["1:1@a.example"]),
+                 "tombstone": backlog.tombstone(0, ["1:1@a.example"], epoch=2),
                  "counts": backlog.counts()}
         started = time.monotonic()
         failed = await asyncio.gather(*calls.values(), return_exceptions=True)
@@ -259,7 +269,7 @@ def test_mongodb_down_raises_backlog_unavailable_and_loses_nothing(own_mongo, ca
         outcome["failed"] = dict(zip(calls, failed))
         own_mongo.start()
         backlog.timeout = 10   # the outage is over: a loaded machine may be slow
-        outcome["retried"] = await backlog.spill(0, "a.example", entries([(9, 4)]))
+        outcome["retried"] = await backlog.spill(0, "a.example", entries([(9, 4)]), epoch=1)
         outcome["after"] = [pri_seq(e) for e in await backlog.peek(0, "a.example", 10)]
         return backlog.stats
 

@@ -154,6 +154,10 @@ def test_spill_then_refill_brings_every_member_back_in_order(redis, redis_url, m
         second = await mover.refill(KEY, want=30)
         seen["after refill"] = check_invariant(redis, mongo_db, members)
         seen["empty"] = await mover.refill(KEY, want=30)
+        # the same members spilled again (their tombstones revived) and back again
+        seen["respill"] = await mover.spill(KEY, window=10)
+        seen["respilled"] = check_invariant(redis, mongo_db, members)
+        seen["back"] = [await mover.refill(KEY, want=30) for _ in range(2)]
         return spilled, first, second
 
     spilled, first, second = run(redis_url, mongo_uri, mongo_db.name, body)
@@ -170,6 +174,8 @@ def test_spill_then_refill_brings_every_member_back_in_order(redis, redis_url, m
     assert seen["after refill"]["queue"] == members
     assert seen["after refill"]["mongo"] == set() and seen["after refill"]["refilled"] == set()
     assert seen["empty"].refilled == 0
+    assert seen["respill"].spilled == 30 and seen["respilled"]["mongo"] == set(members[10:])
+    assert [r.refilled for r in seen["back"]] == [16, 14]
     assert redis.hget("{shop}:kstate", "||qlen") == b"43"
     assert redis.hget("{shop}:kstate", "||backlog") == b"0"
     assert redis.zcard("{shop}:backlog") == 0 and not redis.hexists("{shop}:mover", KEY)
@@ -304,15 +310,18 @@ def test_mongodb_stopped_mid_refill_loses_nothing_and_a_retry_finishes(
     out = {}
 
     async def body(movers):
+        def set_timeout(seconds):
+            for backlog in movers.open:
+                if isinstance(backlog, Backlog):
+                    backlog.timeout = seconds
+
         mover = await movers.mover("n1")
         assert (await mover.spill(KEY, window=5)).spilled == 15
         claim = await mover.claim(KEY, "refill")
         read = await mover.read_refill(claim, 10)
         await mover.commit_refill(claim, read)
         own_mongo.kill()
-        for backlog in movers.open:
-            if isinstance(backlog, Backlog):
-                backlog.timeout = 0.5
+        set_timeout(0.5)
         with pytest.raises(BacklogUnavailable):
             await mover.tombstone(claim, [e.member for e in read])
         with pytest.raises(BacklogUnavailable):
@@ -321,11 +330,21 @@ def test_mongodb_stopped_mid_refill_loses_nothing_and_a_retry_finishes(
         out["down"] = ([m.decode() for m in redis.zrange("{shop}:q:" + KEY, 0, -1)],
                        {m.decode() for m in redis.smembers("{shop}:refilled:" + KEY)})
         own_mongo.start()
-        for backlog in movers.open:
-            if isinstance(backlog, Backlog):
-                backlog.timeout = 10
+        set_timeout(10)   # the outage is over: a loaded machine may be slow
         out["retry"] = await mover.refill(KEY, want=10)
         out["rest"] = await mover.refill(KEY, want=10)
+        # a spill while MongoDB is down: its members wait in the moving set
+        own_mongo.kill()
+        set_timeout(0.5)
+        with pytest.raises(BacklogUnavailable):
+            await mover.spill(KEY, window=5)
+        out["spill down"] = ([m.decode() for m in redis.zrange("{shop}:q:" + KEY, 0, -1)],
+                             [m.decode() for m in redis.zrange("{shop}:moving:" + KEY, 0, -1)],
+                             redis.hlen("{shop}:payloads"))
+        own_mongo.start()
+        set_timeout(10)
+        out["spill retry"] = await mover.spill(KEY, window=5)
+        out["back"] = await mover.refill(KEY, want=100)
 
     run(redis_url, own_mongo.uri, "outage", body)
     client = pymongo.MongoClient(own_mongo.uri)
@@ -333,6 +352,9 @@ def test_mongodb_stopped_mid_refill_loses_nothing_and_a_retry_finishes(
         db = client["outage"]
         assert out["down"] == (members[:15], set(members[5:15]))
         assert out["retry"].leftovers == 10 and out["retry"].refilled == 5
+        assert out["spill down"] == (members[:5], members[5:], 20)
+        assert (out["spill retry"].leftovers, out["spill retry"].spilled) == (15, 0)
+        assert out["back"].refilled == 15
         check_invariant(redis, db, members)
         assert state(redis, db)["queue"] == members
         assert take_all(redis, 100) == entries
@@ -357,7 +379,7 @@ def test_a_refilled_key_is_ready_again_and_one_in_flight_is_not_queued_twice(
         # a copy of the entry in flight reaches MongoDB (a spill node paused
         # past its lease and past the tombstone's hour)
         first = entries[0]
-        await (await movers.backlog()).spill(0, KEY, [(first[0], -2**40, first[1])])
+        await (await movers.backlog()).spill(0, KEY, [(first[0], -2**40, first[1])], epoch=1)
         out["refill"] = await mover.refill(KEY, want=10)
 
     run(redis_url, mongo_uri, mongo_db.name, body)

@@ -6,7 +6,8 @@ queue waits here, in one collection (``FRONTIER_BACKLOG_COLLECTION``, default
 document per entry (docs/frontier.md, "A frontier larger than RAM")::
 
     {_id: "<spider>|<partition>|<member>", s: spider, p: partition, k: key,
-     sc: score, m: member, pl: payload}            (+ at: date, once tombstoned)
+     sc: score, m: member, pl: payload, e: epoch}
+    tombstoned: pl unset, te: epoch, at: date
 
 * ``_id`` is derived from the member (``"<priority>:<seq>@<key>"``, unique in
   its partition): a retried insert is a duplicate-key error, never a second
@@ -23,6 +24,13 @@ document per entry (docs/frontier.md, "A frontier larger than RAM")::
   tombstone's ``_id`` and writes nothing, instead of bringing back an entry
   that was refilled and crawled since. ``at`` is a BSON date (a TTL index
   reads dates only) and is absent from live entries (it would expire them).
+* Epochs (the mover's lease, crawlproject/frontier/mover.py) tell a late
+  write from a move that comes after: ``e`` is the epoch of the spill that
+  wrote an entry, ``te`` that of the refill that tombstoned it. A spill
+  revives a tombstone of an earlier epoch (the same member spilled again
+  after its refill) and leaves one of a later epoch alone (it is the late
+  one); a tombstone leaves an entry written by a later epoch live (the
+  tombstone is the late one). Epochs grow with every claim of a partition.
 * One collection for every spider, each document naming its spider: a reset
   of one crawl is ``delete_many({s: spider})`` (:meth:`Backlog.reset`); shard
   it on ``{s: 1, k: "hashed"}`` so that a key's range scan goes to one shard.
@@ -50,7 +58,7 @@ from typing import Any
 
 import pymongo
 from bson.errors import BSONError
-from pymongo import ASCENDING
+from pymongo import ASCENDING, UpdateOne
 from pymongo.errors import (
     BulkWriteError,
     ConnectionFailure,
@@ -76,6 +84,7 @@ INDEX = [("s", ASCENDING), ("p", ASCENDING), ("k", ASCENDING), ("sc", ASCENDING)
 INDEX_NAME = "s_p_k_sc"
 #: Only live entries (with a payload) are in the range index.
 LIVE = {"pl": {"$exists": True}}
+GONE = {"pl": {"$exists": False}}
 TTL_INDEX_NAME = "at_ttl"
 #: Seconds a tombstone is kept (far longer than a mover's lease: a late spill
 #: of a refilled entry must meet it, docs/frontier.md).
@@ -236,32 +245,37 @@ class Backlog:
     def _id(self, partition: int, member: str) -> str:
         return entry_id(self.spider, partition, member)
 
-    async def spill(self, partition: int, key: str,
-                    entries: Iterable[tuple[str, int, Any]]) -> int:
+    async def spill(self, partition: int, key: str, entries: Iterable[tuple[str, int, Any]],
+                    *, epoch: int) -> int:
         """Store *entries* of *key* (``(member, score, payload)``, leaving
-        partition *partition*'s window); return how many were new.
+        partition *partition*'s window) for a move of epoch *epoch*; return
+        how many were written (new, or a tombstone of an earlier refill revived).
 
-        One unordered ``insert_many``: an entry already there (a retry after a
-        crash or a timeout, or a tombstone of it) is a duplicate key, counted
-        as written and left as it is. Returns once MongoDB acknowledged every
-        entry with the collection's write concern; raises otherwise (some may
-        be stored: retry).
+        One unordered bulk of upserts, each refused (a duplicate key, counted
+        as written and left as it is) where the entry is live already (a retry
+        after a crash or a timeout) or tombstoned by a refill of a later epoch
+        (this write is late: its node paused past its lease). Returns once
+        MongoDB acknowledged every entry with the collection's write concern;
+        raises otherwise (some may be stored: retry).
         """
-        docs = [{"_id": self._id(partition, member), "s": self.spider, "p": partition,
-                 "k": key, "sc": int(score), "m": member, "pl": payload}
-                for member, score, payload in entries]
-        if not docs:
+        ops = [UpdateOne({"_id": self._id(partition, member), **GONE, "te": {"$lt": epoch}},
+                         {"$set": {"s": self.spider, "p": partition, "k": key, "sc": int(score),
+                                   "m": member, "pl": payload, "e": epoch},
+                          "$unset": {"at": "", "te": ""}},
+                         upsert=True)
+               for member, score, payload in entries]
+        if not ops:
             return 0
-        async with self._call(f"spill {len(docs)} entries of {key!r} to"):
+        async with self._call(f"spill {len(ops)} entries of {key!r} to"):
             try:
-                result = await self.collection.insert_many(docs, ordered=False)
-                new = len(result.inserted_ids)
+                result = await self.collection.bulk_write(ops, ordered=False)
+                new = result.upserted_count + result.modified_count
             except BulkWriteError as exc:
                 errors = exc.details.get("writeErrors") or []
                 if exc.details.get("writeConcernErrors") or any(
                         e.get("code") != DUPLICATE_KEY for e in errors):
                     raise
-                new = exc.details.get("nInserted", 0)
+                new = exc.details.get("nUpserted", 0) + exc.details.get("nModified", 0)
         self._count("frontier/backlog/spilled", new)
         return new
 
@@ -293,18 +307,21 @@ class Backlog:
                                       sort=[("sc", ASCENDING)], limit=n, hint=INDEX_NAME)
         return await cursor.to_list()
 
-    async def tombstone(self, partition: int, members: Iterable[str]) -> int:
-        """Tombstone the entries *members* of *partition* (once they are safely
-        back in Redis): payload unset, ``at`` set (the TTL index deletes them
-        later); return how many were live (one already tombstoned or gone is
-        no error: a retry)."""
+    async def tombstone(self, partition: int, members: Iterable[str], *, epoch: int) -> int:
+        """Tombstone the entries *members* of *partition* for the refill of
+        epoch *epoch* (once they are safely back in Redis): payload unset,
+        ``te`` (the epoch) and ``at`` set (the TTL index deletes them later);
+        return how many were live. An entry written by a later move (spilled
+        again since: a refill node that paused past its lease comes late) is
+        left live; one already tombstoned or gone is no error (a retry)."""
         ids, done = [self._id(partition, m) for m in members], 0
         at = datetime.datetime.now(datetime.timezone.utc)
         for start in range(0, len(ids), TOMBSTONE_CHUNK):
             chunk = ids[start:start + TOMBSTONE_CHUNK]
             async with self._call(f"tombstone {len(chunk)} entries of"):
                 result = await self.collection.update_many(
-                    {"_id": {"$in": chunk}, **LIVE}, {"$unset": {"pl": ""}, "$set": {"at": at}})
+                    {"_id": {"$in": chunk}, **LIVE, "e": {"$lt": epoch}},
+                    {"$unset": {"pl": ""}, "$set": {"at": at, "te": epoch}})
             done += result.modified_count
         self._count("frontier/backlog/tombstoned", done)
         return done
@@ -316,7 +333,7 @@ class Backlog:
             seconds=older_than)
         async with self._call("purge tombstones of"):
             result = await self.collection.delete_many(
-                {"s": self.spider, "pl": {"$exists": False}, "at": {"$lt": cutoff}})
+                {"s": self.spider, **GONE, "at": {"$lt": cutoff}})
         return result.deleted_count
 
     async def reset(self) -> int:

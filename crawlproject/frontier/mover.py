@@ -234,7 +234,7 @@ class Mover:
             there = {as_text(m) for m in await self.redis.zrange(self.keys.moving(claim.key),
                                                                    0, -1)}
             moving = [entry for entry in moving if entry[0] in there]
-        await self.backlog.spill(self.keys.partition, claim.key, moving)
+        await self.backlog.spill(self.keys.partition, claim.key, moving, epoch=int(claim.epoch))
         return [m for m, _, _ in moving]
 
     async def commit_spill(self, claim: Claim, members: list[str], *, release: bool) -> int:
@@ -267,7 +267,8 @@ class Mover:
             there = {as_text(m) for m in await self.redis.smembers(
                 self.keys.refilled(claim.key))}
             members = [m for m in members if m in there]
-        return await self.backlog.tombstone(self.keys.partition, members)
+        return await self.backlog.tombstone(self.keys.partition, members,
+                                            epoch=int(claim.epoch))
 
     async def refill_done(self, claim: Claim, members: list[str], *, release: bool) -> int:
         """Refill step 4 (REFILL_DONE, fenced): the record cleared."""
