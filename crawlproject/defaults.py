@@ -86,17 +86,20 @@ FRONTIER_PARTITIONS = 1                     # hash-tagged partitions (Redis Clus
 FRONTIER_LINEAGE_ENABLED = True             # with partitions: an ack waits for its own requests
 
 # --- Frontier larger than RAM: the backlog in MongoDB (frontier/backlog.py) ----
-# Per politeness key Redis keeps a window of at least FRONTIER_WINDOW_MIN entries
-# and about FRONTIER_WINDOW_SECONDS of fetches at the key's pace (BUbiNG's rule:
-# the site's pace never waits on a refill); entries beyond it wait in MongoDB.
+# Per politeness key Redis keeps a window W = clamp(ceil(WINDOW_SECONDS x pace),
+# WINDOW_MIN, WINDOW_MAX) entries (BUbiNG's rule: the site's pace never waits on
+# a refill; pace: 1 / the key's interval, WINDOW_MAX without one); once the
+# partition queues over SPILL_ABOVE in Redis, entries beyond 1.25 W go to MongoDB.
 FRONTIER_BACKLOG_ENABLED = True             # entries beyond a key's window go to MongoDB
 FRONTIER_BACKLOG_COLLECTION = "frontier_backlog"  # in MONGO_DATABASE, shared (field s: spider)
 FRONTIER_BACKLOG_WRITE_CONCERN = "majority"  # w of spills/removals: acknowledged = durable
 FRONTIER_BACKLOG_TIMEOUT = 10.0             # seconds a backlog call may take (then: unavailable)
 FRONTIER_BACKLOG_LEASE_TTL = 30.0           # seconds a mover holds a key (Redis time, fenced)
 FRONTIER_BACKLOG_SETTLE = 2.0               # s a move waits for a commit to reach the AOF (< 7.2)
-FRONTIER_WINDOW_MIN = 4                     # entries a key's Redis window holds at least
-FRONTIER_WINDOW_SECONDS = 300.0             # ... and about this many seconds of its fetches
+FRONTIER_BACKLOG_WINDOW_SECONDS = 300.0     # a key's window: this many seconds of its fetches
+FRONTIER_BACKLOG_WINDOW_MIN = 4             # ... but at least this many entries
+FRONTIER_BACKLOG_WINDOW_MAX = 1000          # ... and at most this many (a key without interval)
+FRONTIER_BACKLOG_SPILL_ABOVE = 1_000_000    # nothing spills while a partition queues fewer
 FRONTIER_REFILL_BATCH = 256                 # entries one refill moves from MongoDB to Redis
 
 # --- robots.txt once per site for the cluster (crawlproject/robots/) ----------

@@ -173,7 +173,7 @@ class FrontierKeys:
         return [self.ready, self.payloads, self.inflight, self.nodes, self.delayed,
                 self.dead, self.invalid, self.seq, self.bloom, self.stats, self.kstate,
                 self.limits, self.queue_prefix, self.held_prefix, self.qlen, self.wanting,
-                self.budget]
+                self.budget, self.moves, self.backlog]
 
     def move_keys(self) -> list[str]:
         """KEYS of the move scripts (CLAIM_MOVES, SPILL_COMMIT, REFILL_COMMIT,

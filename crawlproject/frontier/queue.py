@@ -55,6 +55,7 @@ from crawlproject.frontier.bloom import BloomConfig, filter_estimates, fingerpri
 from crawlproject.frontier.deadletters import (ATTEMPT_META_KEYS, DeadLetter,  # noqa: F401
                                                KeyFunction, fresh_payload, read_record,
                                                replay_args)
+from crawlproject.frontier.window import WindowRule
 from crawlproject.frontier.sitelimits import (UNLIMITED, Limits, Override, PolitenessConfig,
                                               parse_override, partition_of, safe_key)
 from crawlproject.frontier.library import LibraryMissingError, script
@@ -249,6 +250,10 @@ class SyncResult:
     #: the crawl's recorded maxima (ms) for a block and a backoff or crawl
     #: delay, when this call read them (a call with such feedback), else None
     bounds_ms: tuple[int, int] | None = None
+    #: entries of this partition in the MongoDB tier (kstate '||backlog')
+    backlog: int = 0
+    #: keys waiting for a spill or a refill (0: this call did not look)
+    moves: int = 0
 
 
 class Frontier:
@@ -270,6 +275,9 @@ class Frontier:
         self.bloom = bloom or BloomConfig()
         # clock() -> ms; None means Redis server time (node clocks never matter).
         self.clock = clock
+        #: the MongoDB tier's window rule (SYNC flags keys for the mover); off
+        #: unless the node sets one (crawlproject.frontier.window)
+        self.window = WindowRule(enabled=False)
         self._sync = script(client, SYNC)
         self._replay = script(client, REPLAY_DEAD)
         self._set_limits = script(client, SET_LIMITS)
@@ -322,8 +330,16 @@ class Frontier:
                  int(round(pol.backoff_tolerance * 1_000_000)),
                  max(1, int(round(1_000_000 / pol.backoff_window))),
                  int(round(pol.backoff_base * 1000)), pol.default.budget,
-                 -(-pol.crawl_budget // max(1, pol.partitions))]
+                 -(-pol.crawl_budget // max(1, pol.partitions)), *self.window_args]
         return self._sync(keys=keys, args=args)
+
+    @property
+    def window(self) -> WindowRule:
+        return self._window
+
+    @window.setter
+    def window(self, rule: WindowRule) -> None:
+        self._window, self.window_args = rule, tuple(rule.sync_args())
 
     @staticmethod
     def _parse(raw) -> SyncResult:
@@ -347,6 +363,8 @@ class Frontier:
             result.budget_skipped = int(raw[19]) == 1
             if len(raw[21]) == 2:
                 result.bounds_ms = (int(raw[21][0]), int(raw[21][1]))
+        if len(raw) > 23:
+            result.backlog, result.moves = int(raw[22]), int(raw[23])
         return result
 
     def sync(self, batch: Batch | None = None, *, leaving: bool = False) -> SyncResult:

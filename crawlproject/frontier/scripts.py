@@ -62,7 +62,7 @@ COUNTER_PATTERN = r"-?[0-9]{1,18}"
 #: SYNC's parts in the order they are defined (each uses only the ones before it)
 SYNC_PARTS = ("contract", "context", "args", "check", "keystate", "leases", "budgets",
               "enqueue", "settle", "feedback", "reclaim", "maintenance", "tidy", "promote",
-              "ready", "take", "reserve", "writeback")
+              "ready", "take", "reserve", "writeback", "backlog")
 _SYNC_LIBS = ("lib/clock", "lib/score", "lib/bloom", "lib/key_check")
 SYNC = _script(*_SYNC_LIBS, *(f"sync/{part}" for part in SYNC_PARTS), "sync/main")
 

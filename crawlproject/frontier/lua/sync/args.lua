@@ -21,10 +21,6 @@ local function sync_args()
              block_max = math.min(tonumber(ARGV[17]), BLOCK_HARD_MS),
              polite_budget = tonumber(ARGV[19]),
              margin = math.min(tonumber(ARGV[20]), 0.5),
-             margin_min = math.min(tonumber(ARGV[#ARGV - 5]), 60000),
-             tolerance = tonumber(ARGV[#ARGV - 4]), err_weight = tonumber(ARGV[#ARGV - 3]),
-             backoff_base = tonumber(ARGV[#ARGV - 2]),
-             def_budget = tonumber(ARGV[#ARGV - 1]), crawl_budget = tonumber(ARGV[#ARGV]),
              -- Fields of the frontier's own records that held what this script
              -- never writes (junk: someone else wrote them); each is read field
              -- by field, what is valid is kept, the rest is counted here and
@@ -81,6 +77,18 @@ local function sync_args()
   for i = 1, tonumber(ARGV[pos]) do
     reserve[i] = {ARGV[pos + 2 * i - 1], math.max(0, tonumber(ARGV[pos + 2 * i]) or 0)}
   end
+
+  -- After the sections: six settings, then the MongoDB tier's four (absent:
+  -- the tier is off; see main.lua).
+  local t = pos + 1 + 2 * #reserve
+  c.margin_min = math.min(tonumber(ARGV[t]), 60000)
+  c.tolerance, c.err_weight = tonumber(ARGV[t + 1]), tonumber(ARGV[t + 2])
+  c.backoff_base, c.def_budget = tonumber(ARGV[t + 3]), tonumber(ARGV[t + 4])
+  c.crawl_budget = tonumber(ARGV[t + 5])
+  c.spill_above = math.max(0, tonumber(ARGV[t + 6]) or 0)
+  c.window_ms = math.max(0, tonumber(ARGV[t + 7]) or 0)
+  c.window_min = math.max(1, tonumber(ARGV[t + 8]) or 1)
+  c.window_max = math.max(c.window_min, tonumber(ARGV[t + 9]) or c.window_min)
 
   -- A download's end (fetched) acknowledged or failed in this same call is left
   -- to the ack or fail, which frees the slot itself: the same outcome, two

@@ -22,8 +22,8 @@ local function within_budget(c, keep)
   if #keep == 0 then return keep end
   if c.def_budget <= 0 and c.crawl_budget <= 0 then
     -- (read with the queue length, which the call reads anyway: no command more)
-    local got = redis.call('HMGET', KEYS[11], '||budgets', '||qlen')
-    if not c.qlen_read then c.qlen_raw, c.qlen_read = got[2], true end
+    local got = redis.call('HMGET', KEYS[11], '||budgets', '||qlen', '||backlog')
+    if not c.qlen_read then c.qlen_raw, c.qlen_read, c.backlog_raw = got[2], true, got[3] end
     local n = count_of(got[1], 1e15)
     -- junk there counts as budgets to check (the per-key check decides)
     if got[1] and not n then c.junk = c.junk + 1; n = 1 end

@@ -4,7 +4,8 @@
 -- Reads KEYS[11] kstate: field K -> "n|last|block|backoff|crawl delay|error
 -- rate", '|K' -> K's override (mirrored from KEYS[12] by SET_LIMITS),
 -- '||limits' (how many overrides; counted from KEYS[12] with HLEN and written
--- where missing or junk), '||qlen' (read along, for writeback.lua).
+-- where missing or junk), '||qlen' and '||backlog' (read along, for
+-- writeback.lua and backlog.lua).
 -- Sets C.ST[k] {n, last, block, bo, cd, er}, C.LIM[k] {delay, conc, budget}
 -- (parsed when first used), C.dirty (states to write back), C.reready (keys
 -- whose ready time is computed again: their state was junk), C.qlen_raw/qlen_read;
@@ -23,7 +24,7 @@ local function sync_keystate(c)
   -- first states a call loads and written back with them: no command of its
   -- own in a call that reads and writes state anyway. qlen_raw is its value as
   -- read (false when absent), qlen_read whether it was read.
-  c.qlen_raw, c.qlen_read = false, false
+  c.qlen_raw, c.qlen_read, c.backlog_raw = false, false, false
   local def_delay, def_conc, def_budget = c.def_delay, c.def_conc, c.def_budget
   local DEFAULT_LIM = {delay = def_delay, conc = def_conc, budget = def_budget}   -- read only
   -- A state "n|last|block|backoff|crawl delay|error rate" is read field by
@@ -136,9 +137,13 @@ local function load(c, keys)
     end
     local n_own = #fields
     if c.overrides == nil then fields[#fields + 1] = '||limits' end
-    if not c.qlen_read then fields[#fields + 1] = '||qlen' end
+    local with_qlen = not c.qlen_read
+    -- (the MongoDB tier's count rides along with the queue length)
+    if with_qlen then fields[#fields + 1] = '||qlen'; fields[#fields + 1] = '||backlog' end
     local got = redis.call('HMGET', KEYS[11], unpack(fields))
-    if not c.qlen_read then c.qlen_raw, c.qlen_read = got[#fields], true end
+    if with_qlen then
+      c.qlen_raw, c.qlen_read, c.backlog_raw = got[#fields - 1], true, got[#fields]
+    end
     if c.overrides == nil then
       local count = count_of(got[n_own + 1], 1e15)
       if count == nil then

@@ -37,6 +37,9 @@
 --          same for the whole partition). Written only while budgets apply;
 --          a key of another type skips this call's budget accounting (the
 --          reply says so) instead of stopping the call.
+-- KEYS[18] moves (zset key -> ms since it wants a spill or a refill) and
+-- KEYS[19] backlog (zset key -> its entries in MongoDB): the MongoDB tier's
+--          (backlog.lua; read and written only while the tier is on)
 -- ARGV[1] now in ms, or '' for Redis server time      ARGV[2] node id
 -- ARGV[3] lease ttl ms (0 = this node leaves: drop its heartbeat; at most an
 --         hour is honoured)
@@ -66,8 +69,8 @@
 -- ARGV[20] safety margin on intervals (0.02: 2 % longer, so that the time a
 --          node takes from lease to sending never shortens what the site sees;
 --          at most 0.5)
--- ARGV[#ARGV - 5 .. #ARGV], after the nine sections below (where a script of
--- before them ignores them):
+-- After the nine sections below (where a script of before them ignores them),
+-- six settings then the MongoDB tier's four:
 --   least safety margin ms on an interval (ARGV[20]'s share, but at least this:
 --     the node's own scheduling latency does not shrink with the interval; at
 --     most a minute)
@@ -79,6 +82,10 @@
 --   default budget: most new pages a key may queue (0 = none; an override's
 --     budget field wins)
 --   crawl budget: most new pages this partition may queue (0 = none)
+--   spill above: the tier flags keys only while this partition queues more
+--     than this (0 or absent = the tier is off: nothing more is read or written)
+--   window ms, window min, window max: a key's window W = clamp(ceil(window ms
+--     / its interval ms), min, max), max for a key without interval (backlog.lua)
 -- then nine sections, each a count followed by its items:
 --   adopt: n x (member, former owner)    (leases this node took under a former
 --                                          id of its own: now held under this id)
@@ -116,7 +123,9 @@
 --          new pages refused over a budget, fields read back as junk (state_junk),
 --          1 when the budget key was not a hash (budget accounting skipped) else
 --          0, 'sent' reports refused, {longest block ms, longest backoff ms} as
---          recorded when this call read them, else {}}
+--          recorded when this call read them, else {}, entries of this partition
+--          in MongoDB (kstate '||backlog', 0 with the tier off), moves waiting
+--          in KEYS[18] (0 when this call did not look: backlog.lua)}
 local c = sync_args()          -- args.lua: nothing read or written yet
 local refused = sync_check(c)  -- check.lua: nothing is written before this
 if refused then return refused end
@@ -136,4 +145,5 @@ sync_ready(c)                  -- ready.lua: before the take
 sync_take(c)                   -- take.lua
 sync_reserve(c)                -- reserve.lua
 sync_writeback(c)              -- writeback.lua
+sync_backlog(c)                -- backlog.lua: keys flagged for a spill or a refill
 return sync_reply(c)

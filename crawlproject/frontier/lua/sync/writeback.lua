@@ -3,9 +3,10 @@
 -- Writes KEYS[11] kstate (each dirty key's state and '||qlen', one HSET),
 -- KEYS[1] ready (ZADD XX of re-read keys, ZREM, ZADD), KEYS[16] wanting (this
 -- node's mark when its take went unmet while entries were queued), KEYS[10]
--- ('qlen_recounted', 'state_junk'). Reads KEYS[11] '||qlen' when no part read
--- it, and only for a missing or junk count KEYS[2], KEYS[3], KEYS[5] (HLEN,
--- ZCARD: the recount); with maintenance, the sizes of KEYS[5] and KEYS[3].
+-- ('qlen_recounted', 'state_junk'). Reads KEYS[11] '||qlen' (and '||backlog')
+-- when no part read it, and only for a missing or junk count KEYS[2], KEYS[3],
+-- KEYS[5] (HLEN, ZCARD: the recount); with maintenance, the sizes of KEYS[5]
+-- and KEYS[3].
 -- sync_writeback sets C.qlen; sync_reply returns the reply (main.lua).
 local function sync_writeback(c)
   local ST, LIM = c.ST, c.LIM
@@ -22,7 +23,10 @@ local function sync_writeback(c)
   -- the field is new; a value that is not a count (written by someone else)
   -- is recounted from the entries, each of which has a payload while it is
   -- queued, delayed or in flight.
-  if not c.qlen_read then c.qlen_raw, c.qlen_read = redis.call('HGET', KEYS[11], '||qlen'), true end
+  if not c.qlen_read then
+    local got = redis.call('HMGET', KEYS[11], '||qlen', '||backlog')
+    c.qlen_raw, c.qlen_read, c.backlog_raw = got[1], true, got[2]
+  end
   -- (A count is never negative: a node that read one would think nothing is
   -- queued and close.)
   local qlen_raw = c.qlen_raw
@@ -80,5 +84,6 @@ local function sync_reply(c)
   return {taken, c.added, c.dups, c.qlen, delayed_len, inflight_len, c.reclaimed,
           c.now_cache and fmt(c.now_cache) or -1, c.stale, c.missing, c.trimmed, next_ready,
           c.capped, c.reserved, c.status, c.capped_keys, c.polite_keys, c.budget_refused,
-          c.junk, c.budget_skipped, c.sent_refused, b and {b[1], b[2]} or {}}
+          c.junk, c.budget_skipped, c.sent_refused, b and {b[1], b[2]} or {}, c.backlog_n,
+          c.moves_waiting}
 end
