@@ -16,6 +16,7 @@ from functools import partial
 
 from scrapy import Request, signals
 from scrapy.core.scheduler import BaseScheduler
+from scrapy.exceptions import NotConfigured
 from scrapy.utils.defer import deferred_from_coro
 
 from crawlproject.connection import (redact_url, redis_from_settings,
@@ -25,6 +26,8 @@ from crawlproject.defaults import setting
 from crawlproject.egress.resolver import install_guard
 from crawlproject.frontier.bloom import BloomConfig
 from crawlproject.frontier.client import FrontierClient, Rejected
+from crawlproject.frontier.movertask import MoverTask
+from crawlproject.frontier.window import WindowRule
 from crawlproject.scheduling.burst import StartBurst, default_prefetch
 from crawlproject.scheduling.engineguards import (SUPPORTED_SCRAPY, check_engine,
                                                   log_trust, no_local_politeness,
@@ -240,6 +243,7 @@ class RedisScheduler(BaseScheduler):
             idle_poll=self.idle_poll, heartbeat=self.heartbeat, lease_ttl=self.lease_ttl,
             nudge=self._nudge_engine, free_slots=self._free_slots,
             idle_poll_max=self.idle_poll_max)
+        self._setup_backlog(spider, frontiers, extra)
         self.start_state.spider = spider.name
         self.node_control = NodeControl(
             self.crawler, self.client, self.start_state, redis=redis,
@@ -264,6 +268,22 @@ class RedisScheduler(BaseScheduler):
             partition_of=self.client.partition_of,
             slot_for=partial(local_slot, self.crawler, self.politeness),
             count=self.report.count, nudge=self._nudge_engine, log_extra=extra)
+
+    def _setup_backlog(self, spider, frontiers, extra) -> None:
+        """The MongoDB tier (issue 49): SYNC flags keys with the window rule,
+        the node's mover moves them (FRONTIER_BACKLOG_ENABLED: both or neither)."""
+        settings = self.crawler.settings
+        try:
+            mover = MoverTask.from_settings(
+                settings, frontiers, spider.name, self.node,
+                default_delay=self.politeness.default.delay, poll=self.heartbeat,
+                stats=self.stats, log_extra=extra, on_moved=self.client.moved)
+        except NotConfigured:
+            return
+        rule = WindowRule.from_settings(settings)
+        for frontier in frontiers:
+            frontier.window = rule
+        self.client.mover = mover
 
     def close(self, reason: str):
         return deferred_from_coro(self._close(reason))

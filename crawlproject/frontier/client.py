@@ -102,6 +102,8 @@ class FrontierClient:
         self.on_returned: Callable[[Entry], Any] | None = None
         #: operator pause (crawlproject.control): hand out and take nothing
         self.paused = False
+        #: the MongoDB tier's mover (crawlproject.frontier.movertask), None: off
+        self.mover = None
 
     # -- what the adapter tells us ----------------------------------------------
     @property
@@ -291,7 +293,16 @@ class FrontierClient:
         for p, r in enumerate(s.remote for s in self.parts):
             if r.queued + max(0, r.delayed) + max(0, r.inflight - held.get(p, 0)) > 0:
                 return True
-        return False
+            if r.backlog > 0:
+                return True  # in MongoDB: a refill brings it back to Redis
+        # moves flagged or under way (a refill's tombstones, a dead mover's leftovers)
+        return self.mover is not None and self.mover.pending()
+
+    def moved(self, p: int) -> None:
+        """The mover queued entries in partition *p* again: look there now."""
+        remote = self.parts[p].remote
+        remote.next_ready_ms, remote.misses = None, 0
+        self.wakeup.set()
 
     def sizes(self) -> dict[str, int]:
         return {"queued": self.remote_queued(),
@@ -309,6 +320,8 @@ class FrontierClient:
     # -- lifecycle ------------------------------------------------------------
     def start(self) -> None:
         self._task = asyncio.ensure_future(self.loop.run())
+        if self.mover is not None:
+            self.mover.start()
 
     async def close(self) -> list[Entry]:
         """Stop the loop and leave every partition, returning unstarted entries.
@@ -318,6 +331,8 @@ class FrontierClient:
         self.closing = True
         self.wakeup.set()
         self.outranked.set()  # ends a coalescing pause too
+        if self.mover is not None:
+            await self.mover.close()   # the move under way ends first (each step is safe)
         if self._task is not None:
             try:
                 await self._task

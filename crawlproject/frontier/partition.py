@@ -53,6 +53,8 @@ class Remote:
     queued: int = 0
     delayed: int = -1
     inflight: int = 0
+    #: entries in the MongoDB tier (kstate '||backlog'): work, though not in Redis
+    backlog: int = 0
     #: earliest ready time (Redis ms), -1 when nothing is queued, None unknown
     next_ready_ms: int | None = None
     #: Redis time of the last call that reported it, and our clock then

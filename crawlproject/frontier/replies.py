@@ -32,6 +32,12 @@ class Replies:
         client = self.client
         remote = client.parts[p].remote
         remote.queued = result.queued
+        remote.backlog = result.backlog
+        if client.mover is not None:
+            if result.moves:
+                client.mover.wake(p)          # keys wait for a spill or a refill
+            elif result.backlog:
+                client.mover.active[p] = True  # looked at on its next poll
         if result.delayed >= 0:
             remote.delayed, remote.inflight = result.delayed, result.inflight
         elif batch is not None and any(add[4] for add in batch.adds):

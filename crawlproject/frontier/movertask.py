@@ -1,0 +1,330 @@
+"""The node's mover: the task that moves entries between Redis and MongoDB.
+
+SYNC flags the keys that want a move in ``T:moves`` (``lua/sync/backlog.lua``)
+and says in its reply how many wait; this task (one per node, over all its
+partitions) wakes at once on such a reply, or polls while the partition has a
+backlog or moves under way, and for up to :data:`KEYS_PER_ROUND` keys a round
+(picked at random among the first flagged, so the nodes spread the work) runs
+:meth:`crawlproject.frontier.mover.Mover.spill` or ``refill`` with the window
+rule (:mod:`crawlproject.frontier.window`):
+
+* a key over ``1.25 W`` while the partition queues over ``SPILL_ABOVE``: spill
+  down to ``W``;
+* a key below ``W / 2`` with entries in MongoDB: refill up to ``W``;
+* a key whose mover died (its lease expired in ``T:mover``): its leftovers
+  are finished, then as above;
+* with a backlog but nothing flagged (a flag lost with a node that died after
+  its claim): the largest backlogs whose window is low are refilled.
+
+MongoDB errors are retried with backoff (:data:`BACKOFF_MIN` doubling to
+:data:`BACKOFF_MAX`), one ERROR line per outage and the stat
+``backlog/mongo_errors`` each time; a key whose move failed is flagged again.
+Everything runs on the event loop (redis-py's and pymongo's asyncio clients):
+the reactor never blocks. MongoDB is not connected to until the first move:
+a crawl that never spills never touches it.
+
+Off with ``FRONTIER_BACKLOG_ENABLED = False`` (:class:`NotConfigured`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from typing import Callable
+
+from redis.exceptions import RedisError
+from scrapy.exceptions import NotConfigured
+
+from crawlproject.frontier.backlog import Backlog, BacklogConfig, BacklogError
+from crawlproject.frontier.mover import MOVE_BATCH, SPILL_ROUNDS, Claim, Mover, MoveResult, \
+    StaleMove
+from crawlproject.frontier.sitelimits import parse_override
+from crawlproject.frontier.window import SPILL_FACTOR, WindowRule
+from crawlproject.keys import as_text
+
+__all__ = ["MoverTask", "BACKOFF_MIN", "BACKOFF_MAX", "KEYS_PER_ROUND"]
+
+logger = logging.getLogger(__name__)
+
+#: keys one round moves at most per partition (CLAIM_MOVES' share of a node)
+KEYS_PER_ROUND = 8
+#: flagged keys a round picks from (at random: nodes reading the same head
+#: would all try the same keys, and all but one find them busy)
+PICK_FROM = 32
+#: seconds between retries after a MongoDB error: doubling up to the max
+BACKOFF_MIN, BACKOFF_MAX = 0.4, 5.0
+
+
+class MoverTask:
+    """Moves the keys SYNC flags, for each of *frontiers* (the node's
+    :class:`~crawlproject.frontier.queue.AsyncFrontier` partitions), as node
+    *node*. *backlog* makes the :class:`Backlog` on first use; *default_delay*
+    is the nodes' interval between a key's starts (s) where it has no
+    override; *poll* the seconds between looks while something is under way;
+    *on_moved(p)* is called after a refill queued entries in partition *p*."""
+
+    def __init__(self, frontiers, rule: WindowRule, backlog: Callable[[], Backlog], *,
+                 node: str, settings=None, default_delay: float = 0.0, poll: float = 5.0,
+                 stats=None, log_extra: dict | None = None,
+                 on_moved: Callable[[int], None] = lambda p: None):
+        self.frontiers = frontiers
+        self.rule = rule
+        self._make_backlog = backlog
+        self.backlog: Backlog | None = None
+        self.node = node
+        self.settings = settings
+        self.default_delay = default_delay
+        self.poll = poll
+        self.stats = stats
+        self.log_extra = log_extra or {}
+        self.on_moved = on_moved
+        self.movers: list[Mover] = []
+        #: per partition: flagged keys and leases seen by the last look
+        self.seen = [0] * len(frontiers)
+        #: per partition: look at it next round (a reply said moves wait or a
+        #: backlog exists, or the last look found work)
+        self.active = [True] * len(frontiers)   # one look at start: leftovers
+        self.moving = False
+        self.closing = False
+        self.down = False                       # in a MongoDB outage (said once)
+        self.wakeup = asyncio.Event()
+        self._task: asyncio.Future | None = None
+
+    @classmethod
+    def from_settings(cls, settings, frontiers, spider: str, node: str, **kwargs) -> "MoverTask":
+        """The node's mover, or :class:`NotConfigured` with the tier off."""
+        rule = WindowRule.from_settings(settings)
+        if not rule.enabled:
+            raise NotConfigured("FRONTIER_BACKLOG_ENABLED is False")
+        config = BacklogConfig.from_settings(settings)
+        stats = kwargs.get("stats")
+        return cls(frontiers, rule, lambda: Backlog.from_config(config, spider, stats=stats),
+                   node=node, settings=settings, **kwargs)
+
+    # -- what the node sees -----------------------------------------------------
+    def wake(self, p: int | None = None) -> None:
+        """A reply said moves wait (or a backlog exists) in partition *p*."""
+        if p is None:
+            self.active = [True] * len(self.active)
+        else:
+            self.active[p] = True
+        self.wakeup.set()
+
+    def pending(self) -> bool:
+        """Moves under way or waiting (flags, leases, one running): a node
+        is not idle while any are."""
+        return self.moving or any(self.seen)
+
+    # -- lifecycle --------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self.run())
+
+    async def close(self) -> None:
+        self.closing = True
+        self.wakeup.set()
+        if self._task is not None:
+            try:
+                await self._task
+            except Exception:
+                logger.exception("The frontier's mover failed", extra=self.log_extra)
+        for mover in self.movers:
+            await mover.close()
+        if self.backlog is not None:
+            await self.backlog.close()
+
+    async def run(self) -> None:
+        backoff = BACKOFF_MIN
+        while not self.closing:
+            try:
+                worked = await self.round()
+            except (BacklogError, TimeoutError) as exc:
+                self._count("backlog/mongo_errors")
+                if not self.down:
+                    self.down = True
+                    logger.error("The frontier's backlog cannot move entries (%s): entries "
+                                 "wait in Redis, retried every %g-%gs", exc, BACKOFF_MIN,
+                                 BACKOFF_MAX, extra=self.log_extra)
+                await self._pause(backoff)
+                backoff = min(BACKOFF_MAX, backoff * 2)
+                continue
+            except RedisError as exc:
+                # (the sync loop says Redis outages; the mover only waits)
+                logger.debug("Mover: Redis error %s", exc, extra=self.log_extra)
+                await self._pause(backoff)
+                backoff = min(BACKOFF_MAX, backoff * 2)
+                continue
+            if self.down:
+                self.down = False
+                logger.info("The frontier's backlog moves entries again", extra=self.log_extra)
+            backoff = BACKOFF_MIN
+            if worked:
+                await asyncio.sleep(0)   # more may wait: go on, letting others run
+            else:
+                await self._pause(self.poll if any(self.active) or self.pending() else None)
+
+    async def _pause(self, seconds: float | None) -> None:
+        self.wakeup.clear()
+        if self.closing:
+            return
+        try:
+            await asyncio.wait_for(self.wakeup.wait(), seconds)
+        except asyncio.TimeoutError:
+            pass
+
+    # -- one round --------------------------------------------------------------
+    async def round(self) -> bool:
+        """One look at each active partition; whether any move was made."""
+        worked = False
+        for p, frontier in enumerate(self.frontiers):
+            if self.active[p] and not self.closing:
+                self.active[p] = False
+                worked = await self._partition(p, frontier) or worked
+        return worked
+
+    async def _partition(self, p: int, frontier) -> bool:
+        keys, r = frontier.keys, frontier.client
+        async with r.pipeline(transaction=False) as pipe:
+            pipe.zrange(keys.moves, 0, PICK_FROM - 1)
+            pipe.hgetall(keys.mover)
+            pipe.hmget(keys.kstate, "||qlen", "||backlog")
+            pipe.time()
+            flagged, leases, (qlen, backlog), (sec, usec) = await pipe.execute()
+        now_ms = int(sec) * 1000 + int(usec) // 1000
+        flagged = [as_text(k) for k in flagged]
+        held, expired = 0, []
+        for k, v in leases.items():
+            k = as_text(k)
+            if k.startswith("||"):
+                continue
+            held += 1
+            try:
+                deadline = int(as_text(v).split("|")[-2])
+            except (IndexError, ValueError):
+                deadline = 0
+            if deadline <= now_ms:
+                expired.append(k)   # its mover died: its leftovers are finished
+        qlen, backlog = _int(qlen), _int(backlog)
+        self.seen[p] = len(flagged) + held
+        picks = random.sample(flagged, min(len(flagged), KEYS_PER_ROUND))
+        picks += [k for k in expired if k not in picks][:KEYS_PER_ROUND]
+        if not picks and backlog > 0 and not held:
+            # a backlog with nothing flagged: the largest whose window is low
+            picks = [as_text(k) for k in await r.zrevrange(keys.backlog, 0,
+                                                           KEYS_PER_ROUND - 1)]
+        if not picks:
+            return False
+        self.active[p] = True        # look again next round (more may wait)
+        mover = await self._mover(p)
+        worked = False
+        self.moving = True
+        try:
+            for k in picks:
+                if self.closing:
+                    break
+                try:
+                    worked = await self._move(p, mover, k, qlen, k in expired) or worked
+                except StaleMove:
+                    pass     # another node took the key over: it finishes the move
+                except BaseException:
+                    await self._flag(frontier, k)   # not lost: tried again
+                    raise
+        finally:
+            self.moving = False
+        return worked
+
+    async def _move(self, p: int, mover: Mover, k: str, qlen: int, leftover: bool) -> bool:
+        frontier = self.frontiers[p]
+        keys, r = frontier.keys, frontier.client
+        window = self.rule.window(await self._interval(frontier, k))
+        async with r.pipeline(transaction=False) as pipe:
+            pipe.zcard(keys.queue(k))
+            pipe.zscore(keys.backlog, k)
+            queued, in_mongo = await pipe.execute()
+        in_mongo = int(float(in_mongo or 0))
+        if queued > SPILL_FACTOR * window and qlen > self.rule.spill_above:
+            result = await mover.spill(k, window)
+            self._moved(result)
+            if result.spilled >= SPILL_ROUNDS * mover.batch:
+                await self._flag(frontier, k)   # still over: the next round goes on
+            return bool(result.spilled or result.leftovers)
+        if queued < window / 2 and in_mongo > 0:
+            result = await mover.refill(k, window - queued)
+            self._moved(result)
+            if result.refilled:
+                self.on_moved(p)
+            return bool(result.refilled or result.leftovers or result.tombstoned)
+        if leftover:
+            return await self._finish(mover, k)
+        await r.zrem(keys.moves, k)   # nothing to do (any more): the flag goes
+        return False
+
+    async def _finish(self, mover: Mover, k: str) -> bool:
+        """A dead mover's leftovers of *k* finished, its lease ended."""
+        claim: Claim = await mover.claim(k, "refill")
+        if claim.status != "claimed":
+            return False
+        result = MoveResult()
+        if claim.moving:
+            written = await mover.write_spill(claim)
+            result.leftovers += await mover.commit_spill(claim, written, release=False)
+        if claim.refilled:
+            members = list(claim.refilled)
+            result.tombstoned += await mover.tombstone(claim, members)
+            result.leftovers += await mover.refill_done(claim, members, release=False)
+        await mover.release(claim)
+        self._moved(result)
+        return True
+
+    async def _interval(self, frontier, k: str) -> float:
+        """Seconds between the key's starts its limits allow (its override's
+        delay, else the nodes' default), as SYNC reads them."""
+        raw = await frontier.client.hget(frontier.keys.kstate, "|" + k)
+        if raw is not None:
+            try:
+                delay = parse_override(as_text(raw))["delay"]
+            except ValueError:
+                delay = None
+            if delay is not None:
+                return delay
+        return self.default_delay
+
+    async def _mover(self, p: int) -> Mover:
+        if self.backlog is None:
+            backlog = self._make_backlog()
+            await backlog.open()
+            self.backlog = backlog
+        while len(self.movers) <= p:
+            frontier = self.frontiers[len(self.movers)]
+            if self.settings is not None:
+                mover = Mover.from_settings(self.settings, frontier.client, self.backlog,
+                                            frontier.keys, self.node, stats=self.stats)
+            else:
+                mover = Mover(frontier.client, self.backlog, frontier.keys, self.node,
+                              batch=MOVE_BATCH, stats=self.stats)
+            self.movers.append(mover)
+        return self.movers[p]
+
+    async def _flag(self, frontier, k: str) -> None:
+        try:
+            await frontier.client.zadd(frontier.keys.moves, {k: int(time.time() * 1000)},
+                                       nx=True)
+        except RedisError:
+            pass   # Redis down too: the backlog sweep finds the key again
+
+    def _moved(self, result: MoveResult) -> None:
+        self._count("backlog/spilled", result.spilled)
+        self._count("backlog/refilled", result.refilled)
+        self._count("backlog/leftovers", result.leftovers)
+
+    def _count(self, name: str, n: int = 1) -> None:
+        if self.stats is not None and n:
+            self.stats.inc_value(name, n)
+
+
+def _int(raw) -> int:
+    try:
+        return max(0, int(as_text(raw)))
+    except (TypeError, ValueError):
+        return 0
