@@ -59,3 +59,146 @@ def test_sync_below_spill_above_costs_what_it_costs_with_the_tier_off(redis):
     assert above != off and above.get("zcard", 0) > off.get("zcard", 0)
     assert {k.decode() for k in redis.zrange("{above}:moves", 0, -1)} == {
         "site0.example", "site1.example", "site2.example"}
+
+
+#: windows of two entries, spilling as soon as more than one entry is queued:
+#: every list page's links spill and come back (FRONTIER_BACKLOG_SETTLE: Redis
+#: 6.2 here has no WAITAOF; a short settle keeps the test quick)
+SPILLING = {"FRONTIER_BACKLOG_SPILL_ABOVE": 1, "FRONTIER_BACKLOG_WINDOW_MIN": 2,
+            "FRONTIER_BACKLOG_WINDOW_MAX": 2, "FRONTIER_BACKLOG_SETTLE": 0.05}
+
+
+@pytest.mark.parametrize("tier", ["spilling", "off"])
+def test_a_crawl_stores_every_page_once(redis, redis_url, mongo_uri, database, tmp_path,
+                                        tier):
+    """With tiny windows the site's backlog goes to MongoDB and back, every
+    page fetched once and stored once; with the tier off (the same tiny
+    windows) nothing touches the backlog collection."""
+    extra = {**SPILLING, "FRONTIER_BACKLOG_ENABLED": tier == "spilling"}
+    with DemoSite(products=PRODUCTS, latency_ms=50) as site:
+        env = node_env(redis_url, mongo_uri, database.name)
+        settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": 2, "CONCURRENT_REQUESTS": 4,
+                    "SCHEDULER_PREFETCH": 4, **extra}
+        node = Node("node-1", tmp_path, env, settings=settings)
+        try:
+            node.wait_for_log("Reading seeds from")
+            redis.lpush("products:start_urls", site.url)
+            code = node.wait(120)
+        finally:
+            node.stop()
+        served = site.stats()
+    assert code == 0, node.tail()
+    assert_matches_catalog(stored_products(database["products"]),
+                           expected_items(site.url, PRODUCTS))
+    assert_fetched_once(served, PRODUCTS)
+    assert all(served.get(f"/list/{n}", 0) == 1 for n in range(2, PRODUCTS // 10 + 1))
+    assert_written_once([node], PRODUCTS)
+    assert not node.errors(), node.errors()
+    backlog = database["frontier_backlog"]
+    if tier == "off":
+        assert "frontier_backlog" not in database.list_collection_names()
+        assert node.stat("backlog/spilled") == 0
+        return
+    spilled, refilled = node.stat("backlog/spilled"), node.stat("backlog/refilled")
+    # (each list page adds 11 entries, at most 4 taken at once: the rest spill)
+    assert spilled >= 5 and refilled == spilled, node.tail()
+    # every spilled entry came back: its document a tombstone, none live
+    assert backlog.count_documents({"s": "products"}) == spilled
+    assert backlog.count_documents({"s": "products", "pl": {"$exists": True}}) == 0
+    assert redis.hget("{products}:kstate", "||backlog") in (b"0", None)
+    assert redis.zcard("{products}:moves") == 0 and redis.zcard("{products}:backlog") == 0
+    assert redis.hkeys("{products}:mover") in ([], [b"||epoch"])
+
+
+def _settings(**values):
+    from scrapy.settings import Settings
+
+    return Settings({"FRONTIER_BACKLOG_SETTLE": 0, **values})
+
+
+async def _node(redis_url, mongo_uri, database, *, timeout=10.0, stats=None):
+    """A FrontierClient (not started: the test drives its calls) over one
+    partition of spider "shop" with windows of 2 spilling above 1 entry,
+    and its MoverTask (not started either)."""
+    import redis.asyncio as aioredis
+
+    from crawlproject.frontier.backlog import Backlog, BacklogConfig
+    from crawlproject.frontier.client import FrontierClient
+    from crawlproject.frontier.movertask import MoverTask
+    from crawlproject.frontier.queue import AsyncFrontier
+    from crawlproject.frontier.sitelimits import Limits, PolitenessConfig
+
+    redis = aioredis.Redis.from_url(redis_url)
+    politeness = PolitenessConfig(default=Limits(0), margin=0.0)
+    frontier = AsyncFrontier(redis, "shop", "n1", lease_ttl=30, politeness=politeness)
+    frontier.window = WindowRule(enabled=True, spill_above=1, minimum=2, maximum=2)
+    config = BacklogConfig(uri=mongo_uri, database=database, timeout=timeout)
+    client = FrontierClient([frontier], politeness, accept=lambda p, m, payload: payload,
+                            before_tick=lambda: None, count=lambda name, value: None,
+                            outage=None, log_extra={}, prefetch=8, batch_size=100,
+                            flush_interval=0.05, min_sync_interval=0.02, idle_poll=0.2,
+                            heartbeat=2, lease_ttl=30)
+    mover = MoverTask([frontier], frontier.window,
+                      lambda: Backlog.from_config(config, "shop", stats=stats), node="n1",
+                      settings=_settings(), poll=0.2, stats=stats, on_moved=client.moved)
+    return redis, frontier, client, mover
+
+
+def _take(n: int) -> Batch:
+    batch = Batch()
+    batch.take = n
+    return batch
+
+
+def _adds(n: int, key: str = "a.example") -> Batch:
+    batch = Batch()
+    for i in range(n):
+        batch.add(f"page {i}", f"{i:032x}", 0, 0, key=key)
+    return batch
+
+
+def test_a_node_whose_work_is_only_in_mongodb_is_not_idle(redis, redis_url, mongo_uri,
+                                                            mongo_db):
+    """Entries spilled to MongoDB keep a node from closing (Redis empty, the
+    backlog not), and come back through the refill SYNC flags; a node closes
+    once Redis, MongoDB and the mover's flags and leases are all empty."""
+    import asyncio
+
+    async def main():
+        r, frontier, client, mover = await _node(redis_url, mongo_uri, mongo_db.name)
+        try:
+            result = await frontier.sync(_adds(10))
+            client.replies.apply(0, result, asked=0)
+            assert result.moves == 1 and mover.active == [True]
+            assert await mover.round()                       # spilled down to the window
+            assert await r.zcard("{shop}:q:a.example") == 2
+            only_in_mongo = 0
+            while True:
+                result = await frontier.sync(_take(8))
+                client.replies.apply(0, result, asked=8)
+                client.buffer.clear()       # the engine's part: done, acked below
+                acks = Batch()
+                acks.acks = [member for member, _ in result.taken]
+                acks.maintenance = True     # (the reply counts what is in flight)
+                after = await frontier.sync(acks)
+                client.replies.apply(0, after, asked=0)
+                if not result.taken and not after.backlog and not after.moves:
+                    break
+                if after.queued == 0 and after.backlog:
+                    # the rest is in MongoDB only: the node must not close
+                    only_in_mongo += 1
+                    assert after.inflight == 0 and client.has_pending()
+                    saved, client.mover = client.mover, None
+                    assert client.has_pending()          # the backlog alone says so
+                    client.mover = saved
+                await mover.round()
+            await mover.round()
+            assert only_in_mongo > 0
+            assert not client.has_pending()
+        finally:
+            await mover.close()
+            await r.aclose()
+
+    asyncio.run(main())
+    live = mongo_db["frontier_backlog"].count_documents({"pl": {"$exists": True}})
+    assert live == 0 and mongo_db["frontier_backlog"].count_documents({}) == 8
