@@ -187,6 +187,7 @@ def test_a_node_whose_work_is_only_in_mongodb_is_not_idle(redis, redis_url, mong
                 if after.queued == 0 and after.backlog:
                     # the rest is in MongoDB only: the node must not close
                     only_in_mongo += 1
+                    assert after.moves == 1      # SYNC flagged the key for a refill
                     assert after.inflight == 0 and client.has_pending()
                     saved, client.mover = client.mover, None
                     assert client.has_pending()          # the backlog alone says so
@@ -202,3 +203,60 @@ def test_a_node_whose_work_is_only_in_mongodb_is_not_idle(redis, redis_url, mong
     asyncio.run(main())
     live = mongo_db["frontier_backlog"].count_documents({"pl": {"$exists": True}})
     assert live == 0 and mongo_db["frontier_backlog"].count_documents({}) == 8
+
+
+class _Stats:
+    def __init__(self):
+        self.values: dict[str, int] = {}
+
+    def inc_value(self, name, n=1):
+        self.values[name] = self.values.get(name, 0) + n
+
+
+def test_mongodb_down_the_mover_retries_with_backoff_says_it_once_and_loses_nothing(
+        redis, redis_url, mongo_db, caplog):
+    """MongoDB not answering: the mover retries (0.4 s, then 0.8 s, ...), one
+    ERROR line for the outage, ``backlog/mongo_errors`` each time; the key
+    stays flagged and its entries stay in Redis."""
+    import asyncio
+    import logging
+    import time
+
+    from devtools.services import free_port
+
+    stats = _Stats()
+    errors_at: list[float] = []
+
+    async def main():
+        r, frontier, client, mover = await _node(
+            redis_url, f"mongodb://127.0.0.1:{free_port()}/?serverSelectionTimeoutMS=200",
+            mongo_db.name, timeout=0.3, stats=stats)
+        counted = stats.inc_value
+
+        def inc_value(name, n=1):
+            if name == "backlog/mongo_errors":
+                errors_at.append(time.monotonic())
+            counted(name, n)
+
+        stats.inc_value = inc_value
+        try:
+            client.replies.apply(0, await frontier.sync(_adds(10)), asked=0)
+            mover.start()
+            async with asyncio.timeout(20):
+                while len(errors_at) < 3:
+                    await asyncio.sleep(0.05)
+        finally:
+            await mover.close()
+            await r.aclose()
+
+    with caplog.at_level(logging.INFO, logger="crawlproject.frontier.movertask"):
+        asyncio.run(main())
+    lines = [rec for rec in caplog.records if rec.name == "crawlproject.frontier.movertask"
+             and rec.levelno >= logging.ERROR]
+    assert len(lines) == 1 and "cannot move entries" in lines[0].getMessage()
+    assert stats.values["backlog/mongo_errors"] >= 3
+    # backoff: the second pause at least twice the first's 0.4 s
+    assert errors_at[2] - errors_at[1] >= 0.75
+    assert redis.zcard("{shop}:q:a.example") + redis.zcard("{shop}:moving:a.example") == 10
+    assert redis.hlen("{shop}:payloads") == 10
+    assert redis.zrange("{shop}:moves", 0, -1) == [b"a.example"]
