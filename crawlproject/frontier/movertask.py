@@ -73,6 +73,7 @@ class MoverTask:
         self.rule = rule
         self._make_backlog = backlog
         self.backlog: Backlog | None = None
+        self._opened = False
         self.node = node
         self.settings = settings
         self.default_delay = default_delay
@@ -292,9 +293,10 @@ class MoverTask:
 
     async def _mover(self, p: int) -> Mover:
         if self.backlog is None:
-            backlog = self._make_backlog()
-            await backlog.open()
-            self.backlog = backlog
+            self.backlog = self._make_backlog()     # (connects on first use)
+        if not self._opened:
+            await self.backlog.open()                # retried until MongoDB answers
+            self._opened = True
         while len(self.movers) <= p:
             frontier = self.frontiers[len(self.movers)]
             if self.settings is not None:
