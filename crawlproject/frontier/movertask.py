@@ -163,9 +163,11 @@ class MoverTask:
             if worked:
                 await asyncio.sleep(0)   # more may wait: go on, letting others run
             else:
-                await self._pause(self.poll if any(self.active) or self.pending() else None)
+                # (a round looks only at the partitions a reply or the last look
+                # marked: an idle wake-up costs no command)
+                await self._pause(self.poll)
 
-    async def _pause(self, seconds: float | None) -> None:
+    async def _pause(self, seconds: float) -> None:
         self.wakeup.clear()
         if self.closing:
             return
