@@ -261,3 +261,48 @@ def test_mongodb_down_the_mover_retries_with_backoff_says_it_once_and_loses_noth
     assert redis.zcard("{shop}:q:a.example") + redis.zcard("{shop}:moving:a.example") == 10
     assert redis.hlen("{shop}:payloads") == 10
     assert redis.zrange("{shop}:moves", 0, -1) == [b"a.example"]
+
+
+def test_a_dead_movers_leftovers_are_finished_by_another_nodes_mover(redis, redis_url,
+                                                                     mongo_uri, mongo_db):
+    """A node killed after a spill's step 1 leaves its members out of the
+    queue, in the moving set, under its lease: once the lease expires, any
+    node's mover (nothing flagged) finishes the spill; no member lost, the
+    node is not idle until then."""
+    import asyncio
+
+    import redis.asyncio as aioredis
+
+    from crawlproject.frontier.backlog import Backlog, BacklogConfig
+    from crawlproject.frontier.mover import Mover
+    from crawlproject.keys import FrontierKeys
+
+    async def main():
+        r, frontier, client, mover = await _node(redis_url, mongo_uri, mongo_db.name)
+        dead_client = aioredis.Redis.from_url(redis_url)
+        backlog = Backlog.from_config(BacklogConfig(uri=mongo_uri, database=mongo_db.name),
+                                      "shop")
+        try:
+            await frontier.sync(_adds(10))
+            dead = Mover(dead_client, backlog, FrontierKeys("shop"), "dead", lease_ttl=0.3,
+                         settle=0)
+            claim = await dead.claim("a.example", "spill", 2)      # step 1, then killed
+            assert claim.moved == 8
+            await r.delete("{shop}:moves")                          # nothing flagged
+            # its lease still live: busy, nothing moved, the node not idle
+            assert not await mover.round() and mover.pending()
+            async with asyncio.timeout(10):
+                while not await mover.round():                      # until the lease expired
+                    mover.active[0] = True
+                    await asyncio.sleep(0.05)
+            assert await r.zcard("{shop}:moving:a.example") == 0
+            assert int(await r.zscore("{shop}:backlog", "a.example")) == 8
+            assert await r.hkeys("{shop}:mover") == [b"||epoch"]
+        finally:
+            await mover.close()
+            await backlog.close()
+            await dead_client.aclose()
+            await r.aclose()
+
+    asyncio.run(main())
+    assert mongo_db["frontier_backlog"].count_documents({"pl": {"$exists": True}}) == 8
