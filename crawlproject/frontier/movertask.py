@@ -53,6 +53,9 @@ KEYS_PER_ROUND = 8
 #: flagged keys a round picks from (at random: nodes reading the same head
 #: would all try the same keys, and all but one find them busy)
 PICK_FROM = 32
+#: seconds between two sweeps of a partition's largest backlogs when nothing
+#: is flagged (a flag lost with a node: slow, and rare)
+SWEEP_EVERY = 30.0
 #: seconds between retries after a MongoDB error: doubling up to the max
 BACKOFF_MIN, BACKOFF_MAX = 0.4, 5.0
 
@@ -84,6 +87,8 @@ class MoverTask:
         self.movers: list[Mover] = []
         #: per partition: flagged keys and leases seen by the last look
         self.seen = [0] * len(frontiers)
+        #: per partition: when the last backlog sweep ran (monotonic; -inf: never)
+        self.swept = [float("-inf")] * len(frontiers)
         #: per partition: look at it next round (a reply said moves wait or a
         #: backlog exists, or the last look found work)
         self.active = [True] * len(frontiers)   # one look at start: leftovers
@@ -215,11 +220,15 @@ class MoverTask:
         self.seen[p] = len(flagged) + held
         picks = random.sample(flagged, min(len(flagged), KEYS_PER_ROUND))
         picks += [k for k in expired if k not in picks][:KEYS_PER_ROUND]
-        if not picks and backlog > 0 and not held:
-            # a backlog with nothing flagged: the largest whose window is low
+        now = time.monotonic()
+        if not picks and backlog > 0 and not held and now - self.swept[p] >= SWEEP_EVERY:
+            # a backlog with nothing flagged (a flag lost): the largest backlogs,
+            # refilled if their window is low; now and then, not every poll
+            self.swept[p] = now
             picks = [as_text(k) for k in await r.zrevrange(keys.backlog, 0,
                                                            KEYS_PER_ROUND - 1)]
         if not picks:
+            self.active[p] = backlog > 0      # (polled while a backlog exists)
             return False
         self.active[p] = True        # look again next round (more may wait)
         mover = await self._mover(p)
