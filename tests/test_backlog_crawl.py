@@ -306,3 +306,62 @@ def test_a_dead_movers_leftovers_are_finished_by_another_nodes_mover(redis, redi
 
     asyncio.run(main())
     assert mongo_db["frontier_backlog"].count_documents({"pl": {"$exists": True}}) == 8
+
+
+@pytest.mark.slow
+def test_a_node_killed_mid_move_loses_nothing(redis, redis_url, mongo_uri, database, tmp_path):
+    """Two spilling nodes; the one that holds a key's move lease (a spill or
+    a refill under way, FRONTIER_BACKLOG_SETTLE widening its steps) is
+    SIGKILLed: the other finishes the move and the crawl, every product
+    stored once, pages fetched again only as a lease reclaim allows."""
+    import signal
+    import time
+
+    from devtools.demo.site import FLAKY_EVERY
+
+    products = 120
+    settings = {**SPILLING, "FRONTIER_BACKLOG_SETTLE": 0.3, "FRONTIER_BACKLOG_LEASE_TTL": 2,
+                "MAX_IDLE_TIME_BEFORE_CLOSE": 3, "CONCURRENT_REQUESTS": 4,
+                "SCHEDULER_PREFETCH": 4}
+    with DemoSite(products=products, latency_ms=50) as site:
+        env = node_env(redis_url, mongo_uri, database.name)
+        nodes = {name: Node(name, tmp_path, env, settings=settings) for name in ("a", "b")}
+        victim = survivor = None
+        try:
+            for node in nodes.values():
+                node.wait_for_log("Reading seeds from")
+            redis.lpush("products:start_urls", site.url)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and victim is None:
+                for v in redis.hvals("{products}:mover"):
+                    name = v.decode().split("-", 1)[0]
+                    if name in nodes and nodes[name].proc.poll() is None:
+                        nodes[name].proc.send_signal(signal.SIGSTOP)
+                        # still its lease once stopped: killed mid-move
+                        if any(w.startswith(f"{name}-".encode())
+                               for w in redis.hvals("{products}:mover")):
+                            victim = nodes[name]
+                            break
+                        nodes[name].proc.send_signal(signal.SIGCONT)
+                time.sleep(0.005)
+            assert victim, "no node held a move lease: the test proves nothing"
+            victim.kill()
+            survivor = nodes["b" if victim is nodes["a"] else "a"]
+            assert survivor.wait(120) == 0, survivor.tail()
+        finally:
+            for node in nodes.values():
+                node.stop()
+        served = site.stats()
+    assert_matches_catalog(stored_products(database["products"]),
+                           expected_items(site.url, products))
+    assert all(served.get(f"/product/{pid}", 0) >= 1 for pid in range(1, products + 1))
+    extra = sum(served.get(f"/product/{pid}", 0) - (2 if pid % FLAKY_EVERY == 0 else 1)
+                for pid in range(1, products + 1))
+    # fetched again: only what the victim held leased (a reclaim), never a moved entry
+    assert extra <= survivor.stat("scheduler/reclaimed"), extra
+    assert survivor.stat("backlog/leftovers") + survivor.stat("backlog/refilled") > 0
+    assert database["frontier_backlog"].count_documents({"pl": {"$exists": True}}) == 0
+    assert redis.hget("{products}:kstate", "||backlog") in (b"0", None)
+    assert redis.hkeys("{products}:mover") == [b"||epoch"]
+    assert not list(redis.scan_iter("{products}:moving:*"))
+    assert not list(redis.scan_iter("{products}:refilled:*"))
