@@ -27,7 +27,6 @@ from crawlproject.egress.resolver import install_guard
 from crawlproject.frontier.bloom import BloomConfig
 from crawlproject.frontier.client import FrontierClient, Rejected
 from crawlproject.frontier.movertask import MoverTask
-from crawlproject.frontier.window import WindowRule
 from crawlproject.scheduling.burst import StartBurst, default_prefetch
 from crawlproject.scheduling.engineguards import (SUPPORTED_SCRAPY, check_engine,
                                                   log_trust, no_local_politeness,
@@ -280,9 +279,8 @@ class RedisScheduler(BaseScheduler):
                 stats=self.stats, log_extra=extra, on_moved=self.client.moved)
         except NotConfigured:
             return
-        rule = WindowRule.from_settings(settings)
         for frontier in frontiers:
-            frontier.window = rule
+            frontier.window = mover.rule
         self.client.mover = mover
 
     def close(self, reason: str):
