@@ -365,3 +365,35 @@ def test_a_node_killed_mid_move_loses_nothing(redis, redis_url, mongo_uri, datab
     assert redis.hkeys("{products}:mover") == [b"||epoch"]
     assert not list(redis.scan_iter("{products}:moving:*"))
     assert not list(redis.scan_iter("{products}:refilled:*"))
+
+
+def test_a_lost_flag_is_found_by_the_sweep(redis, redis_url, mongo_uri, mongo_db):
+    """A key with entries in MongoDB, its window empty and its flag lost: the
+    mover's sweep of T:backlog refills it (once per SWEEP_EVERY)."""
+    import asyncio
+
+    async def main():
+        r, frontier, client, mover = await _node(redis_url, mongo_uri, mongo_db.name)
+        try:
+            await frontier.sync(_adds(10))
+            assert await mover.round()                          # 8 spilled
+            taken = (await frontier.sync(_take(8))).taken
+            acks = Batch()
+            acks.acks = [member for member, _ in taken]
+            await frontier.sync(acks)
+            await r.delete("{shop}:moves")                      # the refill's flag lost
+            assert await r.zcard("{shop}:q:a.example") == 0
+            mover.active[0] = True
+            assert await mover.round()                          # the sweep refilled it
+            assert await r.zcard("{shop}:q:a.example") == 2
+            await frontier.sync(_take(8))                       # empty again, flag lost
+            await r.delete("{shop}:moves")
+            mover.active[0] = True
+            assert not await mover.round()                      # no sweep within 30 s
+            mover.swept[0] -= 30
+            assert await mover.round()                          # ... then one
+        finally:
+            await mover.close()
+            await r.aclose()
+
+    asyncio.run(main())

@@ -13,8 +13,8 @@ rule (:mod:`crawlproject.frontier.window`):
 * a key below ``W / 2`` with entries in MongoDB: refill up to ``W``;
 * a key whose mover died (its lease expired in ``T:mover``): its leftovers
   are finished, then as above;
-* with a backlog but nothing flagged (a flag lost with a node that died after
-  its claim): the largest backlogs whose window is low are refilled.
+* with a backlog but nothing flagged (a flag lost): every 30 s, eight keys
+  of ``T:backlog`` at a random place, refilled if their window is low.
 
 MongoDB errors are retried with backoff (:data:`BACKOFF_MIN` doubling to
 :data:`BACKOFF_MAX`), one ERROR line per outage and the stat
@@ -225,8 +225,11 @@ class MoverTask:
             # a backlog with nothing flagged (a flag lost): the largest backlogs,
             # refilled if their window is low; now and then, not every poll
             self.swept[p] = now
-            picks = [as_text(k) for k in await r.zrevrange(keys.backlog, 0,
-                                                           KEYS_PER_ROUND - 1)]
+            # (a window of T:backlog at a random place: over the sweeps every
+            # key is looked at; ZRANGE, which a node's ACL user has)
+            at = random.randrange(max(1, await r.zcard(keys.backlog) - KEYS_PER_ROUND + 1))
+            picks = [as_text(k) for k in await r.zrange(keys.backlog, at,
+                                                        at + KEYS_PER_ROUND - 1)]
         if not picks:
             self.active[p] = backlog > 0      # (polled while a backlog exists)
             return False
