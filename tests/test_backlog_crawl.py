@@ -77,7 +77,7 @@ def test_a_crawl_stores_every_page_once(redis, redis_url, mongo_uri, database, t
     extra = {**SPILLING, "FRONTIER_BACKLOG_ENABLED": tier == "spilling"}
     with DemoSite(products=PRODUCTS, latency_ms=50) as site:
         env = node_env(redis_url, mongo_uri, database.name)
-        settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": 2, "CONCURRENT_REQUESTS": 4,
+        settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": 1, "CONCURRENT_REQUESTS": 4,
                     "SCHEDULER_PREFETCH": 4, **extra}
         node = Node("node-1", tmp_path, env, settings=settings)
         try:
