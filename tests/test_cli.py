@@ -1010,3 +1010,61 @@ def test_status_shows_both_tiers_per_partition_and_the_largest_backlogs(redis, r
     html = render.backlog_fragment(data)
     assert "&lt;b&gt;big&lt;/b&gt;.example" in html and "<b>big" not in html
     assert 'data-field="backlog.queued_mongodb">1,700<' in html
+
+
+def test_reset_deletes_the_backlog_documents_and_refuses_when_mongodb_is_down(
+        redis, redis_url, mongo_uri, mongo_db, monkeypatch):
+    """Issue 49: entries spilled to the MongoDB-wire server by the real mover
+    (status counts them from Redis) are deleted by ``reset``, another spider's
+    kept. MongoDB not answering: reset says so and deletes nothing (Redis
+    kept too), unless ``--keep-backlog``."""
+    import asyncio
+
+    from crawlproject import defaults
+    from crawlproject.frontier.backlog import Backlog, BacklogConfig
+    from devtools.services import free_port
+    from tests.test_backlog_mover import KEY, fill, run
+
+    fill(redis, 30)
+
+    async def spill(movers):
+        return (await (await movers.mover("n1")).spill(KEY, window=10)).spilled
+
+    assert run(redis_url, mongo_uri, mongo_db.name, spill) == 20
+
+    async def other_spider():
+        backlog = Backlog.from_config(BacklogConfig(uri=mongo_uri, database=mongo_db.name),
+                                      "other")
+        await backlog.spill(0, KEY, [("0:1@" + KEY, 1, b"x")], epoch=1)
+        await backlog.close()
+
+    asyncio.run(other_spider())
+    docs = mongo_db["frontier_backlog"]
+    status = json.loads(cli(redis_url, "status", "shop", "--json").stdout)["backlog"]
+    assert (status["queued_redis"], status["queued_mongodb"]) == (10, 20)
+    assert status["largest"] == [{"key": KEY, "partition": 0, "queued_mongodb": 20}]
+    # MongoDB does not answer (a closed port; the call's timeout made short)
+    monkeypatch.setitem(defaults.DEFAULTS, "FRONTIER_BACKLOG_TIMEOUT", 1.0)
+    down = f"mongodb://127.0.0.1:{free_port()}/"
+    monkeypatch.setenv("MONGO_URI", down)      # (Redis' bookkeeping says: look there)
+    monkeypatch.setenv("MONGO_DATABASE", mongo_db.name)
+    refused = cli(redis_url, "reset", "shop", "--yes")
+    assert refused.returncode == 1 and "does not answer" in refused.stderr, refused.stderr
+    assert "--keep-backlog" in refused.stderr and "nothing deleted" in refused.stderr
+    assert redis.exists("{shop}:backlog") and docs.count_documents({"s": "shop"}) == 20
+    monkeypatch.setenv("MONGO_URI", mongo_uri)
+    out = cli(redis_url, "reset", "shop", "--yes")
+    assert out.returncode == 0, out.stderr
+    assert "deleted 20 backlog document(s) of shop from MongoDB" in out.stdout, out.stdout
+    assert docs.count_documents({"s": "shop"}) == 0 and docs.count_documents({}) == 1
+    assert not list(redis.scan_iter("{shop}:*"))
+    # no trace in Redis: MongoDB is not asked (it is down here) unless named
+    fill(redis, 2)
+    monkeypatch.setenv("MONGO_URI", down)
+    assert cli(redis_url, "reset", "shop", "--yes", "--keep-seeds").returncode == 0
+    assert cli(redis_url, "reset", "shop", "--yes", "--mongo-uri", down).returncode == 1
+    # told to: Redis reset, the documents (here: none) left, said on stderr
+    fill(redis, 2)
+    kept = cli(redis_url, "reset", "shop", "--yes", "--mongo-uri", down, "--keep-backlog")
+    assert kept.returncode == 0 and "left in MongoDB (--keep-backlog)" in kept.stderr
+    assert not list(redis.scan_iter("{shop}:*"))
