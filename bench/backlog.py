@@ -62,7 +62,10 @@ above, plus ``--refills × 256`` of one extra key; then the real
   ``--refills`` keys' batches, at two backlog sizes (``--backlogs``, default
   10^4,10^5; ``--quick`` 10^5,10^6): the collection grown between them with
   documents of other keys written as spills write them (``insert_many``: the
-  stand-in upserts ≈ 600 documents/s, a plain insert ≈ 8,000/s).
+  stand-in upserts ≈ 600 documents/s, a plain insert ≈ 8,000/s). The mover's
+  lease is 900 s here: the stand-in's read of 256 took more than the default
+  30 s at 10^6 documents (its index scan grows with the collection), and a
+  move outliving its lease is refused at its commit, as it must be.
 
 This configuration ignores ``--queued``/``--sites`` beyond the site count.
 
@@ -290,6 +293,7 @@ MOVE_BATCH = 256                       # a refill's batch (FRONTIER_REFILL_BATCH
 SPILL_SIZES = {"full": (20_000, (10**5, 10**6)), "quick": (20_000, (10**5, 10**6)),
                "smallest": (2_000, (10**4, 3 * 10**4))}
 REFILL_KEY = "refill.example"
+LEASE_TTL = 900.0                      # s (module docstring: the stand-in's reads)
 FILLER_BATCH = 1000
 
 
@@ -345,8 +349,10 @@ class Spill:
         self.backlog = Backlog.from_config(config, SPIDER)
         self.run(self.backlog.open())
         self.aredis = aioredis.Redis.from_url(redis.url)
+        # a long lease: the stand-in's read of 256 takes > 30 s (the default
+        # lease) at 10^6 documents, and the commit would be refused (fenced)
         self.mover = Mover(self.aredis, self.backlog, self.today.frontier.keys, "bench-mover",
-                           settle=0, batch=MOVE_BATCH)
+                           settle=0, batch=MOVE_BATCH, lease_ttl=LEASE_TTL)
         self.collection_name = config.collection
         self.mongo_uri = mongo_uri
 
