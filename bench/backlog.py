@@ -37,10 +37,37 @@ one thread builds the next batch while Redis runs the current call.
   previous 32). Taken entries are acknowledged, so the backlog only shrinks by them.
 
 **Configurations** (``--configs``, in the same run, one after the other):
-``today`` (every queued request in Redis) and ``spill`` (issue 49: a bounded
-window per key in Redis, the rest in MongoDB) — *not built yet*: listed in the
-results as such until ``crawlproject/frontier/backlog.py`` exists; its run
-then adds MongoDB's bytes and operations per spilled request.
+``today`` (every queued request in Redis, above) and ``spill`` (issue 49: a
+bounded window per key in Redis, the rest in MongoDB), measured as follows.
+
+**spill.** A MongoDB-wire server (``devtools.services.MongoServer``, the tests'
+SecantusDB: a Python stand-in, far slower than mongod: its times bound this
+run, not the design; its *operation counts* carry over to a real mongod) and
+the same private Redis. ``sites × --window`` entries plus ``--spill`` more
+(default 20,000; ``--smallest`` 2,000) are added through the real SYNC as
+above, plus ``--refills × 256`` of one extra key; then the real
+:class:`~crawlproject.frontier.mover.Mover` spills every key down to
+``--window`` (default 100) entries. Reported:
+
+* Redis: the queue's ``used_memory`` (Bloom filter apart) before the spill
+  (everything in Redis: today's frontier) and after it, per queued request;
+* MongoDB: bytes per spilled request from ``collStats`` (``size`` ÷ ``count``:
+  the documents' BSON, and ``totalIndexSize`` ÷ ``count``: the two indexes and
+  ``_id``);
+* MongoDB operations per spilled and per refilled request: the commands the
+  movers' client sent (pymongo command monitoring: ``update``, ``find``,
+  ``getMore``…), over the requests moved;
+* a refill's cost: ms of one ``Mover.refill`` of a batch of 256 (claim, one
+  indexed read, commit, tombstones, done; the read apart), median of
+  ``--refills`` keys' batches, at two backlog sizes (``--backlogs``, default
+  10^4,10^5; ``--quick`` 10^5,10^6): the collection grown between them with
+  documents of other keys written as spills write them (``insert_many``: the
+  stand-in upserts ≈ 600 documents/s, a plain insert ≈ 8,000/s). The mover's
+  lease is 900 s here: the stand-in's read of 256 took more than the default
+  30 s at 10^6 documents (its index scan grows with the collection), and a
+  move outliving its lease is refused at its commit, as it must be.
+
+This configuration ignores ``--queued``/``--sites`` beyond the site count.
 
 Bounds: the fill stops before a checkpoint it would not reach within
 ``--max-seconds`` (default 600, projected from the fill rate so far) or when
@@ -49,6 +76,7 @@ which sizes ran.
 
     python -m bench.backlog [--quick | --smallest] [--queued N] [--sites K]
         [--configs today,spill] [--max-seconds S] [--max-redis-gib G]
+        [--window W] [--spill N] [--backlogs 100000,1000000] [--refills R]
 """
 
 from __future__ import annotations
@@ -259,6 +287,263 @@ class Today:
         return out
 
 
+# -- two tiers (issue 49) ----------------------------------------------------------
+MOVE_BATCH = 256                       # a refill's batch (FRONTIER_REFILL_BATCH)
+#: mode -> (entries spilled beyond the windows, backlog sizes a refill is timed at)
+SPILL_SIZES = {"full": (20_000, (10**5, 10**6)), "quick": (20_000, (10**5, 10**6)),
+               "smallest": (2_000, (10**4, 3 * 10**4))}
+REFILL_KEY = "refill.example"
+LEASE_TTL = 900.0                      # s (module docstring: the stand-in's reads)
+FILLER_BATCH = 1000
+
+
+class Commands:
+    """pymongo command monitoring: the commands a client sent, by name."""
+
+    def __init__(self):
+        from pymongo import monitoring
+
+        counts = self.counts = {}
+
+        class Listener(monitoring.CommandListener):
+            def started(self, event):
+                counts[event.command_name] = counts.get(event.command_name, 0) + 1
+
+            def succeeded(self, event):
+                pass
+
+            def failed(self, event):
+                pass
+
+        self.listener = Listener()
+
+    def snapshot(self) -> dict:
+        return dict(self.counts)
+
+    @staticmethod
+    def since(before: dict, after: dict) -> dict:
+        moved = {k: v - before.get(k, 0) for k, v in after.items()}
+        return {k: v for k, v in moved.items() if v and k not in ("ping", "hello", "isMaster",
+                                                                   "endSessions")}
+
+
+class Spill:
+    """Today's frontier filled through SYNC, then spilled by the real Mover to
+    a MongoDB-wire server (see the module docstring)."""
+
+    def __init__(self, redis: BenchRedis, sites: int, bloom_capacity: int, mongo_uri: str,
+                 window: int):
+        import asyncio
+
+        import redis.asyncio as aioredis
+
+        from crawlproject.frontier.backlog import Backlog, BacklogConfig
+        from crawlproject.frontier.mover import Mover
+
+        self.today = Today(redis, sites, bloom_capacity)
+        self.sites, self.window = sites, window
+        self.loop = asyncio.new_event_loop()
+        self.commands = Commands()
+        config = BacklogConfig(uri=mongo_uri, database="bench_backlog", timeout=120.0,
+                               client_options={"event_listeners": [self.commands.listener]})
+        self.backlog = Backlog.from_config(config, SPIDER)
+        self.run(self.backlog.open())
+        self.aredis = aioredis.Redis.from_url(redis.url)
+        # a long lease: the stand-in's read of 256 takes > 30 s (the default
+        # lease) at 10^6 documents, and the commit would be refused (fenced)
+        self.mover = Mover(self.aredis, self.backlog, self.today.frontier.keys, "bench-mover",
+                           settle=0, batch=MOVE_BATCH, lease_ttl=LEASE_TTL)
+        self.collection_name = config.collection
+        self.mongo_uri = mongo_uri
+
+    def run(self, coro):
+        return self.loop.run_until_complete(coro)
+
+    def close(self) -> None:
+        self.run(self.mover.close())
+        self.run(self.aredis.aclose())
+        self.run(self.backlog.close())
+        self.loop.close()
+
+    def fill(self, extra: int, refill_entries: int, t_end: float, max_bytes: int) -> str | None:
+        """``sites × window + extra`` entries over the sites, then *refill_entries* of
+        REFILL_KEY, all through SYNC."""
+        why = self.today.fill(self.sites * self.window + extra, t_end, max_bytes)
+        if why:
+            return why
+        frontier, left = self.today.frontier, refill_entries
+        while left > 0:
+            batch = Batch(maintenance=False, promote=False)
+            for _ in range(min(FILL_BATCH, left)):
+                i = self.today.source.next
+                self.today.source.next += 1
+                _, fp, priority, payload = request_of(i, self.sites)
+                batch.add(payload.replace(f"site{i % self.sites}.example", REFILL_KEY),
+                          hashlib.sha1(f"{REFILL_KEY}/{i}".encode()).digest(),
+                          priority=priority, key=REFILL_KEY)
+                left -= 1
+            self.today.queued = frontier.sync(batch).queued
+        return None
+
+    def queue_bytes(self) -> dict:
+        self.today.queued = self.today.frontier.queued()   # (the movers changed it)
+        m = self.today.memory()
+        return {"queued_redis": m["queued"], "used_delta": m["used_delta"],
+                "bloom_bytes": m["bloom_bytes"], "queue_bytes": m["queue_bytes"],
+                "queue_bytes_per_request": m["queue_bytes_per_request"]}
+
+    def spill_all(self, keys: list[str]) -> dict:
+        """Every key down to the window (the mover's spill, rounds until done)."""
+        before, t, spilled = self.commands.snapshot(), time.perf_counter(), 0
+
+        async def go():
+            n = 0
+            for key in keys:
+                while True:
+                    result = await self.mover.spill(key, self.window)
+                    n += result.spilled
+                    if result.spilled < MOVE_BATCH * 16:   # (SPILL_ROUNDS batches: again)
+                        break
+            return n
+
+        spilled = self.run(go())
+        seconds = time.perf_counter() - t
+        ops = Commands.since(before, self.commands.snapshot())
+        return {"spilled": spilled, "seconds": seconds, "per_s": spilled / seconds,
+                "commands": ops, "ops_per_request": sum(ops.values()) / max(1, spilled)}
+
+    def mongo_bytes(self) -> dict:
+        db = self.backlog.client["bench_backlog"]
+        stats = self.run(db.command("collStats", self.collection_name))
+        count = max(1, int(stats.get("count", 0)))
+        return {"documents": int(stats.get("count", 0)), "size": stats.get("size"),
+                "index_size": stats.get("totalIndexSize"),
+                "bytes_per_request": stats.get("size", 0) / count,
+                "index_bytes_per_request": stats.get("totalIndexSize", 0) / count,
+                "source": "collStats size/count, totalIndexSize/count"}
+
+    def grow(self, documents: int) -> float:
+        """The collection grown to *documents* with entries of other keys, as
+        spills write them (one plain ``insert_many`` per 1,000: the stand-in's
+        upserts are too slow to write 10^6 in a bounded run); seconds taken."""
+        import pymongo
+
+        have = self.run(self.backlog.collection.count_documents({}))
+        client = pymongo.MongoClient(self.mongo_uri)
+        coll = client["bench_backlog"].get_collection(
+            self.collection_name, write_concern=pymongo.WriteConcern(w="majority", j=True))
+        t = time.perf_counter()
+        try:
+            for start in range(have, documents, FILLER_BATCH):
+                docs = []
+                for i in range(start, min(documents, start + FILLER_BATCH)):
+                    key, _, priority, payload = request_of(i, self.sites)
+                    key = "filler-" + key
+                    member = f"{priority}:{i}@{key}"
+                    docs.append({"_id": f"{SPIDER}|0|{member}", "s": SPIDER, "p": 0, "k": key,
+                                 "sc": -priority * 2**40 + i, "m": member,
+                                 "pl": payload.encode(), "e": 1})
+                coll.insert_many(docs, ordered=False)
+        finally:
+            client.close()
+        return time.perf_counter() - t
+
+    def refill_cost(self, n: int) -> dict:
+        """*n* refills of a batch of 256 of REFILL_KEY: ms each (the read apart)."""
+        backlog, read_ms = self.backlog, []
+        peek = backlog.peek
+
+        async def timed_peek(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return await peek(*a, **kw)
+            finally:
+                read_ms.append(1000 * (time.perf_counter() - t))
+
+        backlog.peek = timed_peek
+        before, total_ms, moved = self.commands.snapshot(), [], 0
+        try:
+            for _ in range(n):
+                t = time.perf_counter()
+                result = self.run(self.mover.refill(REFILL_KEY, MOVE_BATCH))
+                total_ms.append(1000 * (time.perf_counter() - t))
+                moved += result.refilled
+        finally:
+            backlog.peek = peek
+        ops = Commands.since(before, self.commands.snapshot())
+        documents = self.run(self.backlog.collection.count_documents({}))
+        return {"refills": n, "refilled": moved, "ms": median(total_ms), "ms_all": total_ms,
+                "read_ms": median(read_ms), "commands": ops,
+                "ops_per_request": sum(ops.values()) / max(1, moved),
+                "collection_documents": documents}
+
+
+def run_spill(args, redis: BenchRedis, sites: int, t_end: float, mode: str) -> dict:
+    """The ``spill`` configuration (module docstring)."""
+    import tempfile
+
+    from devtools.services import MongoServer
+
+    redis.reset()
+    extra = args.spill if args.spill is not None else SPILL_SIZES[mode][0]
+    sizes = ([int(x) for x in args.backlogs.split(",")] if args.backlogs
+             else list(SPILL_SIZES[mode][1]))
+    refills = args.refills
+    total = sites * args.window + extra + refills * len(sizes) * MOVE_BATCH + args.window
+    capacity = args.bloom_capacity or int(total / BLOOM_FILL) + 1
+    storage = tempfile.mkdtemp(prefix="bench-backlog-mongo-")
+    server = MongoServer(storage_path=storage)
+    server.start()
+    out: dict = {"config": "spill", "sites": sites, "window": args.window, "extra": extra,
+                 "bloom_capacity": capacity, "stopped": None, "points": []}
+    spill = None
+    try:
+        spill = Spill(redis, sites, capacity, server.uri, args.window)
+        t = time.monotonic()
+        why = spill.fill(extra, refills * len(sizes) * MOVE_BATCH + args.window, t_end,
+                         int(args.max_redis_gib * GIB))
+        out["fill_s"] = time.monotonic() - t
+        if why:
+            out["stopped"] = f"{why}: while filling"
+            return out
+        out["before"] = spill.queue_bytes()
+        out["queued"] = spill.today.source.next
+        keys = [f"site{i}.example" for i in range(sites)] + [REFILL_KEY]
+        out["spill"] = spill.spill_all(keys)
+        out["after"] = spill.queue_bytes()
+        out["after"]["queued_mongodb"] = int(
+            redis.client.hget(spill.today.frontier.keys.kstate, "||backlog") or 0)
+        out["mongo"] = spill.mongo_bytes()
+        print(f"  spill: {out['queued']:,} queued, {out['spill']['spilled']:,} spilled in "
+              f"{out['spill']['seconds']:.0f}s; Redis queue "
+              f"{out['before']['queue_bytes'] / 2**20:.1f} -> "
+              f"{out['after']['queue_bytes'] / 2**20:.1f} MiB; MongoDB "
+              f"{out['mongo']['bytes_per_request']:.0f} B/request", flush=True)
+        for size in sizes:
+            left = t_end - time.monotonic()
+            grown = out["mongo"]["documents"] if not out["points"] else \
+                out["points"][-1]["refill"]["collection_documents"]
+            if size > grown and (size - grown) / 8000 > left:
+                out["stopped"] = f"time: a backlog of {size:,} would take past --max-seconds"
+                break
+            grow_s = spill.grow(size)
+            point = {"backlog": size, "grow_s": grow_s, "refill": spill.refill_cost(refills)}
+            out["points"].append(point)
+            r = point["refill"]
+            print(f"  spill: backlog {r['collection_documents']:,} documents: refill of "
+                  f"{MOVE_BATCH} {r['ms']:.0f} ms (read {r['read_ms']:.0f} ms), "
+                  f"{r['ops_per_request']:.4f} MongoDB ops/request", flush=True)
+    finally:
+        if spill is not None:
+            spill.close()
+        server.stop()
+        import shutil
+
+        shutil.rmtree(storage, ignore_errors=True)
+    out["status"] = "ok" if not out["stopped"] else "partial"
+    return out
+
+
 @dataclass(frozen=True)
 class Config:
     """A frontier measured: *frontier* builds it (``Today``'s interface: ``fill``,
@@ -271,10 +556,9 @@ class Config:
 
 CONFIGS = {
     "today": Config("today", "today: every queued request in Redis", Today),
-    # issue 49: a Spill class over crawlproject/frontier/backlog.py, its memory() adding
-    # MongoDB's bytes and operations per spilled request
+    # (run by run_spill: its own measurements, see the module docstring)
     "spill": Config("spill", "two tiers (issue 49): a window per key in Redis, the rest in "
-                             "MongoDB", None),
+                             "MongoDB", Spill),
 }
 
 
@@ -351,6 +635,15 @@ def main(argv=None) -> dict:
                         help="time for each configuration's fill and measurements")
     parser.add_argument("--max-redis-gib", type=float, default=6.0,
                         help="stop filling when Redis' used_memory passes this")
+    parser.add_argument("--window", type=int, default=100,
+                        help="spill: entries each key keeps in Redis")
+    parser.add_argument("--spill", type=int, default=None,
+                        help="spill: entries added beyond the windows (spilled by the mover)")
+    parser.add_argument("--backlogs", default=None,
+                        help="spill: comma-separated backlog sizes (documents) a refill is "
+                             "timed at")
+    parser.add_argument("--refills", type=int, default=3,
+                        help="spill: refills of 256 timed at each backlog size")
     args = parser.parse_args(argv)
     mode = mode_of(args)
     n, sites = SIZES[mode]
@@ -368,6 +661,12 @@ def main(argv=None) -> dict:
                 print(f"  {name}: not built yet ({config.label})", flush=True)
                 runs[name] = {"config": name, "status": "not built yet", "label": config.label}
                 continue
+            if name == "spill":
+                runs[name] = {**run_spill(args, redis, sites,
+                                          time.monotonic() + args.max_seconds, mode),
+                              "label": config.label}
+                redis.reset()
+                continue
             runs[name] = {**run_config(config, args, redis, n, sites,
                                        time.monotonic() + args.max_seconds, mode),
                           "label": config.label}
@@ -380,6 +679,8 @@ def main(argv=None) -> dict:
 def render(data: dict) -> str:
     rows, notes = [], []
     for name, run in data["runs"].items():
+        if name == "spill":
+            continue
         if run["status"] == "not built yet":
             rows.append([name, "not built yet"] + [""] * 11)
             continue
@@ -411,7 +712,41 @@ def render(data: dict) -> str:
                 f"req/s")
     if notes:
         out += "\n" + "\n".join(notes)
+    spill = data["runs"].get("spill")
+    if spill and spill.get("status") != "not built yet":
+        out += "\n\n" + render_spill(spill)
     return out
+
+
+def render_spill(run: dict) -> str:
+    if "spill" not in run:
+        return f"spill: {run.get('stopped')}"
+    b, a, s, m = run["before"], run["after"], run["spill"], run["mongo"]
+    lines = [
+        f"spill (window {run['window']} per key, {run['sites']:,} sites + 1): "
+        f"{run['queued']:,} queued through SYNC, {s['spilled']:,} spilled by the mover in "
+        f"{s['seconds']:.0f}s ({s['per_s']:,.0f}/s: the MongoDB-wire stand-in bounds it)",
+        f"Redis queue (used_memory, Bloom apart): {b['queue_bytes'] / 2**20:.1f} MiB for "
+        f"{b['queued_redis']:,} in Redis ({b['queue_bytes_per_request']:.0f} B/request, today) "
+        f"-> {a['queue_bytes'] / 2**20:.1f} MiB for {a['queued_redis']:,} in Redis "
+        f"({a['queue_bytes_per_request']:.0f} B/request in Redis, "
+        f"{a['queue_bytes'] / max(1, run['queued']):.0f} B/request of the whole backlog: "
+        f"{100 * a['queue_bytes'] / max(1, b['queue_bytes']):.0f} % of today's)",
+        f"MongoDB ({m['source']}): {m['bytes_per_request']:.0f} B/request of documents + "
+        f"{m['index_bytes_per_request']:.0f} B/request of indexes ({m['documents']:,} documents)",
+        f"MongoDB commands per spilled request: {s['ops_per_request']:.4f} "
+        f"({', '.join(f'{k} {v}' for k, v in sorted(s['commands'].items()))})",
+    ]
+    rows = [[p["refill"]["collection_documents"], p["refill"]["refilled"], p["refill"]["ms"],
+             p["refill"]["read_ms"], p["refill"]["ops_per_request"],
+             ", ".join(f"{k} {v}" for k, v in sorted(p["refill"]["commands"].items()))]
+            for p in run["points"]]
+    lines.append(table(["documents in MongoDB", "refilled", "refill of 256: ms (median)",
+                        "of which the read: ms", "MongoDB commands per refilled request",
+                        "commands"], rows))
+    if run.get("stopped"):
+        lines.append(f"spill: {run['stopped']}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -963,3 +963,108 @@ def test_status_watch_without_a_terminal_prints_frames(redis, redis_url):
                 "--count", "2").stdout.splitlines()
     assert [json.loads(line)["seeds"]["waiting"] for line in lines] == [1, 1]
     assert cli(redis_url, "status", "shop", "--watch", "--count", "0").returncode == 2
+
+
+def test_status_shows_both_tiers_per_partition_and_the_largest_backlogs(redis, redis_url):
+    """Issue 49: queued in Redis (``||qlen``, through a real SYNC) and in
+    MongoDB (``||backlog``), the moves waiting and the oldest one's wait, per
+    partition, and the ten largest backlogs over all partitions, read from
+    Redis' bookkeeping alone (no MongoDB runs here: none is counted)."""
+    from crawlproject.keys import FrontierKeys
+    from crawlproject.dashboard import render
+
+    redis.hset(FrontierKeys("shop").config, "partitions", 2)
+    parts = [Frontier(redis, "shop", "n1", partition=p, partitions=2) for p in range(2)]
+    batch = Batch()
+    for i in range(3):
+        batch.add(json.dumps({"url": f"http://a.example/{i}"}), f"a{i}".encode(), 0,
+                  key="a.example")
+    assert parts[0].sync(batch).added == 3
+    sec, usec = redis.time()
+    now_ms = sec * 1000 + usec // 1000
+    k0, k1 = parts[0].keys, parts[1].keys
+    redis.hset(k0.kstate, "||backlog", 500)
+    redis.zadd(k0.backlog, {"a.example": 300, "b.example": 200})
+    redis.zadd(k0.moves, {"a.example": now_ms - 42_000, "c.example": now_ms - 1000})
+    redis.hset(k1.kstate, "||backlog", 1200)
+    redis.zadd(k1.backlog, {f"h{i}.example": 50 + i * 10 for i in range(12)})
+    redis.zadd(k1.backlog, {"<b>big</b>.example": 400})
+    data = json.loads(cli(redis_url, "status", "shop", "--json").stdout)
+    b = data["backlog"]
+    assert (b["queued_redis"], b["queued_mongodb"], b["moves_waiting"]) == (3, 1700, 2)
+    assert 41 <= b["oldest_move_age_s"] <= 60
+    assert [(r["partition"], r["queued_redis"], r["queued_mongodb"], r["moves_waiting"])
+            for r in b["partitions"]] == [(0, 3, 500, 2), (1, 0, 1200, 0)]
+    assert b["partitions"][1]["oldest_move_age_s"] is None
+    assert [(r["key"], r["queued_mongodb"]) for r in b["largest"]] == [
+        ("<b>big</b>.example", 400), ("a.example", 300), ("b.example", 200),
+        *((f"h{i}.example", 50 + i * 10) for i in range(11, 4, -1))]
+    # work in MongoDB alone is work left: not "finished" with nothing in Redis
+    redis.delete(*redis.keys("{shop:0}:*"))
+    assert json.loads(cli(redis_url, "status", "shop", "--json").stdout)["crawl"]["state"] \
+        == "stopped"
+    text = cli(redis_url, "status", "shop")
+    assert text.returncode == 0, text.stderr
+    assert "in MongoDB" in text.stdout and "largest backlogs" in text.stdout
+    assert "0 / 1200" in text.stdout and "<b>big</b>.example" in text.stdout
+    html = render.backlog_fragment(data)
+    assert "&lt;b&gt;big&lt;/b&gt;.example" in html and "<b>big" not in html
+    assert 'data-field="backlog.queued_mongodb">1,700<' in html
+
+
+def test_reset_deletes_the_backlog_documents_and_refuses_when_mongodb_is_down(
+        redis, redis_url, mongo_uri, mongo_db, monkeypatch):
+    """Issue 49: entries spilled to the MongoDB-wire server by the real mover
+    (status counts them from Redis) are deleted by ``reset``, another spider's
+    kept. MongoDB not answering: reset says so and deletes nothing (Redis
+    kept too), unless ``--keep-backlog``."""
+    import asyncio
+
+    from crawlproject import defaults
+    from crawlproject.frontier.backlog import Backlog, BacklogConfig
+    from devtools.services import free_port
+    from tests.test_backlog_mover import KEY, fill, run
+
+    fill(redis, 30)
+
+    async def spill(movers):
+        return (await (await movers.mover("n1")).spill(KEY, window=10)).spilled
+
+    assert run(redis_url, mongo_uri, mongo_db.name, spill) == 20
+
+    async def other_spider():
+        backlog = Backlog.from_config(BacklogConfig(uri=mongo_uri, database=mongo_db.name),
+                                      "other")
+        await backlog.spill(0, KEY, [("0:1@" + KEY, 1, b"x")], epoch=1)
+        await backlog.close()
+
+    asyncio.run(other_spider())
+    docs = mongo_db["frontier_backlog"]
+    status = json.loads(cli(redis_url, "status", "shop", "--json").stdout)["backlog"]
+    assert (status["queued_redis"], status["queued_mongodb"]) == (10, 20)
+    assert status["largest"] == [{"key": KEY, "partition": 0, "queued_mongodb": 20}]
+    # MongoDB does not answer (a closed port; the call's timeout made short)
+    monkeypatch.setitem(defaults.DEFAULTS, "FRONTIER_BACKLOG_TIMEOUT", 1.0)
+    down = f"mongodb://127.0.0.1:{free_port()}/"
+    monkeypatch.setenv("MONGO_URI", down)      # (Redis' bookkeeping says: look there)
+    monkeypatch.setenv("MONGO_DATABASE", mongo_db.name)
+    refused = cli(redis_url, "reset", "shop", "--yes")
+    assert refused.returncode == 1 and "does not answer" in refused.stderr, refused.stderr
+    assert "--keep-backlog" in refused.stderr and "nothing deleted" in refused.stderr
+    assert redis.exists("{shop}:backlog") and docs.count_documents({"s": "shop"}) == 20
+    monkeypatch.setenv("MONGO_URI", mongo_uri)
+    out = cli(redis_url, "reset", "shop", "--yes")
+    assert out.returncode == 0, out.stderr
+    assert "deleted 20 backlog document(s) of shop from MongoDB" in out.stdout, out.stdout
+    assert docs.count_documents({"s": "shop"}) == 0 and docs.count_documents({}) == 1
+    assert not list(redis.scan_iter("{shop}:*"))
+    # no trace in Redis: MongoDB is not asked (it is down here) unless named
+    fill(redis, 2)
+    monkeypatch.setenv("MONGO_URI", down)
+    assert cli(redis_url, "reset", "shop", "--yes", "--keep-seeds").returncode == 0
+    assert cli(redis_url, "reset", "shop", "--yes", "--mongo-uri", down).returncode == 1
+    # told to: Redis reset, the documents (here: none) left, said on stderr
+    fill(redis, 2)
+    kept = cli(redis_url, "reset", "shop", "--yes", "--mongo-uri", down, "--keep-backlog")
+    assert kept.returncode == 0 and "left in MongoDB (--keep-backlog)" in kept.stderr
+    assert not list(redis.scan_iter("{shop}:*"))

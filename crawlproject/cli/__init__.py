@@ -128,6 +128,16 @@ def build_parser() -> argparse.ArgumentParser:
                            help="also delete items handed to Redis that are not in MongoDB yet")
             p.add_argument("--drop-proxy-pool", action="store_true",
                            help="also delete the operator's proxy list {spider}:proxies")
+            p.add_argument("--mongo-uri", help="the frontier backlog's MongoDB (default: "
+                           "MONGO_URI, setting then environment); given, its documents of "
+                           "the spider are deleted even when Redis has no trace of them")
+            p.add_argument("--database", help="default: MONGO_DATABASE (setting, then "
+                           "environment)")
+            p.add_argument("--keep-backlog", action="store_true",
+                           help="reset Redis even when MongoDB does not answer, leaving the "
+                                "spider's frontier backlog documents there (reset again "
+                                "before the spider crawls again: they would meet its new "
+                                "entries)")
     p = sub.add_parser("recrawl", help="make known pages due for a revisit now (conditional "
                        "requests; unchanged pages are not parsed again)")
     p.add_argument("spider")

@@ -131,6 +131,14 @@ def _status_table(args, data: dict):
         table.add_row("to crawl again (nodes started now wait)", terminal_text(control["resume"]))
     for name, value in data["frontier"].items():
         table.add_row(name, str(value))
+    backlog = data.get("backlog") or {}
+    if backlog:
+        table.add_row("queued: in Redis / in MongoDB (backlog)",
+                      f"{backlog['queued_redis']} / {backlog['queued_mongodb']}")
+        table.add_row("moves waiting (spill or refill; the oldest waits)",
+                      f"{backlog['moves_waiting']}" + (
+                          f" ({backlog['oldest_move_age_s']:g} s)"
+                          if backlog.get("oldest_move_age_s") is not None else ""))
     for name, value in data["seeds"].items():
         table.add_row(f"seeds {name}", str(value))
     table.add_row("pages/s, items/s (last minute, all nodes)",
@@ -170,7 +178,36 @@ def _status_table(args, data: dict):
                       "" if row["next_start_in_s"] is None else f"{row['next_start_in_s']:g}s",
                       f"{row['blocked_for_s']:g}s" if row["blocked_for_s"] else "",
                       f"{row['backoff_s']:g}s" if row["backoff_s"] else "")
-    return Group(table, hosts, nodes)
+    return Group(table, hosts, *_backlog_tables(backlog), nodes)
+
+
+def _backlog_tables(backlog: dict) -> list:
+    """The two tiers per partition (when there are several, or anything in
+    MongoDB or waiting to move) and the largest backlogs (keys from Redis:
+    through terminal_text)."""
+    from rich.table import Table
+
+    rows = backlog.get("partitions") or []
+    if not (len(rows) > 1 or backlog.get("queued_mongodb") or backlog.get("moves_waiting")):
+        return []
+    tiers = Table(title="frontier tiers per partition (Redis bookkeeping; MongoDB not counted)")
+    for column in ("partition", "queued in Redis", "queued in MongoDB", "moves waiting",
+                   "oldest move waits"):
+        tiers.add_column(column, justify="right")
+    for r in rows:
+        tiers.add_row(str(r["partition"]), str(r["queued_redis"]), str(r["queued_mongodb"]),
+                      str(r["moves_waiting"]), "" if r["oldest_move_age_s"] is None
+                      else f"{r['oldest_move_age_s']:g} s")
+    out = [tiers]
+    if backlog.get("largest"):
+        largest = Table(title="largest backlogs (entries in MongoDB)")
+        for column in ("key", "partition", "in MongoDB"):
+            largest.add_column(column, justify="left" if column == "key" else "right")
+        for r in backlog["largest"]:
+            largest.add_row(terminal_text(r["key"]), str(r["partition"]),
+                            str(r["queued_mongodb"]))
+        out.append(largest)
+    return out
 
 
 def _nodes_table(title: str, reports: list[dict], registered: bool = False):

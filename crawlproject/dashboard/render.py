@@ -122,6 +122,32 @@ def frontier_fragment(data: dict) -> str:
                 ("seeds invalid", "seeds.invalid", s["invalid"])])
 
 
+def backlog_fragment(data: dict) -> str:
+    """The frontier's two tiers: queued in Redis and in MongoDB per partition,
+    the moves waiting, the largest backlogs (Redis' bookkeeping only)."""
+    b = data.get("backlog") or {}
+    if not b:
+        return '<p class="empty">No backlog data.</p>'
+    age = b.get("oldest_move_age_s")
+    out = _dl([("queued in Redis", "backlog.queued_redis", b["queued_redis"]),
+               ("queued in MongoDB", "backlog.queued_mongodb", b["queued_mongodb"]),
+               ("moves waiting", "backlog.moves_waiting", b["moves_waiting"]),
+               ("oldest move waits (s)", "backlog.oldest_move_age_s",
+                "" if age is None else age)])
+    rows = [[n(r["partition"]), n(r["queued_redis"]), n(r["queued_mongodb"]),
+             n(r["moves_waiting"]),
+             "" if r["oldest_move_age_s"] is None else f'{n(r["oldest_move_age_s"])} s']
+            for r in b.get("partitions") or []]
+    out += _table("Queued per partition, in Redis and in MongoDB",
+                  ["partition", "in Redis", "in MongoDB", "moves waiting", "oldest move waits"],
+                  rows, "No partition.", numeric_from=0)
+    largest = [[e(r["key"]), n(r["partition"]), n(r["queued_mongodb"])]
+               for r in b.get("largest") or []]
+    return out + _table("Largest backlogs (entries in MongoDB)",
+                        ["key", "partition", "in MongoDB"], largest,
+                        "No key has entries in MongoDB.")
+
+
 def totals_of(data: dict) -> list[tuple[str, str, object]]:
     """What the crawl has done in all (it stays once the nodes are gone): pages
     crawled (the frontier's count), items stored (MongoDB; else what the
@@ -310,7 +336,7 @@ FRAGMENTS = {"control": control_fragment, "frontier": frontier_fragment,
              "rates": rates_fragment, "nodes": nodes_fragment, "hosts": hosts_fragment,
              "bloom": bloom_fragment, "budgets": budgets_fragment,
              "recrawl": recrawl_fragment, "proxies": proxies_fragment,
-             "totals": totals_fragment}
+             "totals": totals_fragment, "backlog": backlog_fragment}
 
 
 def fragments(feed) -> dict[str, str]:
@@ -400,6 +426,8 @@ def _sections(spider: str, frags: dict[str, str], minutes: str):
         "frontier", f"queued, in flight, delayed, dead and invalid requests over the last "
                     f"{minutes} minutes (the numbers are above)",
         f"Frontier sizes, last {minutes} minutes"))
+    yield _section("backlog", "Frontier tiers: Redis and MongoDB", region("backlog"),
+                   wide=True)
     yield _section("rates", "Throughput and errors", region("rates") + _chart(
         "rates", f"pages and items per second over the last {minutes} minutes",
         "Pages/s and items/s (last minute, all nodes)"))

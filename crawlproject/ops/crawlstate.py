@@ -19,9 +19,11 @@ STATES = ("running", "finished", "stopped", "paused", "draining", "idle", "stuck
 
 
 def work_left(data: dict) -> int:
-    """Requests queued, delayed or in flight, and seeds waiting or claimed."""
+    """Requests queued (in Redis or MongoDB), delayed or in flight, and seeds
+    waiting or claimed."""
     f, s = data["frontier"], data["seeds"]
-    return f["queued"] + f["delayed"] + f["inflight"] + s["waiting"] + s["claimed"]
+    backlog = (data.get("backlog") or {}).get("queued_mongodb", 0)
+    return f["queued"] + backlog + f["delayed"] + f["inflight"] + s["waiting"] + s["claimed"]
 
 
 def pages_crawled(data: dict) -> int:

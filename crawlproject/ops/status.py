@@ -70,10 +70,59 @@ def status_data(spider: str, parts: list[Frontier], seeds: SeedKeys) -> dict:
         "recrawl": _recrawl_summary(f.client, spider),
         "budgets": budget_summary(parts),
         "proxy_pool": _proxy_pool_summary(f.client, spider, now_ms),
+        "backlog": backlog_summary(parts, now_ms),
     }
     data["crawl"] = crawl_state(data)
     data["crawl"]["pages_crawled"] = pages_crawled(data)
     return data
+
+
+#: the largest backlogs (keys with the most entries in MongoDB) status shows
+BACKLOG_KEYS_SHOWN = 10
+
+
+def backlog_summary(parts: list[Frontier], now_ms: int) -> dict:
+    """The frontier's two tiers (docs/frontier.md, "A frontier larger than
+    RAM"): per partition the entries queued in Redis (kstate's ``||qlen``) and
+    in MongoDB (``||backlog``, kept by the move scripts), the keys waiting for
+    a spill or a refill (``T:moves``) and the oldest one's wait, and the
+    :data:`BACKLOG_KEYS_SHOWN` keys with the largest backlogs (``ZREVRANGE
+    T:backlog``). Redis' bookkeeping only, O(log n) a partition: never a count
+    over the MongoDB collection (a status page must not scan 10^9 documents)."""
+    rows, largest = [], []
+    for part in parts:
+        k = part.keys
+        pipe = part.client.pipeline(transaction=False)
+        pipe.hget(k.kstate, "||backlog")
+        pipe.zcard(k.moves)
+        pipe.zrange(k.moves, 0, 0, withscores=True)
+        pipe.zrevrange(k.backlog, 0, BACKLOG_KEYS_SHOWN - 1, withscores=True)
+        # (a key of another type: not ours, shown as none)
+        total, moves, oldest, top = [None if isinstance(r, Exception) else r
+                                     for r in pipe.execute(raise_on_error=False)]
+        since = oldest[0][1] if oldest and oldest[0][1] == oldest[0][1] else None
+        rows.append({"partition": k.partition, "queued_redis": part.queued(),
+                     "queued_mongodb": _count(total), "moves_waiting": moves or 0,
+                     "oldest_move_age_s": None if since is None else
+                     round(max(0.0, now_ms - min(max(since, -1e15), 1e15)) / 1000, 1)})
+        largest += [{"key": _s(key), "partition": k.partition,
+                     "queued_mongodb": _count(score)} for key, score in top or []]
+    largest.sort(key=lambda r: (-r["queued_mongodb"], r["partition"], r["key"]))
+    ages = [r["oldest_move_age_s"] for r in rows if r["oldest_move_age_s"] is not None]
+    return {"queued_redis": sum(r["queued_redis"] for r in rows),
+            "queued_mongodb": sum(r["queued_mongodb"] for r in rows),
+            "moves_waiting": sum(r["moves_waiting"] for r in rows),
+            "oldest_move_age_s": max(ages) if ages else None,
+            "partitions": rows, "largest": largest[:BACKLOG_KEYS_SHOWN]}
+
+
+def _count(raw) -> int:
+    """A count Redis holds (bytes, a float score, junk: 0), never below 0."""
+    try:
+        value = float(_s(raw)) if raw is not None else 0.0
+    except ValueError:
+        return 0
+    return int(min(max(value, 0.0), 1e18)) if value == value else 0
 
 
 def _held_leases(parts: list[Frontier], nodes: list[str]) -> dict[str, int]:
