@@ -295,6 +295,10 @@ def canonicalize(url: str, session_params: re.Pattern | None = None, *,
     if not changes and not sep:
         return Canonical(url, ())
     rebuilt = urlunsplit((parts.scheme, netloc, path, query, parts.fragment))
+    if not netloc and path.startswith("//"):
+        # no host ("http://@//a"): urlunsplit would read the path's "//a" as the
+        # authority, a request to host "a"; the authority stays empty instead
+        rebuilt = f"{parts.scheme}://{rebuilt.partition(':')[2]}"
     if not query and url.partition("#")[0].endswith("?"):
         rebuilt = rebuilt.replace("#", "?#", 1) if parts.fragment else rebuilt + "?"
     return Canonical(rebuilt, tuple(changes), unquote_plus(userinfo) if userinfo else None)

@@ -725,11 +725,13 @@ def test_three_nodes_hold_each_site_s_interval_at_the_site_not_only_at_lease(
     for host in hosts:
         mine = sorted(h.t for h in hits if h.host == host)
         gaps = [b - a for a, b in zip(mine, mine[1:])]
-        # 50 ms of measurement (the site's and the nodes' processes waking up):
-        # a quarter of what a lease-time-only node loses. Seen: 0.521 s at
-        # least here; 0.30 with the margin off, 0.33 with the late-send report
-        # removed (crawlproject/scheduler.py, _on_reached_downloader).
-        assert min(gaps) >= 0.5 - 0.05, sorted(gaps)[:5]
+        # 80 ms of measurement (the site's and the nodes' processes waking up):
+        # under half of what a lease-time-only node loses. Seen: 0.51-0.53 s at
+        # least on an idle machine, 0.432 once with the suite and two more
+        # test runs on its 2 cores (load 9.5); 0.30 with the margin off, 0.33
+        # with the late-send report removed (scheduling/sitefeedback.py,
+        # on_reached_downloader).
+        assert min(gaps) >= 0.5 - 0.08, sorted(gaps)[:5]
         assert max_overlap((h.t, h.done) for h in hits if h.host == host) <= 2
     assert late >= 5, late  # the lagging node did send (and report) requests late
 

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 import pytest
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import example, given, settings as hsettings, strategies as st
 from scrapy import Request, Spider
 from scrapy.utils.request import fingerprint
 from scrapy.utils.test import get_crawler
@@ -172,6 +172,8 @@ _url_chars = st.sampled_from(list("aZ09.:@;=?&#/[]%-_~ ") + ["jsessionid", "sid"
 @hsettings(max_examples=500, deadline=None)
 @given(scheme=st.sampled_from(["http://", "https://", "HTTP://", "ftp://"]),
        rest=st.lists(_url_chars, max_size=20).map("".join))
+@example(scheme="http://", rest="@//a")       # no host: not a request to host "a"
+@example(scheme="http://", rest="u:p@//a/b")
 def test_whatever_a_page_links_to_the_canonical_form_is_stable_and_has_no_credentials(
         scheme, rest):
     try:

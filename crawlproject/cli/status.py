@@ -89,14 +89,21 @@ def _watch_frames(args, seeds, console) -> int:
     return 0
 
 
-def _status_all(args) -> int:
-    """`status` of each spider of this project with state in Redis (one JSON
-    object a line with ``--json``, one table each otherwise)."""
+def _project_spiders(command: str):
+    """The project's settings, spider loader and spider names, for a command run
+    without a spider (a usage error outside a project or with no spider)."""
     settings, loader = current_project()
     names = sorted(loader.list()) if loader is not None else []
     if not names:
         raise UsageError("no Scrapy project here to find spiders in: name one "
-                         "(crawlctl status SPIDER)")
+                         f"(crawlctl {command} SPIDER)")
+    return settings, loader, names
+
+
+def _status_all(args) -> int:
+    """`status` of each spider of this project with state in Redis (one JSON
+    object a line with ``--json``, one table each otherwise)."""
+    settings, loader, names = _project_spiders("status")
     client = _client(args)
     active = [name for name in names if spider_keys(
         client, name, _seed_keys(argparse.Namespace(spider=name), settings,
@@ -246,11 +253,7 @@ def cmd_nodes(args) -> int:
     """The nodes' last reports, a table (``--json``: one JSON object a line).
     Without a spider: those of every spider of the project that has reports."""
     if args.spider is None:
-        settings, loader = current_project()
-        names = sorted(loader.list()) if loader is not None else []
-        if not names:
-            raise UsageError("no Scrapy project here to find spiders in: name one "
-                             "(crawlctl nodes SPIDER)")
+        _, _, names = _project_spiders("nodes")
         client = _client(args)
         spiders = [name for name in names if client.exists(node_reports_key(name))]
         if not spiders:
