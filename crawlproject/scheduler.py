@@ -16,7 +16,6 @@ from functools import partial
 
 from scrapy import Request, signals
 from scrapy.core.scheduler import BaseScheduler
-from scrapy.exceptions import NotConfigured
 from scrapy.utils.defer import deferred_from_coro
 
 from crawlproject.connection import (redact_url, redis_from_settings,
@@ -272,12 +271,11 @@ class RedisScheduler(BaseScheduler):
         """The MongoDB tier (issue 49): SYNC flags keys with the window rule,
         the node's mover moves them (FRONTIER_BACKLOG_ENABLED: both or neither)."""
         settings = self.crawler.settings
-        try:
-            mover = MoverTask.from_settings(
-                settings, frontiers, spider.name, self.node,
-                default_delay=self.politeness.default.delay, poll=self.heartbeat,
-                stats=self.stats, log_extra=extra, on_moved=self.client.moved)
-        except NotConfigured:
+        mover = MoverTask.from_settings(
+            settings, frontiers, spider.name, self.node,
+            default_delay=self.politeness.default.delay, poll=self.heartbeat,
+            stats=self.stats, log_extra=extra, on_moved=self.client.moved)
+        if mover is None:
             return
         for frontier in frontiers:
             frontier.window = mover.rule

@@ -23,7 +23,7 @@ Everything runs on the event loop (redis-py's and pymongo's asyncio clients):
 the reactor never blocks. MongoDB is not connected to until the first move:
 a crawl that never spills never touches it.
 
-Off with ``FRONTIER_BACKLOG_ENABLED = False`` (:class:`NotConfigured`).
+Off with ``FRONTIER_BACKLOG_ENABLED = False`` (:meth:`MoverTask.from_settings` gives None).
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ import time
 from typing import Callable
 
 from redis.exceptions import RedisError
-from scrapy.exceptions import NotConfigured
 
 from crawlproject.frontier.backlog import Backlog, BacklogConfig, BacklogError
 from crawlproject.frontier.mover import MOVE_BATCH, SPILL_ROUNDS, Claim, Mover, MoveResult, \
@@ -100,11 +99,13 @@ class MoverTask:
         self._task: asyncio.Future | None = None
 
     @classmethod
-    def from_settings(cls, settings, frontiers, spider: str, node: str, **kwargs) -> "MoverTask":
-        """The node's mover, or :class:`NotConfigured` with the tier off."""
+    def from_settings(cls, settings, frontiers, spider: str, node: str,
+                      **kwargs) -> "MoverTask | None":
+        """The node's mover, or None with the tier off (the frontier imports
+        nothing of Scrapy's: the scheduler, Scrapy's side, decides)."""
         rule = WindowRule.from_settings(settings)
         if not rule.enabled:
-            raise NotConfigured("FRONTIER_BACKLOG_ENABLED is False")
+            return None
         config = BacklogConfig.from_settings(settings)
         stats = kwargs.get("stats")
         return cls(frontiers, rule, lambda: Backlog.from_config(config, spider, stats=stats),
