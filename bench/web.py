@@ -29,6 +29,7 @@ node peak RSS                                    reported
 ==============================================  ======
 
     python -m bench.web [--quick | --smallest] [--sites N] [--timeout S] [--keep] [--addresses]
+        [--spider redis|crawl|redis-crawl]
 
 Run as root (with ``unshare``, ``ip``), the sites have host names
 (``<site>.synth.test``, in an ``/etc/hosts`` of a network namespace the run
@@ -101,6 +102,50 @@ class WebSpider(RedisSpider):
             yield response.follow(link, self.parse)
 '''
 
+#: the spiders users bring (``--spider``): every one stores each page it gets
+#: and follows every link, judged by the same ground truth
+SPIDERS = {
+    "redis": SPIDER,
+    # Scrapy's CrawlSpider, its seeds in start_urls (no Redis seed list)
+    "crawl": '''
+from scrapy.linkextractors import LinkExtractor
+from scrapy.spiders import CrawlSpider, Rule
+
+
+class WebSpider(CrawlSpider):
+    name = "web"
+    start_urls = START_URLS
+    rules = (Rule(LinkExtractor(), callback="parse_item", follow=True),)
+
+    def parse_start_url(self, response):
+        return self.parse_item(response)
+
+    def parse_item(self, response):
+        if hasattr(response, "css"):
+            yield {"url": response.url, "title": response.css("title::text").get()}
+''',
+    # scrapy-redis' example project's RedisCrawlSpider (mycrawler_redis.py)
+    "redis-crawl": '''
+from scrapy.linkextractors import LinkExtractor
+from scrapy.spiders import Rule
+from scrapy_redis.spiders import RedisCrawlSpider
+
+
+class WebSpider(RedisCrawlSpider):
+    name = "web"
+    redis_key = "web:start_urls"
+    max_idle_time = 3
+    rules = (Rule(LinkExtractor(), callback="parse_page", follow=True),)
+
+    def parse_start_url(self, response):
+        return self.parse_page(response)
+
+    def parse_page(self, response):
+        if hasattr(response, "css"):
+            yield {"url": response.url, "title": response.css("title::text").get()}
+''',
+}
+
 
 def readme_limits() -> dict:
     """DOWNLOAD_DELAY, CONCURRENT_REQUESTS_PER_DOMAIN and the delay jitter the
@@ -141,10 +186,10 @@ class Nodes:
     def text(self, i: int) -> str:
         return self.logs[i].read_text(errors="replace") if self.logs[i].exists() else ""
 
-    def wait_ready(self, timeout: float) -> None:
+    def wait_ready(self, timeout: float, line: str = "Reading seeds from") -> None:
         deadline = time.monotonic() + timeout
         for i, proc in enumerate(self.procs):
-            while "Reading seeds from" not in self.text(i):
+            while line not in self.text(i):
                 if proc.poll() is not None:
                     raise SystemExit(f"node-{i + 1} exited early:\n{self.tail(i)}")
                 if time.monotonic() > deadline:
@@ -206,7 +251,8 @@ def run_in_namespace(specs, argv: list[str]) -> int:
         shutil.rmtree(hosts.parent, ignore_errors=True)
 
 
-def run(specs, mode: str, timeout: float | None, keep: bool, hostnames: bool = False) -> dict:
+def run(specs, mode: str, timeout: float | None, keep: bool, hostnames: bool = False,
+        spider: str = "redis") -> dict:
     limits = readme_limits()
     work = Path(tempfile.mkdtemp(prefix="bench-web-"))
     redis = RedisServer(data_dir=work / "redis")
@@ -223,7 +269,8 @@ def run(specs, mode: str, timeout: float | None, keep: bool, hostnames: bool = F
                 budget = min(budget, QUICK_CAP_S)
             print(f"  {len(synth.sites)} sites, {len(synth.seeds())} seeds; README limits "
                   f"{limits}; ideal {ideal:.1f}s ({slowest}); deadline {budget:.0f}s", flush=True)
-            project = user_project(work / "project", "synthproj", SPIDER,
+            code = SPIDERS[spider].replace("START_URLS", repr(synth.seeds()))
+            project = user_project(work / "project", "synthproj", code,
                                    extra_settings=f"REDIS_URL = {redis.url!r}\n"
                                    f"MONGO_URI = {mongo.uri!r}\nMONGO_DATABASE = {DATABASE!r}\n"
                                    # What ends an infinite calendar is the site budget; the
@@ -232,9 +279,12 @@ def run(specs, mode: str, timeout: float | None, keep: bool, hostnames: bool = F
                                    f"FRONTIER_SITE_BUDGET = {synth_table.TRAP_ALLOWANCE}\n")
             nodes = Nodes(project, work, node_env(redis.url, mongo.uri, DATABASE), NODES)
             try:
-                nodes.wait_ready(90)
                 client = redis_lib.Redis.from_url(redis.url)
-                client.lpush("web:start_urls", *synth.seeds())
+                if spider != "crawl":     # (a CrawlSpider's seeds are its start_urls)
+                    # (scrapy-redis' spiders read seeds themselves, from the start)
+                    nodes.wait_ready(90, "Spider opened" if spider == "redis-crawl"
+                                     else "Reading seeds from")
+                    client.lpush("web:start_urls", *synth.seeds())
                 pushed = time.monotonic()
                 finished = nodes.wait_done(pushed + budget)
             finally:
@@ -255,7 +305,7 @@ def run(specs, mode: str, timeout: float | None, keep: bool, hostnames: bool = F
             behaviours = {s.name: describe(s.spec) for s in synth.sites.values()}
         elapsed = figures["elapsed_s"] if finished else max(figures["elapsed_s"] or 0, budget)
         data = {
-            "mode": mode, "nodes": NODES, "sites": len(specs), "limits": limits,
+            "mode": mode, "spider": spider, "nodes": NODES, "sites": len(specs), "limits": limits,
             "hostnames": hostnames,
             "ideal_s": ideal, "slowest_site": slowest, "deadline_s": budget,
             "finished": finished, "elapsed_s": elapsed,
@@ -364,6 +414,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--addresses", action="store_true",
                         help="sites by address only (default where this process may make a "
                              "network namespace: by host name, <site>.synth.test, in one)")
+    parser.add_argument("--spider", choices=sorted(SPIDERS), default="redis",
+                        help="the user's spider: our RedisSpider (default), Scrapy's "
+                             "CrawlSpider with start_urls, scrapy-redis' RedisCrawlSpider")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     mode = mode_of(args)
@@ -381,7 +434,7 @@ def main(argv=None) -> dict:
         if code:
             raise SystemExit(code)
         return {}
-    data = run(specs, mode, args.timeout, args.keep, hostnames)
+    data = run(specs, mode, args.timeout, args.keep, hostnames, args.spider)
     return finish(NAME, data, args.out, render)
 
 
