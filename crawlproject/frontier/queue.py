@@ -672,12 +672,13 @@ class AsyncFrontier(Frontier):
 
 
 def parse_key_state(value: str) -> tuple[list[int], int]:
-    """A per-key state ``"n|last|block|backoff|crawl delay[|error rate]"`` read as
-    the SYNC script reads it: field by field, a field that is not digits read
-    as 0 (the others kept: junk in one field never lifts another's block).
-    Returns the six values and how many fields were junk."""
+    """A per-key state ``"n|last|block|backoff|crawl delay[|error rate[|starts|
+    history]]"`` read as the SYNC script reads it: field by field, a field that
+    is not digits read as 0 (the others kept: junk in one field never lifts
+    another's block). Returns the first six values and how many fields were
+    junk (the pace's two: :func:`crawlproject.frontier.window.observed_pace`)."""
     fields = value.split("|")
-    junk = 0 if len(fields) in (5, 6) else 1
+    junk = 0 if len(fields) in (5, 6, 8) else 1
     out = []
     for i in range(6):
         text = fields[i] if i < len(fields) else ""
