@@ -12,13 +12,16 @@ local PACE_TAU_MS = 60000        -- the moving average's time constant
 local PACE_HISTORY_MS = 600000   -- beyond this much history the average is whole
 local PACE_SETTLED_MS = 5000     -- observed after this long, or window-min starts
 local PACE_FLOOR_MS = 1000       -- a first burst is never a pace over a shorter span
+local exp, floor = math.exp, math.floor
 local function moved_last(c, s, at, got)
   -- K's last start moves to AT (not before s.last) with GOT starts (0: a late
   -- send moved it): the count decays by the time passed, then counts them.
   if s.pc ~= nil then
-    local g = math.max(0, at - s.last)
-    s.pc = math.min(1e12, math.floor(s.pc * math.exp(-g / PACE_TAU_MS) + got * 1000 + 0.5))
-    s.ph = math.min(PACE_HISTORY_MS, s.ph + g)
+    local g = at - s.last
+    if g < 0 then g = 0 end
+    local pc, ph = floor(s.pc * exp(-g / PACE_TAU_MS) + got * 1000 + 0.5), s.ph + g
+    s.pc = pc < 1e12 and pc or 1e12
+    s.ph = ph < PACE_HISTORY_MS and ph or PACE_HISTORY_MS
   elseif got > 0 and c.spill_above > 0 then
     s.pc, s.ph = got * 1000, 0
   end
