@@ -126,6 +126,24 @@ def test_a_fast_key_with_a_backlog_is_refilled_below_half_its_observed_window(re
     assert _flagged(redis) == {"fast.example"}   # 90 < 100
 
 
+def test_starts_from_a_reserve_count_too(redis):
+    """A key at its concurrency starts its entries from the node's reserve
+    (hand-offs, no take): 10 hand-offs/s for 20 s are a pace of 10/s."""
+    clock = Clock()
+    f = _frontier(redis, clock)
+    f.set_limits({"one.example": Override(concurrency=1)})
+    _add(f, "one.example", 300)
+    (running, _), = f.sync(Batch(take=1)).taken
+    (spare, _), = f.sync(Batch(reserve=[("one.example", 1)])).reserved
+    for _ in range(200):
+        clock.advance(0.1)
+        got = f.sync(Batch(handoffs=[(running, spare)], acks=[running],
+                           reserve=[("one.example", 1)])).reserved
+        running, spare = spare, got[0][0]
+    state = redis.hget("{pace}:kstate", "one.example")
+    assert observed_pace(state, clock.ms, RULE.minimum) == pytest.approx(10, rel=0.06)
+
+
 def test_the_pace_is_kept_only_with_the_tier_on(redis):
     """With the tier off a key's state is what it was (six fields); on, below
     SPILL_ABOVE, the pace is kept (no command more: test_backlog_crawl)."""
