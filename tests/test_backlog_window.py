@@ -157,6 +157,22 @@ def test_the_pace_is_kept_only_with_the_tier_on(redis):
         assert len(fields) == (6 if spider == "off" else 8), fields
 
 
+def test_a_pace_that_is_junk_starts_again_and_is_counted(redis):
+    """A pace field someone else wrote (not digits) is read as no pace (the
+    limits' window), counted as junk, the rest of the state kept; the next
+    start begins a new count."""
+    clock = Clock()
+    f = _frontier(redis, clock)
+    _add(f, "j.example", 10)
+    redis.hset("{pace}:kstate", "j.example", f"0|{clock.ms - 5}|{clock.ms + 60_000}|0|0|0|x|5")
+    assert f.key_states(["j.example"])["j.example"]["junk_fields"] == 1
+    assert f.sync(Batch(take=1)).taken == []          # its block held
+    assert int(redis.hget("{pace}:stats", "state_junk")) == 1
+    clock.advance(61)
+    assert len(f.sync(Batch(take=1)).taken) == 1
+    assert redis.hget("{pace}:kstate", "j.example").endswith(b"|1000|0")
+
+
 #: window_of (lua/sync/pace.lua) alone, over states given field by field
 _WINDOW_OF = "\n".join([scripts._lua("lib/clock"), scripts._lua("lib/score"),
                         scripts._lua("sync/context"), scripts._lua("sync/pace"), """

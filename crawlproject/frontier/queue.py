@@ -688,6 +688,8 @@ def parse_key_state(value: str) -> tuple[list[int], int]:
             number = 0
         out.append(number)
     out[5] = min(out[5], 1_000_000)
+    if len(fields) == 8:    # the pace: read on its own (window.observed_pace)
+        junk += sum(_count(f) is None for f in fields[6:])
     return out, junk
 
 
