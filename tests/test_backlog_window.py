@@ -173,6 +173,34 @@ def test_a_pace_that_is_junk_starts_again_and_is_counted(redis):
     assert redis.hget("{pace}:kstate", "j.example").endswith(b"|1000|0")
 
 
+def test_a_key_idle_for_days_loses_its_state_pace_and_all(redis):
+    """The tidy drops the state of a key idle for days with its pace in it,
+    as it drops one without (a state of a key seen once is not kept for ever)."""
+    clock = Clock()
+    f = _frontier(redis, clock)
+    _add(f, "gone.example", 1)
+    (member, _), = f.sync(Batch(take=1)).taken
+    f.sync(Batch(acks=[member]))
+    assert redis.hget("{pace}:kstate", "gone.example").count(b"|") == 7
+    clock.advance(4 * 86_400)
+    f.sync(Batch(maintenance=True))
+    assert redis.hget("{pace}:kstate", "gone.example") is None
+
+
+def test_raising_the_concurrency_of_a_key_with_a_pace_makes_it_ready(redis):
+    """SET_LIMITS reads a state with the pace's fields as one without: a key
+    out of the ready set at its concurrency is back in it when it is raised."""
+    clock = Clock()
+    f = _frontier(redis, clock)
+    f.set_limits({"c.example": Override(concurrency=1)})
+    _add(f, "c.example", 3)
+    assert len(f.sync(Batch(take=5)).taken) == 1
+    assert redis.hget("{pace}:kstate", "c.example").count(b"|") == 7
+    assert redis.zscore("{pace}:ready", "c.example") is None     # at its concurrency
+    f.set_limits({"c.example": Override(concurrency=2)})
+    assert redis.zscore("{pace}:ready", "c.example") is not None
+
+
 #: window_of (lua/sync/pace.lua) alone, over states given field by field
 _WINDOW_OF = "\n".join([scripts._lua("lib/clock"), scripts._lua("lib/score"),
                         scripts._lua("sync/context"), scripts._lua("sync/pace"), """
