@@ -256,7 +256,7 @@ class MoverTask:
     async def _move(self, p: int, mover: Mover, k: str, qlen: int, leftover: bool) -> bool:
         frontier = self.frontiers[p]
         keys, r = frontier.keys, frontier.client
-        window = self.rule.window(await self._interval(frontier, k))
+        window = await self._window(frontier, k)
         async with r.pipeline(transaction=False) as pipe:
             pipe.zcard(keys.queue(k))
             pipe.zscore(keys.backlog, k)
@@ -296,18 +296,30 @@ class MoverTask:
         self._moved(result)
         return True
 
-    async def _interval(self, frontier, k: str) -> float:
-        """Seconds between the key's starts its limits allow (its override's
-        delay, else the nodes' default), as SYNC reads them."""
-        raw = await frontier.client.hget(frontier.keys.kstate, "|" + k)
+    async def _window(self, frontier, k: str) -> int:
+        """The key's window as SYNC computes it (``window_of`` in
+        lua/sync/pace.lua): from its observed pace in its state, at most what
+        its limits allow (its override's delay, else the nodes' default), at
+        the partition's Redis time (or the frontier's test clock)."""
+        state, raw = await frontier.client.hmget(frontier.keys.kstate, [k, "|" + k])
+        interval = self.default_delay
         if raw is not None:
             try:
                 delay = parse_override(as_text(raw))["delay"]
             except ValueError:
                 delay = None
             if delay is not None:
-                return delay
-        return self.default_delay
+                interval = delay
+        now_ms = 0
+        if state is not None and state.count(b"|" if isinstance(state, bytes) else "|") == 7:
+            # (only a key with a pace needs the time: TIME on its own, which
+            # a cluster pipeline refuses)
+            if frontier.clock is not None:
+                now_ms = int(frontier.clock())
+            else:
+                seconds, micros = await frontier.client.time()
+                now_ms = int(seconds) * 1000 + int(micros) // 1000
+        return self.rule.window_of_state(interval, state, now_ms)
 
     async def _mover(self, p: int) -> Mover:
         if self.backlog is None:

@@ -672,12 +672,13 @@ class AsyncFrontier(Frontier):
 
 
 def parse_key_state(value: str) -> tuple[list[int], int]:
-    """A per-key state ``"n|last|block|backoff|crawl delay[|error rate]"`` read as
-    the SYNC script reads it: field by field, a field that is not digits read
-    as 0 (the others kept: junk in one field never lifts another's block).
-    Returns the six values and how many fields were junk."""
+    """A per-key state ``"n|last|block|backoff|crawl delay[|error rate[|starts|
+    history]]"`` read as the SYNC script reads it: field by field, a field that
+    is not digits read as 0 (the others kept: junk in one field never lifts
+    another's block). Returns the first six values and how many fields were
+    junk (the pace's two: :func:`crawlproject.frontier.window.observed_pace`)."""
     fields = value.split("|")
-    junk = 0 if len(fields) in (5, 6) else 1
+    junk = 0 if len(fields) in (5, 6, 8) else 1
     out = []
     for i in range(6):
         text = fields[i] if i < len(fields) else ""
@@ -687,6 +688,8 @@ def parse_key_state(value: str) -> tuple[list[int], int]:
             number = 0
         out.append(number)
     out[5] = min(out[5], 1_000_000)
+    if len(fields) == 8:    # the pace: read on its own (window.observed_pace)
+        junk += sum(_count(f) is None for f in fields[6:])
     return out, junk
 
 

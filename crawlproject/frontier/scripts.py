@@ -60,7 +60,7 @@ def _script(*parts: str) -> str:
 COUNTER_PATTERN = r"-?[0-9]{1,18}"
 
 #: SYNC's parts in the order they are defined (each uses only the ones before it)
-SYNC_PARTS = ("contract", "context", "args", "check", "keystate", "leases", "budgets",
+SYNC_PARTS = ("contract", "context", "args", "check", "pace", "keystate", "leases", "budgets",
               "enqueue", "settle", "feedback", "reclaim", "maintenance", "tidy", "promote",
               "ready", "take", "reserve", "writeback", "backlog")
 _SYNC_LIBS = ("lib/clock", "lib/score", "lib/bloom", "lib/key_check")

@@ -1,7 +1,7 @@
 -- SET_LIMITS: override (or clear) the politeness limits of keys, in force at once.
 -- KEYS[1] limits (hash key -> "delay ms|concurrency|source", or with a budget
 --         "delay ms|concurrency|budget|source")  KEYS[2] ready (zset)
--- KEYS[3] kstate (hash key -> "n|last|block|backoff|crawl delay|error rate"; the override
+-- KEYS[3] kstate (hash key -> "n|last|block|backoff|crawl delay|error rate[|pace]"; the override
 --         is mirrored there as field '|key', which SYNC reads with the state,
 --         and their number as field '||limits')
 -- KEYS[4] queue prefix: the queue of key K is KEYS[4]:K (derived)
@@ -48,7 +48,8 @@ for i = 2, #ARGV, 2 do
     changed = changed + 1
     local ready = redis.call('ZSCORE', KEYS[2], key)
     local state = redis.call('HGET', KEYS[3], key)
-    local n, last, block, bo, cd = string.match(state or '', '^(%-?%d+)|(%d+)|(%d+)|(%d+)|(%d+)|?%d*$')
+    local n, last, block, bo, cd = string.match(state or '',
+                                                '^(%-?%d+)|(%d+)|(%d+)|(%d+)|(%d+)|?[%d|]*$')
     -- (a field left to the nodes' setting is unknown here: the ready set is a
     -- hint, a take checks the key's limits before it leases, so the key goes
     -- back in, no later than a zero delay would put it)

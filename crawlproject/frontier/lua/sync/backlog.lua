@@ -3,21 +3,14 @@
 -- flagged in KEYS[18] moves for a node's mover (crawlproject/frontier/
 -- movertask.py). SYNC itself never moves an entry nor talks to MongoDB.
 -- Reads C.qlen (writeback.lua), C.backlog_raw (kstate '||backlog', read along
--- with '||qlen'), C.touched, C.took, C.unready, C.LIM (load: the keys' limits);
+-- with '||qlen'), C.touched, C.took, C.unready, C.ST and C.LIM (load: the keys'
+-- states and limits, for window_of: pace.lua);
 -- the queues KEYS[13]:<key> (ZCARD), KEYS[19] backlog (ZSCORE, per key taken
 -- from). Writes KEYS[18] (ZADD NX: since when a key wants a move).
 -- Sets C.backlog_n (the partition's entries in MongoDB) and C.moves_waiting
 -- (ZCARD KEYS[18] when this call looked, else 0).
 -- With the tier off (spill above 0), or below spill above and nothing in
 -- MongoDB, this part issues no command: the call costs what it did before.
-local function window_of(c, k)
-  -- W(k) = clamp(ceil(window ms / interval ms), min, max): the window rule
-  -- with the pace its limits allow (1 / interval; no interval: max). The
-  -- observed pace of the design is not kept yet.
-  local delay = c.LIM[k].delay
-  if delay <= 0 then return c.window_max end
-  return math.max(c.window_min, math.min(c.window_max, math.ceil(c.window_ms / delay)))
-end
 local function sync_backlog(c)
   c.moves_waiting = 0
   c.backlog_n = count_of(c.backlog_raw, 1e15) or 0

@@ -56,7 +56,7 @@ local function sync_feedback(c)
       -- closer than the interval. (Reported before that next lease, as a late
       -- send is with the node's next call, this holds it; after, it holds the
       -- ones that follow.)
-      s.last = math.max(s.last, now(c) - ms)
+      moved_last(c, s, math.max(s.last, now(c) - ms), 0)   -- (pace.lua)
     end
     if kind ~= 'refused' then c.dirty[k] = true; c.raise[k] = true end
   end

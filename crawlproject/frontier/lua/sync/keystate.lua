@@ -2,11 +2,11 @@
 -- call for all the keys it touches (load) and written back once at the end
 -- (writeback.lua), and what they make of a key's next start.
 -- Reads KEYS[11] kstate: field K -> "n|last|block|backoff|crawl delay|error
--- rate", '|K' -> K's override (mirrored from KEYS[12] by SET_LIMITS),
+-- rate[|starts|history]" (the pace: pace.lua), '|K' -> K's override (mirrored from KEYS[12] by SET_LIMITS),
 -- '||limits' (how many overrides; counted from KEYS[12] with HLEN and written
 -- where missing or junk), '||qlen' and '||backlog' (read along, for
 -- writeback.lua and backlog.lua).
--- Sets C.ST[k] {n, last, block, bo, cd, er}, C.LIM[k] {delay, conc, budget}
+-- Sets C.ST[k] {n, last, block, bo, cd, er, pc, ph}, C.LIM[k] {delay, conc, budget}
 -- (parsed when first used), C.dirty (states to write back), C.reready (keys
 -- whose ready time is computed again: their state was junk), C.qlen_raw/qlen_read;
 -- counts junk.
@@ -40,20 +40,25 @@ local function sync_keystate(c)
     if s == nil then return nil end   -- not loaded
     local v = {n = 0, last = 0, block = 0, bo = 0, cd = 0, er = 0}
     if s then
-      -- (the common case, a state this script wrote, without a table or a closure)
-      local n, la, bl, bo, cd, er = string.match(s, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|?(%d*)$')
+      -- (the common case, a state this script wrote, with the pace's two fields
+      -- (pace.lua) or without them, without a table or a closure)
+      local n, la, bl, bo, cd, er, pc, ph = string.match(s,
+        '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)$')
+      if not n then n, la, bl, bo, cd, er = string.match(s, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|?(%d*)$') end
       if n and #s < 100 then
         n, la, bl, bo, cd, er = tonumber(n), tonumber(la), tonumber(bl), tonumber(bo),
                                 tonumber(cd), tonumber(er) or 0
+        pc, ph = tonumber(pc), tonumber(ph)
         if n <= 1000000000 and la <= now(c) and bl <= now(c) + BLOCK_HARD_MS
-            and bo <= INTERVAL_HARD_MS and cd <= INTERVAL_HARD_MS and er <= 1000000 then
-          v.n, v.last, v.block, v.bo, v.cd, v.er = n, la, bl, bo, cd, er
+            and bo <= INTERVAL_HARD_MS and cd <= INTERVAL_HARD_MS and er <= 1000000
+            and (pc == nil or (pc <= 1e12 and ph <= PACE_HISTORY_MS)) then
+          v.n, v.last, v.block, v.bo, v.cd, v.er, v.pc, v.ph = n, la, bl, bo, cd, er, pc, ph
           rawset(t, k, v)
           return v
         end
       end
-      local f, bad = fields_of(s, 6), 0
-      if #f < 5 or #f > 6 then bad = bad + 1 end
+      local f, bad = fields_of(s, 8), 0
+      if #f < 5 or #f == 7 or #f > 8 then bad = bad + 1 end
       local function field(i, name, hi, clamp)
         local x = count_of(f[i], 1e15)
         if x == nil then
@@ -69,6 +74,10 @@ local function sync_keystate(c)
       field(4, 'bo', INTERVAL_HARD_MS)
       field(5, 'cd', INTERVAL_HARD_MS)
       field(6, 'er', 1000000)
+      if #f == 8 then   -- the pace: both fields or neither (then it starts again)
+        field(7, 'pc', 1e12); field(8, 'ph', PACE_HISTORY_MS)
+        if v.pc == nil or v.ph == nil then v.pc, v.ph = nil, nil end
+      end
       if v.last > now(c) then v.last = now(c); bad = bad + 1 end
       if v.block > now(c) + BLOCK_HARD_MS then v.block = now(c) + BLOCK_HARD_MS; bad = bad + 1 end
       if bad > 0 then

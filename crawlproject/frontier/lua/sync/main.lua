@@ -13,9 +13,10 @@
 --          keys_pruned, budget_refused, budget_skipped, sent_refused,
 --          state_junk); junk in a counter, or a key of another type, stops no
 --          call (the counter starts again)
--- KEYS[11] kstate (hash key -> "n|last|block|backoff|crawl delay|error rate"
---          (the error rate in millionths; a state of an older version has no
---          such field: 0), field '|key'
+-- KEYS[11] kstate (hash key -> "n|last|block|backoff|crawl delay|error rate
+--          [|starts|history]" (the error rate in millionths; a state of an
+--          older version has no such field: 0; the pace, pace.lua, only once
+--          the key started with the MongoDB tier on), field '|key'
 --          -> the key's override, mirrored from KEYS[12] by SET_LIMITS, field
 --          '||limits' -> how many overrides there are (SET_LIMITS), field
 --          '||cursor' -> where the next window of it starts (HSCAN), field
@@ -85,7 +86,8 @@
 --   spill above: the tier flags keys only while this partition queues more
 --     than this (0 or absent = the tier is off: nothing more is read or written)
 --   window ms, window min, window max: a key's window W = clamp(ceil(window ms
---     / its interval ms), min, max), max for a key without interval (backlog.lua)
+--     x its pace), min, max), the pace observed (at most 1 / its interval), or
+--     before it is, 1 / its interval; max for a key without (pace.lua)
 -- then nine sections, each a count followed by its items:
 --   adopt: n x (member, former owner)    (leases this node took under a former
 --                                          id of its own: now held under this id)

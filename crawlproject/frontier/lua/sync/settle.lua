@@ -5,7 +5,7 @@
 -- entries); the queues KEYS[13]:<key> (a late finisher's copy removed, nacks
 -- put back); KEYS[14]:<node> (SREM of what this node no longer holds);
 -- KEYS[6]/KEYS[7] (a fail's record, keep_record).
--- Moves C.ST[k].n (the key's in-flight count), .last (handoff), .bo and .er
+-- Moves C.ST[k].n (the key's in-flight count), .last and the pace (handoff), .bo and .er
 -- (a success relaxes a backoff), C.dirty, C.touched, C.stale, C.qdelta.
 local function settle(c, members, unheld, on_done)
   -- Ownership, in batches: the members this node holds are settled at once;
@@ -86,7 +86,8 @@ local function sync_handoff(c)
     else
       c.stale = c.stale + 1    -- reclaimed meanwhile: it runs without a lease
     end
-    ST[k].n = math.max(0, ST[k].n + delta); ST[k].last = now(c); c.dirty[k] = true
+    -- (a start either way: pace.lua counts it)
+    ST[k].n = math.max(0, ST[k].n + delta); moved_last(c, ST[k], now(c), 1); c.dirty[k] = true
     if delta ~= 0 then c.touched[k] = true end
   end
   if #marks > 0 then call_chunked('HSET', KEYS[3], marks, 2) end

@@ -6,7 +6,8 @@
 -- KEYS[13]:<key>; lease_out reads KEYS[2] payloads and writes KEYS[3],
 -- KEYS[14]:<node>, KEYS[4] (this node's deadline, unless renewed already).
 -- Sets C.taken {member, payload, ...}, C.capped, C.capped_keys,
--- C.polite_keys, C.unready, C.later, C.passed, C.n_passed; moves C.ST, C.took,
+-- C.polite_keys, C.unready, C.later, C.passed, C.n_passed; moves C.ST (a
+-- start: its last and its pace, pace.lua), C.took,
 -- C.qdelta, C.missing, C.polite_budget.
 local SHARE_WINDOW = 1000
 local function lease_out(c, popped, value, out)
@@ -125,7 +126,7 @@ local function sync_take(c)
               c.polite_keys[#c.polite_keys + 1] = k
               c.polite_keys[#c.polite_keys + 1] = interval(c, k)
             end
-            s.n = s.n + got; s.last = now(c); c.dirty[k] = true; c.took[k] = true
+            s.n = s.n + got; moved_last(c, s, now(c), got); c.dirty[k] = true; c.took[k] = true
             if s.n >= l.conc then note_capped(c, k) end   -- filled up to its concurrency
             want = want - got
             c.qdelta = c.qdelta - got

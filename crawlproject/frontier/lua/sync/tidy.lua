@@ -38,7 +38,7 @@ local function sync_tidy(c)
   for i = 1, window and #window or 0, 2 do
     local k, v = window[i], window[i + 1]
     if not dirty[k] and sub(v, 1, 2) == '0|' then
-      local la, bl = string.match(v, '^0|(%d+)|(%d+)|0|0|?%d*$')
+      local la, bl = string.match(v, '^0|(%d+)|(%d+)|0|0|?[%d|]*$')   -- (a pace or not)
       if la and now(c) - tonumber(la) > IDLE_MS and tonumber(bl) <= now(c) then
         idle[#idle + 1] = k
       end

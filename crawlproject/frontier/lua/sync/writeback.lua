@@ -16,8 +16,13 @@ local function sync_writeback(c)
   for k, _ in pairs(c.dirty) do
     local s = ST[k]
     states[#states + 1] = k
-    states[#states + 1] = s.n .. '|' .. s.last .. '|' .. s.block .. '|' .. s.bo .. '|' .. s.cd
-                          .. '|' .. s.er
+    if s.pc == nil then
+      states[#states + 1] = s.n .. '|' .. s.last .. '|' .. s.block .. '|' .. s.bo .. '|' .. s.cd
+                            .. '|' .. s.er
+    else   -- with the pace (pace.lua; integers, as the others), in one concatenation
+      states[#states + 1] = s.n .. '|' .. s.last .. '|' .. s.block .. '|' .. s.bo .. '|' .. s.cd
+                            .. '|' .. s.er .. '|' .. s.pc .. '|' .. s.ph
+    end
   end
   -- The queue length: as read plus this call's changes. A partition without
   -- the field is new; a value that is not a count (written by someone else)
