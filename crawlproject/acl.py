@@ -52,6 +52,11 @@ SCRIPT_COMMAND_REFUSED = "a command of a Lua script (Redis 6.2 does not say whic
 #: no functions: nodes call the operator's ``SCRIPT LOAD``-ed scripts by SHA.
 REDIS_6_RULES = ((" +fcall +fcall_ro ", " +evalsha "),
                  (" -function +function|load", " +script|load"))
+#: What Redis 7.2 adds for the node: WAITAOF, with which the frontier's mover
+#: waits for its commit to be in the AOF before acting on MongoDB (older Redis
+#: has no such command, and an ACL naming it does not load: the mover waits
+#: FRONTIER_BACKLOG_SETTLE there instead).
+REDIS_72_RULES = ((" +time ", " +time +waitaof "),)
 
 
 def render(spiders: list[str], passwords: dict[str, str], admin_password: str | None = None,
@@ -61,12 +66,17 @@ def render(spiders: list[str], passwords: dict[str, str], admin_password: str | 
     user is left out without a password) as SHA-256, and the
     ``default`` user: ``off`` without *admin_password* (a file that leaves it
     out gives it every right and no password). The template is for Redis 7;
-    *redis_version* ``(6, 2)`` renders it for Redis 6.2 (:data:`REDIS_6_RULES`)."""
+    *redis_version* ``(6, 2)`` renders it for Redis 6.2 (:data:`REDIS_6_RULES`),
+    ``(7, 2)`` and later add the node's ``WAITAOF`` (:data:`REDIS_72_RULES`)."""
     text = TEMPLATE.read_text() if template is None else template
     lines = [line + " " for line in text.splitlines() if line.startswith("user ")]
     if tuple(redis_version) < (7,):
         for new, old in REDIS_6_RULES:
             lines = [line.replace(new, old) for line in lines]
+    if tuple(redis_version) >= (7, 2):
+        for old, new in REDIS_72_RULES:   # (the node's line only)
+            lines = [line.replace(old, new, 1) if line.startswith("user crawl-node-") else line
+                     for line in lines]
     lines = [line.rstrip() for line in lines]
     for role in ROLES:
         if not passwords.get(role):

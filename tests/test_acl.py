@@ -6,6 +6,7 @@ what its role must not do (another spider's keys, FLUSHALL, CONFIG, KEYS, code
 of its own: a node calls only the project's registered functions)."""
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -14,6 +15,7 @@ import pytest
 import redis as redis_lib
 from redis.exceptions import NoPermissionError
 
+from crawlproject import acl
 from crawlproject.acl import render
 from crawlproject.frontier.library import LOAD_COMMAND, LibraryMissingError, library, load
 from crawlproject.frontier.queue import Frontier
@@ -197,8 +199,11 @@ def test_node_seeder_and_crawlctl_work_as_their_users(acl_redis7, mongo_uri, dat
             ForwardProxy("good", PASSWORDS["NODE"]) as proxy:
         pool_file = tmp_path / "proxies.txt"
         pool_file.write_text(f"{proxy.url}\n")
+        # (the MongoDB tier on from the first entry, windows of 2: the mover's
+        # commands and functions run as the node's user too)
         settings = {**NODE_SETTINGS, "PROXY_POOL_ENABLED": True,
-                    "PROXY_POOL_FILE": str(pool_file)}
+                    "PROXY_POOL_FILE": str(pool_file), "FRONTIER_BACKLOG_SPILL_ABOVE": 1,
+                    "FRONTIER_BACKLOG_WINDOW_MIN": 1, "FRONTIER_BACKLOG_WINDOW_MAX": 2}
         node = Node("acl1", tmp_path, env, spider=SPIDER, settings=settings)
         try:
             node.wait_for_log(r"ERROR: Redis has no functions library .* may not load it "
@@ -223,6 +228,7 @@ def test_node_seeder_and_crawlctl_work_as_their_users(acl_redis7, mongo_uri, dat
     errors = [e for e in node.errors() if LOAD_COMMAND not in e]
     assert "NOPERM" not in node.text() and not errors, errors
     assert node.stat("redis/noperm") == 0
+    assert node.stat("backlog/spilled") > 0 and node.stat("backlog/refilled") > 0
     assert refused(lambda: redis_lib.Redis.from_url(url(acl_redis, "NODE")).eval(
         "return 'ran'", 0))
     assert proxy.records, "the crawl went through the pool's proxy"
@@ -231,7 +237,9 @@ def test_node_seeder_and_crawlctl_work_as_their_users(acl_redis7, mongo_uri, dat
     assert json.loads(status.stdout)
     after = [crawlctl(acl_redis, *cmd) for cmd in (
         ("status", SPIDER), ("proxies", SPIDER), ("politeness", SPIDER), ("dead", SPIDER),
-        ("nodes", SPIDER), ("reset", SPIDER, "--yes"))]
+        ("nodes", SPIDER),
+        # (the crawl spilled: reset deletes its documents in MongoDB too)
+        ("reset", SPIDER, "--yes", "--mongo-uri", mongo_uri, "--database", database.name))]
     assert [r.returncode for r in after] == [0] * len(after), [r.stderr for r in after]
     assert admin(acl_redis).exists(FrontierKeys(SPIDER).config) == 0   # reset ran
     assert {e["object"] for e in acl_log(acl_redis, f"crawl-node-{SPIDER}")} == {
@@ -299,6 +307,35 @@ def test_the_proxy_pool_names_a_refused_command_and_the_user(tmp_path, mongo_uri
     log = node.text()
     assert len([line for line in log.splitlines() if "Proxy pool state not refreshed" in line]) == 1
     assert node.stat("redis/noperm") >= 1 and PASSWORDS["NODE"] not in log
+
+
+def test_every_command_of_the_project_s_lua_is_the_node_s_to_run():
+    """The node calls the project's functions (FCALL): a script runs with its
+    caller's rights, so each command any Lua file names must be on the node's
+    line (the MongoDB tier's move scripts once named three that were not: the
+    node spilled, then every commit was refused)."""
+    named = set()
+    for path in (ROOT / "crawlproject" / "frontier" / "lua").rglob("*.lua"):
+        named |= {m.lower() for m in re.findall(r"(?:redis\.p?call|call_chunked)\(\s*'([A-Za-z]+)'",
+                                                path.read_text())}
+    node = next(line for line in (ROOT / "deploy" / "users.acl").read_text().splitlines()
+                if line.startswith("user crawl-node-"))
+    allowed = {rule[1:] for rule in node.split() if rule.startswith("+")}
+    assert len(named) > 30 and named <= allowed, sorted(named - allowed)
+
+
+def test_redis_7_2_gives_the_node_waitaof_and_older_redis_never_hears_of_it():
+    """The mover waits for the AOF with WAITAOF where Redis has it (>= 7.2);
+    an ACL file naming it does not load on 7.0, so only a 7.2 rendering has it,
+    on the node's line only."""
+    passwords = {role: f"pw-{role}" for role in acl.ROLES}
+    by_version = {v: acl.render(["shop"], passwords, redis_version=v)
+                  for v in ((6, 2), (7,), (7, 2), (8, 0))}
+    for version, text in by_version.items():
+        node = [line for line in text.splitlines() if line.startswith("user crawl-node-shop ")]
+        others = [line for line in text.splitlines() if not line.startswith("user crawl-node-")]
+        assert len(node) == 1 and all("waitaof" not in line for line in others)
+        assert ("+waitaof" in node[0]) == (version >= (7, 2)), (version, node[0])
 
 
 def test_refusals_are_recognised_in_the_words_of_redis_6_2_and_7():

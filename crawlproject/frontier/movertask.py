@@ -36,6 +36,7 @@ from typing import Callable
 
 from redis.exceptions import RedisError
 
+from crawlproject import acl
 from crawlproject.frontier.backlog import Backlog, BacklogConfig, BacklogError
 from crawlproject.frontier.mover import MOVE_BATCH, SPILL_ROUNDS, Claim, Mover, MoveResult, \
     StaleMove
@@ -95,6 +96,7 @@ class MoverTask:
         self.closing = False
         self.down = False                       # in a MongoDB outage (said once)
         self.failed = False                     # an unexpected error was said
+        self.refused = False                    # an ACL refusal was said
         self.wakeup = asyncio.Event()
         self._task: asyncio.Future | None = None
 
@@ -158,8 +160,17 @@ class MoverTask:
                 backoff = min(BACKOFF_MAX, backoff * 2)
                 continue
             except RedisError as exc:
-                # (the sync loop says Redis outages; the mover only waits)
-                logger.debug("Mover: Redis error %s", exc, extra=self.log_extra)
+                # (the sync loop says Redis outages; the mover only waits) An ACL
+                # refusal is no outage: said once, counted, for the operator to fix
+                # (the entries wait in Redis, nothing is lost meanwhile)
+                if acl.refusal(exc):
+                    self._count("redis/noperm")
+                    if not self.refused:
+                        self.refused = True
+                        logger.error("The frontier's mover cannot move entries: %s",
+                                     acl.describe(exc, self._redis_user()), extra=self.log_extra)
+                else:
+                    logger.debug("Mover: Redis error %s", exc, extra=self.log_extra)
                 await self._pause(backoff)
                 backoff = min(BACKOFF_MAX, backoff * 2)
                 continue
@@ -183,6 +194,12 @@ class MoverTask:
                 # (a round looks only at the partitions a reply or the last look
                 # marked: an idle wake-up costs no command)
                 await self._pause(self.poll)
+
+    def _redis_user(self) -> str:
+        """The Redis user of the node's connections (for an ACL refusal's line)."""
+        pool = getattr(self.frontiers[0].client, "connection_pool", None)
+        kwargs = getattr(pool, "connection_kwargs", None) or {}
+        return kwargs.get("username") or "default"
 
     async def _pause(self, seconds: float) -> None:
         self.wakeup.clear()
