@@ -172,8 +172,13 @@ def test_crawl_on_a_three_master_redis_cluster(redis_cluster, mongo_uri, databas
     products = 40
     with DemoSite(products=products, latency_ms=10) as site:
         env = {**node_env(redis_cluster.url, mongo_uri, database.name), "REDIS_CLUSTER": "true"}
-        nodes = [Node(f"c{i}", tmp_path, env, settings={"MAX_IDLE_TIME_BEFORE_CLOSE": 3})
-                 for i in (1, 2)]
+        # (the MongoDB tier on from the first entry, windows of 2, a site's
+        # queue that grows (20 ms between starts): the movers' scripts and
+        # pipelines run on the cluster client, in the partition's slot)
+        settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": 3, "DOWNLOAD_DELAY": 0.02,
+                    "FRONTIER_BACKLOG_SPILL_ABOVE": 1, "FRONTIER_BACKLOG_WINDOW_MIN": 1,
+                    "FRONTIER_BACKLOG_WINDOW_MAX": 2}
+        nodes = [Node(f"c{i}", tmp_path, env, settings=settings) for i in (1, 2)]
         try:
             for node in nodes:
                 node.wait_for_log("Reading seeds from")
@@ -183,6 +188,8 @@ def test_crawl_on_a_three_master_redis_cluster(redis_cluster, mongo_uri, databas
             for node in nodes:
                 node.stop()
         served = site.stats()
+    assert sum(n.stat("backlog/spilled") for n in nodes) > 0
+    assert sum(n.stat("backlog/refilled") for n in nodes) > 0
     assert_matches_catalog(stored_products(database["products"]), expected_items(site.url, products))
     assert_fetched_once(served, products)
     assert_written_once(nodes, products)

@@ -31,10 +31,8 @@ made is after every earlier commit in the AOF), else ``FRONTIER_BACKLOG_SETTLE``
 seconds (appendfsync everysec's bound) and a re-read of the marker: only the
 members still in it are acted on.
 
-What this module does not do yet (issue 49, integration): decide when a key
-wants a move (SYNC flags keys in ``T:moves``; the window rule with each key's
-pace), run as a node task, report in ``crawlctl status``. Its callers say which
-key to move and how far.
+Its callers (:mod:`crawlproject.frontier.movertask`) say which key to move and
+how far.
 """
 
 from __future__ import annotations
@@ -105,7 +103,8 @@ class Mover:
     the same spider), as node *node*.
 
     The mover works on a single connection of *redis*'s pool (``client()``):
-    WAITAOF waits for its own connection's writes. *lease_ttl* and *settle*
+    WAITAOF waits for its own connection's writes (a cluster client has no
+    such connection: it waits *settle* instead). *lease_ttl* and *settle*
     are in seconds (``FRONTIER_BACKLOG_LEASE_TTL``, ``FRONTIER_BACKLOG_SETTLE``);
     *clock* (tests) gives the time in ms instead of Redis.
     """
@@ -132,7 +131,10 @@ class Mover:
         self._spill_commit = script(self.redis, SPILL_COMMIT)
         self._refill_commit = script(self.redis, REFILL_COMMIT)
         self._refill_done = script(self.redis, REFILL_DONE)
-        self._waitaof: bool | None = None     # None: not known yet
+        # None: not known yet. A cluster client has no single connection to give
+        # (its commands go over per-master pools), and WAITAOF waits only for the
+        # writes of the connection it is sent on: there the settle delay it is.
+        self._waitaof: bool | None = None if hasattr(redis, "client") else False
 
     @classmethod
     def from_settings(cls, settings, redis, backlog: Backlog, keys: FrontierKeys, node: str, *,
