@@ -276,10 +276,18 @@ class RedisScheduler(BaseScheduler):
             default_delay=self.politeness.default.delay, poll=self.heartbeat,
             stats=self.stats, log_extra=extra, on_moved=self.client.moved)
         if mover is None:
+            logger.info("Frontier backlog off (FRONTIER_BACKLOG_ENABLED): every queued "
+                        "request stays in Redis", extra=extra)
             return
         for frontier in frontiers:
             frontier.window = mover.rule
         self.client.mover = mover
+        rule = mover.rule
+        logger.info("Frontier backlog on: above %d entries queued in a partition's Redis, a "
+                    "site's entries beyond its window (%gs at its pace, %d-%d entries) wait in "
+                    "MongoDB (database %r, collection %r)", rule.spill_above, rule.seconds,
+                    rule.minimum, rule.maximum, setting(settings, "MONGO_DATABASE"),
+                    setting(settings, "FRONTIER_BACKLOG_COLLECTION"), extra=extra)
 
     def close(self, reason: str):
         return deferred_from_coro(self._close(reason))

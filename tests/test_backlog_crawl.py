@@ -98,7 +98,11 @@ def test_a_crawl_stores_every_page_once(redis, redis_url, mongo_uri, database, t
     if tier == "off":
         assert "frontier_backlog" not in database.list_collection_names()
         assert node.stat("backlog/spilled") == 0
+        assert "Frontier backlog off (FRONTIER_BACKLOG_ENABLED)" in node.text()
         return
+    assert (f"Frontier backlog on: above 1 entries queued in a partition's Redis, a site's "
+            f"entries beyond its window (300s at its pace, 2-2 entries) wait in MongoDB "
+            f"(database {database.name!r}, collection 'frontier_backlog')") in node.text()
     spilled, refilled = node.stat("backlog/spilled"), node.stat("backlog/refilled")
     # (each list page adds 11 entries, at most 4 taken at once: the rest spill)
     assert spilled >= 5 and refilled == spilled, node.tail()
