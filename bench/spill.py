@@ -1,0 +1,240 @@
+"""Benchmark: a crawl whose backlog spills to MongoDB against the same crawl all in Redis (issue 49).
+
+Nodes run the README's settings block, whole (:mod:`bench.readme_settings`, the
+MongoDB pipeline on a local MongoDB-wire server), spider ``bench_hosts_readme``,
+as :mod:`bench.backoff` (a) does: one site of the multi-host demo
+(:mod:`devtools.demo.hosts`, 0 ms, ``--pages`` pages, listing pages first so the
+product pages pile up in the frontier) at the throughput benchmark's limits
+(``DOWNLOAD_DELAY = 0``, 64 in flight). Two configurations, same run, 1 and 2
+nodes, alternating (order reversed every other round), ``--repeat`` rounds:
+
+* ``redis``: the block as it is (``FRONTIER_BACKLOG_SPILL_ABOVE`` 10^6: this
+  crawl never spills);
+* ``spill``: windows set small (``--spill-above``, ``--window``: the key's
+  window ``FRONTIER_BACKLOG_WINDOW_MAX``/``_MIN``, ``WINDOW_SECONDS`` 1 s), so
+  most of the site's pages go to MongoDB and come back.
+
+Reported per configuration: pages/s (200 answers at the site ÷ first request to
+last response over all nodes), spill ÷ redis (median over rounds, and the
+median of the per-round ratios), the nodes' stats ``backlog/spilled`` and
+``backlog/refilled``, and the checks: every page fetched once and stored
+once (items in MongoDB = product pages, no page answered 200 twice), nothing
+left in ``T:backlog`` nor live in the backlog collection, and for ``spill``
+spilled > 0 and refilled > 0. Also the CPU seconds of the MongoDB-wire
+stand-in (a Python server, far slower than mongod) against the nodes'.
+
+``--aof``: Redis with its append-only file (``appendfsync everysec``), as a
+user runs it; a move then waits for its commit to reach the AOF (``WAITAOF``
+on Redis >= 7.2, else ``FRONTIER_BACKLOG_SETTLE``).
+
+    python -m bench.spill [--quick] [--repeat 3] [--nodes 1,2] [--pages 5000]
+        [--spill-above 300] [--window 200] [--aof] [--set NAME=VALUE ...]
+
+Writes ``bench/results/spill.json`` (``--quick``: ``bench/results/quick/``).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import psutil
+import pymongo
+import redis as redis_lib
+
+from bench.common import (BenchRedis, base_parser, median, mode_of, ratio, run_nodes,
+                          strip_series, table, finish)
+from crawlproject.keys import start_urls_key
+from devtools.demo.hosts import MultiHostSite
+from devtools.services import MongoServer, RedisServer
+
+NAME = "spill"
+HOST = "127.0.0.44"
+DATABASE = "bench_spill"
+SPIDER = "bench_hosts_readme"
+README_MODULE = "bench.readme_settings"
+PAGES = {"full": 5000, "quick": 2000, "smallest": 300}
+THROUGHPUT = {"DOWNLOAD_DELAY": 0, "CONCURRENT_REQUESTS": 64, "CONCURRENT_REQUESTS_PER_DOMAIN": 64}
+FLOOR = 0.95
+
+
+def spill_settings(spill_above: int, window: int) -> dict:
+    return {"FRONTIER_BACKLOG_SPILL_ABOVE": spill_above,
+            "FRONTIER_BACKLOG_WINDOW_MAX": window, "FRONTIER_BACKLOG_WINDOW_MIN": window,
+            "FRONTIER_BACKLOG_WINDOW_SECONDS": 1.0}
+
+
+class AofRedis(BenchRedis):
+    """A private redis-server with its append-only file (everysec)."""
+
+    def __init__(self):
+        self.dir = Path(tempfile.mkdtemp(prefix="bench-redis-aof-"))
+        self.server = RedisServer(data_dir=self.dir, appendonly=True)
+        self.client = None
+
+
+def cpu_s(pid: int) -> float:
+    try:
+        t = psutil.Process(pid).cpu_times()
+        return t.user + t.system
+    except psutil.Error:
+        return 0.0
+
+
+def crawl_once(redis, site: MultiHostSite, mongo: MongoServer, nodes: int, config: str,
+               settings: dict) -> dict:
+    redis.reset()
+    site.reset()
+    with pymongo.MongoClient(mongo.uri) as client:
+        client.drop_database(DATABASE)
+    settings = {**THROUGHPUT, "MONGO_URI": mongo.uri, "MONGO_DATABASE": DATABASE, **settings}
+    redis.client.lpush(start_urls_key(SPIDER), site.urls[HOST])
+    mongo_pid = mongo.pid
+    mongo0, redis0 = cpu_s(mongo_pid) if mongo_pid else 0.0, cpu_s(redis.server.pid)
+    run = run_nodes("ours", nodes, redis_url=redis.url, settings=settings, spider=SPIDER,
+                    settings_module=README_MODULE, timeout=120 + site.pages[HOST] / 5,
+                    watch_pids=(redis.server.pid, site._proc.pid))
+    mongo_cpu = (cpu_s(mongo_pid) - mongo0) if mongo_pid else None
+    redis_cpu = cpu_s(redis.server.pid) - redis0
+    run = strip_series(run)
+    hits = site.requests(HOST)
+    ok = Counter(h.path for h in hits if h.status == 200 and h.path != "/robots.txt")
+    expected = site.expected_paths(HOST)
+    products = {p for p in expected if p.startswith("/p/")}
+    with pymongo.MongoClient(mongo.uri) as client:
+        db = client[DATABASE]
+        stored_paths = Counter(urlsplit(doc["url"]).path
+                               for doc in db[SPIDER].find({}, {"url": 1}))
+        backlog_live = db["frontier_backlog"].count_documents({"pl": {"$exists": True}})
+    tbacklog = sum(redis.client.zcard(k) for k in redis.client.scan_iter("*backlog")
+                   if redis.client.type(k) == b"zset")
+    stats = [n["stats"] for n in run["per_node"]]
+    run.update({
+        "config": config,
+        "site_ok": sum(ok.values()),
+        "fetched_twice": sum(n - 1 for n in ok.values() if n > 1),
+        "missing": len(expected - set(ok)),
+        "stored": sum(stored_paths.values()), "products": len(products),
+        "stored_twice": sum(n - 1 for n in stored_paths.values() if n > 1),
+        "not_stored": len(products - set(stored_paths)),
+        "spilled": sum(s.get("backlog/spilled", 0) for s in stats),
+        "refilled": sum(s.get("backlog/refilled", 0) for s in stats),
+        "mongo_errors": sum(s.get("backlog/mongo_errors", 0) for s in stats),
+        "mover_errors": sum(s.get("backlog/mover_errors", 0) for s in stats),
+        "backlog_left_redis": tbacklog, "backlog_left_mongo": backlog_live,
+        "ok_pages_per_s": sum(ok.values()) / run["elapsed_s"] if run["elapsed_s"] else None,
+        "mongo_cpu_s": mongo_cpu, "redis_cpu_s": redis_cpu,
+        "nodes_cpu_s": sum(n.get("process_cpu_s") or 0 for n in run["per_node"]),
+    })
+    run["exact"] = (run["missing"] == 0 and run["fetched_twice"] == 0 and run["not_stored"] == 0
+                    and run["stored_twice"] == 0 and run["stored"] == run["products"]
+                    and tbacklog == 0 and backlog_live == 0)
+    return run
+
+
+def summarize(runs: list[dict]) -> dict:
+    return {
+        "pages_per_s": median([r["ok_pages_per_s"] for r in runs]),
+        "elapsed_s": median([r["elapsed_s"] for r in runs]),
+        "spilled": [r["spilled"] for r in runs], "refilled": [r["refilled"] for r in runs],
+        "exact": all(r["exact"] for r in runs),
+        "mongo_cpu_s": median([r["mongo_cpu_s"] for r in runs]),
+        "redis_cpu_s": median([r["redis_cpu_s"] for r in runs]),
+        "nodes_cpu_s": median([r["nodes_cpu_s"] for r in runs]),
+        "external_cores": max(r["external_cores"] or 0 for r in runs),
+    }
+
+
+def main(argv=None) -> dict:
+    parser = base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--nodes", default="1,2")
+    parser.add_argument("--pages", type=int, default=None)
+    parser.add_argument("--spill-above", type=int, default=300)
+    parser.add_argument("--window", type=int, default=200)
+    parser.add_argument("--aof", action="store_true", help="Redis with its AOF (everysec)")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="a setting on every node of both configurations")
+    args = parser.parse_args(argv)
+    mode = mode_of(args)
+    repeat = args.repeat or (1 if mode != "full" else 3)
+    pages = args.pages or PAGES[mode]
+    counts = [int(n) for n in args.nodes.split(",")]
+    common = dict(item.split("=", 1) for item in args.set)
+    configs = {"redis": dict(common), "spill": {**common, **spill_settings(args.spill_above,
+                                                                            args.window)}}
+    t0 = time.monotonic()
+    storage = Path(tempfile.mkdtemp(prefix="bench-spill-mongo-"))
+    mongo = MongoServer(storage_path=storage)
+    mongo.start()
+    runs: dict[str, list] = {}
+    try:
+        with (AofRedis() if args.aof else BenchRedis()) as redis, \
+                MultiHostSite([HOST], pages={HOST: pages}) as site:
+            for rep in range(repeat):
+                for n in counts:
+                    order = ["redis", "spill"] if (rep + n) % 2 == 0 else ["spill", "redis"]
+                    for config in order:
+                        run = crawl_once(redis, site, mongo, n, config, configs[config])
+                        runs.setdefault(f"{config}|{n}", []).append(run)
+                        print(f"  rep {rep + 1} {n} node(s) {config}: {run['site_ok']} pages in "
+                              f"{run['elapsed_s'] or 0:.1f}s = {run['ok_pages_per_s'] or 0:.0f}/s"
+                              f", spilled {run['spilled']}, refilled {run['refilled']}, "
+                              f"exact {run['exact']} (missing {run['missing']}, twice "
+                              f"{run['fetched_twice']}, stored {run['stored']}/{run['products']}"
+                              f", left {run['backlog_left_redis']}/{run['backlog_left_mongo']})"
+                              f", CPU s mongo {run['mongo_cpu_s'] or 0:.1f} redis "
+                              f"{run['redis_cpu_s']:.1f} nodes {run['nodes_cpu_s']:.1f}, other "
+                              f"programs {run['external_cores'] or 0:.2f} cores", flush=True)
+    finally:
+        mongo.stop()
+        shutil.rmtree(storage, ignore_errors=True)
+    summary, checks = {}, []
+    for n in counts:
+        plain, spill = runs[f"redis|{n}"], runs[f"spill|{n}"]
+        s = {"redis": summarize(plain), "spill": summarize(spill)}
+        s["ratio"] = ratio(s["spill"]["pages_per_s"], s["redis"]["pages_per_s"])
+        s["paired"] = median([ratio(b["ok_pages_per_s"], a["ok_pages_per_s"])
+                              for a, b in zip(plain, spill)])
+        summary[n] = s
+        checks.append({"check": f"{n} node(s): pages/s spilling ÷ all in Redis",
+                       "value": s["ratio"], "floor": f"≥ {FLOOR}",
+                       "pass": s["ratio"] is not None and s["ratio"] >= FLOOR})
+        checks.append({"check": f"{n} node(s): spilled and refilled > 0 in every spill run",
+                       "value": f"{min(s['spill']['spilled'])}; {min(s['spill']['refilled'])}",
+                       "floor": "> 0", "pass": min(s["spill"]["spilled"]) > 0
+                       and min(s["spill"]["refilled"]) > 0})
+        checks.append({"check": f"{n} node(s): every page fetched and stored once, nothing "
+                                "left in the backlog", "value": s["spill"]["exact"]
+                       and s["redis"]["exact"], "floor": "all runs",
+                       "pass": s["spill"]["exact"] and s["redis"]["exact"]})
+    data = {"mode": mode, "repeat": repeat, "pages": pages, "aof": args.aof,
+            "settings": configs, "throughput": THROUGHPUT, "runs": runs,
+            "summary": summary, "checks": checks, "duration_s": time.monotonic() - t0}
+    return finish(NAME, data, args.out, render)
+
+
+def render(data: dict) -> str:
+    rows = []
+    for n, s in data["summary"].items():
+        for config in ("redis", "spill"):
+            c = s[config]
+            rows.append([n, config, c["pages_per_s"], c["elapsed_s"],
+                         ", ".join(map(str, c["spilled"])), ", ".join(map(str, c["refilled"])),
+                         c["mongo_cpu_s"], c["redis_cpu_s"], c["nodes_cpu_s"],
+                         round(c["external_cores"], 2), c["exact"]])
+    out = [table(["nodes", "config", "pages/s", "time s", "spilled", "refilled",
+                  "MongoDB CPU s", "Redis CPU s", "nodes CPU s", "other programs (cores)",
+                  "exactly once"], rows)]
+    out.append(table(["nodes", "spill ÷ redis", "paired"],
+                     [[n, s["ratio"], s["paired"]] for n, s in data["summary"].items()]))
+    out.append(table(["check", "value", "floor", "result"],
+                     [[c["check"], c["value"], c["floor"], c["pass"]] for c in data["checks"]]))
+    return "\n\n".join(out)
+
+
+if __name__ == "__main__":
+    main()
