@@ -286,7 +286,10 @@ class Soak:
                 return {"queued": int(r.hget(keys.kstate, "||qlen") or r.get(keys.qlen) or 0),
                         "inflight": r.hlen(keys.inflight), "delayed": r.zcard(keys.delayed),
                         "dead": r.llen(keys.dead), "seeds": r.llen(start_urls_key(SPIDER)),
-                        "claims": r.hlen(f"{{{start_urls_key(SPIDER)}}}:claims")}
+                        "claims": r.hlen(f"{{{start_urls_key(SPIDER)}}}:claims"),
+                        # issue 49: entries in MongoDB, keys waiting for a move or held
+                        "backlog": int(r.hget(keys.kstate, "||backlog") or 0),
+                        "moves": r.zcard(keys.moves) + r.hlen(keys.mover)}
             finally:
                 r.close()
         except redis_lib.RedisError:
@@ -438,7 +441,7 @@ class Soak:
                 break
             f = row["frontier"]
             busy = f is None or any(f[k] for k in ("queued", "inflight", "delayed", "seeds",
-                                                   "claims"))
+                                                   "claims", "backlog"))
             empty_since = None if busy else (empty_since or time.monotonic())
             if empty_since and time.monotonic() - empty_since > 20:
                 done_reason = "frontier empty for 20 s (not every product stored)"
@@ -518,12 +521,30 @@ class Soak:
             "redis_spools": spools,
             "spool_files": spool_files(self.work / "project"),
         }
+        # issue 49: nothing left in the backlog (Redis's count, MongoDB's live documents)
+        result["backlog_left"] = {
+            "t_backlog_keys": r.zcard(keys.backlog),
+            "kstate_backlog": int(r.hget(keys.kstate, "||backlog") or 0)}
         r.close()
+        client = self.mclient()
+        try:
+            result["backlog_left"]["mongo_live"] = client[DATABASE]["frontier_backlog"] \
+                .count_documents({"pl": {"$exists": True}})
+        finally:
+            client.close()
+        result["backlog_peak"] = max((s["frontier"] or {}).get("backlog", 0)
+                                     for s in self.samples) if self.samples else 0
         result["errors"] = log_errors(sorted(self.logs.glob("node-*.log")))
         # from the final stats dumps only: a SIGKILLed process writes none (an undercount)
         result["items_scraped_final_stats"] = sum(
             int(m) for log in self.logs.glob("node-*.log")
             for m in re.findall(r"'item_scraped_count': (\d+)", log.read_text(errors="replace")))
+        # the tier's moves, summed over the final stats dumps (an undercount too)
+        result["backlog_stats"] = {
+            name: sum(int(m) for log in self.logs.glob("node-*.log")
+                      for m in re.findall(rf"'backlog/{name}': (\d+)",
+                                          log.read_text(errors="replace")))
+            for name in ("spilled", "refilled", "leftovers", "mongo_errors", "mover_errors")}
         result["rate"] = rates(first_seen)
         result["recovery"] = recovery(self.faults, first_seen, self.crawl_end)
         return result
@@ -679,6 +700,10 @@ def render(data: dict) -> str:
                      c["missing_dead_lettered"], c["duplicated"], c["self_check"].get("ok"),
                      c["dead_letters"], c["errors"]["error_lines"],
                      sum(c["errors"]["tracebacks"].values())]]),
+             "",
+             "backlog (final stats dumps): " + ", ".join(f"{k} {v}" for k, v in
+                                                         c["backlog_stats"].items())
+             + f"; peak in MongoDB {c['backlog_peak']}; left: {c['backlog_left']}",
              "",
              table(["fault", "at s", "lasted s", "items/s before", "lowest", "recovered after s",
                     "after its end s"],
