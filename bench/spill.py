@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -85,6 +86,39 @@ def cpu_s(pid: int) -> float:
         return 0.0
 
 
+class Starved(threading.Thread):
+    """Samples the partition's ``||qlen`` and ``||backlog`` every 50 ms: the
+    seconds the window was empty while MongoDB held entries (a refill late),
+    and the most entries MongoDB held."""
+
+    def __init__(self, url: str):
+        super().__init__(daemon=True)
+        self.client = redis_lib.Redis.from_url(url)
+        self.halt = threading.Event()
+        self.starved_s, self.peak = 0.0, 0
+
+    def run(self):
+        last = time.monotonic()
+        while not self.halt.wait(0.05):
+            now = time.monotonic()
+            try:
+                qlen = backlog = 0
+                for key in self.client.scan_iter("*:kstate"):
+                    q, b = self.client.hmget(key, "||qlen", "||backlog")
+                    qlen, backlog = qlen + int(q or 0), backlog + int(b or 0)
+            except redis_lib.RedisError:
+                continue
+            if qlen == 0 and backlog > 0:
+                self.starved_s += now - last
+            self.peak = max(self.peak, backlog)
+            last = now
+
+    def stop(self):
+        self.halt.set()
+        self.join(5)
+        self.client.close()
+
+
 def crawl_once(redis, site: MultiHostSite, mongo: MongoServer, nodes: int, config: str,
                settings: dict) -> dict:
     redis.reset()
@@ -95,9 +129,14 @@ def crawl_once(redis, site: MultiHostSite, mongo: MongoServer, nodes: int, confi
     redis.client.lpush(start_urls_key(SPIDER), site.urls[HOST])
     mongo_pid = mongo.pid
     mongo0, redis0 = cpu_s(mongo_pid) if mongo_pid else 0.0, cpu_s(redis.server.pid)
-    run = run_nodes("ours", nodes, redis_url=redis.url, settings=settings, spider=SPIDER,
-                    settings_module=README_MODULE, timeout=120 + site.pages[HOST] / 5,
-                    watch_pids=(redis.server.pid, site._proc.pid))
+    watch = Starved(redis.url)
+    watch.start()
+    try:
+        run = run_nodes("ours", nodes, redis_url=redis.url, settings=settings, spider=SPIDER,
+                        settings_module=README_MODULE, timeout=120 + site.pages[HOST] / 5,
+                        watch_pids=(redis.server.pid, site._proc.pid))
+    finally:
+        watch.stop()
     mongo_cpu = (cpu_s(mongo_pid) - mongo0) if mongo_pid else None
     redis_cpu = cpu_s(redis.server.pid) - redis0
     run = strip_series(run)
@@ -128,6 +167,8 @@ def crawl_once(redis, site: MultiHostSite, mongo: MongoServer, nodes: int, confi
         "backlog_left_redis": tbacklog, "backlog_left_mongo": backlog_live,
         "ok_pages_per_s": sum(ok.values()) / run["elapsed_s"] if run["elapsed_s"] else None,
         "mongo_cpu_s": mongo_cpu, "redis_cpu_s": redis_cpu,
+        # the window ran dry: nothing queued in Redis while MongoDB held entries
+        "starved_s": watch.starved_s, "backlog_peak": watch.peak,
         "nodes_cpu_s": sum(n.get("process_cpu_s") or 0 for n in run["per_node"]),
     })
     run["exact"] = (run["missing"] == 0 and run["fetched_twice"] == 0 and run["not_stored"] == 0
@@ -145,6 +186,7 @@ def summarize(runs: list[dict]) -> dict:
         "mongo_cpu_s": median([r["mongo_cpu_s"] for r in runs]),
         "redis_cpu_s": median([r["redis_cpu_s"] for r in runs]),
         "nodes_cpu_s": median([r["nodes_cpu_s"] for r in runs]),
+        "starved_s": median([r.get("starved_s") for r in runs]),
         "external_cores": max(r["external_cores"] or 0 for r in runs),
     }
 
@@ -186,7 +228,8 @@ def main(argv=None) -> dict:
                               f"exact {run['exact']} (missing {run['missing']}, twice "
                               f"{run['fetched_twice']}, stored {run['stored']}/{run['products']}"
                               f", left {run['backlog_left_redis']}/{run['backlog_left_mongo']})"
-                              f", CPU s mongo {run['mongo_cpu_s'] or 0:.1f} redis "
+                              f", window dry {run['starved_s']:.1f}s, MongoDB peak "
+                              f"{run['backlog_peak']}, CPU s mongo {run['mongo_cpu_s'] or 0:.1f} redis "
                               f"{run['redis_cpu_s']:.1f} nodes {run['nodes_cpu_s']:.1f}, other "
                               f"programs {run['external_cores'] or 0:.2f} cores", flush=True)
     finally:
@@ -224,10 +267,10 @@ def render(data: dict) -> str:
             c = s[config]
             rows.append([n, config, c["pages_per_s"], c["elapsed_s"],
                          ", ".join(map(str, c["spilled"])), ", ".join(map(str, c["refilled"])),
-                         c["mongo_cpu_s"], c["redis_cpu_s"], c["nodes_cpu_s"],
+                         c["starved_s"], c["mongo_cpu_s"], c["redis_cpu_s"], c["nodes_cpu_s"],
                          round(c["external_cores"], 2), c["exact"]])
     out = [table(["nodes", "config", "pages/s", "time s", "spilled", "refilled",
-                  "MongoDB CPU s", "Redis CPU s", "nodes CPU s", "other programs (cores)",
+                  "window dry s", "MongoDB CPU s", "Redis CPU s", "nodes CPU s", "other programs (cores)",
                   "exactly once"], rows)]
     out.append(table(["nodes", "spill ÷ redis", "paired"],
                      [[n, s["ratio"], s["paired"]] for n, s in data["summary"].items()]))
