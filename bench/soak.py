@@ -65,6 +65,7 @@ import json
 import os
 import random
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -409,6 +410,10 @@ class Soak:
                if k not in ("SCRAPY_SETTINGS_MODULE", "SCRAPY_PROJECT", "REDIS_URL", "MONGO_URI",
                             "MONGO_DATABASE")}
         env["PYTHONPATH"] = os.pathsep.join([str(project), str(ROOT)])
+        # the README's deployment gives every node the crawl's secret (without
+        # it, requests with the identity's headers are kept on their node: a
+        # node's retries then give up during a site outage, dead-lettered)
+        env.setdefault("FRONTIER_SECRET", secrets.token_urlsafe(32))
         r.lpush(start_urls_key(SPIDER), *self.site.urls())
         r.close()
         self.nodes = [SoakNode(i + 1, project, self.logs, env, self.args.setting) for i in range(self.args.nodes)]
@@ -782,7 +787,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nwritten {path}")
     if not args.keep:
         shutil.rmtree(soak.work, ignore_errors=True)
-    ok = not check["missing"] and not check["duplicated"]
+    ok = not check["missing"] and not check["duplicated"] and not any(
+        check["backlog_left"].values())
     return 0 if ok else 1
 
 
