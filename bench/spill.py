@@ -28,7 +28,7 @@ user runs it; a move then waits for its commit to reach the AOF (``WAITAOF``
 on Redis >= 7.2, else ``FRONTIER_BACKLOG_SETTLE``).
 
     python -m bench.spill [--quick] [--repeat 3] [--nodes 1,2] [--pages 5000]
-        [--spill-above 300] [--window 200] [--aof] [--set NAME=VALUE ...]
+        [--spill-above 100] [--window 200] [--aof] [--set NAME=VALUE ...]
 
 Writes ``bench/results/spill.json`` (``--quick``: ``bench/results/quick/``).
 """
@@ -195,8 +195,10 @@ def main(argv=None) -> dict:
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--nodes", default="1,2")
     parser.add_argument("--pages", type=int, default=None)
-    parser.add_argument("--spill-above", type=int, default=300)
-    parser.add_argument("--window", type=int, default=200)
+    parser.add_argument("--spill-above", type=int, default=None,
+                        help="FRONTIER_BACKLOG_SPILL_ABOVE of the spill runs (100; smallest 20)")
+    parser.add_argument("--window", type=int, default=None,
+                        help="the site's window in the spill runs (200; smallest 10)")
     parser.add_argument("--aof", action="store_true", help="Redis with its AOF (everysec)")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="a setting on every node of both configurations")
@@ -205,9 +207,10 @@ def main(argv=None) -> dict:
     repeat = args.repeat or (1 if mode != "full" else 3)
     pages = args.pages or PAGES[mode]
     counts = [int(n) for n in args.nodes.split(",")]
+    spill_above = args.spill_above or (20 if mode == "smallest" else 100)
+    window = args.window or (10 if mode == "smallest" else 200)
     common = dict(item.split("=", 1) for item in args.set)
-    configs = {"redis": dict(common), "spill": {**common, **spill_settings(args.spill_above,
-                                                                            args.window)}}
+    configs = {"redis": dict(common), "spill": {**common, **spill_settings(spill_above, window)}}
     t0 = time.monotonic()
     storage = Path(tempfile.mkdtemp(prefix="bench-spill-mongo-"))
     mongo = MongoServer(storage_path=storage)
