@@ -46,6 +46,7 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from crawlproject import defaults
@@ -328,7 +329,10 @@ class Mover:
 
     async def _aof_enabled(self) -> bool:
         """Whether Redis keeps an AOF now (asked each time: ``CONFIG SET
-        appendonly`` may turn it on); True when INFO is refused (an ACL user)."""
+        appendonly`` may turn it on); True when INFO is refused (an ACL user),
+        and on a cluster (INFO goes to one node, not surely this partition's master)."""
+        if isinstance(self.redis, RedisCluster):
+            return True
         try:
             info = await self.redis.info("persistence")
         except ResponseError:
