@@ -23,12 +23,16 @@ left in ``T:backlog`` nor live in the backlog collection, and for ``spill``
 spilled > 0 and refilled > 0. Also the CPU seconds of the MongoDB-wire
 stand-in (a Python server, far slower than mongod) against the nodes'.
 
+``--refill-steps``: no crawl; the steps of one refill of 100 entries timed
+against the same servers (median of 10, after a spill of 2,900): how long a
+window must last (its low half at the site's pace) for a refill to arrive.
+
 ``--aof``: Redis with its append-only file (``appendfsync everysec``), as a
 user runs it; a move then waits for its commit to reach the AOF (``WAITAOF``
 on Redis >= 7.2, else ``FRONTIER_BACKLOG_SETTLE``).
 
     python -m bench.spill [--quick] [--repeat 3] [--nodes 1,2] [--pages 5000]
-        [--spill-above 100] [--window 200] [--aof] [--set NAME=VALUE ...]
+        [--spill-above 100] [--window 200] [--aof] [--set NAME=VALUE ...] [--refill-steps]
 
 Writes ``bench/results/spill.json`` (``--quick``: ``bench/results/quick/``).
 """
@@ -177,6 +181,73 @@ def crawl_once(redis, site: MultiHostSite, mongo: MongoServer, nodes: int, confi
     return run
 
 
+def refill_steps(redis_url: str, mongo_uri: str, rounds: int = 10, n: int = 100) -> dict:
+    """Milliseconds of each step of a refill of *n* (median of *rounds*), the
+    key's window drained by takes between refills; the spill before, timed."""
+    import asyncio
+    import statistics
+
+    import redis.asyncio as aioredis
+
+    from crawlproject.frontier.backlog import Backlog, BacklogConfig
+    from crawlproject.frontier.mover import Mover
+    from crawlproject.frontier.queue import Batch, Frontier
+    from crawlproject.keys import FrontierKeys
+
+    key, queued = "a.example", 3000
+    sync = redis_lib.Redis.from_url(redis_url)
+    frontier = Frontier(sync, "steps", "n0", lease_ttl=30)
+    batch = Batch()
+    for i in range(queued):
+        batch.add(f"http://{key}/p/{i} " + "x" * 200, f"{i:032x}", 0, 0, key=key)
+    frontier.sync(batch)
+
+    async def run() -> dict:
+        client = aioredis.Redis.from_url(redis_url)
+        backlog = Backlog.from_config(BacklogConfig(uri=mongo_uri, database=DATABASE + "_steps",
+                                                    timeout=60), "steps")
+        await backlog.open()
+        mover = Mover(client, backlog, FrontierKeys("steps"), "n1", settle=0)
+        began = time.perf_counter()
+        spilled = (await mover.spill(key, n)).spilled
+        spill_s = time.perf_counter() - began
+        steps: dict[str, list] = {k: [] for k in ("claim", "read", "commit", "tombstone",
+                                                   "done", "takeable", "total")}
+        try:
+            for _ in range(rounds):
+                take = Batch()
+                take.take = n
+                acks = Batch()
+                acks.acks = [member for member, _ in frontier.sync(take).taken]
+                frontier.sync(acks)
+                t = [time.perf_counter()]
+                claim = await mover.claim(key, "refill")
+                t.append(time.perf_counter())
+                entries = await mover.read_refill(claim, n)
+                t.append(time.perf_counter())
+                await mover.commit_refill(claim, entries)
+                t.append(time.perf_counter())
+                members = [e.member for e in entries]
+                await mover.tombstone(claim, members)
+                t.append(time.perf_counter())
+                await mover.refill_done(claim, members, release=True)
+                t.append(time.perf_counter())
+                for name, a, b in zip(("claim", "read", "commit", "tombstone", "done"), t, t[1:]):
+                    steps[name].append(1000 * (b - a))
+                steps["takeable"].append(1000 * (t[3] - t[0]))
+                steps["total"].append(1000 * (t[5] - t[0]))
+        finally:
+            await mover.close()
+            await backlog.close()
+        return {"spilled": spilled, "spill_ms_per_entry": 1000 * spill_s / max(1, spilled),
+                "refill_of": n, **{k: statistics.median(v) for k, v in steps.items()}}
+
+    try:
+        return asyncio.run(run())
+    finally:
+        sync.close()
+
+
 def summarize(runs: list[dict]) -> dict:
     return {
         "pages_per_s": median([r["ok_pages_per_s"] for r in runs]),
@@ -200,6 +271,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--window", type=int, default=None,
                         help="the site's window in the spill runs (200; smallest 10)")
     parser.add_argument("--aof", action="store_true", help="Redis with its AOF (everysec)")
+    parser.add_argument("--refill-steps", action="store_true",
+                        help="no crawl: time the steps of a refill (see above)")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="a setting on every node of both configurations")
     args = parser.parse_args(argv)
@@ -216,6 +289,16 @@ def main(argv=None) -> dict:
     mongo = MongoServer(storage_path=storage)
     mongo.start()
     runs: dict[str, list] = {}
+    if args.refill_steps:
+        try:
+            with (AofRedis() if args.aof else BenchRedis()) as redis:
+                steps = refill_steps(redis.url, mongo.uri)
+        finally:
+            mongo.stop()
+            shutil.rmtree(storage, ignore_errors=True)
+        print(table(["step", "ms (median of 10)"], [[k, v] for k, v in steps.items()]))
+        return finish(NAME + "_steps", {"steps": steps, "duration_s": time.monotonic() - t0},
+                      args.out, lambda data: "")
     try:
         with (AofRedis() if args.aof else BenchRedis()) as redis, \
                 MultiHostSite([HOST], pages={HOST: pages}) as site:
