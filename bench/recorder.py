@@ -28,7 +28,9 @@ STATS_KEPT = ("elapsed_time_seconds", "item_scraped_count", "response_received_c
               "log_count/ERROR", "scheduler/dead", "scheduler/reclaimed",
               "downloader/response_bytes", "recrawl/not_modified", "recrawl/unchanged",
               "recrawl/changed", "recrawl/new", "recrawl/fed", "mongo/modified", "mongo/upserted",
-              "gc/frozen_objects", "impersonate/responses", "impersonate/protocol/http1.1")
+              "gc/frozen_objects", "impersonate/responses", "impersonate/protocol/http1.1",
+              "backlog/spilled", "backlog/refilled", "backlog/leftovers", "backlog/mongo_errors",
+              "backlog/mover_errors", "frontier/backlog/stale_commits")
 
 
 class BenchRecorder:

@@ -65,6 +65,7 @@ import json
 import os
 import random
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -286,7 +287,10 @@ class Soak:
                 return {"queued": int(r.hget(keys.kstate, "||qlen") or r.get(keys.qlen) or 0),
                         "inflight": r.hlen(keys.inflight), "delayed": r.zcard(keys.delayed),
                         "dead": r.llen(keys.dead), "seeds": r.llen(start_urls_key(SPIDER)),
-                        "claims": r.hlen(f"{{{start_urls_key(SPIDER)}}}:claims")}
+                        "claims": r.hlen(f"{{{start_urls_key(SPIDER)}}}:claims"),
+                        # issue 49: entries in MongoDB, keys waiting for a move or held
+                        "backlog": int(r.hget(keys.kstate, "||backlog") or 0),
+                        "moves": r.zcard(keys.moves) + r.hlen(keys.mover)}
             finally:
                 r.close()
         except redis_lib.RedisError:
@@ -406,6 +410,10 @@ class Soak:
                if k not in ("SCRAPY_SETTINGS_MODULE", "SCRAPY_PROJECT", "REDIS_URL", "MONGO_URI",
                             "MONGO_DATABASE")}
         env["PYTHONPATH"] = os.pathsep.join([str(project), str(ROOT)])
+        # the README's deployment gives every node the crawl's secret (without
+        # it, requests with the identity's headers are kept on their node: a
+        # node's retries then give up during a site outage, dead-lettered)
+        env.setdefault("FRONTIER_SECRET", secrets.token_urlsafe(32))
         r.lpush(start_urls_key(SPIDER), *self.site.urls())
         r.close()
         self.nodes = [SoakNode(i + 1, project, self.logs, env, self.args.setting) for i in range(self.args.nodes)]
@@ -438,7 +446,7 @@ class Soak:
                 break
             f = row["frontier"]
             busy = f is None or any(f[k] for k in ("queued", "inflight", "delayed", "seeds",
-                                                   "claims"))
+                                                   "claims", "backlog"))
             empty_since = None if busy else (empty_since or time.monotonic())
             if empty_since and time.monotonic() - empty_since > 20:
                 done_reason = "frontier empty for 20 s (not every product stored)"
@@ -518,12 +526,30 @@ class Soak:
             "redis_spools": spools,
             "spool_files": spool_files(self.work / "project"),
         }
+        # issue 49: nothing left in the backlog (Redis's count, MongoDB's live documents)
+        result["backlog_left"] = {
+            "t_backlog_keys": r.zcard(keys.backlog),
+            "kstate_backlog": int(r.hget(keys.kstate, "||backlog") or 0)}
         r.close()
+        client = self.mclient()
+        try:
+            result["backlog_left"]["mongo_live"] = client[DATABASE]["frontier_backlog"] \
+                .count_documents({"pl": {"$exists": True}})
+        finally:
+            client.close()
+        result["backlog_peak"] = max((s["frontier"] or {}).get("backlog", 0)
+                                     for s in self.samples) if self.samples else 0
         result["errors"] = log_errors(sorted(self.logs.glob("node-*.log")))
         # from the final stats dumps only: a SIGKILLed process writes none (an undercount)
         result["items_scraped_final_stats"] = sum(
             int(m) for log in self.logs.glob("node-*.log")
             for m in re.findall(r"'item_scraped_count': (\d+)", log.read_text(errors="replace")))
+        # the tier's moves, summed over the final stats dumps (an undercount too)
+        result["backlog_stats"] = {
+            name: sum(int(m) for log in self.logs.glob("node-*.log")
+                      for m in re.findall(rf"'backlog/{name}': (\d+)",
+                                          log.read_text(errors="replace")))
+            for name in ("spilled", "refilled", "leftovers", "mongo_errors", "mover_errors")}
         result["rate"] = rates(first_seen)
         result["recovery"] = recovery(self.faults, first_seen, self.crawl_end)
         return result
@@ -680,6 +706,10 @@ def render(data: dict) -> str:
                      c["dead_letters"], c["errors"]["error_lines"],
                      sum(c["errors"]["tracebacks"].values())]]),
              "",
+             "backlog (final stats dumps): " + ", ".join(f"{k} {v}" for k, v in
+                                                         c["backlog_stats"].items())
+             + f"; peak in MongoDB {c['backlog_peak']}; left: {c['backlog_left']}",
+             "",
              table(["fault", "at s", "lasted s", "items/s before", "lowest", "recovered after s",
                     "after its end s"],
                    [[r["kind"], r["start"], r["fault_s"], r["pre_rate"], r["min_rate"],
@@ -757,7 +787,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nwritten {path}")
     if not args.keep:
         shutil.rmtree(soak.work, ignore_errors=True)
-    ok = not check["missing"] and not check["duplicated"]
+    ok = not check["missing"] and not check["duplicated"] and not any(
+        check["backlog_left"].values())
     return 0 if ok else 1
 
 

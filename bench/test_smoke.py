@@ -11,7 +11,7 @@ import json
 import pytest
 
 from bench import (backlog, commands, costs, crawl, dedupe, frontier_capacity, kstate, memory, polite, seeds,
-                   status_reads, web)
+                   spill, status_reads, web)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -284,3 +284,11 @@ def test_backlog_smallest(tmp_path):
         assert positive(point["memory"][key])
     assert all(positive(e["requests_per_s"]) for e in point["enqueue"])
     assert positive(point["take"]["take"]["server_us_per_call"])
+
+
+def test_spill_smallest(tmp_path):
+    data = spill.main(["--smallest", "--nodes", "1", "--out", str(tmp_path / "spill.json")])
+    s = data["summary"][1]
+    assert positive(s["redis"]["pages_per_s"]) and positive(s["spill"]["pages_per_s"])
+    assert min(s["spill"]["spilled"]) > 0 and min(s["spill"]["refilled"]) > 0
+    assert s["spill"]["exact"] and s["redis"]["exact"]

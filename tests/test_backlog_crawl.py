@@ -477,3 +477,42 @@ def test_redis_back_from_its_aof_without_the_spills_commit_loses_nothing(tmp_pat
         server.kill()
     assert len(taken) == len(set(taken)) == 10, sorted(taken)
     assert mongo_db["frontier_backlog"].count_documents({"pl": {"$exists": True}}) == 0
+
+
+def test_a_rounds_keys_move_side_by_side(tmp_path, mongo_uri, mongo_db):
+    """Each move waits for its commit to reach the AOF (here the settle: 6.2
+    and 7.0 have no WAITAOF); a round's keys wait side by side, not one after
+    another (four keys one after another: at least 4 settles)."""
+    import asyncio
+    import time
+
+    from devtools.services import RedisServer
+
+    server = RedisServer(data_dir=tmp_path / "redis", appendonly=True).start()
+    keys = [f"site{i}.example" for i in range(4)]
+
+    async def main():
+        r, frontier, client, mover = await _node(server.url, mongo_uri, mongo_db.name,
+                                                 FRONTIER_BACKLOG_SETTLE=1.0)
+        try:
+            for k, key in enumerate(keys):
+                batch = Batch()
+                for i in range(10):
+                    batch.add(f"page {k} {i}", f"{k:08x}{i:024x}", 0, 0, key=key)
+                await frontier.sync(batch)
+            began = time.monotonic()
+            assert await mover.round()
+            seconds = time.monotonic() - began
+            queued = [await r.zcard(f"{{shop}}:q:{key}") for key in keys]
+            return seconds, queued, mover.movers[0]._waitaof
+        finally:
+            await mover.close()
+            await r.aclose()
+
+    try:
+        seconds, queued, waitaof = asyncio.run(main())
+    finally:
+        server.stop()
+    assert queued == [2, 2, 2, 2]          # every key spilled down to its window
+    if not waitaof:
+        assert 1.0 <= seconds < 3.0, seconds

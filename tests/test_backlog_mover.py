@@ -401,3 +401,33 @@ def test_settings_are_read_once_and_bad_ones_refused(redis_url):
     assert (mover.lease_ms, mover.settle, mover.batch) == (5000, 0.5, 64)
     with pytest.raises(ValueError, match="LEASE_TTL"):
         Mover(client, None, FrontierKeys("shop"), "n1", lease_ttl=0)
+
+
+def test_a_move_waits_the_settle_only_where_redis_keeps_an_aof(redis_url, tmp_path):
+    """Without WAITAOF (6.2, 7.0) a move waits FRONTIER_BACKLOG_SETTLE for its
+    commit to reach the AOF; a Redis without an AOF is not waited on (nothing
+    to wait for: the settle only stalled every move, bench.spill)."""
+    from devtools.services import RedisServer
+
+    async def on_disk(url: str, settle: float) -> tuple[float, bool | None]:
+        client = aioredis.Redis.from_url(url)
+        mover = Mover(client, None, FrontierKeys("shop"), "n1", settle=settle)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        try:
+            await asyncio.wait_for(mover._on_disk(), 10)
+            return loop.time() - began, mover._waitaof
+        finally:
+            await mover.close()
+            await client.aclose()
+
+    seconds, _ = asyncio.run(on_disk(redis_url, 30))   # the suite's Redis: no AOF
+    assert seconds < 10
+    server = RedisServer(data_dir=tmp_path, appendonly=True)
+    server.start()
+    try:
+        seconds, waitaof = asyncio.run(on_disk(server.url, 0.3))
+    finally:
+        server.stop()
+    if not waitaof:       # (Redis >= 7.2 proves it with WAITAOF instead)
+        assert seconds >= 0.3

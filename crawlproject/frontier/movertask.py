@@ -4,7 +4,8 @@ SYNC flags the keys that want a move in ``T:moves`` (``lua/sync/backlog.lua``)
 and says in its reply how many wait; this task (one per node, over all its
 partitions) wakes at once on such a reply, or polls while the partition has a
 backlog or moves under way, and for up to :data:`KEYS_PER_ROUND` keys a round
-(picked at random among the first flagged, so the nodes spread the work) runs
+(picked at random among the first flagged, so the nodes spread the work; their
+moves side by side) runs
 :meth:`crawlproject.frontier.mover.Mover.spill` or ``refill`` with the window
 rule (:mod:`crawlproject.frontier.window`):
 
@@ -253,22 +254,32 @@ class MoverTask:
             return False
         self.active[p] = True        # look again next round (more may wait)
         mover = await self._mover(p)
-        worked = False
         self.moving = True
+
+        async def move(k: str) -> bool:
+            if self.closing:
+                return False
+            try:
+                return await self._move(p, mover, k, qlen, k in expired)
+            except StaleMove:
+                return False    # another node took the key over: it finishes the move
+            except BaseException:
+                await self._flag(frontier, k)   # not lost: tried again
+                raise
+
         try:
-            for k in picks:
-                if self.closing:
-                    break
-                try:
-                    worked = await self._move(p, mover, k, qlen, k in expired) or worked
-                except StaleMove:
-                    pass     # another node took the key over: it finishes the move
-                except BaseException:
-                    await self._flag(frontier, k)   # not lost: tried again
-                    raise
+            # The keys' moves side by side: each waits on MongoDB and for its
+            # commit to reach the AOF (WAITAOF, or the settle: 2 s), which one
+            # after the other would hold every key behind the slowest (measured:
+            # bench.spill, bench.soak). One Redis connection (the mover's:
+            # WAITAOF still covers every commit made on it), one lease per key.
+            done = await asyncio.gather(*(move(k) for k in picks), return_exceptions=True)
         finally:
             self.moving = False
-        return worked
+        for outcome in done:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return any(done)
 
     async def _move(self, p: int, mover: Mover, k: str, qlen: int, leftover: bool) -> bool:
         frontier = self.frontiers[p]
