@@ -139,6 +139,7 @@ class Mover:
         # (its commands go over per-master pools), and WAITAOF waits only for the
         # writes of the connection it is sent on: there the settle delay it is.
         self._waitaof: bool | None = None if hasattr(redis, "client") else False
+        self._info_refused = False            # INFO persistence refused (ACL)
 
     @classmethod
     def from_settings(cls, settings, redis, backlog: Backlog, keys: FrontierKeys, node: str, *,
@@ -333,11 +334,14 @@ class Mover:
         """Whether Redis keeps an AOF now (asked each time: ``CONFIG SET
         appendonly`` may turn it on); True when INFO is refused (an ACL user),
         and on a cluster (INFO goes to one node, not surely this partition's master)."""
-        if isinstance(self.redis, RedisCluster):
+        if isinstance(self.redis, RedisCluster) or self._info_refused:
             return True
         try:
             info = await self.redis.info("persistence")
         except ResponseError:
+            # (INFO is @dangerous: a node's ACL user may not; asked once, not per
+            # move, so Redis' ACL LOG holds one refusal, not one per move)
+            self._info_refused = True
             return True
         return str(info.get("aof_enabled", 1)) != "0"
 
