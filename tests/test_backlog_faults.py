@@ -36,8 +36,8 @@ SPIDER = "products"
 SETTINGS = {"FRONTIER_BACKLOG_SPILL_ABOVE": 1, "FRONTIER_BACKLOG_WINDOW_MIN": 2,
             "FRONTIER_BACKLOG_WINDOW_MAX": 2, "FRONTIER_BACKLOG_SETTLE": 0.05,
             # a dead node's move lease and fetch leases come back quickly
-            "FRONTIER_BACKLOG_LEASE_TTL": 2, "SCHEDULER_LEASE_TTL": 3,
-            "SCHEDULER_HEARTBEAT_INTERVAL": 0.5, "FRONTIER_BACKLOG_TIMEOUT": 1,
+            "FRONTIER_BACKLOG_LEASE_TTL": 1, "SCHEDULER_LEASE_TTL": 1.5,
+            "SCHEDULER_HEARTBEAT_INTERVAL": 0.25, "FRONTIER_BACKLOG_TIMEOUT": 1,
             "MAX_IDLE_TIME_BEFORE_CLOSE": 1, "CONCURRENT_REQUESTS": 4,
             "SCHEDULER_PREFETCH": 4}
 STEPS = ["spill:1", "spill:2", "spill:3", "refill:1", "refill:2", "refill:3", "refill:4"]
