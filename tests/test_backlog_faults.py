@@ -278,7 +278,8 @@ def test_mongodb_stopped_mid_refill_loses_and_doubles_nothing(tmp_path, aof_redi
                 _crash_state(redis, database, "refill:2")
                 mongo.stop()
                 node.proc.send_signal(signal.SIGCONT)
-                node.wait_for_log("backlog cannot move entries")
+                # (step 3 tried against the stopped server, then MongoDB back)
+                node.wait_for_log("cannot tombstone")
                 mongo.start()
                 assert node.wait(90) == 0, node.tail()
             finally:
@@ -297,3 +298,27 @@ def test_mongodb_stopped_mid_refill_loses_and_doubles_nothing(tmp_path, aof_redi
     finally:
         client.close()
         mongo.kill()
+
+
+def test_the_crash_hook_is_off_by_default_and_refuses_a_step_it_does_not_know(redis_url):
+    """``FRONTIER_BACKLOG_CRASH_AT`` is inert unless set, names one of the
+    seven steps (``:stop`` appended: SIGSTOP); a typo is refused rather than
+    testing nothing (and a crash test checks the node died at its step)."""
+    import redis.asyncio as aioredis
+    from scrapy.settings import Settings
+
+    from crawlproject.frontier.mover import STEPS as MOVER_STEPS, Mover
+    from crawlproject.keys import FrontierKeys
+
+    def mover(value=None):
+        settings = Settings({} if value is None else {"FRONTIER_BACKLOG_CRASH_AT": value})
+        return Mover.from_settings(settings, aioredis.Redis.from_url(redis_url), None,
+                                   FrontierKeys(SPIDER), "n1")
+
+    assert list(MOVER_STEPS) == STEPS
+    assert mover().crash_at is None and mover("").crash_at is None
+    assert mover("spill:2").crash_at == ("spill:2", "kill")
+    assert mover("refill:2:stop").crash_at == ("refill:2", "stop")
+    for bad in ("spill:4", "refill:0", "spill", "refill:2:pause", "refill:5:stop"):
+        with pytest.raises(ValueError, match="FRONTIER_BACKLOG_CRASH_AT"):
+            mover(bad)
