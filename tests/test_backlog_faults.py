@@ -191,7 +191,7 @@ def _crawl(tmp_path, server, mongo_uri, database, step, aof_loss=None):
         survivor = Node("b", tmp_path, env, settings=SETTINGS)
         try:
             for node in (dead, survivor):
-                node.wait_for_log("Reading seeds from")
+                node.wait_for_log("Spider opened")   # (b started: its start not waited on later)
             # b waits, stopped, until a died: a alone makes the first moves
             survivor.proc.send_signal(signal.SIGSTOP)
             redis.lpush(f"{SPIDER}:start_urls", site.url)
