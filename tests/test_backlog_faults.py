@@ -190,10 +190,13 @@ def _crawl(tmp_path, server, mongo_uri, database, step, aof_loss=None):
         dead = Node("a", tmp_path, env, settings={**SETTINGS, "FRONTIER_BACKLOG_CRASH_AT": step})
         survivor = Node("b", tmp_path, env, settings=SETTINGS)
         try:
-            for node in (dead, survivor):
-                node.wait_for_log("Spider opened")   # (b started: its start not waited on later)
-            # b waits, stopped, until a died: a alone makes the first moves
+            # b waits, stopped, until a died: a alone makes the first moves. Stopped
+            # once its spider opened (its start is not waited on later), at once:
+            # a node with nothing to do closes after MAX_IDLE_TIME_BEFORE_CLOSE
+            survivor.wait_for_log("Spider opened")
             survivor.proc.send_signal(signal.SIGSTOP)
+            assert "nothing to do" not in survivor.text(), survivor.tail()
+            dead.wait_for_log("Spider opened")
             redis.lpush(f"{SPIDER}:start_urls", site.url)
             _dead_at(dead, step)
             _crash_state(redis, database, step)
