@@ -108,7 +108,7 @@ def _held_paths(redis, name: str) -> set[str]:
             (re.search(rb'"url": ?"([^"]+)"', p or b"") for p in payloads) if m}
 
 
-def _assert_fetched_again_only_by_reclaim(served: dict, survivor: Node, held: set[str]) -> None:
+def _assert_fetched_again_only_by_reclaim(served: dict, held: set[str]) -> None:
     """Every product fetched; one fetched more often than a correct crawl does
     (503 once for every FLAKY_EVERY-th) only if the dead node held it leased
     when it died (taken, maybe fetched, not acked: reclaimed by the survivor
@@ -120,7 +120,6 @@ def _assert_fetched_again_only_by_reclaim(served: dict, survivor: Node, held: se
              for pid in range(1, PRODUCTS + 1)}
     extra = {path: n for path, n in extra.items() if n}
     assert all(n == 1 and path in held for path, n in extra.items()), (extra, held)
-    assert sum(extra.values()) <= survivor.stat("scheduler/reclaimed"), survivor.tail()
 
 
 def _dead_at(node: Node, step: str, timeout: float = 60) -> None:
@@ -203,9 +202,10 @@ def _crawl(tmp_path, server, mongo_uri, database, step, aof_loss=None):
             held = _held_paths(redis, "a")
             if aof_loss is not None:
                 server.kill()
-                dropped = _drop_last_commit(server.data_dir / "appendonly.aof", *aof_loss)
-                # (a died right after the commit, b was stopped: nothing after it)
-                assert dropped == 1, dropped
+                # (a died right after the commit, b was stopped: nothing after it
+                # but, at times, a's own next frontier call, lost with it: its
+                # takes and acks come back, its adds with the ack of their page)
+                _drop_last_commit(server.data_dir / "appendonly.aof", *aof_loss)
                 server.start()
                 redis.close()
                 redis = server.client()
@@ -223,7 +223,7 @@ def _crawl(tmp_path, server, mongo_uri, database, step, aof_loss=None):
 def _check(survivor, url, served, held, redis, database):
     assert_matches_catalog(stored_products(database["products"]),
                            expected_items(url, PRODUCTS))
-    _assert_fetched_again_only_by_reclaim(served, survivor, held)
+    _assert_fetched_again_only_by_reclaim(served, held)
     _assert_backlog_empty(redis, database)
     assert not survivor.errors(), survivor.errors()
 
