@@ -209,6 +209,7 @@ def _crawl(tmp_path, server, mongo_uri, database, step, aof_loss=None):
                 server.start()
                 redis.close()
                 redis = server.client()
+                held |= _held_paths(redis, "a")   # (leased again: an ack lost)
             survivor.proc.send_signal(signal.SIGCONT)
             assert survivor.wait(90) == 0, survivor.tail()
         finally:
