@@ -101,6 +101,7 @@ FRONTIER_BACKLOG_WINDOW_MIN = 4             # ... but at least this many entries
 FRONTIER_BACKLOG_WINDOW_MAX = 1000          # ... and at most this many (a key without interval)
 FRONTIER_BACKLOG_SPILL_ABOVE = 1_000_000    # nothing spills while a partition queues fewer
 FRONTIER_REFILL_BATCH = 256                 # entries one refill moves from MongoDB to Redis
+FRONTIER_BACKLOG_CRASH_AT = None            # test hook: "spill:2"... the node SIGKILLs itself there
 
 # --- robots.txt once per site for the cluster (crawlproject/robots/) ----------
 ROBOTSTXT_CACHE_TTL = 86_400.0              # seconds a 2xx / 4xx robots.txt is kept

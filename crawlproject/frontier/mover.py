@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 from dataclasses import dataclass, field
 
 from redis.asyncio.cluster import RedisCluster
@@ -65,6 +67,8 @@ MOVE_BATCH = 256
 SPILL_ROUNDS = 16
 #: ms WAITAOF waits for the local fsync before the step is refused
 WAITAOF_TIMEOUT_MS = 5000
+#: the steps FRONTIER_BACKLOG_CRASH_AT may name (docs/frontier.md's numbering)
+STEPS = ("spill:1", "spill:2", "spill:3", "refill:1", "refill:2", "refill:3", "refill:4")
 
 
 class StaleMove(RuntimeError):
@@ -116,7 +120,7 @@ class Mover:
     def __init__(self, redis, backlog: Backlog, keys: FrontierKeys, node: str, *,
                  lease_ttl: float = defaults.FRONTIER_BACKLOG_LEASE_TTL,
                  settle: float = defaults.FRONTIER_BACKLOG_SETTLE, batch: int = MOVE_BATCH,
-                 stats=None, clock=None):
+                 stats=None, clock=None, crash_at: str | None = None):
         self.redis = redis.client() if hasattr(redis, "client") else redis
         self.backlog = backlog
         self.keys = keys
@@ -140,16 +144,19 @@ class Mover:
         # writes of the connection it is sent on: there the settle delay it is.
         self._waitaof: bool | None = None if hasattr(redis, "client") else False
         self._info_refused = False            # INFO persistence refused (ACL)
+        self.crash_at = _crash_at(crash_at)
 
     @classmethod
     def from_settings(cls, settings, redis, backlog: Backlog, keys: FrontierKeys, node: str, *,
                       stats=None) -> "Mover":
         """A mover with ``FRONTIER_BACKLOG_LEASE_TTL``, ``FRONTIER_BACKLOG_SETTLE``
-        and ``FRONTIER_REFILL_BATCH`` (the batch of both moves) from *settings*."""
+        and ``FRONTIER_REFILL_BATCH`` (the batch of both moves) from *settings*;
+        ``FRONTIER_BACKLOG_CRASH_AT``: the tests' crash point (:meth:`_after`)."""
         return cls(redis, backlog, keys, node,
                    lease_ttl=setting(settings, "FRONTIER_BACKLOG_LEASE_TTL"),
                    settle=setting(settings, "FRONTIER_BACKLOG_SETTLE"),
-                   batch=setting(settings, "FRONTIER_REFILL_BATCH"), stats=stats)
+                   batch=setting(settings, "FRONTIER_REFILL_BATCH"), stats=stats,
+                   crash_at=setting(settings, "FRONTIER_BACKLOG_CRASH_AT"))
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -228,6 +235,8 @@ class Mover:
         claim.moving = [(as_text(moving[i]), int(float(moving[i + 1])), moving[i + 2])
                         for i in range(0, len(moving), 3)]
         claim.refilled = [as_text(m) for m in refilled]
+        if kind == "spill" and claim.moved:
+            self._after("spill:1")
         return claim
 
     async def write_spill(self, claim: Claim) -> list[str]:
@@ -242,17 +251,25 @@ class Mover:
                                                                    0, -1)}
             moving = [entry for entry in moving if entry[0] in there]
         await self.backlog.spill(self.keys.partition, claim.key, moving, epoch=int(claim.epoch))
+        if moving:
+            self._after("spill:2")
         return [m for m, _, _ in moving]
 
     async def commit_spill(self, claim: Claim, members: list[str], *, release: bool) -> int:
         """Spill step 3 (SPILL_COMMIT, fenced): returns how many left Redis."""
         reply = await self._spill_commit(keys=self._move_keys,
                                          args=self._commit_args(claim, release, members))
-        return self._ok(reply, claim)[0]
+        done = self._ok(reply, claim)[0]
+        if members:
+            self._after("spill:3")
+        return done
 
     async def read_refill(self, claim: Claim, n: int) -> list[BacklogEntry]:
         """Refill step 1: the key's next *n* live documents (one range scan)."""
-        return await self.backlog.peek(self.keys.partition, claim.key, n)
+        entries = await self.backlog.peek(self.keys.partition, claim.key, n)
+        if entries:
+            self._after("refill:1")
+        return entries
 
     async def commit_refill(self, claim: Claim, entries: list[BacklogEntry]) -> tuple[int, int]:
         """Refill step 2 (REFILL_COMMIT, fenced): ``(queued, skipped)``."""
@@ -264,6 +281,7 @@ class Mover:
         if junk:
             logger.warning("The frontier backlog held %d entries of %r that are not its "
                            "members: tombstoned, not queued", junk, claim.key)
+        self._after("refill:2")
         return queued, skipped
 
     async def tombstone(self, claim: Claim, members: list[str]) -> int:
@@ -274,14 +292,20 @@ class Mover:
             there = {as_text(m) for m in await self.redis.smembers(
                 self.keys.refilled(claim.key))}
             members = [m for m in members if m in there]
-        return await self.backlog.tombstone(self.keys.partition, members,
+        done = await self.backlog.tombstone(self.keys.partition, members,
                                             epoch=int(claim.epoch))
+        if members:
+            self._after("refill:3")
+        return done
 
     async def refill_done(self, claim: Claim, members: list[str], *, release: bool) -> int:
         """Refill step 4 (REFILL_DONE, fenced): the record cleared."""
         reply = await self._refill_done(keys=self._move_keys,
                                         args=self._commit_args(claim, release, members))
-        return self._ok(reply, claim)[0]
+        done = self._ok(reply, claim)[0]
+        if members:
+            self._after("refill:4")
+        return done
 
     async def release(self, claim: Claim) -> None:
         """End the lease with nothing (more) to commit."""
@@ -345,6 +369,32 @@ class Mover:
             return True
         return str(info.get("aof_enabled", 1)) != "0"
 
+    def _after(self, step: str) -> None:
+        """The tests' crash point (``FRONTIER_BACKLOG_CRASH_AT``, off by
+        default): right after *step* (``"spill:2"``...) the node SIGKILLs
+        itself (``":stop"`` appended: SIGSTOPs itself, a test then sends
+        SIGCONT), once. Read once from the node's own settings, never from
+        Redis: nothing but the node's operator can stop a node."""
+        if self.crash_at is None or self.crash_at[0] != step:
+            return
+        how = self.crash_at[1]
+        self.crash_at = None        # once
+        logger.warning("FRONTIER_BACKLOG_CRASH_AT: %s this node after %s step %s",
+                       "stopping" if how == "stop" else "killing", *step.split(":"))
+        os.kill(os.getpid(), signal.SIGSTOP if how == "stop" else signal.SIGKILL)
+
     def _count(self, name: str, n: int = 1) -> None:
         if self.stats is not None and n:
             self.stats.inc_value(name, n)
+
+
+def _crash_at(value) -> tuple[str, str] | None:
+    """``FRONTIER_BACKLOG_CRASH_AT`` parsed: ``(step, "kill" | "stop")``."""
+    if not value:
+        return None
+    step, _, how = str(value).rpartition(":") if str(value).endswith(":stop") else (
+        str(value), "", "kill")
+    if step not in STEPS:
+        raise ValueError(f"FRONTIER_BACKLOG_CRASH_AT must be one of {', '.join(STEPS)} "
+                         f"(':stop' appended: SIGSTOP), got {value!r}")
+    return step, how
