@@ -289,19 +289,26 @@ def test_a_dead_movers_leftovers_are_finished_by_another_nodes_mover(redis, redi
         backlog = Backlog.from_config(BacklogConfig(uri=mongo_uri, database=mongo_db.name),
                                       "shop")
         try:
+            mover.look_every = 0.2
+            # this node's mover looked first: nothing to do, nothing to look at again
+            assert not await mover.round() and not any(mover.active)
             await frontier.sync(_adds(10))
             dead = Mover(dead_client, backlog, FrontierKeys("shop"), "dead", lease_ttl=0.3,
                          settle=0)
             claim = await dead.claim("a.example", "spill", 2)      # step 1, then killed
             assert claim.moved == 8
             await r.delete("{shop}:moves")                          # nothing flagged
-            # its lease still live: busy, nothing moved, the node not idle
-            assert not await mover.round() and mover.pending()
+            # No reply points to the partition (nothing flagged, no backlog yet):
+            # the mover looks again on its own, every look_every seconds (the
+            # lease's TTL at most; 0.2 here), and finds the lease: busy while it
+            # lives, the node not idle; then the leftovers finished.
+            seen_busy = False
             for _ in range(200):                                    # until the lease expired
-                mover.active[0] = True
                 if await mover.round():
                     break
+                seen_busy = seen_busy or mover.pending()
                 await asyncio.sleep(0.05)
+            assert seen_busy
             assert await r.zcard("{shop}:moving:a.example") == 0
             assert int(await r.zscore("{shop}:backlog", "a.example")) == 8
             assert await r.hkeys("{shop}:mover") == [b"||epoch"]

@@ -38,6 +38,7 @@ from typing import Callable
 from redis.exceptions import RedisError
 
 from crawlproject import acl
+from crawlproject.defaults import setting
 from crawlproject.frontier.backlog import Backlog, BacklogConfig, BacklogError
 from crawlproject.frontier.mover import MOVE_BATCH, SPILL_ROUNDS, Claim, Mover, MoveResult, \
     StaleMove
@@ -57,6 +58,11 @@ PICK_FROM = 32
 #: seconds between two sweeps of a partition's largest backlogs when nothing
 #: is flagged (a flag lost with a node: slow, and rare)
 SWEEP_EVERY = 30.0
+#: seconds between two looks at a partition no reply pointed to (at most: the
+#: move lease's TTL if shorter). A mover killed in a move leaves its lease and
+#: leftovers behind, which no SYNC reply reports (no flag, no backlog yet):
+#: only a look at the partition's leases finds them.
+LOOK_EVERY = 30.0
 #: seconds between retries after a MongoDB error: doubling up to the max
 BACKOFF_MIN, BACKOFF_MAX = 0.4, 5.0
 
@@ -72,7 +78,8 @@ class MoverTask:
     def __init__(self, frontiers, rule: WindowRule, backlog: Callable[[], Backlog], *,
                  node: str, settings=None, default_delay: float = 0.0, poll: float = 5.0,
                  stats=None, log_extra: dict | None = None,
-                 on_moved: Callable[[int], None] = lambda p: None):
+                 on_moved: Callable[[int], None] = lambda p: None,
+                 look_every: float = LOOK_EVERY):
         self.frontiers = frontiers
         self.rule = rule
         self._make_backlog = backlog
@@ -93,6 +100,10 @@ class MoverTask:
         #: per partition: look at it next round (a reply said moves wait or a
         #: backlog exists, or the last look found work)
         self.active = [True] * len(frontiers)   # one look at start: leftovers
+        #: per partition: when it was last looked at (monotonic), and how often
+        #: at least (a dead mover's lease and leftovers: see LOOK_EVERY)
+        self.looked = [float("-inf")] * len(frontiers)
+        self.look_every = look_every
         self.moving = False
         self.closing = False
         self.down = False                       # in a MongoDB outage (said once)
@@ -111,6 +122,8 @@ class MoverTask:
             return None
         config = BacklogConfig.from_settings(settings)
         stats = kwargs.get("stats")
+        kwargs.setdefault("look_every", min(LOOK_EVERY, float(
+            setting(settings, "FRONTIER_BACKLOG_LEASE_TTL"))))
         return cls(frontiers, rule, lambda: Backlog.from_config(config, spider, stats=stats),
                    node=node, settings=settings, **kwargs)
 
@@ -216,8 +229,11 @@ class MoverTask:
         """One look at each active partition; whether any move was made."""
         worked = False
         for p, frontier in enumerate(self.frontiers):
-            if self.active[p] and not self.closing:
+            now = time.monotonic()
+            due = now - self.looked[p] >= self.look_every
+            if (self.active[p] or due) and not self.closing:
                 self.active[p] = False
+                self.looked[p] = now
                 worked = await self._partition(p, frontier) or worked
         return worked
 
