@@ -678,7 +678,7 @@ def run_scale(args, redis: BenchRedis, n: int, sites: int, t_end: float, mode: s
     server = MongoServer(storage_path=storage, port=args.mongo_port)
     server.start()
     out: dict = {"config": "scale", "sites": sites, "window": window, "target": n,
-                 "sink": args.sink,
+                 "sink": args.sink, "chunk": args.chunk,
                  "bloom_capacity": capacity, "stopped": None, "points": []}
     scale = None
     max_bytes = int(args.max_redis_gib * GIB)
@@ -704,7 +704,7 @@ def run_scale(args, redis: BenchRedis, n: int, sites: int, t_end: float, mode: s
                     out["stopped"] = f"time: at {total:,} queued on the way to {target:,}"
                     break
                 t = time.perf_counter()
-                why = scale.add(min(SCALE_CHUNK, target - total), t_end, max_bytes)
+                why = scale.add(min(args.chunk, target - total), t_end, max_bytes)
                 sync_s += time.perf_counter() - t
                 if why:
                     out["stopped"] = f"{why}: at {scale.total():,} queued"
@@ -772,7 +772,8 @@ def render_scale(run: dict) -> str:
                 rows)
     last, s = run["points"][-1], run["real_spill"]
     mv, mg = last["mover"], run["mongo"]
-    out += (f"\n\nwindow {run['window']} per key, {run['sites']:,} sites; mover: "
+    out += (f"\n\nwindow {run['window']} per key, {run['sites']:,} sites, the mover's pass "
+            f"every {run.get('chunk', SCALE_CHUNK):,} adds; mover: "
             f"{mv['spilled']:,} spilled in {mv['seconds']:.0f}s ({mv['spilled'] / max(1e-9, mv['seconds']):,.0f}/s,"
             f" {run['sink']} sink) in {mv['spill_calls']:,} spill calls; SYNC fill "
             f"{mv['sync_fill_s']:.0f}s; Redis used_memory peak {mv['used_memory_peak'] / 2**20:,.0f} MiB"
@@ -891,6 +892,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--sink", choices=("insert", "null"), default="insert",
                         help="scale: what the mover's spills write to MongoDB (but the refill "
                              "key's, always real): the same documents by insert_many, or nothing")
+    parser.add_argument("--chunk", type=int, default=SCALE_CHUNK,
+                        help="scale: adds between two passes of the mover")
     parser.add_argument("--redis-port", type=int, default=None, help="the private Redis' port")
     parser.add_argument("--mongo-port", type=int, default=None,
                         help="the MongoDB-wire server's port")
