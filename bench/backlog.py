@@ -665,6 +665,7 @@ def run_scale(args, redis: BenchRedis, n: int, sites: int, t_end: float, mode: s
     import shutil
     import tempfile
 
+    from crawlproject.frontier.window import WindowRule
     from devtools.services import MongoServer
 
     redis.reset()
@@ -672,7 +673,7 @@ def run_scale(args, redis: BenchRedis, n: int, sites: int, t_end: float, mode: s
     refills, window = args.refills, args.window
     enqueue_calls = ENQUEUE_CALLS[mode]
     refill_entries = len(targets) * refills * MOVE_BATCH + window
-    extra = len(targets) * ROUNDS * sum(size * calls for size, calls in enqueue_calls.items())
+    extra = 2 * len(targets) * ROUNDS * sum(size * calls for size, calls in enqueue_calls.items())
     capacity = args.bloom_capacity or int((n + refill_entries + extra) / BLOOM_FILL) + 1
     storage = tempfile.mkdtemp(prefix="bench-backlog-scale-")
     server = MongoServer(storage_path=storage, port=args.mongo_port)
@@ -719,14 +720,23 @@ def run_scale(args, redis: BenchRedis, n: int, sites: int, t_end: float, mode: s
             point["documents"] = scale.mongo_bytes()["documents"]
             point["refill"] = scale.refill_cost(refills)
             # the enqueue rate with the tier on, new requests; then the mover's pass
-            rounds = {size: [] for size in enqueue_calls}
+            # (and, interleaved, the same calls with the tier off: today's SYNC, same load)
+            frontier, rule = scale.today.frontier, scale.today.frontier.window
+            rounds = {(tier, size): [] for tier in ("on", "off") for size in enqueue_calls}
             for r in range(ROUNDS):
                 for size in sorted(enqueue_calls, reverse=bool(r % 2)):
-                    rounds[size].append(scale.today.enqueue_rate(size, enqueue_calls[size]))
-            point["enqueue"] = [{**runs[0], **{k: median([x[k] for x in runs]) for k in
-                                              ("server_us_per_call", "client_ms_per_call",
-                                               "requests_per_s", "requests_per_s_server")}}
-                                for runs in rounds.values()]
+                    for tier in (("on", "off") if r % 2 else ("off", "on")):
+                        frontier.window = rule if tier == "on" else WindowRule(enabled=False)
+                        rounds[tier, size].append(
+                            scale.today.enqueue_rate(size, enqueue_calls[size]))
+            frontier.window = rule
+            summary = {key: {**runs[0], "tier": key[0],
+                             **{k: median([x[k] for x in runs]) for k in
+                                ("server_us_per_call", "client_ms_per_call",
+                                 "requests_per_s", "requests_per_s_server")}}
+                       for key, runs in rounds.items()}
+            point["enqueue"] = [v for (tier, _), v in summary.items() if tier == "on"]
+            point["enqueue_tier_off"] = [v for (tier, _), v in summary.items() if tier == "off"]
             scale.drain(skip=REFILL_KEY)
             point["mover"] = {"seconds": scale.mover_s, "spilled": scale.spilled,
                               "spill_calls": scale.spill_calls, "sync_fill_s": sync_s,
@@ -762,13 +772,16 @@ def render_scale(run: dict) -> str:
     rows = []
     for p in run["points"]:
         m, r, e = p["memory"], p["refill"], {x["batch"]: x for x in p["enqueue"]}
+        off = {x["batch"]: x for x in p.get("enqueue_tier_off", [])}
         rows.append([p["total"], p["in_redis"], p["in_mongodb"], m["queue_bytes"] / 2**20,
                      m["queue_bytes"] / max(1, p["total"]), m["bloom_bytes"] / 2**20,
                      e[100]["requests_per_s"], e[1000]["requests_per_s"],
+                     off[100]["requests_per_s"] if off else "",
+                     off[1000]["requests_per_s"] if off else "",
                      p["documents"], r["ms"], r["read_ms"], r["ops_per_request"]])
     out = table(["queued", "in Redis", "in MongoDB", "Redis queue MiB (used_memory − Bloom)",
                  "B per queued request", "Bloom MiB", "enqueue req/s @100 (SYNC)", "@1,000",
-                 "documents", "refill of 256: ms", "read ms", "MongoDB commands/refilled"],
+                 "tier off: @100", "@1,000", "documents", "refill of 256: ms", "read ms", "MongoDB commands/refilled"],
                 rows)
     last, s = run["points"][-1], run["real_spill"]
     mv, mg = last["mover"], run["mongo"]
