@@ -69,6 +69,20 @@ above, plus ``--refills × 256`` of one extra key; then the real
 
 This configuration ignores ``--queued``/``--sites`` beyond the site count.
 
+**scale** (``--configs scale``): the backlog of ``--queued`` over ``--sites``
+with the tier on: the window rule enabled with every key's window
+``--window`` (the bench's limits have no interval), SYNC filling in chunks of
+``--chunk`` adds (default 10^6), and after each chunk the real Mover spilling
+every key SYNC flagged (``T:moves``) down to its window. The mover's MongoDB
+writes go to ``--sink``: ``insert`` (the same documents by ``insert_many``) or
+``null`` (nothing: the Redis side alone; the stand-in cannot take 10^7 in a
+bounded run), but for one key (REFILL_KEY) whose entries take the real spill
+(upserts, timed) and are refilled ``--refills`` times at each checkpoint
+(``SCALE_CHECKPOINTS`` of the total queued, Redis + MongoDB). At each: the
+Redis queue's used_memory (Bloom apart) per queued request, the enqueue rate
+at batches of 100 and 1,000 with the tier on and, interleaved, off (today's
+SYNC, same load), a refill's ms.
+
 Bounds: the fill stops before a checkpoint it would not reach within
 ``--max-seconds`` (default 600, projected from the fill rate so far) or when
 Redis' used_memory passes ``--max-redis-gib`` (default 6); the table says
