@@ -69,6 +69,20 @@ above, plus ``--refills × 256`` of one extra key; then the real
 
 This configuration ignores ``--queued``/``--sites`` beyond the site count.
 
+**scale** (``--configs scale``): the backlog of ``--queued`` over ``--sites``
+with the tier on: the window rule enabled with every key's window
+``--window`` (the bench's limits have no interval), SYNC filling in chunks of
+``--chunk`` adds (default 10^6), and after each chunk the real Mover spilling
+every key SYNC flagged (``T:moves``) down to its window. The mover's MongoDB
+writes go to ``--sink``: ``insert`` (the same documents by ``insert_many``) or
+``null`` (nothing: the Redis side alone; the stand-in cannot take 10^7 in a
+bounded run), but for one key (REFILL_KEY) whose entries take the real spill
+(upserts, timed) and are refilled ``--refills`` times at each checkpoint
+(``SCALE_CHECKPOINTS`` of the total queued, Redis + MongoDB). At each: the
+Redis queue's used_memory (Bloom apart) per queued request, the enqueue rate
+at batches of 100 and 1,000 with the tier on and, interleaved, off (today's
+SYNC, same load), a refill's ms.
+
 Bounds: the fill stops before a checkpoint it would not reach within
 ``--max-seconds`` (default 600, projected from the fill rate so far) or when
 Redis' used_memory passes ``--max-redis-gib`` (default 6); the table says
@@ -371,6 +385,11 @@ class Spill:
         why = self.today.fill(self.sites * self.window + extra, t_end, max_bytes)
         if why:
             return why
+        self.fill_key(refill_entries)
+        return None
+
+    def fill_key(self, refill_entries: int) -> None:
+        """*refill_entries* new requests of REFILL_KEY, through SYNC."""
         frontier, left = self.today.frontier, refill_entries
         while left > 0:
             batch = Batch(maintenance=False, promote=False)
@@ -383,7 +402,6 @@ class Spill:
                           priority=priority, key=REFILL_KEY)
                 left -= 1
             self.today.queued = frontier.sync(batch).queued
-        return None
 
     def queue_bytes(self) -> dict:
         self.today.queued = self.today.frontier.queued()   # (the movers changed it)
@@ -492,7 +510,7 @@ def run_spill(args, redis: BenchRedis, sites: int, t_end: float, mode: str) -> d
     total = sites * args.window + extra + refills * len(sizes) * MOVE_BATCH + args.window
     capacity = args.bloom_capacity or int(total / BLOOM_FILL) + 1
     storage = tempfile.mkdtemp(prefix="bench-backlog-mongo-")
-    server = MongoServer(storage_path=storage)
+    server = MongoServer(storage_path=storage, port=args.mongo_port)
     server.start()
     out: dict = {"config": "spill", "sites": sites, "window": args.window, "extra": extra,
                  "bloom_capacity": capacity, "stopped": None, "points": []}
@@ -523,10 +541,13 @@ def run_spill(args, redis: BenchRedis, sites: int, t_end: float, mode: str) -> d
             left = t_end - time.monotonic()
             grown = out["mongo"]["documents"] if not out["points"] else \
                 out["points"][-1]["refill"]["collection_documents"]
-            if size > grown and (size - grown) / 8000 > left:
+            rate = out.get("grow_rate") or 2000.0   # documents/s (the last growth, or a guess)
+            if size > grown and (size - grown) / rate > left:
                 out["stopped"] = f"time: a backlog of {size:,} would take past --max-seconds"
                 break
             grow_s = spill.grow(size)
+            if size > grown and grow_s > 0:
+                out["grow_rate"] = (size - grown) / grow_s
             point = {"backlog": size, "grow_s": grow_s, "refill": spill.refill_cost(refills)}
             out["points"].append(point)
             r = point["refill"]
@@ -541,6 +562,254 @@ def run_spill(args, redis: BenchRedis, sites: int, t_end: float, mode: str) -> d
 
         shutil.rmtree(storage, ignore_errors=True)
     out["status"] = "ok" if not out["stopped"] else "partial"
+    return out
+
+
+# -- scale: the backlog at 10^7 with the tier on (issue 49) -------------------------
+#: total queued (Redis + MongoDB) at which the scale run measures
+SCALE_CHECKPOINTS = (10**5, 10**6, 2 * 10**6, 4 * 10**6, 10**7)
+#: adds between two passes of the mover over the flagged keys
+SCALE_CHUNK = 10**6
+
+
+def sink_backlog_class(sink: str):
+    """A :class:`~crawlproject.frontier.backlog.Backlog` whose spill, but for
+    REFILL_KEY's (the real spill), writes the same documents with one
+    ``insert_many`` (unordered) instead of the bulk of upserts (*sink*
+    ``insert``: the stand-in inserts ≈ 10× faster than it upserts), or writes
+    nothing (*sink* ``null``: the Redis side alone, where the stand-in's ≈ 2,400
+    inserts/s on a loaded machine would take over an hour for 10^7). The Redis
+    side of every move, the reads and the tombstones are the real ones. Bench
+    only: an insert cannot revive a tombstone, which no key but REFILL_KEY
+    meets here."""
+    from crawlproject.frontier.backlog import Backlog
+
+    class SinkBacklog(Backlog):
+        async def spill(self, partition, key, entries, *, epoch):
+            if key == REFILL_KEY:
+                return await super().spill(partition, key, entries, epoch=epoch)
+            if sink == "null":
+                return len(entries)
+            docs = [{"_id": self._id(partition, m), "s": self.spider, "p": partition,
+                     "k": key, "sc": int(sc), "m": m, "pl": pl, "e": epoch}
+                    for m, sc, pl in entries]
+            if not docs:
+                return 0
+            async with self._call(f"insert {len(docs)} entries of {key!r} into"):
+                await self.collection.insert_many(docs, ordered=False)
+            return len(docs)
+
+    return SinkBacklog
+
+
+class Scale(Spill):
+    """Today's frontier with the window rule on (every key's window *window*),
+    filled through SYNC in chunks; after each chunk the real Mover spills every
+    key SYNC flagged (``T:moves``) down to its window."""
+
+    def __init__(self, redis: BenchRedis, sites: int, bloom_capacity: int, mongo_uri: str,
+                 window: int, sink: str = "insert"):
+        import asyncio
+
+        import redis.asyncio as aioredis
+
+        from crawlproject.frontier.backlog import BacklogConfig
+        from crawlproject.frontier.mover import Mover
+        from crawlproject.frontier.window import WindowRule
+
+        self.today = Today(redis, sites, bloom_capacity)
+        # no interval in the bench's limits: every key's window is the maximum
+        self.today.frontier.window = WindowRule(enabled=True, spill_above=1, minimum=window,
+                                                maximum=window)
+        self.sites, self.window = sites, window
+        self.loop = asyncio.new_event_loop()
+        self.commands = Commands()
+        config = BacklogConfig(uri=mongo_uri, database="bench_backlog", timeout=600.0,
+                               client_options={"event_listeners": [self.commands.listener]})
+        self.backlog = sink_backlog_class(sink).from_config(config, SPIDER)
+        self.run(self.backlog.open())
+        self.aredis = aioredis.Redis.from_url(redis.url)
+        self.mover = Mover(self.aredis, self.backlog, self.today.frontier.keys, "bench-mover",
+                           settle=0, batch=MOVE_BATCH, lease_ttl=LEASE_TTL)
+        self.collection_name = config.collection
+        self.mongo_uri = mongo_uri
+        self.mover_s, self.spilled, self.spill_calls = 0.0, 0, 0
+
+    def in_mongodb(self) -> int:
+        return int(self.today.client.hget(self.today.frontier.keys.kstate, "||backlog") or 0)
+
+    def total(self) -> int:
+        return self.today.frontier.queued() + self.in_mongodb()
+
+    def drain(self, skip: str | None = None) -> int:
+        """The mover's pass: every flagged key spilled down to its window."""
+        keys, client = self.today.frontier.keys, self.today.client
+        flagged = [k.decode() for k in client.zrange(keys.moves, 0, -1)]
+        t = time.perf_counter()
+
+        async def go():
+            n = 0
+            for key in flagged:
+                if key == skip:
+                    continue
+                while True:
+                    result = await self.mover.spill(key, self.window)
+                    n += result.spilled
+                    self.spill_calls += 1
+                    if result.spilled < MOVE_BATCH * 16:
+                        break
+            return n
+
+        n = self.run(go())
+        if flagged:
+            client.zrem(keys.moves, *flagged)
+        self.mover_s += time.perf_counter() - t
+        self.spilled += n
+        return n
+
+    def add(self, count: int, t_end: float, max_bytes: int) -> str | None:
+        today = self.today
+        today.queued = today.frontier.queued()
+        return today.fill(today.queued + count, t_end, max_bytes)
+
+
+def run_scale(args, redis: BenchRedis, n: int, sites: int, t_end: float, mode: str) -> dict:
+    """The ``scale`` configuration (BENCHMARKS.md §16): *n* new requests over
+    *sites* keys with the tier on, measured at SCALE_CHECKPOINTS of the total."""
+    import shutil
+    import tempfile
+
+    from crawlproject.frontier.window import WindowRule
+    from devtools.services import MongoServer
+
+    redis.reset()
+    targets = sorted({c for c in SCALE_CHECKPOINTS if c < n} | {n})
+    refills, window = args.refills, args.window
+    enqueue_calls = ENQUEUE_CALLS[mode]
+    refill_entries = len(targets) * refills * MOVE_BATCH + window
+    extra = 2 * len(targets) * ROUNDS * sum(size * calls for size, calls in enqueue_calls.items())
+    capacity = args.bloom_capacity or int((n + refill_entries + extra) / BLOOM_FILL) + 1
+    storage = tempfile.mkdtemp(prefix="bench-backlog-scale-")
+    server = MongoServer(storage_path=storage, port=args.mongo_port)
+    server.start()
+    out: dict = {"config": "scale", "sites": sites, "window": window, "target": n,
+                 "sink": args.sink, "chunk": args.chunk,
+                 "bloom_capacity": capacity, "stopped": None, "points": []}
+    scale = None
+    max_bytes = int(args.max_redis_gib * GIB)
+    try:
+        scale = Scale(redis, sites, capacity, server.uri, window, args.sink)
+        # REFILL_KEY's entries: through SYNC, then the real (upsert) spill
+        scale.fill_key(refill_entries)
+        before, t = scale.commands.snapshot(), time.perf_counter()
+        real = scale.spill_all([REFILL_KEY])
+        real["seconds"] = time.perf_counter() - t
+        scale.today.client.zrem(scale.today.frontier.keys.moves, REFILL_KEY)
+        out["real_spill"] = real
+        print(f"  scale: real spill of {real['spilled']:,} entries in {real['seconds']:.1f}s "
+              f"({real['per_s']:,.0f}/s), {real['ops_per_request']:.4f} commands/request",
+              flush=True)
+        sync_s = 0.0
+        for target in targets:
+            while True:
+                total = scale.total()
+                if total >= target:
+                    break
+                if time.monotonic() > t_end:
+                    out["stopped"] = f"time: at {total:,} queued on the way to {target:,}"
+                    break
+                t = time.perf_counter()
+                why = scale.add(min(args.chunk, target - total), t_end, max_bytes)
+                sync_s += time.perf_counter() - t
+                if why:
+                    out["stopped"] = f"{why}: at {scale.total():,} queued"
+                    break
+                scale.drain(skip=REFILL_KEY)
+            if out["stopped"]:
+                break
+            point = {"target": target, "total": scale.total(), "in_mongodb": scale.in_mongodb(),
+                     "in_redis": scale.today.frontier.queued()}
+            scale.today.queued = point["in_redis"]
+            point["memory"] = scale.today.memory()
+            point["documents"] = scale.mongo_bytes()["documents"]
+            point["refill"] = scale.refill_cost(refills)
+            # the enqueue rate with the tier on, new requests; then the mover's pass
+            # (and, interleaved, the same calls with the tier off: today's SYNC, same load)
+            frontier, rule = scale.today.frontier, scale.today.frontier.window
+            rounds = {(tier, size): [] for tier in ("on", "off") for size in enqueue_calls}
+            for r in range(ROUNDS):
+                for size in sorted(enqueue_calls, reverse=bool(r % 2)):
+                    for tier in (("on", "off") if r % 2 else ("off", "on")):
+                        frontier.window = rule if tier == "on" else WindowRule(enabled=False)
+                        rounds[tier, size].append(
+                            scale.today.enqueue_rate(size, enqueue_calls[size]))
+            frontier.window = rule
+            summary = {key: {**runs[0], "tier": key[0],
+                             **{k: median([x[k] for x in runs]) for k in
+                                ("server_us_per_call", "client_ms_per_call",
+                                 "requests_per_s", "requests_per_s_server")}}
+                       for key, runs in rounds.items()}
+            point["enqueue"] = [v for (tier, _), v in summary.items() if tier == "on"]
+            point["enqueue_tier_off"] = [v for (tier, _), v in summary.items() if tier == "off"]
+            scale.drain(skip=REFILL_KEY)
+            point["mover"] = {"seconds": scale.mover_s, "spilled": scale.spilled,
+                              "spill_calls": scale.spill_calls, "sync_fill_s": sync_s,
+                              "used_memory_peak": scale.today.client.info("memory")
+                              ["used_memory_peak"]}
+            out["points"].append(point)
+            m, r = point["memory"], point["refill"]
+            print(f"  scale {point['total']:>11,} queued ({point['in_redis']:,} in Redis, "
+                  f"{point['in_mongodb']:,} in MongoDB, {point['documents']:,} documents): "
+                  f"Redis queue {m['queue_bytes'] / 2**20:,.0f} MiB "
+                  f"({m['queue_bytes'] / max(1, point['total']):.0f} B/queued), Bloom "
+                  f"{m['bloom_bytes'] / 2**20:.1f} MiB; refill {r['ms']:.0f} ms (read "
+                  f"{r['read_ms']:.0f} ms); mover {scale.spilled:,} spilled in "
+                  f"{scale.mover_s:.0f}s", flush=True)
+        out["mongo"] = scale.mongo_bytes()
+        stats = scale.run(scale.backlog.client["bench_backlog"].command(
+            "collStats", scale.collection_name))
+        out["mongo"]["index_sizes"] = dict(stats.get("indexSizes") or {})
+        ops = Commands.since({}, scale.commands.snapshot())
+        out["commands"] = ops
+    finally:
+        if scale is not None:
+            scale.close()
+        server.stop()
+        shutil.rmtree(storage, ignore_errors=True)
+    out["status"] = "ok" if not out["stopped"] else "partial"
+    return out
+
+
+def render_scale(run: dict) -> str:
+    if not run.get("points"):
+        return f"scale: {run.get('stopped')}"
+    rows = []
+    for p in run["points"]:
+        m, r, e = p["memory"], p["refill"], {x["batch"]: x for x in p["enqueue"]}
+        off = {x["batch"]: x for x in p.get("enqueue_tier_off", [])}
+        rows.append([p["total"], p["in_redis"], p["in_mongodb"], m["queue_bytes"] / 2**20,
+                     m["queue_bytes"] / max(1, p["total"]), m["bloom_bytes"] / 2**20,
+                     e[100]["requests_per_s"], e[1000]["requests_per_s"],
+                     off[100]["requests_per_s"] if off else "",
+                     off[1000]["requests_per_s"] if off else "",
+                     p["documents"], r["ms"], r["read_ms"], r["ops_per_request"]])
+    out = table(["queued", "in Redis", "in MongoDB", "Redis queue MiB (used_memory − Bloom)",
+                 "B per queued request", "Bloom MiB", "enqueue req/s @100 (SYNC)", "@1,000",
+                 "tier off: @100", "@1,000", "documents", "refill of 256: ms", "read ms", "MongoDB commands/refilled"],
+                rows)
+    last, s = run["points"][-1], run["real_spill"]
+    mv, mg = last["mover"], run["mongo"]
+    out += (f"\n\nwindow {run['window']} per key, {run['sites']:,} sites, the mover's pass "
+            f"every {run.get('chunk', SCALE_CHUNK):,} adds; mover: "
+            f"{mv['spilled']:,} spilled in {mv['seconds']:.0f}s ({mv['spilled'] / max(1e-9, mv['seconds']):,.0f}/s,"
+            f" {run['sink']} sink) in {mv['spill_calls']:,} spill calls; SYNC fill "
+            f"{mv['sync_fill_s']:.0f}s; Redis used_memory peak {mv['used_memory_peak'] / 2**20:,.0f} MiB"
+            f"\nreal spill (upserts) of {s['spilled']:,}: {s['per_s']:,.0f}/s, "
+            f"{s['ops_per_request']:.4f} commands/request ({s['commands']})"
+            f"\nMongoDB ({mg['documents']:,} documents): {mg['bytes_per_request']:.0f} B/document + "
+            f"{mg['index_bytes_per_request']:.0f} B/document of indexes ({mg['index_sizes']})")
+    if run.get("stopped"):
+        out += f"\nscale: {run['stopped']}"
     return out
 
 
@@ -559,6 +828,9 @@ CONFIGS = {
     # (run by run_spill: its own measurements, see the module docstring)
     "spill": Config("spill", "two tiers (issue 49): a window per key in Redis, the rest in "
                              "MongoDB", Spill),
+    # (run by run_scale)
+    "scale": Config("scale", "two tiers at scale: the window rule on, SYNC fills, the mover "
+                             "spills the flagged keys", Scale),
 }
 
 
@@ -644,6 +916,14 @@ def main(argv=None) -> dict:
                              "timed at")
     parser.add_argument("--refills", type=int, default=3,
                         help="spill: refills of 256 timed at each backlog size")
+    parser.add_argument("--sink", choices=("insert", "null"), default="insert",
+                        help="scale: what the mover's spills write to MongoDB (but the refill "
+                             "key's, always real): the same documents by insert_many, or nothing")
+    parser.add_argument("--chunk", type=int, default=SCALE_CHUNK,
+                        help="scale: adds between two passes of the mover")
+    parser.add_argument("--redis-port", type=int, default=None, help="the private Redis' port")
+    parser.add_argument("--mongo-port", type=int, default=None,
+                        help="the MongoDB-wire server's port")
     args = parser.parse_args(argv)
     mode = mode_of(args)
     n, sites = SIZES[mode]
@@ -654,12 +934,21 @@ def main(argv=None) -> dict:
         parser.error(f"unknown configuration(s): {', '.join(sorted(unknown))}")
     t0 = time.monotonic()
     runs = {}
-    with BenchRedis() as redis:
+    bench_redis = BenchRedis()
+    if args.redis_port:
+        bench_redis.server.port, bench_redis.server._port_fixed = args.redis_port, True
+    with bench_redis as redis:
         for name in names:
             config = CONFIGS[name]
             if config.frontier is None:
                 print(f"  {name}: not built yet ({config.label})", flush=True)
                 runs[name] = {"config": name, "status": "not built yet", "label": config.label}
+                continue
+            if name == "scale":
+                runs[name] = {**run_scale(args, redis, n, sites,
+                                          time.monotonic() + args.max_seconds, mode),
+                              "label": config.label}
+                redis.reset()
                 continue
             if name == "spill":
                 runs[name] = {**run_spill(args, redis, sites,
@@ -679,7 +968,7 @@ def main(argv=None) -> dict:
 def render(data: dict) -> str:
     rows, notes = [], []
     for name, run in data["runs"].items():
-        if name == "spill":
+        if name in ("spill", "scale"):
             continue
         if run["status"] == "not built yet":
             rows.append([name, "not built yet"] + [""] * 11)
@@ -715,6 +1004,8 @@ def render(data: dict) -> str:
     spill = data["runs"].get("spill")
     if spill and spill.get("status") != "not built yet":
         out += "\n\n" + render_spill(spill)
+    if data["runs"].get("scale"):
+        out += "\n\n" + render_scale(data["runs"]["scale"])
     return out
 
 

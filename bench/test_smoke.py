@@ -277,7 +277,7 @@ def test_web_smallest(tmp_path):
 def test_backlog_smallest(tmp_path):
     data = backlog.main(["--smallest", "--out", str(tmp_path / "backlog.json")])
     today = data["runs"]["today"]
-    assert today["status"] == "ok" and data["runs"]["spill"]["status"] == "not built yet"
+    assert today["status"] == "ok" and data["runs"]["spill"]["status"] in ("ok", "partial")
     point = today["points"][-1]
     assert point["memory"]["queued"] >= 0.99 * data["queued"]
     for key in ("queue_bytes_per_request", "bloom_bytes", "payloads_bytes"):

@@ -14,9 +14,10 @@ import pytest
 from scrapy.settings import Settings
 
 from crawlproject.connection import mongo_client
+from crawlproject.frontier import backlog as backlog_module
 from crawlproject.frontier.backlog import (
     INDEX_NAME,
-    LIVE,
+    LIVE_SC,
     TOMBSTONE_TTL,
     Backlog,
     BacklogConfig,
@@ -89,21 +90,33 @@ def test_peek_returns_a_keys_entries_by_priority_then_arrival(mongo_uri, mongo_d
 
 def test_peek_is_one_range_scan_of_the_partial_key_index(mongo_uri, mongo_db):
     async def body(backlog):
-        await backlog.spill(0, "a.example", entries([(1, 1), (2, 2)]), epoch=1)
+        await backlog.spill(0, "a.example", entries([(1, 1), (2, 2), (3, 3)]), epoch=1)
+        await backlog.tombstone(0, ["3:3@a.example"], epoch=2)
 
     run(mongo_uri, mongo_db.name, body)
     collection = mongo_db[COLLECTION]
     indexes = collection.index_information()
     index = indexes[INDEX_NAME]
     assert index["key"] == [("s", 1), ("p", 1), ("k", 1), ("sc", 1)]
-    assert dict(index["partialFilterExpression"]) == {"pl": {"$exists": True}}
+    assert dict(index["partialFilterExpression"]) == {"sc": LIVE_SC}
     assert indexes["at_ttl"]["expireAfterSeconds"] == TOMBSTONE_TTL
-    plan = str(collection.find({"s": "shop", "p": 0, "k": "a.example", **LIVE}).sort("sc", 1)
-               .limit(2).hint(INDEX_NAME).explain()["queryPlanner"]["winningPlan"])
+    # peek's own query, unhinted: the planner serves it from the range index
+    # (the shape a hint or an $exists clause would turn into a walk or a scan)
+    query = {"s": "shop", "p": 0, "k": "a.example", "sc": LIVE_SC}
+    plan = str(collection.find(query).sort("sc", 1).limit(2).explain()["queryPlanner"]
+               ["winningPlan"])
     assert "IXSCAN" in plan and INDEX_NAME in plan
+    # a tombstone has no score: out of the range (and of the partial index)
+    tomb = collection.find_one({"_id": entry_id("shop", 0, "3:3@a.example")})
+    assert "sc" not in tomb and "pl" not in tomb
+    assert [d["m"] for d in collection.find(query).sort("sc", 1)] == ["2:2@a.example",
+                                                                     "1:1@a.example"]
 
 
-def test_an_index_gone_missing_is_built_again_not_scanned_around(mongo_uri, mongo_db, caplog):
+def test_an_index_gone_missing_is_built_again_not_scanned_around(mongo_uri, mongo_db, caplog,
+                                                                monkeypatch):
+    monkeypatch.setattr(backlog_module, "INDEX_CHECK_INTERVAL", 0.0)   # checked at every read
+
     async def body(backlog):
         await backlog.spill(0, "a.example", entries([(1, 1), (2, 2)]), epoch=1)
         mongo_db[COLLECTION].drop_index(INDEX_NAME)   # an operator's mistake

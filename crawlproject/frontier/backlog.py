@@ -7,7 +7,7 @@ document per entry (docs/frontier.md, "A frontier larger than RAM")::
 
     {_id: "<spider>|<partition>|<member>", s: spider, p: partition, k: key,
      sc: score, m: member, pl: payload, e: epoch}
-    tombstoned: pl unset, te: epoch, at: date
+    tombstoned: pl and sc unset, te: epoch, at: date
 
 * ``_id`` is derived from the member (``"<priority>:<seq>@<key>"``, unique in
   its partition): a retried insert is a duplicate-key error, never a second
@@ -15,10 +15,17 @@ document per entry (docs/frontier.md, "A frontier larger than RAM")::
 * ``sc`` is the Redis queue score (``-priority * 2^40 + seq``,
   crawlproject/frontier/scripts.py): the key's order here *is* its order in
   Redis, in one number.
-* The index ``{s, p, k, sc}`` is partial on ``pl`` existing: a refill is one
-  range scan of one key's live entries with a limit (never a global "top N"),
-  its cost independent of the collection's size.
-* A refilled entry is *tombstoned*, not deleted: ``pl`` unset and ``at`` set;
+* The index ``{s, p, k, sc}`` is partial on ``sc`` being a number
+  (:data:`LIVE_SC`, which only live entries have): a refill is one range scan
+  of one key's live entries, ``{s, p, k, sc: LIVE_SC}`` sorted on ``sc`` with
+  a limit (never a global "top N"): equalities on the prefix, a range on the
+  last field, so mongod reads *n* keys of the index whatever the collection's
+  size, and so does the tests' MongoDB-wire server's range scan (which reads
+  the key's live entries: it pushes no limit down). No hint: that server
+  walks a hinted index whole (docs/frontier.md); :data:`INDEX_CHECK_INTERVAL`
+  guards the index instead.
+* A refilled entry is *tombstoned*, not deleted: ``pl`` and ``sc`` unset (out
+  of the range index) and ``at`` set;
   a TTL index on ``at`` deletes it an hour later (:data:`TOMBSTONE_TTL`). A
   spill that arrives late (its node paused past its lease) then hits the
   tombstone's ``_id`` and writes nothing, instead of bringing back an entry
@@ -52,12 +59,14 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import pymongo
 from bson.errors import BSONError
+from bson.int64 import Int64
 from pymongo import ASCENDING, UpdateOne
 from pymongo.errors import (
     BulkWriteError,
@@ -75,23 +84,31 @@ from crawlproject.connection import mongo_client, redact_url
 from crawlproject.defaults import setting
 
 __all__ = ["Backlog", "BacklogConfig", "BacklogEntry", "BacklogCounts", "BacklogError",
-           "BacklogUnavailable", "INDEX", "INDEX_NAME", "LIVE", "TOMBSTONE_TTL", "entry_id"]
+           "BacklogUnavailable", "INDEX", "INDEX_NAME", "LIVE", "LIVE_SC", "TOMBSTONE_TTL",
+           "entry_id"]
 
 logger = logging.getLogger(__name__)
 
-#: The per-key range index: a spider's partition's key's entries in queue order.
+#: The per-key range index: a spider's partition's key's live entries in queue order.
 INDEX = [("s", ASCENDING), ("p", ASCENDING), ("k", ASCENDING), ("sc", ASCENDING)]
-INDEX_NAME = "s_p_k_sc"
-#: Only live entries (with a payload) are in the range index.
+INDEX_NAME = "s_p_k_sc_live"
+#: Every score (an int64): the range of a key's live entries, and the index's
+#: partial filter. The query repeats it verbatim, so that any server sees the
+#: query imply the filter (a comparison on ``sc``, where ``$exists`` would be a
+#: second operator field: the tests' MongoDB-wire server would scan the collection).
+LIVE_SC = {"$gte": Int64(-2**63)}
+#: Live entries (a payload, and a score: set and unset together).
 LIVE = {"pl": {"$exists": True}}
 GONE = {"pl": {"$exists": False}}
+#: Seconds between two checks that the range index exists (a refill's read is
+#: not hinted: without its index, mongod would scan the collection instead).
+INDEX_CHECK_INTERVAL = 60.0
 TTL_INDEX_NAME = "at_ttl"
 #: Seconds a tombstone is kept (far longer than a mover's lease: a late spill
 #: of a refilled entry must meet it, docs/frontier.md).
 TOMBSTONE_TTL = 3600
 #: ids per ``update_many`` (a 16 MiB command holds far more; this bounds one call's work)
 TOMBSTONE_CHUNK = 1000
-BAD_VALUE = 2
 DUPLICATE_KEY = 11000
 #: Server codes after which the same call can succeed: no primary, shutting
 #: down, timeouts, write conflicts (MongoDB's retryable-write list).
@@ -216,6 +233,7 @@ class Backlog:
         self.owns_client = owns_client
         self.where = where or f"database {database!r}, collection {collection!r}"
         self._down = False
+        self._index_checked = float("-inf")   # monotonic time of the last check
 
     @classmethod
     def from_config(cls, config: BacklogConfig, spider: str, *, stats=None) -> "Backlog":
@@ -234,9 +252,10 @@ class Backlog:
 
     async def _create_indexes(self) -> None:
         await self.collection.create_index(INDEX, name=INDEX_NAME,
-                                           partialFilterExpression=LIVE)
+                                           partialFilterExpression={"sc": LIVE_SC})
         await self.collection.create_index([("at", ASCENDING)], name=TTL_INDEX_NAME,
                                            expireAfterSeconds=TOMBSTONE_TTL)
+        self._index_checked = time.monotonic()
 
     async def close(self) -> None:
         if self.owns_client:
@@ -286,30 +305,36 @@ class Backlog:
         if n <= 0:
             return []
         async with self._call(f"read the entries of {key!r} from"):
-            try:
-                docs = await self._range(partition, key, n)
-            except OperationFailure as exc:
-                if exc.code != BAD_VALUE or "hint" not in str(exc):
-                    raise
-                # The index went missing (dropped by hand, a restore without
-                # indexes): a scan of the whole collection per refill is what
-                # the hint refuses, so build it again, once, and go on.
-                logger.warning("The frontier backlog's %s has no index %r: creating it",
-                               self.where, INDEX_NAME)
-                await self._create_indexes()
-                docs = await self._range(partition, key, n)
+            if time.monotonic() - self._index_checked >= INDEX_CHECK_INTERVAL:
+                await self._check_index()
+            docs = await self._range(partition, key, n)
         return [BacklogEntry(d["_id"], d["k"], d["p"], d["sc"], d["m"], d["pl"]) for d in docs]
 
+    async def _check_index(self) -> None:
+        # The index gone (dropped by hand, a restore without indexes): every
+        # refill would scan the whole collection, so build it again, once.
+        if INDEX_NAME not in await self.collection.index_information():
+            logger.warning("The frontier backlog's %s has no index %r: creating it",
+                           self.where, INDEX_NAME)
+            await self._create_indexes()
+        self._index_checked = time.monotonic()
+
     async def _range(self, partition: int, key: str, n: int) -> list[dict]:
-        # The hint: never a collection scan, whatever the planner thinks (the
-        # tests' MongoDB-wire server picks a partial index only when hinted).
-        cursor = self.collection.find({"s": self.spider, "p": partition, "k": key, **LIVE},
-                                      sort=[("sc", ASCENDING)], limit=n, hint=INDEX_NAME)
+        # Equalities on the index's prefix, a range on its last field, sorted
+        # on it: mongod's plan is one bounded IXSCAN reading n keys, no SORT
+        # stage. Not hinted: the tests' MongoDB-wire server walks a hinted
+        # index whole (secantus/storage.py, Storage._candidates_from_hint) but
+        # serves this shape by a range scan of the key's live entries
+        # (Storage._try_compound_range_id_keys).
+        cursor = self.collection.find({"s": self.spider, "p": partition, "k": key,
+                                       "sc": LIVE_SC},
+                                      sort=[("sc", ASCENDING)], limit=n)
         return await cursor.to_list()
 
     async def tombstone(self, partition: int, members: Iterable[str], *, epoch: int) -> int:
         """Tombstone the entries *members* of *partition* for the refill of
-        epoch *epoch* (once they are safely back in Redis): payload unset,
+        epoch *epoch* (once they are safely back in Redis): payload and score
+        unset (out of the range index),
         ``te`` (the epoch) and ``at`` set (the TTL index deletes them later);
         return how many were live. An entry written by a later move (spilled
         again since: a refill node that paused past its lease comes late) is
@@ -321,7 +346,7 @@ class Backlog:
             async with self._call(f"tombstone {len(chunk)} entries of"):
                 result = await self.collection.update_many(
                     {"_id": {"$in": chunk}, **LIVE, "e": {"$lt": epoch}},
-                    {"$unset": {"pl": ""}, "$set": {"at": at, "te": epoch}})
+                    {"$unset": {"pl": "", "sc": ""}, "$set": {"at": at, "te": epoch}})
             done += result.modified_count
         self._count("frontier/backlog/tombstoned", done)
         return done
