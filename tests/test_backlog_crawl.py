@@ -68,13 +68,16 @@ SPILLING = {"FRONTIER_BACKLOG_SPILL_ABOVE": 1, "FRONTIER_BACKLOG_WINDOW_MIN": 2,
             "FRONTIER_BACKLOG_WINDOW_MAX": 2, "FRONTIER_BACKLOG_SETTLE": 0.05}
 
 
-@pytest.mark.parametrize("tier", ["spilling", "off"])
+@pytest.mark.parametrize("tier", ["spilling", "off", "below"])
 def test_a_crawl_stores_every_page_once(redis, redis_url, mongo_uri, database, tmp_path,
                                         tier):
     """With tiny windows the site's backlog goes to MongoDB and back, every
     page fetched once and stored once; with the tier off (the same tiny
-    windows) nothing touches the backlog collection."""
-    extra = {**SPILLING, "FRONTIER_BACKLOG_ENABLED": tier == "spilling"}
+    windows), or on but the crawl below its threshold (the defaults' spill
+    above, the same tiny windows), nothing touches the backlog collection."""
+    extra = {**SPILLING, "FRONTIER_BACKLOG_ENABLED": tier != "off"}
+    if tier == "below":
+        del extra["FRONTIER_BACKLOG_SPILL_ABOVE"]
     with DemoSite(products=PRODUCTS, latency_ms=50) as site:
         env = node_env(redis_url, mongo_uri, database.name)
         settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": 1, "CONCURRENT_REQUESTS": 4,
@@ -95,10 +98,11 @@ def test_a_crawl_stores_every_page_once(redis, redis_url, mongo_uri, database, t
     assert_written_once([node], PRODUCTS)
     assert not node.errors(), node.errors()
     backlog = database["frontier_backlog"]
-    if tier == "off":
+    if tier in ("off", "below"):
         assert "frontier_backlog" not in database.list_collection_names()
         assert node.stat("backlog/spilled") == 0
-        assert "Frontier backlog off (FRONTIER_BACKLOG_ENABLED)" in node.text()
+        assert ("Frontier backlog off (FRONTIER_BACKLOG_ENABLED)" in node.text()) == (
+            tier == "off")
         return
     assert (f"Frontier backlog on: above 1 entries queued in a partition's Redis, a site's "
             f"entries beyond its window (300s at its pace, 2-2 entries) wait in MongoDB "
