@@ -431,3 +431,68 @@ def test_a_move_waits_the_settle_only_where_redis_keeps_an_aof(redis_url, tmp_pa
         server.stop()
     if not waitaof:       # (Redis >= 7.2 proves it with WAITAOF instead)
         assert seconds >= 0.3
+
+
+def test_documents_that_are_no_entries_are_tombstoned_and_the_rest_refilled(
+        redis, redis_url, mongo_uri, mongo_db):
+    """MongoDB is written by others too: documents of the key's range with a
+    field missing or of the wrong type are tombstoned and counted, never
+    raised on (which would stop the key's refills for ever); the key's real
+    entries behind them come back, every one."""
+    entries = fill(redis, 12)
+    members = [m for m, _ in entries]
+    seen, stats = {}, {}
+
+    class Stats:
+        def inc_value(self, name, n=1):
+            stats[name] = stats.get(name, 0) + n
+
+    async def body(movers):
+        mover = await movers.mover("n1", batch=16)
+        mover.backlog.stats = Stats()
+        assert (await mover.spill(KEY, window=2)).spilled == 10
+        # ahead of the real ones in the range (lowest scores), three of junk
+        mongo_db["frontier_backlog"].insert_many([
+            {"_id": "junk1", "s": "shop", "p": 0, "k": KEY, "sc": -2**62, "m": 7, "pl": b"x"},
+            {"_id": "junk2", "s": "shop", "p": 0, "k": KEY, "sc": -2**62 + 1, "m": "a"},
+            {"_id": "junk3", "s": "shop", "p": 0, "k": KEY, "sc": -2**62 + 2, "m": "a",
+             "pl": {"y": 1}}])
+        seen["first"] = await mover.refill(KEY, want=2)   # a read of junk alone first
+        seen["rest"] = await mover.refill(KEY, want=16)
+
+    run(redis_url, mongo_uri, mongo_db.name, body)
+    # (the first read of 2 met junk only, tombstoned it and read on)
+    assert seen["first"].refilled >= 1 and seen["first"].refilled + seen["rest"].refilled == 10
+    assert stats.get("frontier/backlog/junk") == 3
+    assert mongo_db["frontier_backlog"].count_documents({"_id": {"$in": ["junk1", "junk2",
+                                                                         "junk3"]},
+                                                         "sc": {"$exists": True}}) == 0
+    assert [m.decode() for m in redis.zrange(f"{{shop}}:q:{KEY}", 0, -1)] == members
+    assert redis.zcard("{shop}:backlog") == 0 and redis.hget("{shop}:kstate", "||backlog") == b"0"
+
+
+def test_a_count_of_documents_deleted_outside_the_crawl_is_cleared(redis, redis_url, mongo_uri,
+                                                                    mongo_db):
+    """Someone deleted the key's documents: Redis still counts them, so the
+    key would be refilled, and no node idle, for ever. A read that finds none
+    clears the count (fenced, counted, said)."""
+    fill(redis, 12)
+    seen, stats = {}, {}
+
+    class Stats:
+        def inc_value(self, name, n=1):
+            stats[name] = stats.get(name, 0) + n
+
+    async def body(movers):
+        mover = await movers.mover("n1", batch=16)
+        mover.stats = Stats()
+        assert (await mover.spill(KEY, window=2)).spilled == 10
+        seen["counted"] = redis.zscore("{shop}:backlog", KEY)
+        mongo_db["frontier_backlog"].delete_many({"s": "shop", "k": KEY})
+        seen["refill"] = await mover.refill(KEY, want=16)
+
+    run(redis_url, mongo_uri, mongo_db.name, body)
+    assert seen["counted"] == 10 and seen["refill"].refilled == 0
+    assert redis.zcard("{shop}:backlog") == 0 and redis.hget("{shop}:kstate", "||backlog") == b"0"
+    assert stats == {"frontier/backlog/lost": 10}
+    assert not redis.hexists("{shop}:mover", KEY)

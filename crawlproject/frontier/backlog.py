@@ -307,8 +307,27 @@ class Backlog:
         async with self._call(f"read the entries of {key!r} from"):
             if time.monotonic() - self._index_checked >= INDEX_CHECK_INTERVAL:
                 await self._check_index()
-            docs = await self._range(partition, key, n)
-        return [BacklogEntry(d["_id"], d["k"], d["p"], d["sc"], d["m"], d["pl"]) for d in docs]
+            while True:
+                docs = await self._range(partition, key, n)
+                entries = [_entry(d, partition, key) for d in docs]
+                junk = [d["_id"] for d, e in zip(docs, entries) if e is None]
+                if junk:
+                    await self._bury(junk, key)
+                # (an empty read means none left: the caller clears the key's count,
+                # so a read of junk alone reads again, past the junk it buried)
+                if not junk or any(e is not None for e in entries):
+                    return [e for e in entries if e is not None]
+
+    async def _bury(self, ids: list, key: str) -> None:
+        """Tombstone documents that are not entries (a field missing or of the
+        wrong type: written outside the crawl), counted and said."""
+        at = datetime.datetime.now(datetime.timezone.utc)
+        await self.collection.update_many({"_id": {"$in": ids}},
+                                          {"$unset": {"pl": "", "sc": ""}, "$set": {"at": at}})
+        self._count("frontier/backlog/junk", len(ids))
+        logger.warning("The frontier backlog's %s held %d documents of %r that are no "
+                       "entries (a field missing or of the wrong type): tombstoned",
+                       self.where, len(ids), key)
 
     async def _check_index(self) -> None:
         # The index gone (dropped by hand, a restore without indexes): every
@@ -426,6 +445,15 @@ class Backlog:
     def _count(self, name: str, n: int = 1) -> None:
         if self.stats is not None and n:
             self.stats.inc_value(name, n)
+
+
+def _entry(doc: dict, partition: int, key: str) -> "BacklogEntry | None":
+    """*doc* as an entry of *key*, or None when it is not one."""
+    member, payload, score = doc.get("m"), doc.get("pl"), doc.get("sc")
+    if not (isinstance(member, str) and isinstance(payload, (bytes, str))
+            and isinstance(score, int) and not isinstance(score, bool)):
+        return None
+    return BacklogEntry(doc["_id"], key, partition, score, member, payload)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -208,6 +208,9 @@ class Mover:
             await self._finish_refill(claim, result)
         entries = await self.read_refill(claim, min(want, self.batch))
         if not entries:
+            # (none live in MongoDB: a count left by documents deleted outside
+            # the crawl is cleared, fenced like any commit)
+            await self.commit_refill(claim, [])
             await self.release(claim)
             return result
         queued, skipped = await self.commit_refill(claim, entries)
@@ -276,12 +279,18 @@ class Mover:
         args = [self._now(), self.node, claim.key, claim.epoch]
         for entry in entries:
             args += [entry.member, entry.payload]
-        queued, skipped, junk = self._ok(await self._refill_commit(keys=self._move_keys,
-                                                                   args=args), claim)
+        queued, skipped, junk, cleared = self._ok(
+            await self._refill_commit(keys=self._move_keys, args=args), claim)
         if junk:
             logger.warning("The frontier backlog held %d entries of %r that are not its "
                            "members: tombstoned, not queued", junk, claim.key)
-        self._after("refill:2")
+        if cleared:
+            self._count("frontier/backlog/lost", cleared)
+            logger.warning("MongoDB holds none of the %d entries of %r the frontier counts "
+                           "there (deleted outside the crawl?): the count is cleared, so the "
+                           "crawl can end", cleared, claim.key)
+        if entries:
+            self._after("refill:2")
         return queued, skipped
 
     async def tombstone(self, claim: Claim, members: list[str]) -> int:

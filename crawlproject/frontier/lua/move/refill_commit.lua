@@ -14,7 +14,9 @@
 --       KEYS[10] kstate, KEYS[11] ready, KEYS[12] stats.
 -- ARGV: [1] now ms ('' : Redis time), [2] node, [3] key, [4] epoch,
 --       [5..] member, payload of each document read (in queue order).
--- Returns {'ok', queued, skipped, junk} or {'fenced', why} (nothing changed).
+-- Returns {'ok', queued, skipped, junk, cleared} or {'fenced', why} (nothing
+-- changed); with no document read (none left in MongoDB), the key's count is
+-- cleared: cleared is what it said.
 -- A member that is not one of this key's (junk in MongoDB) is not queued
 -- (counted, 'backlog_junk'), but recorded: its tombstone ends it.
 local now_ms = server_now(ARGV[1])
@@ -39,7 +41,14 @@ for i = 5, #ARGV - 1, 2 do
     pargs[#pargs + 1] = member; pargs[#pargs + 1] = payload
   end
 end
-if read == 0 then return {'ok', 0, 0, 0} end
+if read == 0 then
+  -- the caller read no live document of K: MongoDB holds none, whatever the
+  -- count says (documents deleted outside the crawl): the count goes, or the
+  -- key would be refilled, and no node idle, for ever
+  local n = tonumber(redis.call('ZSCORE', KEYS[9], k)) or 0
+  if n > 0 then backlog_add(k, -n); move_stat('backlog_lost', n) end
+  return {'ok', 0, 0, 0, n}
+end
 call_chunked('SADD', REFILLED(k), seen, 1)
 if #zargs > 0 then
   call_chunked('HSET', KEYS[6], pargs, 2)
@@ -49,4 +58,4 @@ if #zargs > 0 then
 end
 backlog_add(k, -read)
 if junk > 0 then move_stat('backlog_junk', junk) end
-return {'ok', #zargs / 2, skipped, junk}
+return {'ok', #zargs / 2, skipped, junk, 0}
